@@ -1,0 +1,289 @@
+"""``ELBO``: Pyro's mean-field ELBO with the minibatch scale applied through the data plate."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import contextmanager
+from numbers import Real
+from typing import Any
+
+import torch
+from pyro.distributions.kl import kl_divergence
+from pyro.distributions.util import scale_and_mask
+from pyro.infer import TraceMeanField_ELBO
+from pyro.infer.util import check_fully_reparametrized, is_validation_enabled, torch_item
+from pyro.poutine.messenger import Messenger
+
+
+from .schedules import Constant, Schedule
+
+__all__ = ["ELBO", "DataPlateScaleMessenger"]
+
+
+class DataPlateScaleMessenger(Messenger):
+    """Scales every sample site inside the plate named ``data_plate`` by ``num_data / B``.
+
+    ``B`` is the plate's size in this call, so a last, partial batch is scaled right. A plate declared with
+    ``pyro.plate(name, size=N, subsample_size=B)`` (or ``subsample=idx``) already carries the ``N / B`` scale;
+    it is left alone, and ``num_data`` must equal ``N``. With ``num_data`` set, an observed site outside the data
+    plate is an error: its likelihood could not be scaled. The messenger records the batch size it saw (and
+    the dataset size a subsampled plate declared) in :attr:`batch_size` and :attr:`declared_num_data`.
+
+    Example
+    -------
+    >>> import pyro, pyro.distributions as dist, pyro.poutine as poutine
+    >>> def model(y):
+    ...     with pyro.plate("data", len(y)):
+    ...         pyro.sample("y", dist.Normal(0.0, 1.0), obs=y)
+    >>> with DataPlateScaleMessenger(num_data=100):
+    ...     tr = poutine.trace(model).get_trace(torch.zeros(4))
+    >>> tr.nodes["y"]["scale"]
+    25.0
+    """
+
+    def __init__(self, num_data: int | None, data_plate: str = "data"):
+        super().__init__()
+        self.num_data = num_data
+        self.data_plate = data_plate
+        self.batch_size: int | None = None
+        self.declared_num_data: int | None = None
+
+    def _pyro_sample(self, msg: dict[str, Any]) -> None:
+        if msg["infer"].get("_deterministic"):
+            return
+        frame = next((f for f in msg["cond_indep_stack"] if f.name == self.data_plate), None)
+        if frame is None:
+            if msg["is_observed"] and self.num_data is not None:
+                raise ValueError(
+                    f"observed site {msg['name']!r} is not inside pyro.plate({self.data_plate!r}, ...), so "
+                    f"pyro_bbb.ELBO(num_data={self.num_data}) cannot scale its likelihood to the full data. Wrap the "
+                    f"likelihood in `with pyro.plate({self.data_plate!r}, x.shape[0]): pyro.sample(..., obs=y)` "
+                    "(or pass the name of your data plate as `data_plate=`)."
+                )
+            return
+        full_size = frame.full_size or frame.size
+        if self.batch_size is None:
+            self.batch_size = frame.size
+        if full_size != frame.size:  # the plate subsamples and already scales by full_size / size
+            self.declared_num_data = full_size
+            if self.num_data is not None and self.num_data != full_size:
+                raise ValueError(
+                    f"num_data={self.num_data} disagrees with pyro.plate({self.data_plate!r}, size={full_size}, "
+                    f"subsample_size={frame.size}) in the model; the plate already scales the likelihood by "
+                    f"{full_size}/{frame.size}. Drop num_data or make it equal to the plate's size."
+                )
+            return
+        if self.num_data is None:
+            return
+        if self.num_data < frame.size:
+            raise ValueError(
+                f"num_data={self.num_data} is smaller than the batch of {frame.size} data in "
+                f"pyro.plate({self.data_plate!r}); num_data must be the size of the whole training set."
+            )
+        msg["scale"] = msg["scale"] * (self.num_data / frame.size)
+
+
+def _check_kl_weight(kl_weight: float | Callable[[int], float]) -> Callable[[int], float]:
+    if callable(kl_weight):
+        return kl_weight
+    if isinstance(kl_weight, Real) and not isinstance(kl_weight, bool):
+        return Constant(kl_weight)
+    raise ValueError(f"`kl_weight` must be a number >= 0 or a schedule (step -> weight), got {kl_weight!r}.")
+
+
+class ELBO(TraceMeanField_ELBO):
+    """The Bayes-by-Backprop objective: a :class:`pyro.infer.TraceMeanField_ELBO` that scales minibatches.
+
+    ``loss = N/B * (negative log-likelihood of the batch) + kl_weight * KL(q || p)`` where the KL is closed-form
+    wherever one is registered (Normal posterior vs Normal or Laplace prior) and a Monte Carlo estimate from the
+    guide's draw otherwise (e.g. :class:`pyro_bbb.priors.ScaleMixtureNormal`). The ``N/B`` scale is applied by
+    :class:`DataPlateScaleMessenger` to every site inside ``pyro.plate(data_plate, B)``, so the user never
+    divides by the dataset size. Works unchanged with ``pyro.infer.SVI``.
+
+    Parameters
+    ----------
+    num_data : int, optional
+        Size N of the training set. ``None`` leaves scales as the model declares them.
+    kl_weight : float or callable
+        Weight of the KL term, or a schedule ``step -> weight`` (see :mod:`pyro_bbb.schedules`). The step counter
+        :attr:`step` advances once per :meth:`loss_and_grads`.
+    num_particles, vectorize_particles :
+        As in :class:`pyro.infer.ELBO`.
+    data_plate : str
+        Name of the plate over data points.
+    **kwargs :
+        Passed to :class:`pyro.infer.TraceMeanField_ELBO` (e.g. ``max_plate_nesting``).
+
+    Attributes
+    ----------
+    last_terms : dict
+        After each ``loss`` / ``loss_and_grads`` / ``differentiable_loss``: ``nll`` (expected negative
+        log-likelihood scaled to the full data), ``kl`` (total, unweighted), ``kl_by_site``, ``kl_weight``,
+        ``num_data``, ``batch_size``, ``loss`` and ``loss_per_datum`` (all averaged over particles).
+
+    Example
+    -------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> from pyro.nn import PyroModule
+    >>> from pyro_bbb import MeanFieldGuide
+    >>> from pyro_bbb.nn import BayesianLinear
+    >>> class Regression(PyroModule):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.fc = BayesianLinear(3, 1)
+    ...     def forward(self, x, y=None):
+    ...         mean = self.fc(x).squeeze(-1)
+    ...         with pyro.plate("data", x.shape[0]):
+    ...             return pyro.sample("y", dist.Normal(mean, 0.1), obs=y)
+    >>> model = Regression()
+    >>> guide = MeanFieldGuide(model)
+    >>> elbo = ELBO(num_data=1000)
+    >>> svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 1e-2}), elbo)
+    >>> loss = svi.step(torch.randn(32, 3), torch.randn(32))   # scales the 32 data by 1000 / 32
+    >>> sorted(elbo.last_terms["kl_by_site"])
+    ['fc.bias', 'fc.weight']
+    """
+
+    def __init__(
+        self,
+        num_data: int | None = None,
+        kl_weight: float | Callable[[int], float] = 1.0,
+        num_particles: int = 1,
+        vectorize_particles: bool = False,
+        data_plate: str = "data",
+        **kwargs: Any,
+    ):
+        if num_data is not None and (isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < 1):
+            raise ValueError(f"`num_data` must be a positive integer (the training-set size), got {num_data!r}.")
+        super().__init__(num_particles=num_particles, vectorize_particles=vectorize_particles, **kwargs)
+        self.num_data = num_data
+        self.kl_weight = _check_kl_weight(kl_weight)
+        self.data_plate = data_plate
+        self.step = 0
+        self.last_terms: dict[str, Any] = {}
+        self._call: dict[str, Any] | None = None
+
+    # -- the schedule -------------------------------------------------------------------------------------------
+    def current_kl_weight(self) -> float:
+        """The KL weight at the current :attr:`step`.
+
+        Example
+        -------
+        >>> from pyro_bbb.schedules import LinearWarmup
+        >>> ELBO(num_data=10, kl_weight=LinearWarmup(4)).current_kl_weight()
+        0.0
+        """
+        weight = self.kl_weight(self.step)
+        if isinstance(weight, torch.Tensor):
+            weight = weight.item()
+        if not isinstance(weight, Real) or not math.isfinite(weight) or weight < 0:
+            raise ValueError(f"kl_weight schedule {self.kl_weight!r} returned {weight!r} at step {self.step}; "
+                             "a KL weight must be a finite number >= 0.")  # fmt: skip
+        return float(weight)
+
+    # -- one call = one set of terms ----------------------------------------------------------------------------
+    @contextmanager
+    def _recording(self):
+        self._call = {"weight": self.current_kl_weight(), "nll": 0.0, "kl": 0.0, "kl_by_site": {},
+                      "loss": 0.0, "scalers": []}  # fmt: skip
+        try:
+            yield
+            self._finish_call()
+        finally:
+            self._call = None
+
+    def _finish_call(self) -> None:
+        call = self._call
+        site_names = list(call["kl_by_site"])
+        values = [call["nll"], call["kl"], *call["kl_by_site"].values()]
+        values = [v.detach() if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in values]
+        floats = torch.stack([v.to(values[0].device, torch.float64) for v in values]).tolist()
+        batch_size = next((s.batch_size for s in call["scalers"] if s.batch_size is not None), None)
+        declared = next((s.declared_num_data for s in call["scalers"] if s.declared_num_data is not None), None)
+        num_data = self.num_data if self.num_data is not None else declared
+        loss = float(call["loss"])
+        self.last_terms = {
+            "loss": loss,
+            "nll": floats[0],
+            "kl": floats[1],
+            "kl_by_site": dict(zip(site_names, floats[2:])),
+            "kl_weight": call["weight"],
+            "num_data": num_data,
+            "batch_size": batch_size,
+            "loss_per_datum": loss / (num_data or batch_size or 1),
+        }
+
+    def _get_trace(self, model, guide, args, kwargs):
+        scaler = DataPlateScaleMessenger(self.num_data, self.data_plate)
+        if self._call is not None:
+            self._call["scalers"].append(scaler)
+        return super()._get_trace(scaler(model), DataPlateScaleMessenger(self.num_data, self.data_plate)(guide),
+                                  args, kwargs)  # fmt: skip
+
+    def _differentiable_loss_particle(self, model_trace, guide_trace):
+        nll = 0.0
+        kl_by_site: dict[str, torch.Tensor] = {}
+        for name, model_site in model_trace.nodes.items():
+            if model_site["type"] != "sample":
+                continue
+            if model_site["is_observed"]:
+                nll = nll - model_site["log_prob_sum"]
+                continue
+            guide_site = guide_trace.nodes[name]
+            if is_validation_enabled():
+                check_fully_reparametrized(guide_site)
+            kl_by_site[name] = _site_kl(guide_site, model_site)
+        for name, guide_site in guide_trace.nodes.items():  # auxiliary guide sites contribute log q
+            if guide_site["type"] == "sample" and name not in model_trace.nodes:
+                kl_by_site[name] = guide_site["score_parts"].entropy_term.sum()
+
+        kl = sum(kl_by_site.values(), torch.zeros(()))
+        weight = self._call["weight"] if self._call is not None else self.current_kl_weight()
+        surrogate_loss = nll + weight * kl
+        loss = surrogate_loss.detach() if torch._C._get_tracing_state() else torch_item(surrogate_loss)
+
+        if self._call is not None:
+            n = self.num_particles
+            call = self._call
+            call["nll"] = call["nll"] + _detach(nll) / n
+            call["kl"] = call["kl"] + kl.detach() / n
+            call["loss"] += loss / n
+            for name, value in kl_by_site.items():
+                call["kl_by_site"][name] = call["kl_by_site"].get(name, 0.0) + value.detach() / n
+        return loss, surrogate_loss
+
+    def loss(self, model, guide, *args, **kwargs):
+        with self._recording():
+            return super().loss(model, guide, *args, **kwargs)
+
+    def differentiable_loss(self, model, guide, *args, **kwargs):
+        with self._recording():
+            return super().differentiable_loss(model, guide, *args, **kwargs)
+
+    def loss_and_grads(self, model, guide, *args, **kwargs):
+        with self._recording():
+            loss = super().loss_and_grads(model, guide, *args, **kwargs)
+        self.step += 1
+        return loss
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(num_data={self.num_data}, kl_weight={self.kl_weight!r}, "
+                f"num_particles={self.num_particles}, vectorize_particles={self.vectorize_particles}, "
+                f"data_plate={self.data_plate!r})")  # fmt: skip
+
+
+def _detach(value):
+    return value.detach() if isinstance(value, torch.Tensor) else value
+
+
+def _site_kl(guide_site: dict, model_site: dict) -> torch.Tensor:
+    """KL(q || p) of one latent site: closed form where registered, else log q(w) - log p(w) at the draw."""
+    try:
+        kl = kl_divergence(guide_site["fn"], model_site["fn"])
+    except NotImplementedError:
+        return guide_site["score_parts"].entropy_term.sum() - model_site["log_prob_sum"]
+    kl = scale_and_mask(kl, scale=guide_site["scale"], mask=guide_site["mask"])
+    if torch.is_tensor(kl):
+        return kl.sum()
+    return torch.as_tensor(kl * torch.Size(guide_site["fn"].batch_shape).numel())

@@ -1,0 +1,177 @@
+"""``MeanFieldGuide``: an independent Normal posterior for every weight, sampled at the weight's own site."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from numbers import Real
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.distributions.transforms import biject_to
+from pyro.infer.autoguide import AutoNormal
+from pyro.infer.autoguide.initialization import init_to_median
+
+from .nn.module import BayesianModule
+from .priors import _is_real
+
+__all__ = ["MeanFieldGuide", "DEFAULT_INIT_SCALE"]
+
+#: Initial posterior standard deviation of every weight; see ``benchmarks/init_scale.py`` for the measurement.
+DEFAULT_INIT_SCALE = 1e-2
+
+
+class _InitFromModules:
+    """Pyro init strategy: a Bayesian layer's own initial value, else the prior median."""
+
+    def __init__(self, model: Callable):
+        self.model = model
+        self._values: dict[str, torch.Tensor] | None = None
+
+    def _initial_values(self) -> dict[str, torch.Tensor]:
+        if self._values is None:
+            self._values = {}
+            if isinstance(self.model, torch.nn.Module):
+                for module in self.model.modules():
+                    if isinstance(module, BayesianModule):
+                        self._values.update(module.initial_values(full_names=True))
+        return self._values
+
+    def __call__(self, site: dict) -> torch.Tensor:
+        value = self._initial_values().get(site["name"])
+        if value is not None and value.shape == site["fn"].shape():
+            return value.detach().clone()
+        return init_to_median(site)
+
+
+class MeanFieldGuide(AutoNormal):
+    """Mean-field Gaussian guide: ``q(w) = prod_i Normal(w_i | mu_i, sigma_i)`` over every latent site.
+
+    Unlike Pyro's :class:`~pyro.infer.autoguide.AutoNormal`, which samples an auxiliary ``<name>_unconstrained``
+    site and puts a ``Delta`` at the real one, this guide draws every real-valued site directly from a
+    ``Normal`` at the site's own name. :class:`pyro.infer.TraceMeanField_ELBO` (and :class:`pyro_bbb.ELBO`)
+    therefore use the closed-form KL, and effect handlers can read the posterior's mean and scale. Sites with a
+    constrained support (e.g. a learned noise scale) get a Normal in unconstrained space pushed through
+    ``biject_to(support)``, still at the site's own name (their KL is estimated by Monte Carlo).
+
+    Parameters
+    ----------
+    model : callable
+        The Pyro model, usually a :class:`~pyro.nn.PyroModule` built from :mod:`pyro_bbb.nn` layers.
+    init_scale : float, optional
+        Initial posterior standard deviation of every weight (unconstrained scale for constrained sites).
+        Defaults to :data:`DEFAULT_INIT_SCALE` (``1e-2``), chosen by measurement (``benchmarks/init_scale.py``).
+    init_loc : "module" or callable
+        ``"module"`` starts each layer's posterior mean at the layer's own initialisation (what ``torch.nn``
+        would have drawn, or trained weights for converted models) and other sites at their prior median;
+        a callable is used as a Pyro ``init_loc_fn``.
+    create_plates : callable, optional
+        As in :class:`~pyro.infer.autoguide.AutoNormal`.
+
+    Example
+    -------
+    >>> import torch, pyro
+    >>> from pyro_bbb.nn import BayesianLinear
+    >>> pyro.clear_param_store()   # guides keep their parameters in Pyro's param store
+    >>> layer = BayesianLinear(3, 1)
+    >>> guide = MeanFieldGuide(layer)
+    >>> _ = guide(torch.randn(5, 3))
+    >>> q = guide.site_posteriors()["weight"]
+    >>> torch.equal(q.loc, layer.weight_init), round(float(q.scale.max()), 6)
+    (True, 0.01)
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        init_scale: float | None = None,
+        init_loc: str | Callable = "module",
+        *,
+        create_plates: Callable | None = None,
+    ):
+        if init_scale is None:
+            init_scale = DEFAULT_INIT_SCALE
+        if not isinstance(init_scale, Real) or not init_scale > 0:
+            raise ValueError(f"`init_scale` must be a number > 0, got {init_scale!r}.")
+        if init_loc == "module":
+            init_loc_fn = _InitFromModules(model)
+        elif callable(init_loc):
+            init_loc_fn = init_loc
+        else:
+            raise ValueError(f'`init_loc` must be "module" or a Pyro init_loc_fn callable, got {init_loc!r}.')
+        super().__init__(model, init_loc_fn=init_loc_fn, init_scale=float(init_scale), create_plates=create_plates)
+
+    def _posterior(self, name: str, site: dict) -> dist.Distribution:
+        loc, scale = self._get_loc_and_scale(name)
+        normal = dist.Normal(loc, scale).to_event(self._event_dims[name])
+        if _is_real(site["fn"].support):
+            return normal
+        return dist.TransformedDistribution(normal, [biject_to(site["fn"].support)])
+
+    def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        """Draw every latent site from its posterior; returns ``{site_name: value}``."""
+        if self.prototype_trace is None:
+            self._setup_prototype(*args, **kwargs)
+        plates = self._create_plates(*args, **kwargs)
+        result = {}
+        for name, site in self.prototype_trace.iter_stochastic_nodes():
+            with ExitStack() as stack:
+                for frame in site["cond_indep_stack"]:
+                    if frame.vectorized:
+                        stack.enter_context(plates[frame.name])
+                result[name] = pyro.sample(name, self._posterior(name, site))
+        return result
+
+    def _require_setup(self) -> None:
+        if self.prototype_trace is None:
+            raise RuntimeError(
+                "the guide has not seen the model yet: call it once (or run one SVI step) with the model's "
+                "arguments before asking for its posteriors."
+            )
+
+    def posterior_params(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The live (differentiable) posterior mean and standard deviation of site ``name``.
+
+        For a constrained site these are the parameters of the Normal in unconstrained space.
+
+        Example
+        -------
+        >>> from pyro_bbb.nn import BayesianLinear
+        >>> pyro.clear_param_store()
+        >>> guide = MeanFieldGuide(BayesianLinear(2, 1))
+        >>> _ = guide(torch.zeros(1, 2))
+        >>> [t.shape for t in guide.posterior_params("weight")]
+        [torch.Size([1, 2]), torch.Size([1, 2])]
+        """
+        self._require_setup()
+        if name not in self._event_dims:
+            raise KeyError(f"no latent site named {name!r}; the guide's sites are {sorted(self._event_dims)}.")
+        return self._get_loc_and_scale(name)
+
+    @torch.no_grad()
+    def site_posteriors(self) -> dict[str, dist.Distribution]:
+        """Detached posterior of every site: ``{site_name: Normal(loc, scale)}`` (elementwise, batch-shaped).
+
+        Real-valued sites (all weights and biases) give a :class:`pyro.distributions.Normal`; a constrained site
+        gives the :class:`~pyro.distributions.TransformedDistribution` of its unconstrained Normal.
+
+        Example
+        -------
+        >>> from pyro_bbb.nn import BayesianLinear
+        >>> pyro.clear_param_store()
+        >>> guide = MeanFieldGuide(BayesianLinear(2, 1), init_scale=0.05)
+        >>> _ = guide(torch.zeros(1, 2))
+        >>> guide.site_posteriors()["bias"].scale
+        tensor([0.0500])
+        """
+        self._require_setup()
+        posteriors = {}
+        for name, site in self.prototype_trace.iter_stochastic_nodes():
+            loc, scale = (t.detach().clone() for t in self._get_loc_and_scale(name))
+            normal = dist.Normal(loc, scale)
+            if _is_real(site["fn"].support):
+                posteriors[name] = normal
+            else:
+                posteriors[name] = dist.TransformedDistribution(normal, [biject_to(site["fn"].support)])
+        return posteriors

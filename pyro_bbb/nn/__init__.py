@@ -1,0 +1,33 @@
+"""Bayesian layers: ``PyroModule`` twins of ``torch.nn`` layers whose weights are sample sites.
+
+Example
+-------
+>>> import torch
+>>> from pyro.nn import PyroModule
+>>> from pyro_bbb.nn import BayesianLinear
+>>> class Net(PyroModule):
+...     def __init__(self):
+...         super().__init__()
+...         self.fc1 = BayesianLinear(2, 8)
+...         self.act = torch.nn.Tanh()
+...         self.fc2 = BayesianLinear(8, 1)
+...     def forward(self, x):
+...         return self.fc2(self.act(self.fc1(x)))
+>>> Net()(torch.randn(5, 2)).shape
+torch.Size([5, 1])
+"""
+
+from .conv import BayesianConv1d, BayesianConv2d, BayesianConv3d
+from .functional import batched_conv, batched_linear
+from .linear import BayesianLinear
+from .module import BayesianModule
+
+__all__ = [
+    "BayesianModule",
+    "BayesianLinear",
+    "BayesianConv1d",
+    "BayesianConv2d",
+    "BayesianConv3d",
+    "batched_linear",
+    "batched_conv",
+]

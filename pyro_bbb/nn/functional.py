@@ -1,0 +1,118 @@
+"""Linear and convolution operations that accept weights with leading sample dimensions.
+
+Under ``Predictive(parallel=True)`` or ``vectorize_particles=True`` a Bayesian layer receives weights of shape
+``(*sample_dims, out, in)`` (e.g. ``(S, 1, out, in)``). The sample dimensions line up, right-aligned, with the
+input's batch dimensions (everything left of the feature or channel dimension), exactly as Pyro's plates line up:
+a weight of shape ``(S, 1, out, in)`` applied to an input of shape ``(B, in)`` gives ``(S, B, out)``. Weights are
+global, so their sample dimensions never line up with the data dimension: a weight of shape ``(S, out, in)`` is
+read as ``(S, 1, out, in)``. All S draws are computed in one batched kernel call; nothing loops over samples.
+
+Example
+-------
+>>> w = torch.randn(10, 1, 4, 3)
+>>> batched_linear(torch.randn(32, 3), w).shape
+torch.Size([10, 32, 4])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["batched_linear", "batched_conv"]
+
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+
+
+def _global(param: torch.Tensor | None, param_dims: int) -> torch.Tensor | None:
+    """Give a parameter with sample dims a singleton in the data position: ``(S, *p)`` -> ``(S, 1, *p)``."""
+    if param is None or param.dim() <= param_dims or param.shape[-param_dims - 1] == 1:
+        return param
+    return param.unsqueeze(-param_dims - 1)
+
+
+def batched_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` where ``weight`` (``(*S, out, in)``) and ``bias`` (``(*S, out)``) may carry sample dims.
+
+    Example
+    -------
+    >>> batched_linear(torch.randn(5, 3), torch.randn(2, 1, 4, 3), torch.randn(2, 1, 4)).shape
+    torch.Size([2, 5, 4])
+    """
+    weight, bias = _global(weight, 2), _global(bias, 1)
+    if weight.dim() == 2:
+        if bias is None or bias.dim() == 1:
+            return F.linear(input, weight, bias)
+        output = F.linear(input, weight)
+    else:
+        # einsum treats a size-1 dimension of one operand as belonging to the other operand only, so the
+        # S draws become one batched matmul without materialising the broadcast weight.
+        output = torch.einsum("...i,...oi->...o", input, weight)
+    return output if bias is None else output + bias
+
+
+def batched_conv(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    spatial_dims: int,
+    stride: Sequence[int],
+    padding: Sequence[int] | str,
+    dilation: Sequence[int],
+    groups: int,
+) -> torch.Tensor:
+    """``F.conv{1,2,3}d`` where ``weight`` (``(*S, out, in/groups, *kernel)``) may carry sample dims.
+
+    The input is ``(*batch, C, *spatial)``; weight sample dims broadcast against ``batch`` right-aligned.
+    The S draws are folded into the channel dimension and run as one grouped convolution.
+
+    Example
+    -------
+    >>> x = torch.randn(8, 3, 16, 16)
+    >>> w = torch.randn(5, 1, 6, 3, 3, 3)
+    >>> batched_conv(x, w, None, spatial_dims=2, stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1).shape
+    torch.Size([5, 8, 6, 16, 16])
+    """
+    conv = _CONV[spatial_dims]
+    kernel_dims = spatial_dims + 2
+    weight, bias = _global(weight, kernel_dims), _global(bias, 1)
+    if weight.dim() == kernel_dims and (bias is None or bias.dim() == 1):
+        if input.dim() <= spatial_dims + 2:
+            return conv(input, weight, bias, stride, padding, dilation, groups)
+        # plain weights, extra leading batch dims on the input: fold them into the batch.
+        lead = input.shape[: -(spatial_dims + 1)]
+        flat = input.reshape((-1,) + input.shape[-(spatial_dims + 1) :])
+        out = conv(flat, weight, bias, stride, padding, dilation, groups)
+        return out.reshape(lead + out.shape[1:])
+
+    weight_batch = weight.shape[:-kernel_dims]
+    input_batch = input.shape[: -(spatial_dims + 1)]
+    full = torch.broadcast_shapes(weight_batch, input_batch)
+    n = len(full)
+    w_batch = (1,) * (n - len(weight_batch)) + tuple(weight_batch)
+    group_dims = [d for d in range(n) if w_batch[d] != 1]
+    shared_dims = [d for d in range(n) if w_batch[d] == 1]
+    num_groups = math.prod(full[d] for d in group_dims)
+    channels = input.shape[-(spatial_dims + 1)]
+    out_channels = weight.shape[-kernel_dims]
+
+    feature_shape = tuple(input.shape[-(spatial_dims + 1) :])
+    x = input.reshape((1,) * (n - len(input_batch)) + tuple(input.shape)).expand(tuple(full) + feature_shape)
+    feature_axes = list(range(n, n + spatial_dims + 1))
+    x = x.permute(shared_dims + group_dims + feature_axes)
+    x = x.reshape((-1, num_groups * channels) + tuple(input.shape[-spatial_dims:]))
+    w = weight.reshape((num_groups * out_channels,) + tuple(weight.shape[-(kernel_dims - 1) :]))
+    b = None
+    if bias is not None:
+        b = bias.expand(tuple(w_batch) + (out_channels,)).reshape(num_groups * out_channels)
+    y = conv(x, w, b, stride, padding, dilation, groups * num_groups)
+    out_spatial = tuple(y.shape[2:])
+    y = y.reshape([full[d] for d in shared_dims] + [full[d] for d in group_dims] + [out_channels, *out_spatial])
+    inverse = [0] * n
+    for position, d in enumerate(shared_dims + group_dims):
+        inverse[d] = position
+    return y.permute(inverse + list(range(n, n + spatial_dims + 1)))

@@ -1,0 +1,96 @@
+"""The base class of every Bayesian layer: parameters that are Pyro sample sites with a prior."""
+
+from __future__ import annotations
+
+import torch
+from pyro.nn import PyroModule, PyroSample
+from pyro.nn.module import _make_name
+
+from ..priors import Prior, as_prior
+
+__all__ = ["BayesianModule"]
+
+
+class _SitePrior:
+    """What a layer hands to :class:`pyro.nn.PyroSample`: builds one parameter's prior on the layer's device."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, module: BayesianModule):
+        return module.prior_distribution(self.name)
+
+
+class BayesianModule(PyroModule):
+    """A :class:`~pyro.nn.PyroModule` whose parameters are sample sites drawn from a prior.
+
+    Subclasses call :meth:`_declare_bayesian` for each parameter. Reading ``self.weight`` inside ``forward`` then
+    runs ``pyro.sample("<module path>.weight", prior)``; under a guide the value comes from the posterior. The
+    layer keeps the initial value of every parameter (non-persistent buffers ``<name>_init`` that follow
+    ``.to(device)``), which :class:`pyro_bbb.MeanFieldGuide` uses as the starting posterior mean.
+
+    Example
+    -------
+    >>> from pyro_bbb.nn import BayesianLinear
+    >>> layer = BayesianLinear(3, 2)
+    >>> sorted(layer.initial_values())
+    ['bias', 'weight']
+    """
+
+    def __init__(self, prior: Prior | None = None):
+        super().__init__()
+        self.prior = as_prior(prior)
+        self._bayesian: dict[str, tuple[int, Prior]] = {}
+
+    def _declare_bayesian(self, name: str, init: torch.Tensor | None, fan_in: int, prior: Prior | None = None) -> None:
+        """Make ``name`` a sample site with initial value ``init`` (``None``: the parameter is absent)."""
+        if init is None:
+            setattr(self, name, None)
+            return
+        self.register_buffer(f"{name}_init", init.detach().clone(), persistent=False)
+        self._bayesian[name] = (fan_in, self.prior if prior is None else as_prior(prior))
+        setattr(self, name, PyroSample(_SitePrior(name)))
+
+    def _set_initial(self, name: str, value: torch.Tensor) -> None:
+        getattr(self, f"{name}_init").copy_(value.detach())
+
+    def bayesian_parameters(self) -> dict[str, Prior]:
+        """The names of this layer's sampled parameters and their priors.
+
+        Example
+        -------
+        >>> from pyro_bbb.nn import BayesianLinear
+        >>> BayesianLinear(3, 2, bias=False).bayesian_parameters()
+        {'weight': Normal(loc=0.0, scale=1.0)}
+        """
+        return {name: prior for name, (_, prior) in self._bayesian.items()}
+
+    def prior_distribution(self, name: str):
+        """The prior distribution of parameter ``name`` (a distribution over the whole tensor).
+
+        Example
+        -------
+        >>> from pyro_bbb.nn import BayesianLinear
+        >>> BayesianLinear(3, 2).prior_distribution("weight").event_shape
+        torch.Size([2, 3])
+        """
+        fan_in, prior = self._bayesian[name]
+        init = getattr(self, f"{name}_init")
+        return prior.distribution(init.shape, fan_in, device=init.device, dtype=init.dtype)
+
+    def initial_values(self, full_names: bool = False) -> dict[str, torch.Tensor]:
+        """The initial value of every sampled parameter, keyed by name (or by Pyro site name).
+
+        Example
+        -------
+        >>> from pyro_bbb.nn import BayesianLinear
+        >>> BayesianLinear(3, 2).initial_values()["weight"].shape
+        torch.Size([2, 3])
+        """
+        prefix = self.__dict__.get("_pyro_name", "") if full_names else ""
+        return {_make_name(prefix, name): getattr(self, f"{name}_init") for name in self._bayesian}
+
+    def _prior_repr(self) -> str:
+        priors = {name: prior for name, (_, prior) in self._bayesian.items()}
+        extra = [f"{name}_prior={p!r}" for name, p in priors.items() if p != self.prior]
+        return ", ".join([f"prior={self.prior!r}", *extra])

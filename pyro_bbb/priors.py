@@ -1,0 +1,314 @@
+"""Weight priors for Bayesian layers.
+
+A prior turns the shape and fan-in of one layer parameter into a Pyro distribution over the whole tensor
+(every element independent, reinterpreted with ``to_event`` so that one sample site covers the tensor).
+Any :class:`pyro.distributions.Distribution` is accepted where a prior is expected, see :func:`as_prior`.
+
+Example
+-------
+>>> from pyro_bbb import priors
+>>> d = priors.Normal(0.0, 0.5).distribution((3, 2), fan_in=2)
+>>> d.event_shape
+torch.Size([3, 2])
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+from pyro.distributions.torch_distribution import TorchDistribution
+
+__all__ = [
+    "Prior",
+    "Normal",
+    "Laplace",
+    "ScaleMixtureNormal",
+    "FanInNormal",
+    "ScaleMixtureNormalDistribution",
+    "as_prior",
+]
+
+
+def _check_positive(name: str, value: float) -> float:
+    if not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"`{name}` must be a finite number > 0, got {value!r}.")
+    return float(value)
+
+
+def _check_finite(name: str, value: float) -> float:
+    if not isinstance(value, Real) or not math.isfinite(value):
+        raise ValueError(f"`{name}` must be a finite number, got {value!r}.")
+    return float(value)
+
+
+def _whole_tensor(d: dist.Distribution, shape: torch.Size) -> dist.Distribution:
+    """Expand a scalar distribution to ``shape`` and make the whole tensor one event."""
+    return d.expand(shape).to_event(len(shape))
+
+
+class Prior:
+    """Base class: a recipe that builds the prior distribution of one parameter tensor.
+
+    Subclasses implement :meth:`distribution`. Priors are small immutable value objects; their
+    ``repr`` is what layers show.
+
+    Example
+    -------
+    >>> class Cauchy(Prior):
+    ...     def distribution(self, shape, fan_in, *, device=None, dtype=None):
+    ...         zero = torch.zeros((), device=device, dtype=dtype)
+    ...         return dist.Cauchy(zero, 1.0).expand(shape).to_event(len(shape))
+    """
+
+    def distribution(
+        self,
+        shape: torch.Size | tuple[int, ...],
+        fan_in: int,
+        *,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> dist.Distribution:
+        """Return the prior over a tensor of ``shape`` whose layer has ``fan_in`` inputs per output."""
+        raise NotImplementedError
+
+    def _fields(self) -> dict[str, float]:
+        return dict(vars(self))
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self._fields().items())
+        return f"{type(self).__name__}({args})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash((type(self), tuple(self._fields().items())))
+
+
+def _scalar(value: float, device, dtype) -> torch.Tensor:
+    return torch.tensor(value, device=device, dtype=dtype or torch.get_default_dtype())
+
+
+class Normal(Prior):
+    """Independent ``Normal(loc, scale)`` on every weight.
+
+    Example
+    -------
+    >>> Normal(0.0, 0.1)
+    Normal(loc=0.0, scale=0.1)
+    """
+
+    def __init__(self, loc: float = 0.0, scale: float = 1.0):
+        self.loc = _check_finite("loc", loc)
+        self.scale = _check_positive("scale", scale)
+
+    def distribution(self, shape, fan_in, *, device=None, dtype=None):
+        loc = _scalar(self.loc, device, dtype)
+        return _whole_tensor(dist.Normal(loc, _scalar(self.scale, device, dtype)), torch.Size(shape))
+
+
+class Laplace(Prior):
+    """Independent ``Laplace(loc, scale)`` on every weight (sparsity-inducing; closed-form KL to a Normal).
+
+    Example
+    -------
+    >>> Laplace(scale=0.5)
+    Laplace(loc=0.0, scale=0.5)
+    """
+
+    def __init__(self, loc: float = 0.0, scale: float = 1.0):
+        self.loc = _check_finite("loc", loc)
+        self.scale = _check_positive("scale", scale)
+
+    def distribution(self, shape, fan_in, *, device=None, dtype=None):
+        loc = _scalar(self.loc, device, dtype)
+        return _whole_tensor(dist.Laplace(loc, _scalar(self.scale, device, dtype)), torch.Size(shape))
+
+
+class FanInNormal(Prior):
+    """``Normal(0, gain / sqrt(fan_in))``: a prior whose width follows the layer's fan-in.
+
+    ``fan_in`` is ``in_features`` for a linear layer and ``in_channels / groups * prod(kernel_size)``
+    for a convolution; the bias uses the fan-in of its layer.
+
+    Example
+    -------
+    >>> FanInNormal(gain=2.0).distribution((4, 16), fan_in=16).base_dist.scale.unique()
+    tensor([0.5000])
+    """
+
+    def __init__(self, gain: float = 1.0):
+        self.gain = _check_positive("gain", gain)
+
+    def std(self, fan_in: int) -> float:
+        """The prior standard deviation for a layer with ``fan_in`` inputs."""
+        if fan_in <= 0:
+            raise ValueError(f"FanInNormal needs fan_in > 0, got {fan_in}.")
+        return self.gain / math.sqrt(fan_in)
+
+    def distribution(self, shape, fan_in, *, device=None, dtype=None):
+        zero = _scalar(0.0, device, dtype)
+        return _whole_tensor(dist.Normal(zero, _scalar(self.std(fan_in), device, dtype)), torch.Size(shape))
+
+
+class ScaleMixtureNormalDistribution(TorchDistribution):
+    r"""Elementwise ``pi * N(0, sigma1^2) + (1 - pi) * N(0, sigma2^2)`` (Blundell et al. 2015, eq. 7).
+
+    Its KL divergence to a Normal posterior has no closed form, so :class:`pyro_bbb.ELBO` estimates it by
+    Monte Carlo from the guide's draw.
+
+    Example
+    -------
+    >>> d = ScaleMixtureNormalDistribution(torch.tensor(0.5), torch.tensor(1.0), torch.tensor(0.01))
+    >>> d.log_prob(torch.zeros(3)).shape
+    torch.Size([3])
+    """
+
+    arg_constraints = {
+        "pi": constraints.unit_interval,
+        "sigma1": constraints.positive,
+        "sigma2": constraints.positive,
+    }
+    support = constraints.real
+    has_rsample = False
+
+    def __init__(self, pi, sigma1, sigma2, validate_args=None):
+        self.pi, self.sigma1, self.sigma2 = torch.broadcast_tensors(
+            torch.as_tensor(pi), torch.as_tensor(sigma1), torch.as_tensor(sigma2)
+        )
+        super().__init__(self.pi.shape, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(ScaleMixtureNormalDistribution, _instance)
+        batch_shape = torch.Size(batch_shape)
+        new.pi = self.pi.expand(batch_shape)
+        new.sigma1 = self.sigma1.expand(batch_shape)
+        new.sigma2 = self.sigma2.expand(batch_shape)
+        super(ScaleMixtureNormalDistribution, new).__init__(batch_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    def log_prob(self, value):
+        if self._validate_args:
+            self._validate_sample(value)
+        wide = torch.distributions.Normal(0.0, self.sigma1).log_prob(value) + torch.log(self.pi)
+        narrow = torch.distributions.Normal(0.0, self.sigma2).log_prob(value) + torch.log1p(-self.pi)
+        return torch.logaddexp(wide, narrow)
+
+    def sample(self, sample_shape=torch.Size()):
+        shape = self._extended_shape(sample_shape)
+        with torch.no_grad():
+            pick_wide = torch.rand(shape, device=self.pi.device) < self.pi.expand(shape)
+            sigma = torch.where(pick_wide, self.sigma1.expand(shape), self.sigma2.expand(shape))
+            return torch.randn(shape, device=sigma.device, dtype=sigma.dtype) * sigma
+
+    @property
+    def mean(self):
+        return torch.zeros_like(self.pi)
+
+    @property
+    def variance(self):
+        return self.pi * self.sigma1**2 + (1 - self.pi) * self.sigma2**2
+
+
+class ScaleMixtureNormal(Prior):
+    """The scale-mixture prior of "Weight Uncertainty in Neural Networks" (Blundell et al. 2015).
+
+    ``pi * N(0, sigma1^2) + (1 - pi) * N(0, sigma2^2)`` on every weight; typically ``sigma1`` is wide and
+    ``sigma2`` tiny so that most weights are pulled to zero while a few stay large. The KL term is estimated
+    by Monte Carlo.
+
+    Example
+    -------
+    >>> ScaleMixtureNormal(pi=0.25, sigma1=1.0, sigma2=0.001)
+    ScaleMixtureNormal(pi=0.25, sigma1=1.0, sigma2=0.001)
+    """
+
+    def __init__(self, pi: float = 0.5, sigma1: float = 1.0, sigma2: float = math.exp(-6)):
+        if not isinstance(pi, Real) or not 0.0 < pi < 1.0:
+            raise ValueError(f"`pi` must lie strictly between 0 and 1, got {pi!r}.")
+        self.pi = float(pi)
+        self.sigma1 = _check_positive("sigma1", sigma1)
+        self.sigma2 = _check_positive("sigma2", sigma2)
+
+    def distribution(self, shape, fan_in, *, device=None, dtype=None):
+        mixture = ScaleMixtureNormalDistribution(
+            _scalar(self.pi, device, dtype),
+            _scalar(self.sigma1, device, dtype),
+            _scalar(self.sigma2, device, dtype),
+        )
+        return _whole_tensor(mixture, torch.Size(shape))
+
+
+class DistributionPrior(Prior):
+    """Wraps a user's :class:`pyro.distributions.Distribution` so that layers can use it as a prior.
+
+    A distribution with empty batch and event shape is broadcast to every element of the parameter; one whose
+    batch or event shape equals the parameter's shape is used as it is. Its parameters stay on the device the
+    user created them on.
+
+    Example
+    -------
+    >>> DistributionPrior(dist.StudentT(3.0, 0.0, 1.0)).distribution((2, 3), fan_in=3).event_shape
+    torch.Size([2, 3])
+    """
+
+    def __init__(self, distribution: dist.Distribution):
+        if not isinstance(distribution, torch.distributions.Distribution):
+            raise TypeError(f"expected a pyro.distributions.Distribution, got {type(distribution).__name__}.")
+        if distribution.support is not constraints.real and not _is_real(distribution.support):
+            raise ValueError(
+                f"a weight prior must have real support, but {distribution!r} has support "
+                f"{distribution.support}; use a distribution over all real numbers (e.g. Normal, Laplace, StudentT)."
+            )
+        self.dist = distribution
+
+    def _fields(self):
+        return {"dist": self.dist}
+
+    def distribution(self, shape, fan_in, *, device=None, dtype=None):
+        shape = torch.Size(shape)
+        d = self.dist
+        full_shape = d.batch_shape + d.event_shape
+        if full_shape == torch.Size():
+            return _whole_tensor(d, shape)
+        if d.event_shape == shape and d.batch_shape == torch.Size():
+            return d
+        if d.batch_shape == shape and d.event_shape == torch.Size():
+            return d.to_event(len(shape))
+        raise ValueError(
+            f"prior {d!r} has batch shape {tuple(d.batch_shape)} and event shape {tuple(d.event_shape)}, which does "
+            f"not fit a parameter of shape {tuple(shape)}. Pass a scalar distribution (it is broadcast to every "
+            "weight and bias) or one whose shape equals the parameter's shape."
+        )
+
+
+def _is_real(support) -> bool:
+    base = getattr(support, "base_constraint", support)
+    return base is constraints.real
+
+
+def as_prior(prior: Prior | dist.Distribution | None) -> Prior:
+    """Normalise what a user passed as ``prior=``: ``None`` gives ``Normal(0, 1)``.
+
+    Example
+    -------
+    >>> as_prior(None)
+    Normal(loc=0.0, scale=1.0)
+    >>> as_prior(dist.Normal(0.0, 2.0))
+    DistributionPrior(dist=Normal(loc: 0.0, scale: 2.0))
+    """
+    if prior is None:
+        return Normal()
+    if isinstance(prior, Prior):
+        return prior
+    if isinstance(prior, torch.distributions.Distribution):
+        return DistributionPrior(prior)
+    raise TypeError(
+        f"prior must be a pyro_bbb.priors.Prior (e.g. priors.Normal(0, 1)) or a pyro.distributions.Distribution, "
+        f"got {type(prior).__name__}."
+    )
