@@ -8,15 +8,18 @@ from contextlib import contextmanager
 from numbers import Real
 from typing import Any
 
+import pyro.poutine as poutine
 import torch
 from pyro.distributions.kl import kl_divergence
 from pyro.distributions.util import scale_and_mask
 from pyro.infer import TraceMeanField_ELBO
-from pyro.infer.util import check_fully_reparametrized, is_validation_enabled, torch_item
+from pyro.infer.trace_mean_field_elbo import _check_mean_field_requirement
+from pyro.infer.util import is_validation_enabled, torch_item
 from pyro.poutine.messenger import Messenger
+from pyro.poutine.util import prune_subsample_sites
+from pyro.util import check_model_guide_match, check_site_shape
 
-
-from .schedules import Constant, Schedule
+from .schedules import Constant
 
 __all__ = ["ELBO", "DataPlateScaleMessenger"]
 
@@ -207,7 +210,7 @@ class ELBO(TraceMeanField_ELBO):
             "loss": loss,
             "nll": floats[0],
             "kl": floats[1],
-            "kl_by_site": dict(zip(site_names, floats[2:])),
+            "kl_by_site": dict(zip(site_names, floats[2:], strict=True)),
             "kl_weight": call["weight"],
             "num_data": num_data,
             "batch_size": batch_size,
@@ -215,29 +218,47 @@ class ELBO(TraceMeanField_ELBO):
         }
 
     def _get_trace(self, model, guide, args, kwargs):
+        """One guide draw and the model replayed against it, the data plate scaled.
+
+        Unlike Pyro's ``get_importance_trace`` this computes no log-densities up front: the loss evaluates only
+        the ones it needs (observed sites, and latent sites whose KL has no closed form), which saves two full
+        passes over every weight tensor per step.
+        """
         scaler = DataPlateScaleMessenger(self.num_data, self.data_plate)
         if self._call is not None:
             self._call["scalers"].append(scaler)
-        return super()._get_trace(scaler(model), DataPlateScaleMessenger(self.num_data, self.data_plate)(guide),
-                                  args, kwargs)  # fmt: skip
+        guide_trace = poutine.trace(DataPlateScaleMessenger(self.num_data, self.data_plate)(guide)).get_trace(
+            *args, **kwargs
+        )
+        model_trace = poutine.trace(poutine.replay(scaler(model), trace=guide_trace)).get_trace(*args, **kwargs)
+        if is_validation_enabled():
+            check_model_guide_match(model_trace, guide_trace, self.max_plate_nesting)
+        guide_trace = prune_subsample_sites(guide_trace)
+        model_trace = prune_subsample_sites(model_trace)
+        if is_validation_enabled():
+            _check_mean_field_requirement(model_trace, guide_trace)
+        return model_trace, guide_trace
 
     def _differentiable_loss_particle(self, model_trace, guide_trace):
+        validate = is_validation_enabled()
         nll = 0.0
         kl_by_site: dict[str, torch.Tensor] = {}
         for name, model_site in model_trace.nodes.items():
             if model_site["type"] != "sample":
                 continue
             if model_site["is_observed"]:
-                nll = nll - model_site["log_prob_sum"]
+                nll = nll - _log_prob_sum(model_site, self.max_plate_nesting if validate else None)
                 continue
             guide_site = guide_trace.nodes[name]
-            if is_validation_enabled():
-                check_fully_reparametrized(guide_site)
+            if validate and not guide_site["fn"].has_rsample:
+                raise NotImplementedError(
+                    f"guide site {name!r} ({type(guide_site['fn']).__name__}) is not reparameterizable; "
+                    "pyro_bbb.ELBO needs reparameterized guide draws (MeanFieldGuide's are)."
+                )
             kl_by_site[name] = _site_kl(guide_site, model_site)
         for name, guide_site in guide_trace.nodes.items():  # auxiliary guide sites contribute log q
             if guide_site["type"] == "sample" and name not in model_trace.nodes:
-                kl_by_site[name] = guide_site["score_parts"].entropy_term.sum()
-
+                kl_by_site[name] = _log_prob_sum(guide_site)
         kl = sum(kl_by_site.values(), torch.zeros(()))
         weight = self._call["weight"] if self._call is not None else self.current_kl_weight()
         surrogate_loss = nll + weight * kl
@@ -277,12 +298,21 @@ def _detach(value):
     return value.detach() if isinstance(value, torch.Tensor) else value
 
 
+def _log_prob_sum(site: dict, max_plate_nesting: float | None = None) -> torch.Tensor:
+    """Scaled and masked log-density of a site's value, summed; checks plate shapes when given the nesting."""
+    log_prob = site["fn"].log_prob(site["value"], *site["args"], **site["kwargs"])
+    if max_plate_nesting is not None:
+        site["log_prob"] = log_prob
+        check_site_shape(site, max_plate_nesting)
+    return scale_and_mask(log_prob, site["scale"], site["mask"]).sum()
+
+
 def _site_kl(guide_site: dict, model_site: dict) -> torch.Tensor:
     """KL(q || p) of one latent site: closed form where registered, else log q(w) - log p(w) at the draw."""
     try:
         kl = kl_divergence(guide_site["fn"], model_site["fn"])
     except NotImplementedError:
-        return guide_site["score_parts"].entropy_term.sum() - model_site["log_prob_sum"]
+        return _log_prob_sum(guide_site) - _log_prob_sum(model_site)
     kl = scale_and_mask(kl, scale=guide_site["scale"], mask=guide_site["mask"])
     if torch.is_tensor(kl):
         return kl.sum()

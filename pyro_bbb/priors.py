@@ -199,7 +199,7 @@ class ScaleMixtureNormalDistribution(TorchDistribution):
         narrow = torch.distributions.Normal(0.0, self.sigma2).log_prob(value) + torch.log1p(-self.pi)
         return torch.logaddexp(wide, narrow)
 
-    def sample(self, sample_shape=torch.Size()):
+    def sample(self, sample_shape=()):
         shape = self._extended_shape(sample_shape)
         with torch.no_grad():
             pick_wide = torch.rand(shape, device=self.pi.device) < self.pi.expand(shape)

@@ -1,5 +1,7 @@
 import itertools
 
+import pyro
+import pyro.distributions as dist
 import pyro.poutine as poutine
 import pytest
 import torch
@@ -154,3 +156,14 @@ def test_layers_follow_device_and_dtype():
     out = layer(torch.randn(4, 3, dtype=torch.float64))
     assert out.dtype == torch.float64
     assert layer.prior_distribution("weight").base_dist.loc.dtype == torch.float64
+
+
+def test_calling_a_layer_inside_the_data_plate_is_an_error():
+    layer = BayesianLinear(3, 1)
+
+    def model(x, y):
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("y", dist.Normal(layer(x).squeeze(-1), 1.0), obs=y)
+
+    with pytest.raises(ValueError, match=r"inside pyro.plate\('data'\).*run the network before entering"):
+        model(torch.randn(4, 3), torch.randn(4))

@@ -77,4 +77,5 @@ class BayesianLinear(BayesianModule):
 
     def extra_repr(self) -> str:
         has_bias = "bias" in self._bayesian
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={has_bias}, {self._prior_repr()}"
+        sizes = f"in_features={self.in_features}, out_features={self.out_features}"
+        return f"{sizes}, bias={has_bias}, {self._prior_repr()}"

@@ -5,10 +5,14 @@ from __future__ import annotations
 import torch
 from pyro.nn import PyroModule, PyroSample
 from pyro.nn.module import _make_name
+from pyro.poutine.runtime import get_plates
 
 from ..priors import Prior, as_prior
 
 __all__ = ["BayesianModule"]
+
+
+DATA_PLATE = "data"
 
 
 class _SitePrior:
@@ -18,6 +22,14 @@ class _SitePrior:
         self.name = name
 
     def __call__(self, module: BayesianModule):
+        for frame in get_plates():
+            if frame.name == DATA_PLATE:
+                raise ValueError(
+                    f"{type(module).__name__} {module.__dict__.get('_pyro_name') or '(root)'!s} was called inside "
+                    f"pyro.plate({DATA_PLATE!r}), which would draw separate weights for every datum. Weights are "
+                    f"global: run the network before entering the data plate, e.g. `mean = net(x)` and then "
+                    f"`with pyro.plate({DATA_PLATE!r}, len(x)): pyro.sample('y', ..., obs=y)`."
+                )
         return module.prior_distribution(self.name)
 
 

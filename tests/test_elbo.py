@@ -1,0 +1,336 @@
+"""The ELBO against ground truth: closed-form posteriors, hand-computed losses, Pyro's own reference ELBOs."""
+
+import math
+
+import pyro
+import pyro.distributions as dist
+import pyro.poutine as poutine
+import pytest
+import torch
+from pyro.infer import SVI, Trace_ELBO, TraceMeanField_ELBO
+from scipy import integrate, stats
+
+from pyro_bbb import ELBO, MeanFieldGuide, priors
+from pyro_bbb.nn import BayesianLinear
+from pyro_bbb.schedules import LinearWarmup
+
+from .models import MLP, Regression, regression_data
+
+
+def guide_for(model, *args, **kwargs):
+    guide = MeanFieldGuide(model, **kwargs)
+    guide(*args)
+    return guide
+
+
+def minibatches(n, batch_size, generator):
+    perm = torch.randperm(n, generator=generator)
+    return [perm[i : i + batch_size] for i in range(0, n, batch_size)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. Bayesian linear regression: the optimal mean-field Gaussian is known in closed form
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("batch_size, steps, particles", [(32, 8000, 4), (100, 3000, 8)], ids=["minibatch", "full"])
+def test_recovers_closed_form_mean_field_posterior(batch_size, steps, particles):
+    N, D, sigma, alpha = 100, 3, 0.5, 2.0
+    x, y = regression_data(N, D, sigma)
+    # exact Gaussian posterior of (w, b): precision Lambda = alpha I + Phi'Phi / sigma^2; the optimal mean-field
+    # Gaussian has the exact posterior mean and variances 1 / Lambda_ii.
+    phi = torch.cat([x, torch.ones(N, 1)], 1).double()
+    precision = alpha * torch.eye(D + 1, dtype=torch.double) + phi.T @ phi / sigma**2
+    exact_mean = torch.linalg.solve(precision, phi.T @ y.double() / sigma**2)
+    exact_std = precision.diagonal().rsqrt()
+
+    model = Regression(D, prior=priors.Normal(0.0, alpha**-0.5), sigma=sigma)
+    guide = MeanFieldGuide(model)
+    # plain Adam (no gradient clipping) with a decaying learning rate reaches the optimum
+    lr0, lr1 = 0.02 if batch_size < N else 0.05, 1e-5
+    optim = pyro.optim.ClippedAdam({"lr": lr0, "lrd": (lr1 / lr0) ** (1 / steps), "clip_norm": 1e12})
+    elbo = ELBO(num_data=N, num_particles=particles, vectorize_particles=True)
+    svi = SVI(model, guide, optim, elbo)
+    g = torch.Generator().manual_seed(1)
+    step = 0
+    seen_partial = False
+    while step < steps:
+        for idx in minibatches(N, batch_size, g):
+            svi.step(x[idx], y[idx])
+            seen_partial |= elbo.last_terms["batch_size"] == N % batch_size
+            step += 1
+    assert seen_partial or batch_size == N
+
+    q = guide.site_posteriors()
+    mean = torch.cat([q["fc.weight"].loc.flatten(), q["fc.bias"].loc]).double()
+    std = torch.cat([q["fc.weight"].scale.flatten(), q["fc.bias"].scale]).double()
+    assert torch.all((std / exact_std - 1).abs() < 0.05), (std / exact_std).tolist()
+    assert torch.all(((mean - exact_mean) / exact_std).abs() < 0.1), ((mean - exact_mean) / exact_std).tolist()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. For a fixed guide draw the loss is -(N/B sum log p(y|x,w) - KL), KL = sum of exact KLs
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("batch", [32, 4], ids=["full-minibatch", "partial-last-batch"])
+def test_loss_equals_hand_computation(batch):
+    N = 100
+    x, y = regression_data(N)
+    x, y = x[:batch], y[:batch]
+    model = Regression(prior=priors.Normal(0.0, 0.7), sigma=0.5)
+    guide = guide_for(model, x, y, init_scale=0.2)
+    elbo = ELBO(num_data=N, kl_weight=1.0)
+
+    pyro.set_rng_seed(5)
+    loss = elbo.loss(model, guide, x, y)
+    pyro.set_rng_seed(5)
+    draw = poutine.trace(guide).get_trace(x, y)
+    w, b = draw.nodes["fc.weight"]["value"], draw.nodes["fc.bias"]["value"]
+    log_lik = torch.distributions.Normal(x @ w.T.squeeze(-1) + b, 0.5).log_prob(y).sum()
+    kl_by_site = {name: torch.distributions.kl_divergence(q, torch.distributions.Normal(0.0, 0.7)).sum().item()
+                  for name, q in guide.site_posteriors().items()}  # fmt: skip
+    kl = sum(kl_by_site.values())
+    expected = -(N / batch * log_lik.item() - kl)
+    assert loss == pytest.approx(expected, rel=1e-5)
+
+    terms = elbo.last_terms
+    assert terms["kl"] == pytest.approx(kl, rel=1e-5)
+    assert terms["kl_by_site"] == pytest.approx(kl_by_site, rel=1e-5)
+    assert terms["nll"] == pytest.approx(-N / batch * log_lik.item(), rel=1e-5)
+    assert terms["loss"] == pytest.approx(loss)
+    assert terms["loss_per_datum"] == pytest.approx(loss / N)
+    assert (terms["num_data"], terms["batch_size"], terms["kl_weight"]) == (N, batch, 1.0)
+
+
+def test_without_num_data_nothing_is_scaled():
+    x, y = regression_data(20)
+    model = Regression()
+    guide = guide_for(model, x, y)
+    pyro.set_rng_seed(2)
+    ours = ELBO().loss(model, guide, x, y)
+    pyro.set_rng_seed(2)
+    reference = TraceMeanField_ELBO().loss(model, guide, x, y)
+    assert ours == pytest.approx(reference, rel=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. Declared subsampling, Pyro's reference ELBO, and every error
+# ---------------------------------------------------------------------------------------------------------------
+def test_matches_pyros_own_subsampling_and_never_scales_twice():
+    N, B = 100, 16
+    x, y = regression_data(N)
+    idx = torch.arange(30, 30 + B)
+    plain = Regression()
+    declared = Regression(subsample_size=B, num_data=N)
+    declared.fc = plain.fc  # same layer, same site names
+    guide = guide_for(plain, x[idx], y[idx], init_scale=0.1)
+
+    losses = {}
+    for label, model, elbo, kwargs in [
+        ("ours, plate of B", plain, ELBO(num_data=N), {}),
+        ("ours, declared plate", declared, ELBO(num_data=N), {"idx": idx}),
+        ("ours, declared, no num_data", declared, ELBO(), {"idx": idx}),
+        ("pyro reference", declared, TraceMeanField_ELBO(), {"idx": idx}),
+    ]:
+        pyro.set_rng_seed(11)
+        losses[label] = elbo.loss(model, guide, x[idx], y[idx], **kwargs)
+    reference = losses.pop("pyro reference")
+    for label, value in losses.items():
+        assert value == pytest.approx(reference, rel=1e-6), label
+
+    elbo = ELBO()
+    elbo.loss(declared, guide, x[idx], y[idx], idx=idx)
+    assert (elbo.last_terms["num_data"], elbo.last_terms["batch_size"]) == (N, B)
+
+
+def test_disagreeing_num_data_is_an_error():
+    x, y = regression_data(100)
+    model = Regression(num_data=100)
+    idx = torch.arange(10)
+    guide = guide_for(model, x[idx], y[idx], idx)
+    with pytest.raises(ValueError, match=r"num_data=50 disagrees with pyro.plate\('data', size=100"):
+        ELBO(num_data=50).loss(model, guide, x[idx], y[idx], idx=idx)
+
+
+def test_observed_site_outside_the_data_plate_is_an_error_with_a_fix():
+    layer = BayesianLinear(3, 1)
+
+    def model(x, y):
+        pyro.sample("y", dist.Normal(layer(x).squeeze(-1), 1.0).to_event(1), obs=y)
+
+    x, y = regression_data(10)
+    guide = guide_for(model, x, y)
+    with pytest.raises(ValueError, match=r"'y' is not inside pyro.plate\('data', \.\.\.\).*with pyro.plate"):
+        ELBO(num_data=10).loss(model, guide, x, y)
+    ELBO().loss(model, guide, x, y)  # without num_data there is nothing to scale: fine
+
+
+def test_num_data_smaller_than_the_batch_is_an_error():
+    x, y = regression_data(10)
+    model = Regression()
+    guide = guide_for(model, x, y)
+    with pytest.raises(ValueError, match="num_data=5 is smaller than the batch of 10"):
+        ELBO(num_data=5).loss(model, guide, x, y)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True])
+def test_invalid_num_data(bad):
+    with pytest.raises(ValueError, match="`num_data` must be a positive integer"):
+        ELBO(num_data=bad)
+
+
+def test_invalid_kl_weight():
+    with pytest.raises(ValueError, match="`kl_weight`"):
+        ELBO(kl_weight="warmup")
+    with pytest.raises(ValueError, match=r"`weight` must be a finite number >= 0"):
+        ELBO(kl_weight=-1.0)
+    elbo = ELBO(kl_weight=lambda step: -0.5)
+    with pytest.raises(ValueError, match="returned -0.5 at step 0"):
+        elbo.current_kl_weight()
+
+
+def test_a_failed_step_leaves_the_parameters_untouched():
+    x, y = regression_data(10)
+    model = Regression()
+    guide = guide_for(model, x, y)
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.1}), ELBO(num_data=5))
+    before = {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
+    with pytest.raises(ValueError):
+        svi.step(x, y)
+    after = dict(pyro.get_param_store().items())
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. Closed-form and Monte Carlo KL agree in expectation; ScaleMixtureNormal trains
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("prior", [priors.Normal(0.3, 0.7), priors.Laplace(0.0, 0.5)], ids=repr)
+def test_closed_form_kl_equals_monte_carlo_reference(prior):
+    """Prior-only model: our loss is the exact KL; Pyro's Trace_ELBO estimates it by sampling."""
+    layer = BayesianLinear(3, 2, prior=prior)
+
+    def model(x):
+        layer(x)
+
+    x = torch.randn(4, 3)
+    guide = guide_for(model, x, init_scale=0.4)
+    exact = ELBO().loss(model, guide, x)
+    mc = Trace_ELBO(num_particles=2000, vectorize_particles=True, max_plate_nesting=1)
+    estimates = torch.tensor([mc.loss(model, guide, x) for _ in range(30)])
+    standard_error = estimates.std().item() / math.sqrt(len(estimates))
+    assert abs(estimates.mean().item() - exact) < 4 * standard_error + 1e-6
+    assert standard_error < 0.05 * abs(exact)  # the check has power
+
+
+def _kl_normal_to_mixture(mu, s, pi, s1, s2):
+    def integrand(w):
+        log_p = math.log(pi * stats.norm(0, s1).pdf(w) + (1 - pi) * stats.norm(0, s2).pdf(w))
+        return stats.norm(mu, s).pdf(w) * (stats.norm(mu, s).logpdf(w) - log_p)
+
+    return integrate.quad(integrand, mu - 12 * s, mu + 12 * s, points=[0.0], limit=200)[0]
+
+
+def test_scale_mixture_monte_carlo_kl_is_unbiased():
+    prior = priors.ScaleMixtureNormal(pi=0.5, sigma1=1.0, sigma2=0.05)
+    layer = BayesianLinear(2, 2, prior=prior)
+
+    def model(x):
+        layer(x)
+
+    x = torch.randn(4, 2)
+    guide = guide_for(model, x, init_scale=0.2)
+    exact = sum(
+        _kl_normal_to_mixture(m, s, prior.pi, prior.sigma1, prior.sigma2)
+        for q in guide.site_posteriors().values()
+        for m, s in zip(q.loc.flatten().tolist(), q.scale.flatten().tolist())
+    )
+    elbo = ELBO(num_particles=2000, vectorize_particles=True, max_plate_nesting=1)
+    estimates = []
+    for _ in range(20):
+        elbo.loss(model, guide, x)
+        estimates.append(elbo.last_terms["kl"])
+    estimates = torch.tensor(estimates)
+    standard_error = estimates.std().item() / math.sqrt(len(estimates))
+    assert abs(estimates.mean().item() - exact) < 4 * standard_error + 1e-6
+    assert standard_error < 0.05 * abs(exact)
+
+
+@pytest.mark.slow
+def test_scale_mixture_prior_trains():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(128, 2, generator=g) * 4 - 2
+    y = torch.sin(x[:, 0]) + 0.5 * x[:, 1] + 0.1 * torch.randn(128, generator=g)
+    model = MLP(hidden=16, prior=priors.ScaleMixtureNormal())
+    guide = MeanFieldGuide(model)
+    elbo = ELBO(num_data=128)
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.02}), elbo)
+    losses = [svi.step(x, y) for _ in range(1500)]
+    assert sum(losses[-100:]) < 0.3 * sum(losses[:100])
+    with torch.no_grad():
+        mean = torch.stack([_net(model, guide, x) for _ in range(20)])
+    rmse = (mean.mean(0) - y).pow(2).mean().sqrt().item()
+    assert rmse < 0.2, rmse  # noise 0.1; a net that ignored the data would sit near std(y) ~ 1.1
+
+
+def _net(model, guide, x):
+    """The network's output under one posterior draw."""
+    return poutine.replay(lambda: model.fc2(model.act(model.fc1(x))).squeeze(-1), poutine.trace(guide).get_trace(x))()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 5. A KL-weight schedule changes the KL term and nothing else
+# ---------------------------------------------------------------------------------------------------------------
+def test_kl_weight_scales_only_the_kl_term():
+    x, y = regression_data(40)
+    model = Regression()
+    guide = guide_for(model, x, y, init_scale=0.2)
+    results = {}
+    for weight in (0.0, 0.5, 1.0):
+        elbo = ELBO(num_data=200, kl_weight=weight)
+        pyro.set_rng_seed(9)
+        loss = elbo.differentiable_loss(model, guide, x, y)
+        params = [p for _, p in sorted(pyro.get_param_store().named_parameters())]
+        grads = torch.autograd.grad(loss, params)
+        results[weight] = (loss.item(), dict(elbo.last_terms), torch.cat([g.flatten() for g in grads]))
+    nll, kl = results[0.0][1]["nll"], results[0.0][1]["kl"]
+    assert kl > 1.0
+    for weight, (loss, terms, _) in results.items():
+        assert terms["nll"] == pytest.approx(nll) and terms["kl"] == pytest.approx(kl)
+        assert loss == pytest.approx(nll + weight * kl, rel=1e-6)
+        assert terms["kl_weight"] == weight
+    # gradients are linear in the weight: d(nll)/dtheta + w d(KL)/dtheta
+    assert torch.allclose(results[0.5][2], (results[0.0][2] + results[1.0][2]) / 2, atol=1e-4)
+    assert not torch.allclose(results[0.0][2], results[1.0][2])
+
+
+def test_schedule_steps_once_per_loss_and_grads():
+    x, y = regression_data(20)
+    model = Regression()
+    guide = guide_for(model, x, y)
+    elbo = ELBO(num_data=20, kl_weight=LinearWarmup(4))
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), elbo)
+    weights = []
+    for _ in range(6):
+        svi.step(x, y)
+        weights.append(elbo.last_terms["kl_weight"])
+    assert weights == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+    svi.evaluate_loss(x, y)
+    assert elbo.step == 6 and elbo.last_terms["kl_weight"] == 1.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 6. Vectorized particles: the same expected loss as the sequential loop
+# ---------------------------------------------------------------------------------------------------------------
+def test_vectorized_particles_match_sequential_in_expectation():
+    x, y = regression_data(30)
+    model = MLP(in_features=3)
+    guide = guide_for(model, x, y, init_scale=0.3)
+    sequential = ELBO(num_data=300, num_particles=5)
+    vectorized = ELBO(num_data=300, num_particles=5, vectorize_particles=True)
+    draws = {"sequential": [], "vectorized": []}
+    for _ in range(200):
+        draws["sequential"].append(sequential.loss(model, guide, x, y))
+        draws["vectorized"].append(vectorized.loss(model, guide, x, y))
+    seq, vec = torch.tensor(draws["sequential"]), torch.tensor(draws["vectorized"])
+    standard_error = math.sqrt(seq.var() / len(seq) + vec.var() / len(vec))
+    assert abs(seq.mean() - vec.mean()) < 4 * standard_error
+    assert vec.std() > 0  # the draws vary: a test with power
+    assert vectorized.last_terms["kl_by_site"].keys() == sequential.last_terms["kl_by_site"].keys()
