@@ -18,32 +18,11 @@ import statistics
 import pyro
 import pyro.distributions as dist
 import torch
+from models import BayesianMLP  # noqa: E402  (benchmarks/models.py)
 from pyro.infer import SVI, Predictive
-from pyro.nn import PyroModule
 
 import pyro_bbb
 from pyro_bbb.datasets import toy_regression
-from pyro_bbb.nn import BayesianLinear
-
-
-class Net(PyroModule):
-    def __init__(self, widths, activation):
-        super().__init__()
-        self.layers = PyroModule[torch.nn.ModuleList](
-            [BayesianLinear(a, b) for a, b in zip(widths[:-1], widths[1:])]
-        )
-        self.activation = activation
-
-    def forward(self, x, y=None):
-        for i, layer in enumerate(self.layers):
-            x = layer(x)
-            if i < len(self.layers) - 1:
-                x = self.activation(x)
-        mean = pyro.deterministic("mean", x.squeeze(-1))
-        sigma = pyro.sample("sigma", dist.LogNormal(math.log(0.1), 1.0))
-        with pyro.plate("data", mean.shape[-1]):
-            return pyro.sample("y", dist.Normal(mean, sigma), obs=y)
-
 
 ARCHITECTURES = {"1-50-1 tanh": ([1, 50, 1], torch.tanh), "1-100-100-1 relu": ([1, 100, 100, 1], torch.relu)}
 
@@ -53,7 +32,7 @@ def run(arch: str, init_scale: float, seed: int, steps: int) -> tuple[float, flo
     pyro.set_rng_seed(seed)
     x, y = toy_regression(200, seed=seed)
     x_test, y_test = toy_regression(500, seed=1000 + seed, gap=False)
-    model = Net(*ARCHITECTURES[arch])
+    model = BayesianMLP(*ARCHITECTURES[arch])
     guide = pyro_bbb.MeanFieldGuide(model, init_scale=init_scale)
     svi = SVI(model, guide, pyro.optim.ClippedAdam({"lr": 1e-2, "lrd": 0.1 ** (1 / steps)}),
               pyro_bbb.ELBO(num_data=len(x)))  # fmt: skip

@@ -16,32 +16,15 @@ import statistics
 import time
 
 import pyro
-import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
+from models import BayesianMLP  # noqa: E402  (benchmarks/models.py)
 from pyro.infer import SVI, Predictive
-from pyro.nn import PyroModule
 
 import pyro_bbb
-from pyro_bbb.nn import BayesianLinear
 
 WIDTHS = [32, 256, 256, 1]
 N, B = 10_000, 128
-
-
-class Net(PyroModule):
-    def __init__(self):
-        super().__init__()
-        self.layers = PyroModule[torch.nn.ModuleList]([BayesianLinear(a, b) for a, b in zip(WIDTHS[:-1], WIDTHS[1:])])
-
-    def forward(self, x, y=None):
-        for i, layer in enumerate(self.layers):
-            x = layer(x)
-            if i < len(self.layers) - 1:
-                x = torch.relu(x)
-        mean = x.squeeze(-1)
-        with pyro.plate("data", mean.shape[-1]):
-            return pyro.sample("y", dist.Normal(mean, 0.1), obs=y)
 
 
 class HandWritten(torch.nn.Module):
@@ -93,7 +76,7 @@ def main() -> None:
     batches = [torch.randint(0, N, (B,)) for _ in range(16)]
 
     pyro.clear_param_store()
-    model = Net()
+    model = BayesianMLP(WIDTHS, torch.relu, sigma=0.1)
     guide = pyro_bbb.MeanFieldGuide(model)
     svi = SVI(model, guide, pyro.optim.Adam({"lr": 1e-3}), pyro_bbb.ELBO(num_data=N))
     svi.step(x[batches[0]], y[batches[0]])
@@ -123,8 +106,8 @@ def main() -> None:
     with torch.no_grad():
         vectorized = Predictive(model, guide=guide, num_samples=S, parallel=True, return_sites=["_RETURN"])
         looped = Predictive(model, guide=guide, num_samples=S, parallel=False, return_sites=["_RETURN"])
-        pred_vec = statistics.median(median_ms(lambda: vectorized(x_test), max(repeats // 20, 2)) for _ in range(rounds))
-        pred_loop = statistics.median(median_ms(lambda: looped(x_test), max(repeats // 50, 1)) for _ in range(rounds))
+        pred_vec = statistics.median(median_ms(lambda: vectorized(x_test), 2) for _ in range(rounds))
+        pred_loop = statistics.median(median_ms(lambda: looped(x_test), 1) for _ in range(rounds))
 
     print(f"MLP {'-'.join(map(str, WIDTHS))}, batch {B} of N = {N}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; medians of {rounds} rounds x {repeats} steps")  # fmt: skip

@@ -102,12 +102,16 @@ class MeanFieldGuide(AutoNormal):
             raise ValueError(f'`init_loc` must be "module" or a Pyro init_loc_fn callable, got {init_loc!r}.')
         super().__init__(model, init_loc_fn=init_loc_fn, init_scale=float(init_scale), create_plates=create_plates)
 
-    def _posterior(self, name: str, site: dict) -> dist.Distribution:
-        loc, scale = self._get_loc_and_scale(name)
-        normal = dist.Normal(loc, scale).to_event(self._event_dims[name])
+    @staticmethod
+    def _constrain(normal: dist.Distribution, site: dict) -> dist.Distribution:
+        """The Normal itself for a real-valued site, else pushed through ``biject_to(support)``."""
         if _is_real(site["fn"].support):
             return normal
         return dist.TransformedDistribution(normal, [biject_to(site["fn"].support)])
+
+    def _posterior(self, name: str, site: dict) -> dist.Distribution:
+        loc, scale = self._get_loc_and_scale(name)
+        return self._constrain(dist.Normal(loc, scale).to_event(self._event_dims[name]), site)
 
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         """Draw every latent site from its posterior; returns ``{site_name: value}``."""
@@ -169,9 +173,5 @@ class MeanFieldGuide(AutoNormal):
         posteriors = {}
         for name, site in self.prototype_trace.iter_stochastic_nodes():
             loc, scale = (t.detach().clone() for t in self._get_loc_and_scale(name))
-            normal = dist.Normal(loc, scale)
-            if _is_real(site["fn"].support):
-                posteriors[name] = normal
-            else:
-                posteriors[name] = dist.TransformedDistribution(normal, [biject_to(site["fn"].support)])
+            posteriors[name] = self._constrain(dist.Normal(loc, scale), site)
         return posteriors

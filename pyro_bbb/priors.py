@@ -93,8 +93,22 @@ def _scalar(value: float, device, dtype) -> torch.Tensor:
     return torch.tensor(value, device=device, dtype=dtype or torch.get_default_dtype())
 
 
-class Normal(Prior):
-    """Independent ``Normal(loc, scale)`` on every weight.
+class _LocScalePrior(Prior):
+    """A location-scale family applied independently to every weight."""
+
+    family: type[dist.Distribution]
+
+    def __init__(self, loc: float = 0.0, scale: float = 1.0):
+        self.loc = _check_finite("loc", loc)
+        self.scale = _check_positive("scale", scale)
+
+    def distribution(self, shape, fan_in, *, device=None, dtype=None):
+        element = self.family(_scalar(self.loc, device, dtype), _scalar(self.scale, device, dtype))
+        return _whole_tensor(element, torch.Size(shape))
+
+
+class Normal(_LocScalePrior):
+    """Independent ``Normal(loc, scale)`` on every weight (closed-form KL to a Normal posterior).
 
     Example
     -------
@@ -102,16 +116,10 @@ class Normal(Prior):
     Normal(loc=0.0, scale=0.1)
     """
 
-    def __init__(self, loc: float = 0.0, scale: float = 1.0):
-        self.loc = _check_finite("loc", loc)
-        self.scale = _check_positive("scale", scale)
-
-    def distribution(self, shape, fan_in, *, device=None, dtype=None):
-        loc = _scalar(self.loc, device, dtype)
-        return _whole_tensor(dist.Normal(loc, _scalar(self.scale, device, dtype)), torch.Size(shape))
+    family = dist.Normal
 
 
-class Laplace(Prior):
+class Laplace(_LocScalePrior):
     """Independent ``Laplace(loc, scale)`` on every weight (sparsity-inducing; closed-form KL to a Normal).
 
     Example
@@ -120,13 +128,7 @@ class Laplace(Prior):
     Laplace(loc=0.0, scale=0.5)
     """
 
-    def __init__(self, loc: float = 0.0, scale: float = 1.0):
-        self.loc = _check_finite("loc", loc)
-        self.scale = _check_positive("scale", scale)
-
-    def distribution(self, shape, fan_in, *, device=None, dtype=None):
-        loc = _scalar(self.loc, device, dtype)
-        return _whole_tensor(dist.Laplace(loc, _scalar(self.scale, device, dtype)), torch.Size(shape))
+    family = dist.Laplace
 
 
 class FanInNormal(Prior):
