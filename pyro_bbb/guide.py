@@ -19,7 +19,7 @@ from .priors import _is_real
 __all__ = ["MeanFieldGuide", "DEFAULT_INIT_SCALE"]
 
 #: Initial posterior standard deviation of every weight; see ``benchmarks/init_scale.py`` for the measurement.
-DEFAULT_INIT_SCALE = 1e-2
+DEFAULT_INIT_SCALE = 1e-4
 
 
 class _InitFromModules:
@@ -61,7 +61,10 @@ class MeanFieldGuide(AutoNormal):
         The Pyro model, usually a :class:`~pyro.nn.PyroModule` built from :mod:`pyro_bbb.nn` layers.
     init_scale : float, optional
         Initial posterior standard deviation of every weight (unconstrained scale for constrained sites).
-        Defaults to :data:`DEFAULT_INIT_SCALE` (``1e-2``), chosen by measurement (``benchmarks/init_scale.py``).
+        Defaults to :data:`DEFAULT_INIT_SCALE` (``1e-4``): in ``benchmarks/init_scale.py`` it gave the best median
+        test log-likelihood on both networks tried (-0.03 vs -0.24 at 1e-2 and -0.61 at Pyro's 0.1 for a
+        1-50-1 tanh net; -0.04 vs -1.13 and -1.70 for a 1-100-100-1 ReLU net; 2000 steps, 3 seeds). The KL term
+        widens the posterior during training; starting wide only adds gradient noise.
     init_loc : "module" or callable
         ``"module"`` starts each layer's posterior mean at the layer's own initialisation (what ``torch.nn``
         would have drawn, or trained weights for converted models) and other sites at their prior median;
@@ -79,7 +82,7 @@ class MeanFieldGuide(AutoNormal):
     >>> _ = guide(torch.randn(5, 3))
     >>> q = guide.site_posteriors()["weight"]
     >>> torch.equal(q.loc, layer.weight_init), round(float(q.scale.max()), 6)
-    (True, 0.01)
+    (True, 0.0001)
     """
 
     def __init__(
