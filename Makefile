@@ -27,7 +27,6 @@ test-fast: install
 
 lint: install
 	$(VENV)/bin/ruff check pyro_bbb tests tutorials benchmarks
-	$(VENV)/bin/ruff format --check pyro_bbb tests tutorials benchmarks
 
 benchmarks: install
 	$(PY) benchmarks/step_time.py
