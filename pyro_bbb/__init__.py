@@ -1,25 +1,51 @@
 """pyro_bbb: Bayes-by-Backprop Bayesian neural networks in Pyro, correct by construction.
 
+The three-line happy path (``model -> guide -> fit -> predict``):
+
 Example
 -------
+>>> import torch, pyro
 >>> import pyro_bbb
+>>> from pyro_bbb import likelihoods
 >>> from pyro_bbb.nn import BayesianLinear
->>> guide = pyro_bbb.MeanFieldGuide(BayesianLinear(2, 1))
->>> pyro_bbb.ELBO(num_data=100)
-ELBO(num_data=100, kl_weight=Constant(weight=1.0), num_particles=1, vectorize_particles=False, data_plate='data')
+>>> pyro.clear_param_store()
+>>> x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+>>> bnn = pyro_bbb.BNN(BayesianLinear(4, 3), likelihood=likelihoods.Categorical())
+>>> guide = pyro_bbb.MeanFieldGuide(bnn)
+>>> history = pyro_bbb.fit(bnn, guide, (x, y), epochs=2, batch_size=16, progress=False)
+>>> pyro_bbb.predict(bnn, guide, x[:5], num_samples=10).probs.shape
+torch.Size([5, 3])
 """
-
-from . import nn, priors, schedules
-from .elbo import ELBO, DataPlateScaleMessenger
-from .guide import DEFAULT_INIT_SCALE, MeanFieldGuide
 
 __version__ = "0.1.0"
 
+from . import datasets, diagnostics, likelihoods, metrics, nn, priors, schedules  # noqa: E402
+from .bnn import BNN  # noqa: E402
+from .checkpoint import load, save  # noqa: E402
+from .elbo import ELBO, DataPlateScaleMessenger  # noqa: E402
+from .guide import DEFAULT_INIT_SCALE, MeanFieldGuide  # noqa: E402
+from .prediction import ClassificationPrediction, Prediction, RegressionPrediction, predict  # noqa: E402
+from .training import History, TrainingDivergedError, fit  # noqa: E402
+
 __all__ = [
+    "BNN",
     "ELBO",
     "DataPlateScaleMessenger",
     "MeanFieldGuide",
     "DEFAULT_INIT_SCALE",
+    "fit",
+    "History",
+    "TrainingDivergedError",
+    "predict",
+    "Prediction",
+    "RegressionPrediction",
+    "ClassificationPrediction",
+    "save",
+    "load",
+    "datasets",
+    "diagnostics",
+    "likelihoods",
+    "metrics",
     "nn",
     "priors",
     "schedules",

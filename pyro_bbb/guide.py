@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from numbers import Real
 
 import pyro
@@ -12,6 +12,7 @@ import torch
 from pyro.distributions.transforms import biject_to
 from pyro.infer.autoguide import AutoNormal
 from pyro.infer.autoguide.initialization import init_to_median
+from pyro.nn.module import _make_name
 
 from .nn.module import BayesianModule
 from .priors import _is_real
@@ -105,12 +106,45 @@ class MeanFieldGuide(AutoNormal):
             raise ValueError(f'`init_loc` must be "module" or a Pyro init_loc_fn callable, got {init_loc!r}.')
         super().__init__(model, init_loc_fn=init_loc_fn, init_scale=float(init_scale), create_plates=create_plates)
 
+    def _setup_prototype(self, *args, **kwargs) -> None:
+        super()._setup_prototype(*args, **kwargs)
+        # Pyro's param store is global: a parameter left there under the same name by an earlier guide would be
+        # adopted silently. With another shape that can only be an earlier, different model.
+        store = pyro.get_param_store()
+        for name, value in self.named_parameters():
+            fullname = _make_name(self._pyro_name, name.removesuffix("_unconstrained"))
+            stale = store._params.get(fullname)
+            if stale is not None and stale is not value and stale.shape != value.shape:
+                raise ValueError(
+                    f"Pyro's param store already holds {fullname!r} with shape {tuple(stale.shape)}, but this guide's "
+                    f"parameter has shape {tuple(value.shape)}: it was left by an earlier model. Call "
+                    "pyro.clear_param_store() before building a new model and guide."
+                )
+
     @staticmethod
     def _constrain(normal: dist.Distribution, site: dict) -> dist.Distribution:
         """The Normal itself for a real-valued site, else pushed through ``biject_to(support)``."""
         if _is_real(site["fn"].support):
             return normal
         return dist.TransformedDistribution(normal, [biject_to(site["fn"].support)])
+
+    def _get_loc_and_scale(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        loc, scale = super()._get_loc_and_scale(name)
+        mask = self.__dict__.get("_keep_masks", {}).get(name)
+        if mask is None:
+            return loc, scale
+        # a pruned weight is exactly zero: mean 0, and the smallest positive scale (a Normal needs scale > 0)
+        return loc * mask, torch.where(mask, scale, torch.finfo(scale.dtype).tiny)
+
+    @contextmanager
+    def _pruned(self, keep_masks: dict[str, torch.Tensor]):
+        """Within the block, weights where ``keep_masks[site]`` is False are fixed at 0."""
+        previous = self.__dict__.get("_keep_masks")
+        self.__dict__["_keep_masks"] = keep_masks
+        try:
+            yield
+        finally:
+            self.__dict__["_keep_masks"] = previous or {}
 
     def _posterior(self, name: str, site: dict) -> dist.Distribution:
         loc, scale = self._get_loc_and_scale(name)

@@ -1,0 +1,265 @@
+"""Likelihoods: how a network's output becomes the distribution of the observed targets.
+
+A likelihood is a small :class:`~pyro.nn.PyroModule` called as ``likelihood(output, y)``. It checks the targets,
+draws its own global parameters (e.g. a learned noise scale) outside the data plate and emits the observation
+inside ``pyro.plate("data")``, which is where :class:`pyro_bbb.ELBO` scales a minibatch to the full data set. It
+also knows how to summarise predictive samples (:meth:`Likelihood.prediction`).
+
+The network's output always keeps its feature dimension: ``(*sample_dims, batch, features)``.
+
+Example
+-------
+>>> import torch, pyro.poutine as poutine
+>>> likelihood = Categorical()
+>>> trace = poutine.trace(likelihood).get_trace(torch.randn(4, 3), torch.tensor([0, 2, 1, 1]))
+>>> trace.nodes["y"]["fn"].batch_shape, trace.nodes["y"]["cond_indep_stack"][0].name
+(torch.Size([4]), 'data')
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+import pyro
+import pyro.distributions as dist
+import torch
+import torch.nn.functional as F
+from pyro.nn import PyroModule, PyroSample
+
+from .prediction import ClassificationPrediction, Prediction, RegressionPrediction
+
+__all__ = ["Likelihood", "Gaussian", "HeteroscedasticGaussian", "Categorical", "Bernoulli"]
+
+
+def _check_finite_targets(y: torch.Tensor) -> None:
+    if y.is_floating_point() and not bool(torch.isfinite(y).all()):
+        bad = int((~torch.isfinite(y)).sum())
+        raise ValueError(f"the targets y contain {bad} NaN or infinite value(s); remove or impute them before fitting.")
+
+
+class Likelihood(PyroModule):
+    """Base class. Subclasses implement :meth:`distribution` and :meth:`prediction`, and may refine
+    :meth:`check_targets`.
+
+    Parameters
+    ----------
+    name : str
+        Name of the observation site (``"y"``).
+
+    Example
+    -------
+    >>> class Poisson(Likelihood):
+    ...     def distribution(self, output):
+    ...         return dist.Poisson(output.squeeze(-1).exp())
+    >>> Poisson()
+    Poisson(site='y')
+    """
+
+    def __init__(self, name: str = "y"):
+        super().__init__()
+        self.site = name
+
+    def distribution(self, output: torch.Tensor) -> dist.Distribution:
+        """The distribution of the targets given the network's ``output``; batch shape ``(*sample_dims, batch)``."""
+        raise NotImplementedError
+
+    def check_targets(self, y: torch.Tensor) -> torch.Tensor:
+        """Validate the targets on their own (dtype, values); returns them in the dtype the distribution wants."""
+        if not isinstance(y, torch.Tensor):
+            raise TypeError(f"the targets y must be a torch.Tensor, got {type(y).__name__}.")
+        _check_finite_targets(y)
+        return y
+
+    def prediction(self, distribution: dist.Distribution, samples: torch.Tensor) -> Prediction:
+        """Summarise ``distribution`` (batch ``(S, batch)``: one member per weight draw) and predictive samples."""
+        raise NotImplementedError
+
+    def forward(self, output: torch.Tensor, y: torch.Tensor | None = None, data_plate: str = "data") -> torch.Tensor:
+        fn = self.distribution(output)
+        num_data = fn.batch_shape[-1] if fn.batch_shape else 1
+        if y is not None:
+            y = self.check_targets(y)
+            expected = fn.batch_shape[-1:] + fn.event_shape
+            if tuple(y.shape) != tuple(expected):
+                raise ValueError(
+                    f"the targets y have shape {tuple(y.shape)} but the network's output {tuple(output.shape)} "
+                    f"under {type(self).__name__} needs targets of shape {tuple(expected)}: x and y must have the "
+                    "same number of rows, and one target per row."
+                )
+            self._check_against_output(y, fn)
+        with pyro.plate(data_plate, num_data, dim=-1):
+            return pyro.sample(self.site, fn, obs=y)
+
+    def _check_against_output(self, y: torch.Tensor, fn: dist.Distribution) -> None:
+        """Checks that need the output (e.g. a class label beyond the number of logits)."""
+
+    def _squeeze_single_output(self, output: torch.Tensor) -> torch.Tensor:
+        if output.dim() < 2 or output.shape[-1] != 1:
+            raise ValueError(
+                f"{type(self).__name__} expects the network to output shape (batch, 1), got {tuple(output.shape)}."
+            )
+        return output.squeeze(-1)
+
+    def extra_repr(self) -> str:
+        return f"site={self.site!r}"
+
+
+class Gaussian(Likelihood):
+    """``y ~ Normal(output, scale)`` with a fixed ``scale``, or a learned homoscedastic one (``scale=None``).
+
+    A learned scale is a latent site ``"<name>.scale"`` (``"likelihood.scale"`` inside :class:`pyro_bbb.BNN`)
+    with prior ``LogNormal(log(prior_median), 1)``; the guide learns its posterior like any weight's. The network
+    outputs ``(batch, 1)`` for scalar targets ``y`` of shape ``(batch,)``, or ``(batch, D)`` for targets of shape
+    ``(batch, D)`` (independent dimensions, one shared scale).
+
+    Parameters
+    ----------
+    scale : float, optional
+        Fixed noise standard deviation; ``None`` learns it.
+    prior_median : float
+        Median of the learned scale's prior (``1.0`` suits standardised targets).
+
+    Example
+    -------
+    >>> Gaussian(scale=0.1)
+    Gaussian(site='y', scale=0.1)
+    >>> Gaussian().distribution(torch.zeros(5, 1)).batch_shape
+    torch.Size([5])
+    """
+
+    def __init__(self, scale: float | None = None, *, prior_median: float = 1.0, name: str = "y"):
+        super().__init__(name)
+        if scale is not None and (not isinstance(scale, Real) or not math.isfinite(scale) or scale <= 0):
+            raise ValueError(f"`scale` must be a finite number > 0 (or None to learn it), got {scale!r}.")
+        if not isinstance(prior_median, Real) or not math.isfinite(prior_median) or prior_median <= 0:
+            raise ValueError(f"`prior_median` must be a finite number > 0, got {prior_median!r}.")
+        self.fixed_scale = None if scale is None else float(scale)
+        self.prior_median = float(prior_median)
+        if scale is None:
+            # A buffer gives the prior the device and dtype of the model after `.to(...)`.
+            self.register_buffer("_log_median", torch.tensor(math.log(prior_median)), persistent=False)
+            self.scale = PyroSample(lambda self: dist.LogNormal(self._log_median, torch.ones_like(self._log_median)))
+
+    def distribution(self, output: torch.Tensor) -> dist.Distribution:
+        if output.dim() < 2:
+            raise ValueError(f"Gaussian expects the network to output (batch, D), got shape {tuple(output.shape)}.")
+        scale = self.fixed_scale if self.fixed_scale is not None else self.scale
+        if isinstance(scale, torch.Tensor) and scale.dim():  # draws (*S, 1) line up with (*S, batch, D)
+            scale = scale.unsqueeze(-1)
+        fn = dist.Normal(output, torch.as_tensor(scale, dtype=output.dtype, device=output.device))
+        return fn.to_event(1) if output.shape[-1] > 1 else dist.Normal(fn.loc.squeeze(-1), fn.scale.squeeze(-1))
+
+    def prediction(self, distribution, samples):
+        return RegressionPrediction(distribution, samples)
+
+    def extra_repr(self) -> str:
+        scale = self.fixed_scale if self.fixed_scale is not None else f"learned, prior_median={self.prior_median}"
+        return f"{super().extra_repr()}, scale={scale}"
+
+
+class HeteroscedasticGaussian(Likelihood):
+    """``y ~ Normal(mean, softplus(raw) + min_scale)`` where the network outputs ``(batch, 2)``: mean and raw scale.
+
+    Parameters
+    ----------
+    min_scale : float
+        Floor on the noise standard deviation (keeps the likelihood finite when the net pushes the scale to 0).
+
+    Example
+    -------
+    >>> fn = HeteroscedasticGaussian().distribution(torch.tensor([[1.0, 0.0]]))
+    >>> round(float(fn.loc), 3), round(float(fn.scale), 3)
+    (1.0, 0.694)
+    """
+
+    def __init__(self, min_scale: float = 1e-3, *, name: str = "y"):
+        super().__init__(name)
+        if not isinstance(min_scale, Real) or not math.isfinite(min_scale) or min_scale < 0:
+            raise ValueError(f"`min_scale` must be a finite number >= 0, got {min_scale!r}.")
+        self.min_scale = float(min_scale)
+
+    def distribution(self, output: torch.Tensor) -> dist.Distribution:
+        if output.dim() < 2 or output.shape[-1] != 2:
+            raise ValueError(
+                "HeteroscedasticGaussian expects the network to output (batch, 2): the mean and the raw scale, got "
+                f"shape {tuple(output.shape)}."
+            )
+        return dist.Normal(output[..., 0], F.softplus(output[..., 1]) + self.min_scale)
+
+    def prediction(self, distribution, samples):
+        return RegressionPrediction(distribution, samples)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, min_scale={self.min_scale}"
+
+
+def _check_integer_labels(y: torch.Tensor, name: str) -> None:
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        raise ValueError(
+            f"{name} needs integer class labels (dtype torch.long), got dtype {y.dtype}; convert with `y.long()`."
+        )
+
+
+class Categorical(Likelihood):
+    """``y ~ Categorical(logits=output)``: the network outputs ``(batch, num_classes)`` logits; ``y`` holds integer
+    labels in ``[0, num_classes)``.
+
+    Example
+    -------
+    >>> Categorical().distribution(torch.zeros(4, 10)).batch_shape
+    torch.Size([4])
+    >>> Categorical().check_targets(torch.tensor([0.0, 1.0]))
+    Traceback (most recent call last):
+    ...
+    ValueError: Categorical needs integer class labels (dtype torch.long), got dtype torch.float32; ...
+    """
+
+    def distribution(self, output: torch.Tensor) -> dist.Distribution:
+        if output.dim() < 2:
+            raise ValueError(
+                f"Categorical expects logits of shape (batch, num_classes), got shape {tuple(output.shape)}."
+            )
+        return dist.Categorical(logits=output)
+
+    def check_targets(self, y):
+        y = super().check_targets(y)
+        _check_integer_labels(y, "Categorical")
+        if y.numel() and int(y.min()) < 0:
+            raise ValueError(f"class labels must be >= 0, got a label {int(y.min())}.")
+        return y
+
+    def _check_against_output(self, y, fn):
+        num_classes = fn.logits.shape[-1]
+        if y.numel() and int(y.max()) >= num_classes:
+            raise ValueError(
+                f"a class label is {int(y.max())} but the network outputs {num_classes} logits (labels must lie in "
+                f"[0, {num_classes})); give the last layer one output per class."
+            )
+
+    def prediction(self, distribution, samples):
+        return ClassificationPrediction(distribution, samples)
+
+
+class Bernoulli(Likelihood):
+    """``y ~ Bernoulli(logits=output)``: the network outputs ``(batch, 1)`` logits; ``y`` holds 0/1 (or bool).
+
+    Example
+    -------
+    >>> Bernoulli().check_targets(torch.tensor([0, 1, 1]))
+    tensor([0., 1., 1.])
+    """
+
+    def distribution(self, output: torch.Tensor) -> dist.Distribution:
+        return dist.Bernoulli(logits=self._squeeze_single_output(output))
+
+    def check_targets(self, y):
+        y = super().check_targets(y)
+        if y.dtype == torch.bool:
+            return y.float()
+        if y.numel() and not bool(((y == 0) | (y == 1)).all()):
+            raise ValueError("Bernoulli needs binary targets (0/1 or bool); found other values.")
+        return y if y.is_floating_point() else y.float()
+
+    def prediction(self, distribution, samples):
+        return ClassificationPrediction(distribution, samples)

@@ -1,0 +1,409 @@
+"""``predict``: the posterior predictive distribution from S weight draws, computed in one vectorized pass.
+
+Example
+-------
+>>> import torch, pyro
+>>> from pyro_bbb import BNN, MeanFieldGuide, likelihoods
+>>> from pyro_bbb.nn import BayesianLinear
+>>> pyro.clear_param_store()
+>>> bnn = BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.1))
+>>> guide = MeanFieldGuide(bnn)
+>>> _ = guide(torch.randn(8, 3), torch.randn(8))   # normally done by pyro_bbb.fit
+>>> pred = predict(bnn, guide, torch.randn(20, 3), num_samples=50)
+>>> pred.mean.shape, pred.samples.shape
+(torch.Size([20]), torch.Size([50, 20]))
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+
+import pyro
+import pyro.distributions as dist
+import pyro.poutine as poutine
+import torch
+from pyro.poutine.messenger import Messenger
+
+__all__ = ["predict", "Prediction", "RegressionPrediction", "ClassificationPrediction"]
+
+SAMPLE_PLATE = "_predictive_samples"
+
+
+class Prediction:
+    """Posterior predictive of a batch of inputs: one likelihood per weight draw, and predictive samples.
+
+    Attributes
+    ----------
+    distribution : Distribution
+        The likelihood under each weight draw; batch shape ``(S, batch)``.
+    samples : Tensor
+        One predictive draw of the targets per weight draw, shape ``(S, batch, *event)``.
+
+    Example
+    -------
+    >>> p = Prediction(dist.Normal(torch.zeros(4, 2), 1.0), torch.zeros(4, 2))
+    >>> p.num_samples, len(p)
+    (4, 2)
+    """
+
+    def __init__(self, distribution: dist.Distribution, samples: torch.Tensor):
+        self.distribution = distribution
+        self.samples = samples
+
+    @property
+    def num_samples(self) -> int:
+        """Number of weight draws S."""
+        return self.distribution.batch_shape[0]
+
+    def __len__(self) -> int:
+        return self.distribution.batch_shape[1]
+
+    def log_prob(self, y: torch.Tensor) -> torch.Tensor:
+        """``log p(y | x, w_s)`` for every draw s and datum: shape ``(S, batch)``."""
+        return self.distribution.log_prob(y)
+
+    def log_likelihood(self, y: torch.Tensor) -> torch.Tensor:
+        """Log posterior predictive density per datum: ``log mean_s p(y | x, w_s)``, shape ``(batch,)``."""
+        return torch.logsumexp(self.log_prob(y), 0) - math.log(self.num_samples)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(num_samples={self.num_samples}, batch={len(self)})"
+
+
+def _normal_parts(distribution: dist.Distribution) -> tuple[torch.Tensor, torch.Tensor]:
+    base = distribution.base_dist if isinstance(distribution, dist.Independent) else distribution
+    return base.loc, base.scale
+
+
+class RegressionPrediction(Prediction):
+    """Prediction under a Gaussian likelihood: moments and intervals of the Gaussian mixture over weight draws.
+
+    Example
+    -------
+    >>> loc = torch.tensor([[0.0], [2.0]])              # two weight draws, one input
+    >>> p = RegressionPrediction(dist.Normal(loc, 1.0), loc)
+    >>> p.mean, p.epistemic_std, p.aleatoric_std
+    (tensor([1.]), tensor([1.]), tensor([1.]))
+    >>> [round(float(t), 3) for t in p.interval(0.9)]
+    [-1.284, 3.284]
+    """
+
+    @property
+    def mean(self) -> torch.Tensor:
+        """Predictive mean: the mean of the network's mean over draws."""
+        return _normal_parts(self.distribution)[0].mean(0)
+
+    @property
+    def epistemic_std(self) -> torch.Tensor:
+        """Standard deviation of the network's mean across weight draws (model uncertainty)."""
+        return _normal_parts(self.distribution)[0].std(0, correction=0)
+
+    @property
+    def aleatoric_std(self) -> torch.Tensor:
+        """Root mean noise variance across draws (data noise)."""
+        return _normal_parts(self.distribution)[1].pow(2).mean(0).sqrt()
+
+    @property
+    def std(self) -> torch.Tensor:
+        """Total predictive standard deviation: ``sqrt(epistemic^2 + aleatoric^2)``."""
+        return (self.epistemic_std.pow(2) + self.aleatoric_std.pow(2)).sqrt()
+
+    def quantile(self, q: float) -> torch.Tensor:
+        """The ``q``-quantile of the predictive mixture, per datum (bisection on its CDF, to 1e-6 of the range)."""
+        if not 0 < q < 1:
+            raise ValueError(f"a quantile level must lie strictly between 0 and 1, got {q!r}.")
+        loc, scale = _normal_parts(self.distribution)
+        dtype = loc.dtype
+        loc, scale = loc.double(), scale.double()
+        lower = (loc - 10 * scale).min(0).values
+        upper = (loc + 10 * scale).max(0).values
+        for _ in range(int(math.ceil(math.log2(1e6))) + 2):
+            mid = (lower + upper) / 2
+            below = torch.special.ndtr((mid - loc) / scale).mean(0) < q
+            lower, upper = torch.where(below, mid, lower), torch.where(below, upper, mid)
+        return ((lower + upper) / 2).to(dtype)
+
+    def interval(self, level: float = 0.9) -> tuple[torch.Tensor, torch.Tensor]:
+        """Central predictive interval holding probability ``level``: ``(lower, upper)``."""
+        if not 0 < level < 1:
+            raise ValueError(f"`level` must lie strictly between 0 and 1, got {level!r}.")
+        return self.quantile((1 - level) / 2), self.quantile((1 + level) / 2)
+
+
+def _entropy(probs: torch.Tensor, binary: bool) -> torch.Tensor:
+    if binary:
+        probs = torch.stack([1 - probs, probs], -1)
+    return -(probs * probs.clamp_min(torch.finfo(probs.dtype).tiny).log()).sum(-1)
+
+
+class ClassificationPrediction(Prediction):
+    """Prediction under a Categorical or Bernoulli likelihood, with the entropy decomposition of uncertainty.
+
+    ``predictive_entropy = expected_entropy (aleatoric) + mutual_information (epistemic)``.
+
+    Example
+    -------
+    >>> logits = torch.tensor([[[2.0, -2.0]], [[-2.0, 2.0]]])   # two draws that disagree about one input
+    >>> p = ClassificationPrediction(dist.Categorical(logits=logits), torch.zeros(2, 1))
+    >>> p.probs
+    tensor([[0.5000, 0.5000]])
+    >>> round(float(p.mutual_information), 2), round(float(p.expected_entropy), 2)
+    (0.6, 0.09)
+    """
+
+    @property
+    def binary(self) -> bool:
+        return isinstance(self.distribution, dist.Bernoulli)
+
+    @property
+    def draw_probs(self) -> torch.Tensor:
+        """Class probabilities under each draw: ``(S, batch, C)`` (``(S, batch)`` for Bernoulli: P(y = 1))."""
+        return self.distribution.probs
+
+    @property
+    def probs(self) -> torch.Tensor:
+        """Predictive class probabilities: ``(batch, C)`` (``(batch,)`` for Bernoulli)."""
+        return self.draw_probs.mean(0)
+
+    @property
+    def predicted_class(self) -> torch.Tensor:
+        """The most probable class per input."""
+        return (self.probs > 0.5).long() if self.binary else self.probs.argmax(-1)
+
+    @property
+    def predictive_entropy(self) -> torch.Tensor:
+        """Entropy of the predictive probabilities (total uncertainty), nats."""
+        return _entropy(self.probs, self.binary)
+
+    @property
+    def expected_entropy(self) -> torch.Tensor:
+        """Mean entropy of each draw's probabilities (aleatoric uncertainty), nats."""
+        return _entropy(self.draw_probs, self.binary).mean(0)
+
+    @property
+    def mutual_information(self) -> torch.Tensor:
+        """Mutual information between the label and the weights (epistemic uncertainty), nats."""
+        return (self.predictive_entropy - self.expected_entropy).clamp_min(0)
+
+
+# -- stacking per-draw likelihoods ------------------------------------------------------------------------------
+_FAMILIES: dict[type, tuple[tuple[str, ...], Callable]] = {
+    dist.Normal: (("loc", "scale"), lambda p: dist.Normal(p["loc"], p["scale"])),
+    dist.Categorical: (("logits",), lambda p: dist.Categorical(logits=p["logits"])),
+    dist.Bernoulli: (("logits",), lambda p: dist.Bernoulli(logits=p["logits"])),
+}
+
+
+def _family(fn: dist.Distribution) -> tuple[dist.Distribution, int]:
+    reinterpreted = 0
+    while isinstance(fn, dist.Independent):
+        reinterpreted += fn.reinterpreted_batch_ndims
+        fn = fn.base_dist
+    for cls in _FAMILIES:
+        if isinstance(fn, cls):
+            return fn, reinterpreted
+    raise ValueError(
+        f"predict understands Normal, Categorical and Bernoulli observations, but the model's observation is "
+        f"{type(fn).__name__}. Use a pyro_bbb.likelihoods likelihood, or subclass Likelihood and Prediction."
+    )
+
+
+def _params(fn: dist.Distribution, site: dict, draw_dims: int) -> tuple[type, int, dict[str, torch.Tensor]]:
+    """The parameters of a site's ``fn``: ``draw_dims`` leading draw dims, then only the site's own plate dims.
+
+    Under the sample plate the batch is ``(S, 1, ..., 1, *plates)``; the padding between goes.
+    """
+    base, reinterpreted = _family(fn)
+    names, _ = next(v for k, v in _FAMILIES.items() if isinstance(base, k))
+    batch = base.batch_shape
+    keep = batch[:draw_dims] + batch[len(batch) - reinterpreted - _site_plate_dims(site) :]
+    params = {}
+    for name in names:
+        value = getattr(base, name).expand(batch + getattr(base, name).shape[len(batch) :])
+        params[name] = value.reshape(keep + value.shape[len(batch) :])
+    return type(base), reinterpreted, params
+
+
+def _rebuild(family: type, reinterpreted: int, params: dict[str, torch.Tensor]) -> dist.Distribution:
+    fn = next(v for k, v in _FAMILIES.items() if issubclass(family, k))[1](params)
+    return fn.to_event(reinterpreted) if reinterpreted else fn
+
+
+def _prediction_for(distribution: dist.Distribution, samples: torch.Tensor) -> Prediction:
+    base, _ = _family(distribution)
+    if isinstance(base, dist.Normal):
+        return RegressionPrediction(distribution, samples)
+    return ClassificationPrediction(distribution, samples)
+
+
+class _Placeholder(Messenger):
+    """Fills the unobserved observation site with zeros instead of sampling it (so no random numbers are used)."""
+
+    def __init__(self, name: str, device: torch.device):
+        super().__init__()
+        self.name = name
+        self.device = device
+
+    def _pyro_sample(self, msg):
+        if msg["name"] == self.name and msg["value"] is None:
+            msg["value"] = torch.zeros(msg["fn"].shape(), device=self.device)
+
+
+# -- the passes ------------------------------------------------------------------------------------------------
+def _site_plate_dims(site: dict) -> int:
+    dims = [-f.dim for f in site["cond_indep_stack"] if f.vectorized and f.name != SAMPLE_PLATE]
+    return max(dims, default=0)
+
+
+def _observation_site(model_trace, guide_trace, data_plate: str) -> str:
+    names = [
+        name
+        for name, site in model_trace.iter_stochastic_nodes()
+        if name not in guide_trace.nodes and any(f.name == data_plate for f in site["cond_indep_stack"])
+    ]
+    if len(names) != 1:
+        raise ValueError(
+            f"predict needs exactly one observation site inside pyro.plate({data_plate!r}) that the guide does not "
+            f"sample; the model has {names or 'none'}. Build the model as pyro_bbb.BNN(net, likelihood), or name "
+            "your data plate with `data_plate=`."
+        )
+    return names[0]
+
+
+def _vectorized_pass(model, guide_trace, x, obs, nesting: int, num_samples: int):
+    with pyro.plate(SAMPLE_PLATE, num_samples, dim=-(nesting + 1)):
+        trace = poutine.trace(_Placeholder(obs, x.device)(poutine.replay(model, trace=guide_trace))).get_trace(x)
+    site = trace.nodes[obs]
+    return _params(site["fn"], site, draw_dims=1)
+
+
+def _looped_pass(model, draws: dict[str, torch.Tensor], shapes: dict[str, torch.Size], x, obs, num_samples: int):
+    per_draw = []
+    for s in range(num_samples):
+        values = {name: value[s].reshape(shapes[name]) for name, value in draws.items()}
+        trace = poutine.trace(_Placeholder(obs, x.device)(poutine.condition(model, data=values))).get_trace(x)
+        site = trace.nodes[obs]
+        per_draw.append(_params(site["fn"], site, draw_dims=0))
+    family, reinterpreted, _ = per_draw[0]
+    return family, reinterpreted, {k: torch.stack([p[k] for _, _, p in per_draw]) for k in per_draw[0][2]}
+
+
+def _check_predict_args(guide, x, num_samples, batch_size) -> None:
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"`num_samples` must be a positive integer, got {num_samples!r}.")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"`batch_size` must be a positive integer or None, got {batch_size!r}.")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}.")
+    if x.dim() == 0 or x.shape[0] == 0:
+        raise ValueError(f"x must hold at least one input along its first dimension, got shape {tuple(x.shape)}.")
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        raise ValueError("x contains NaN or infinite values; predictions for them would be NaN.")
+    if getattr(guide, "prototype_trace", True) is None:
+        raise ValueError(
+            "the guide has not been fitted: call pyro_bbb.fit(model, guide, (x, y), ...) (or run one SVI step with "
+            "the targets) before predicting."
+        )
+
+
+@torch.no_grad()
+def predict(
+    model: Callable,
+    guide: Callable,
+    x: torch.Tensor,
+    num_samples: int = 100,
+    batch_size: int | None = None,
+    *,
+    vectorize: bool | None = None,
+    data_plate: str | None = None,
+) -> Prediction:
+    """The posterior predictive at inputs ``x`` from ``num_samples`` weight draws of ``guide``.
+
+    The weights are drawn once; every input (and every chunk of ``batch_size`` inputs) sees the same S draws. The
+    model runs once per chunk for all draws together, inside a sample plate; when it cannot (e.g. a deterministic
+    layer that rejects extra leading dimensions) it falls back, with a warning, to one call per draw. Both give the
+    same numbers. The predictive samples are drawn last, from the stacked likelihoods.
+
+    Parameters
+    ----------
+    model : callable
+        Called as ``model(x)``; it must sample its observation inside ``pyro.plate(data_plate)``, e.g. a
+        :class:`pyro_bbb.BNN`.
+    guide : callable
+        A fitted guide such as :class:`pyro_bbb.MeanFieldGuide`.
+    x : Tensor
+        Inputs, first dimension the batch.
+    num_samples : int
+        Number of weight draws S.
+    batch_size : int, optional
+        Inputs per model call (memory bound); ``None`` runs all of ``x`` at once.
+    vectorize : bool, optional
+        ``True`` only vectorized, ``False`` only the loop, ``None`` vectorized with the loop as fallback.
+    data_plate : str, optional
+        Name of the data plate; defaults to ``model.data_plate`` or ``"data"``.
+
+    Returns
+    -------
+    Prediction
+        The model's likelihood decides the kind: :class:`RegressionPrediction` (``mean``, ``std``,
+        ``aleatoric_std``, ``epistemic_std``, ``interval``) or :class:`ClassificationPrediction` (``probs``,
+        ``predictive_entropy``, ``expected_entropy``, ``mutual_information``, ``predicted_class``).
+
+    Example
+    -------
+    >>> import pyro
+    >>> from pyro_bbb import BNN, MeanFieldGuide, likelihoods
+    >>> from pyro_bbb.nn import BayesianLinear
+    >>> pyro.clear_param_store()
+    >>> bnn = BNN(BayesianLinear(4, 3), likelihoods.Categorical())
+    >>> guide = MeanFieldGuide(bnn)
+    >>> _ = guide(torch.randn(8, 4), torch.randint(0, 3, (8,)))
+    >>> predict(bnn, guide, torch.randn(10, 4), num_samples=20, batch_size=4).probs.shape
+    torch.Size([10, 3])
+    """
+    _check_predict_args(guide, x, num_samples, batch_size)
+    if data_plate is None:
+        data_plate = getattr(model, "data_plate", "data")
+    chunks = list(x.split(batch_size)) if batch_size else [x]
+
+    # One plain pass finds the observation site, the plate nesting and each latent site's own shape.
+    plain_guide = poutine.trace(guide).get_trace(chunks[0])
+    plain_model = poutine.trace(poutine.replay(model, trace=plain_guide)).get_trace(chunks[0])
+    obs = _observation_site(plain_model, plain_guide, data_plate)
+    nesting = max((_site_plate_dims(site) for _, site in plain_model.iter_stochastic_nodes()), default=0)
+    latent = {name: site for name, site in plain_guide.iter_stochastic_nodes()}
+    local = [name for name, site in latent.items() if any(f.name == data_plate for f in site["cond_indep_stack"])]
+    if local:
+        raise ValueError(f"predict draws global weights only; the guide samples {local} inside the data plate.")
+
+    with pyro.plate(SAMPLE_PLATE, num_samples, dim=-(nesting + 1)):
+        guide_trace = poutine.trace(guide).get_trace(chunks[0])
+    draws = {name: guide_trace.nodes[name]["value"] for name in latent}
+    shapes = {name: site["value"].shape for name, site in latent.items()}
+
+    results = None
+    if vectorize is not False:
+        try:
+            results = [_vectorized_pass(model, guide_trace, chunk, obs, nesting, num_samples) for chunk in chunks]
+        except (RuntimeError, ValueError, IndexError) as error:
+            if vectorize:
+                raise
+            warnings.warn(
+                f"predict: the model could not run all {num_samples} weight draws in one call ({error}); falling "
+                "back to one call per draw, which is slower. Deterministic layers must accept extra leading "
+                "dimensions (e.g. use nn.Flatten(start_dim=-3) rather than nn.Flatten()) to be vectorized.",
+                stacklevel=2,
+            )
+    if results is None:
+        results = [_looped_pass(model, draws, shapes, chunk, obs, num_samples) for chunk in chunks]
+
+    family, reinterpreted, _ = results[0]
+    params = {name: torch.cat([p[name] for _, _, p in results], dim=1) for name in results[0][2]}
+    distribution = _rebuild(family, reinterpreted, params)
+    samples = distribution.sample()
+    likelihood = getattr(model, "likelihood", None)
+    if likelihood is not None and hasattr(likelihood, "prediction"):
+        return likelihood.prediction(distribution, samples)
+    return _prediction_for(distribution, samples)

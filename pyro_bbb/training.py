@@ -1,0 +1,409 @@
+"""``fit``: minibatch Bayes-by-Backprop with the KL scaled for you, a progress bar, and a per-layer history.
+
+Example
+-------
+>>> import torch
+>>> import pyro_bbb
+>>> from pyro_bbb import likelihoods
+>>> from pyro_bbb.nn import BayesianLinear
+>>> import pyro
+>>> pyro.clear_param_store()
+>>> x, y = torch.randn(100, 3), torch.randn(100)
+>>> bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian())
+>>> guide = pyro_bbb.MeanFieldGuide(bnn)
+>>> history = pyro_bbb.fit(bnn, guide, (x, y), epochs=2, batch_size=32, progress=False, seed=0)
+>>> len(history), sorted(history.last["kl_by_layer"])
+(2, ['likelihood.scale', 'net'])
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import nullcontext
+from numbers import Real
+from pathlib import Path
+from typing import Any
+
+import pyro
+import pyro.poutine as poutine
+import torch
+from pyro.infer.util import zero_grads
+from pyro.optim import PyroOptim
+from tqdm.auto import tqdm
+
+from . import metrics
+from .diagnostics import layer_summary
+from .elbo import ELBO
+from .prediction import ClassificationPrediction, RegressionPrediction, predict
+
+__all__ = ["fit", "History", "TrainingDivergedError", "ESTIMATORS"]
+
+#: Gradient estimators ``fit(estimator=...)`` knows: name -> a callable returning the context to train in.
+ESTIMATORS: dict[str, Callable[[], Any]] = {"reparam": nullcontext}
+
+
+class TrainingDivergedError(FloatingPointError):
+    """The loss (or a gradient) became NaN or infinite; the parameters were restored to the last finite state."""
+
+
+class History:
+    """What :func:`fit` saw, one record per epoch, plus the loss of every step.
+
+    Each record has ``epoch``, ``loss`` (negative ELBO, nats), ``loss_per_datum``, ``nll``, ``kl`` (unweighted),
+    ``kl_weight``, per-layer dicts ``kl_by_layer``, ``posterior_std`` and ``std_ratio`` (posterior std / prior
+    std), ``seconds``, and ``val_*`` metrics when validation data was given. ``history["kl"]`` is the list over
+    epochs; ``history["kl_by_layer"]`` a dict of lists.
+
+    Example
+    -------
+    >>> h = History()
+    >>> h.append({"epoch": 1, "loss": 3.0, "kl_by_layer": {"fc": 1.0}})
+    >>> h.append({"epoch": 2, "loss": 2.0, "kl_by_layer": {"fc": 1.5}})
+    >>> h["loss"], h["kl_by_layer"]
+    ([3.0, 2.0], {'fc': [1.0, 1.5]})
+    """
+
+    def __init__(self):
+        self.records: list[dict[str, Any]] = []
+        self.step_loss: list[float] = []
+
+    def append(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @property
+    def last(self) -> dict[str, Any]:
+        """The latest epoch's record."""
+        if not self.records:
+            raise IndexError("the history is empty: no epoch has finished yet.")
+        return self.records[-1]
+
+    def keys(self) -> list[str]:
+        return list(self.records[0]) if self.records else []
+
+    def __getitem__(self, key: str) -> list | dict[str, list]:
+        values = [record.get(key) for record in self.records]
+        if values and all(isinstance(v, dict) for v in values):
+            names = dict.fromkeys(name for v in values for name in v)
+            return {name: [v.get(name, math.nan) for v in values] for name in names}
+        return values
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain lists and dicts (JSON-serialisable)."""
+        return {key: self[key] for key in self.keys()} | {"step_loss": list(self.step_loss)}
+
+    def __repr__(self) -> str:
+        if not self.records:
+            return "History(epochs=0)"
+        r = self.last
+        return (f"History(epochs={len(self)}, loss_per_datum={r['loss_per_datum']:.4g}, nll={r['nll']:.4g}, "
+                f"kl={r['kl']:.4g}, kl_weight={r['kl_weight']:.3g})")  # fmt: skip
+
+    def plot(self, path: str | Path | None = None):
+        """Loss, KL per layer and posterior/prior std per layer against the epoch; saved as PNG when ``path``.
+
+        Returns the matplotlib figure (``pip install matplotlib``).
+        """
+        try:
+            import matplotlib.pyplot as plt
+        except ImportError as error:  # pragma: no cover - depends on the environment
+            raise ImportError("History.plot needs matplotlib: pip install matplotlib") from error
+        epochs = self["epoch"]
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+        axes[0].plot(epochs, self["loss_per_datum"], label="loss per datum")
+        axes[0].plot(epochs, [n / r["num_data"] for n, r in zip(self["nll"], self.records)], label="NLL per datum")
+        if "val_log_likelihood" in self.keys():
+            axes[0].plot(epochs, [-v for v in self["val_log_likelihood"]], label="validation NLL per datum")
+        axes[0].set(xlabel="epoch", title="loss")
+        for layer, values in self["kl_by_layer"].items():
+            axes[1].plot(epochs, values, label=layer)
+        axes[1].set(xlabel="epoch", ylabel="nats", title="KL(q || p) per layer", yscale="log")
+        for layer, values in self["std_ratio"].items():
+            axes[2].plot(epochs, values, label=layer)
+        axes[2].axhline(1.0, color="k", lw=0.8, ls="--")
+        axes[2].set(xlabel="epoch", title="posterior std / prior std", yscale="log")
+        for ax in axes:
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(path, dpi=110)
+        return fig
+
+
+# -- data ------------------------------------------------------------------------------------------------------
+def _check_batch(x: Any, y: Any, likelihood, what: str = "data") -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        raise TypeError(f"{what} must be a pair of tensors (x, y), got ({type(x).__name__}, {type(y).__name__}).")
+    if x.dim() == 0 or x.shape[0] == 0:
+        raise ValueError(f"{what} is empty: x has shape {tuple(x.shape)}; fit needs at least one datum.")
+    if y.dim() == 0 or y.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"{what}: x has {x.shape[0]} rows but y has shape {tuple(y.shape)}; x and y need the same number of rows."
+        )
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{what}: x contains {int((~torch.isfinite(x)).sum())} NaN or infinite value(s).")
+    if likelihood is not None:
+        y = likelihood.check_targets(y)
+    elif y.is_floating_point() and not bool(torch.isfinite(y).all()):
+        raise ValueError(f"{what}: y contains NaN or infinite values.")
+    return y
+
+
+def _num_data(loader: torch.utils.data.DataLoader) -> int:
+    try:
+        return len(loader.dataset)
+    except TypeError as error:
+        raise ValueError(
+            "fit takes the training-set size from the DataLoader's dataset, which has no len(); use a sized "
+            "dataset (e.g. TensorDataset)."
+        ) from error
+
+
+class _Batches:
+    """An epoch's minibatches from an ``(x, y)`` pair (reshuffled every epoch) or from a DataLoader."""
+
+    def __init__(self, data, batch_size: int | None, likelihood, device):
+        self.likelihood, self.device = likelihood, device
+        if isinstance(data, torch.utils.data.DataLoader):
+            if batch_size is not None:
+                raise ValueError("pass batch_size to the DataLoader, not to fit, when data is a DataLoader.")
+            self.loader, self.num_data = data, _num_data(data)
+            if self.num_data == 0:
+                raise ValueError("the DataLoader's dataset is empty; fit needs at least one datum.")
+        elif isinstance(data, Sequence) and len(data) == 2:
+            x, y = data
+            self.y = _check_batch(x, y, likelihood)
+            self.x, self.loader, self.num_data = x, None, x.shape[0]
+            self.batch_size = batch_size or self.num_data
+        else:
+            raise TypeError(f"data must be an (x, y) pair of tensors or a DataLoader, got {type(data).__name__}.")
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self.loader is None:
+            for idx in torch.randperm(self.num_data).split(self.batch_size):
+                yield self.x[idx].to(self.device), self.y[idx].to(self.device)
+            return
+        for batch in self.loader:
+            if not isinstance(batch, Sequence) or len(batch) != 2:
+                raise TypeError("the DataLoader must yield (x, y) pairs.")
+            y = _check_batch(*batch, self.likelihood, what="a DataLoader batch")
+            yield batch[0].to(self.device), y.to(self.device)
+
+
+def _device(model) -> torch.device | None:
+    if isinstance(model, torch.nn.Module):
+        for tensor in (*model.buffers(), *model.parameters()):
+            return tensor.device
+    return None
+
+
+# -- checks ----------------------------------------------------------------------------------------------------
+def _positive_int(name: str, value: Any, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer{' or None' if optional else ''}, got {value!r}.")
+
+
+def _positive_number(name: str, value: Any, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"`{name}` must be a finite number > 0{' or None' if optional else ''}, got {value!r}.")
+
+
+def _estimator(name: str) -> Callable[[], Any]:
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {name!r}; available: {sorted(ESTIMATORS)}.")
+    return ESTIMATORS[name]
+
+
+# -- one step --------------------------------------------------------------------------------------------------
+class _Stepper:
+    """SVI steps with global gradient clipping and a rollback to the last parameters that gave a finite loss."""
+
+    def __init__(self, model, guide, elbo: ELBO, optimizer: PyroOptim, clip_norm: float | None, estimator):
+        self.model, self.guide, self.elbo, self.optimizer = model, guide, elbo, optimizer
+        self.clip_norm, self.estimator = clip_norm, estimator
+        self.snapshot: dict[torch.Tensor, torch.Tensor] = {}
+        self.last_finite_loss: float | None = None
+        self.steps = 0
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        with poutine.trace(param_only=True) as capture, self.estimator():
+            loss = self.elbo.loss_and_grads(self.model, self.guide, x, y)
+        params = {site["value"].unconstrained() for site in capture.trace.nodes.values()}
+        self.steps += 1
+        grads_finite = all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in params)
+        if not math.isfinite(loss) or not grads_finite:
+            zero_grads(params)
+            self._restore()
+            what = "loss" if not math.isfinite(loss) else "gradient"
+            raise TrainingDivergedError(
+                f"the {what} became NaN or infinite at step {self.steps} (loss {loss}); the last finite loss was "
+                f"{self.last_finite_loss} and the parameters were restored to that state. Lower the learning rate, "
+                "set clip_norm (e.g. 5.0), standardise x and y, or check the data for extreme values."
+            )
+        with torch.no_grad():
+            for p in params:
+                if p in self.snapshot:
+                    self.snapshot[p].copy_(p)
+                else:
+                    self.snapshot[p] = p.detach().clone()
+        self.last_finite_loss = loss
+        if self.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], self.clip_norm)
+        self.optimizer(params)
+        zero_grads(params)
+        return loss
+
+    @torch.no_grad()
+    def _restore(self) -> None:
+        for param, value in self.snapshot.items():
+            param.copy_(value)
+
+
+def _validation_metrics(model, guide, data, num_samples: int) -> dict[str, float]:
+    x, y = data
+    pred = predict(model, guide, x, num_samples=num_samples)
+    y = y.to(pred.samples.device)
+    out = {"val_log_likelihood": metrics.log_likelihood(pred, y)}
+    if isinstance(pred, RegressionPrediction):
+        out["val_rmse"] = metrics.rmse(pred, y)
+    elif isinstance(pred, ClassificationPrediction):
+        out["val_accuracy"] = metrics.accuracy(pred, y)
+        out["val_ece"] = metrics.expected_calibration_error(pred, y)
+    return out
+
+
+def fit(
+    model: Callable,
+    guide: Callable,
+    data: tuple[torch.Tensor, torch.Tensor] | torch.utils.data.DataLoader,
+    *,
+    epochs: int,
+    batch_size: int | None = None,
+    optimizer: PyroOptim | None = None,
+    lr: float = 1e-3,
+    kl_weight: float | Callable[[int], float] = 1.0,
+    num_particles: int = 1,
+    clip_norm: float | None = None,
+    estimator: str = "reparam",
+    validation_data: tuple[torch.Tensor, torch.Tensor] | None = None,
+    callbacks: Iterable[Callable[[int, History], bool | None]] = (),
+    progress: bool = True,
+    seed: int | None = None,
+    num_validation_samples: int = 32,
+) -> History:
+    """Train ``guide`` on ``model`` by minibatch variational inference; the KL is scaled to the data for you.
+
+    The training-set size ``N`` is read from ``data``, and :class:`pyro_bbb.ELBO` scales every minibatch
+    (including a last, partial one) by ``N / B``: nothing is divided by hand. The data is checked first (equal
+    lengths, no NaN, labels the likelihood accepts): a bad input raises ``ValueError`` before any parameter
+    changes. A NaN or infinite loss stops training with :class:`TrainingDivergedError` and restores the
+    parameters to the last state whose loss was finite.
+
+    Parameters
+    ----------
+    model, guide : callable
+        E.g. :class:`pyro_bbb.BNN` and :class:`pyro_bbb.MeanFieldGuide`; called as ``model(x, y)``.
+    data : (x, y) or DataLoader
+        Training data; a pair is reshuffled into batches of ``batch_size`` every epoch (``None``: full batch).
+    epochs : int
+        Passes over the data.
+    optimizer : pyro.optim.PyroOptim, optional
+        Defaults to ``pyro.optim.Adam({"lr": lr})``.
+    kl_weight : float or schedule
+        Weight of the KL (see :mod:`pyro_bbb.schedules`); 1 is the ELBO.
+    num_particles : int
+        Weight draws per step.
+    clip_norm : float, optional
+        Clip the global gradient norm (all parameters together) to this value.
+    estimator : str
+        Gradient estimator; one of :data:`ESTIMATORS` (``"reparam"``).
+    validation_data : (x, y), optional
+        Evaluated after every epoch with :func:`pyro_bbb.predict` (``num_validation_samples`` draws):
+        ``val_log_likelihood`` and ``val_rmse`` or ``val_accuracy`` / ``val_ece``.
+    callbacks : iterable of callables
+        ``callback(epoch, history)`` after every epoch; returning ``True`` stops training.
+    progress : bool
+        Show a progress bar with the loss per datum, NLL, KL and KL weight.
+    seed : int, optional
+        Seeds Pyro's and torch's random number generators (shuffling, weight draws).
+
+    Returns
+    -------
+    History
+
+    Example
+    -------
+    See the module example; ``history.plot("history.png")`` draws the KL and posterior-std traces.
+    """
+    _positive_int("epochs", epochs)
+    _positive_int("batch_size", batch_size, optional=True)
+    _positive_int("num_particles", num_particles)
+    _positive_int("num_validation_samples", num_validation_samples)
+    _positive_number("lr", lr)
+    _positive_number("clip_norm", clip_norm, optional=True)
+    if optimizer is not None and not isinstance(optimizer, PyroOptim):
+        raise TypeError(
+            f"`optimizer` must be a pyro.optim optimizer such as pyro.optim.Adam({{'lr': 1e-3}}), got "
+            f"{type(optimizer).__name__}."
+        )
+    estimator_context = _estimator(estimator)
+    likelihood = getattr(model, "likelihood", None)
+    likelihood = likelihood if hasattr(likelihood, "check_targets") else None
+    device = _device(model)
+    batches = _Batches(data, batch_size, likelihood, device)
+    if validation_data is not None:
+        if not isinstance(validation_data, Sequence) or len(validation_data) != 2:
+            raise TypeError("validation_data must be an (x, y) pair of tensors.")
+        validation_data = (validation_data[0].to(device) if device else validation_data[0],
+                           _check_batch(*validation_data, likelihood, what="validation_data"))  # fmt: skip
+    callbacks = list(callbacks)
+    if seed is not None:
+        pyro.set_rng_seed(seed)
+
+    elbo = ELBO(num_data=batches.num_data, kl_weight=kl_weight, num_particles=num_particles,
+                data_plate=getattr(model, "data_plate", "data"))  # fmt: skip
+    stepper = _Stepper(model, guide, elbo, optimizer or pyro.optim.Adam({"lr": lr}), clip_norm, estimator_context)
+    history = History()
+    bar = tqdm(range(1, epochs + 1), desc="fit", unit="epoch", disable=not progress, dynamic_ncols=True)
+    for epoch in bar:
+        start = time.perf_counter()
+        totals = {"loss": 0.0, "nll": 0.0, "kl": 0.0, "seen": 0}
+        for x, y in batches:
+            loss = stepper(x, y)
+            terms, b = elbo.last_terms, x.shape[0]
+            history.step_loss.append(terms["loss_per_datum"])
+            totals["loss"] += b * loss
+            totals["nll"] += b * terms["nll"]
+            totals["kl"] += b * terms["kl"]
+            totals["seen"] += b
+        seen = totals.pop("seen")
+        record = {"epoch": epoch, **{key: value / seen for key, value in totals.items()}}
+        record["loss_per_datum"] = record["loss"] / batches.num_data
+        record["kl_weight"] = elbo.last_terms["kl_weight"]
+        record["num_data"] = batches.num_data
+        summary = layer_summary(model, guide)
+        record["kl_by_layer"] = {layer: entry["kl"] for layer, entry in summary.items()}
+        record["posterior_std"] = {k: e["posterior_std"] for k, e in summary.items() if "posterior_std" in e}
+        record["std_ratio"] = {k: e["std_ratio"] for k, e in summary.items() if "std_ratio" in e}
+        if validation_data is not None:
+            record.update(_validation_metrics(model, guide, validation_data, num_validation_samples))
+        record["seconds"] = time.perf_counter() - start
+        history.append(record)
+        postfix = {"loss/datum": f"{record['loss_per_datum']:.4g}", "nll": f"{record['nll']:.4g}",
+                   "kl": f"{record['kl']:.4g}", "kl_w": f"{record['kl_weight']:.3g}"}  # fmt: skip
+        if "val_log_likelihood" in record:
+            postfix["val_ll"] = f"{record['val_log_likelihood']:.3f}"
+        bar.set_postfix(postfix, refresh=False)
+        if any([callback(epoch, history) for callback in callbacks]):  # every callback runs
+            break
+    bar.close()
+    return history
