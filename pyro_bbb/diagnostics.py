@@ -67,6 +67,22 @@ def _layer_names(model: Callable) -> dict[str, str]:
     return owners
 
 
+def _unwrap(d: dist.Distribution) -> dist.Distribution:
+    while isinstance(d, dist.Independent):
+        d = d.base_dist
+    return d
+
+
+def _kl_per_element(q: dist.Distribution, p: dist.Distribution) -> torch.Tensor:
+    """Elementwise ``KL(q_i || p_i)`` of a mean-field site; closed form where registered, else Monte Carlo."""
+    q, p = _unwrap(q), _unwrap(p)
+    try:
+        return kl_divergence(q, p)
+    except NotImplementedError:
+        draws = q.sample((_MC_DRAWS,))
+        return (q.log_prob(draws) - p.log_prob(draws)).mean(0)
+
+
 def _kl(q: dist.Distribution, p: dist.Distribution) -> torch.Tensor:
     try:
         return kl_divergence(q, p).sum()
@@ -77,19 +93,21 @@ def _kl(q: dist.Distribution, p: dist.Distribution) -> torch.Tensor:
 
 def _prior_std(p: dist.Distribution) -> torch.Tensor:
     try:
-        std = p.stddev
+        return p.stddev
     except NotImplementedError:
-        std = p.sample((_MC_DRAWS,)).std(0)
-    return std
+        return p.sample((_MC_DRAWS,)).std(0)
 
 
 @torch.no_grad()
 def layer_summary(model: Callable, guide) -> dict[str, dict[str, float]]:
-    """Per layer: KL, number of weights, KL per weight, mean posterior std, mean prior std and their mean ratio.
+    """Per layer: the KL and how the posterior's width compares with the prior's.
 
-    Latent sites outside Bayesian layers (e.g. a learned noise scale) are their own "layer" and report only the
-    KL (their width lives on another scale). The KL is closed-form where registered, else a 256-draw Monte Carlo
-    estimate.
+    Keys of each layer's entry: ``kl`` (nats), ``num_weights``, ``kl_per_weight``; and for Bayesian layers
+    ``kl_q99`` (99th percentile of the per-weight KL: what the best-informed weights carry), ``posterior_std``
+    (mean), ``prior_std`` (mean), ``std_ratio`` (mean of posterior std / prior std) and ``std_ratio_geomean`` (its
+    geometric mean, which a few very wide or very narrow weights do not dominate). Latent sites outside Bayesian
+    layers (e.g. a learned noise scale) are their own "layer" and report only the KL. KLs are closed-form where
+    registered, else 256-draw Monte Carlo estimates.
 
     Example
     -------
@@ -100,30 +118,39 @@ def layer_summary(model: Callable, guide) -> dict[str, dict[str, float]]:
     >>> layer = BayesianLinear(3, 2)
     >>> guide = MeanFieldGuide(layer, init_scale=1.0, init_loc=lambda site: torch.zeros(site["fn"].shape()))
     >>> _ = guide(torch.randn(4, 3))
-    >>> layer_summary(layer, guide)["(root)"]["kl"]          # posterior == prior
-    0.0
+    >>> entry = layer_summary(layer, guide)["(root)"]       # posterior == prior
+    >>> entry["kl"], entry["std_ratio_geomean"]
+    (0.0, 1.0)
     """
     _require_fitted(guide)
     owners = _layer_names(model)
-    summary: dict[str, dict[str, Any]] = {}
+    parts: dict[str, dict[str, Any]] = {}
     for name, site in guide.prototype_trace.iter_stochastic_nodes():
         p = site["fn"]  # the prior, as the model declared it
         q = guide._posterior(name, site)
-        layer = owners.get(name, name)
-        entry = summary.setdefault(layer, {"kl": 0.0, "num_weights": 0, "_std": [], "_ratio": []})
-        entry["kl"] += float(_kl(q, p))
-        entry["num_weights"] += p.shape().numel()
-        if name in owners and _is_real(site["fn"].support):
-            scale = guide._get_loc_and_scale(name)[1]
-            entry["_std"].append(scale.reshape(-1))
-            entry["_ratio"].append((scale / _prior_std(p).expand(scale.shape)).reshape(-1))
-    for entry in summary.values():
-        entry["kl_per_weight"] = entry["kl"] / max(entry["num_weights"], 1)
-        std, ratio = entry.pop("_std"), entry.pop("_ratio")
-        if std:
-            entry["posterior_std"] = float(torch.cat(std).mean())
-            entry["std_ratio"] = float(torch.cat(ratio).mean())
-            entry["prior_std"] = entry["posterior_std"] / entry["std_ratio"] if entry["std_ratio"] else math.nan
+        part = parts.setdefault(owners.get(name, name), {"kl": 0.0, "num_weights": 0, "elements": []})
+        part["num_weights"] += p.shape().numel()
+        if name not in owners or not _is_real(site["fn"].support):
+            part["kl"] += float(_kl(q, p))
+            continue
+        kl = _kl_per_element(q, p)
+        part["kl"] += float(kl.sum())
+        scale = guide._get_loc_and_scale(name)[1]
+        prior_std = _prior_std(_unwrap(p)).expand(scale.shape)
+        part["elements"].append(torch.stack([kl, scale, prior_std]).reshape(3, -1))
+    summary = {}
+    for layer, part in parts.items():
+        entry = {"kl": part["kl"], "num_weights": part["num_weights"]}
+        entry["kl_per_weight"] = entry["kl"] / entry["num_weights"]
+        if part["elements"]:
+            kl, std, prior_std = torch.cat(part["elements"], dim=1).double()
+            ratio = std / prior_std
+            entry["kl_q99"] = float(torch.quantile(kl, 0.99))
+            entry["posterior_std"] = float(std.mean())
+            entry["prior_std"] = float(prior_std.mean())
+            entry["std_ratio"] = float(ratio.mean())
+            entry["std_ratio_geomean"] = float(ratio.log().mean().exp())
+        summary[layer] = entry
     return summary
 
 
@@ -183,16 +210,18 @@ def check_posterior(
     model: Callable,
     guide,
     *,
-    prior_kl_per_weight: float = 1e-2,
+    prior_kl: float = 0.1,
     collapsed_std_ratio: float = 1e-2,
 ) -> dict[str, dict[str, float]]:
     """Warn (:class:`PosteriorWarning`) about layers whose posterior sits on the prior or has collapsed.
 
-    * **On the prior**: KL per weight below ``prior_kl_per_weight`` nats. The data barely moves the layer: the
-      KL is over-weighted (``kl_weight`` too large, or the likelihood is not scaled to the full data set), the
-      learning rate is too low, or training was too short.
-    * **Collapsed**: mean posterior std below ``collapsed_std_ratio`` of the prior std. The net is a point
-      estimate: the KL is under-weighted (``kl_weight`` too small, or ``num_data`` much too large).
+    * **On the prior**: even the best-informed weights carry almost no information; the 99th percentile of the
+      per-weight KL is below ``prior_kl`` nats. The data barely moves the layer: the KL is over-weighted
+      (``kl_weight`` too large, or the likelihood divided by the data size by hand), the learning rate is too low,
+      or training stopped early. (In a good fit many weights sit on the prior, which is why pruning works, but
+      the informative ones carry nats each.)
+    * **Collapsed**: the geometric mean of posterior std / prior std is below ``collapsed_std_ratio``. The net is
+      a point estimate: the KL is under-weighted (``kl_weight`` too small, or ``num_data`` much too large).
 
     Returns :func:`layer_summary` with a ``"status"`` per layer (``"ok"``, ``"on prior"``, ``"collapsed"``).
 
@@ -216,22 +245,24 @@ def check_posterior(
         entry["status"] = "ok"
         if "std_ratio" not in entry:
             continue
-        if entry["kl_per_weight"] < prior_kl_per_weight:
+        if entry["kl_q99"] < prior_kl:
             entry["status"] = "on prior"
             warnings.warn(
-                f"layer {layer!r} sits on its prior: KL {entry['kl_per_weight']:.2g} nats per weight (threshold "
-                f"{prior_kl_per_weight:g}), posterior std {entry['std_ratio']:.2f} x the prior's. The data is being "
-                "ignored: the KL may be over-weighted (lower kl_weight; let pyro_bbb.ELBO(num_data=N) scale the "
-                "likelihood rather than dividing it), the learning rate may be too low, or training too short.",
+                f"layer {layer!r} sits on its prior: its best-informed weights carry {entry['kl_q99']:.2g} nats of KL "
+                f"each (99th percentile; threshold {prior_kl:g}) and its posterior std is "
+                f"{entry['std_ratio_geomean']:.2f} x the prior's. The data is being ignored: the KL may be "
+                "over-weighted (lower kl_weight; let pyro_bbb.ELBO(num_data=N) scale the likelihood instead of "
+                "dividing it by hand), the learning rate may be too low, or training too short.",
                 PosteriorWarning,
                 stacklevel=2,
             )
-        elif entry["std_ratio"] < collapsed_std_ratio:
+        elif entry["std_ratio_geomean"] < collapsed_std_ratio:
             entry["status"] = "collapsed"
             warnings.warn(
-                f"layer {layer!r} has collapsed to a point estimate: posterior std is {entry['std_ratio']:.2g} x the "
-                f"prior's (threshold {collapsed_std_ratio:g}). The KL is under-weighted: raise kl_weight towards 1 "
-                "and check that num_data is the training-set size.",
+                f"layer {layer!r} has collapsed to a point estimate: its posterior std is "
+                f"{entry['std_ratio_geomean']:.2g} x the prior's (geometric mean; threshold {collapsed_std_ratio:g}). "
+                "The KL is under-weighted: raise kl_weight towards 1 and check that num_data is the training-set "
+                "size. (Very large data sets can legitimately give narrow posteriors; lower the threshold then.)",
                 PosteriorWarning,
                 stacklevel=2,
             )
