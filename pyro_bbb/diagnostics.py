@@ -20,7 +20,6 @@ Example
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -270,7 +269,7 @@ def check_posterior(
 
 
 class PrunedGuide(torch.nn.Module):
-    """A guide whose pruned weights are exactly zero; the rest are drawn from the wrapped guide.
+    """A guide whose pruned weights are zero (to within 1e-37); the rest are drawn from the wrapped guide.
 
     Made by :func:`prune_by_snr`. Use it for prediction (``pyro_bbb.predict(model, pruned, x)``); the wrapped
     guide and its parameters are unchanged.

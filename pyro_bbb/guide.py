@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from numbers import Real
+from operator import attrgetter
 
 import pyro
 import pyro.distributions as dist
@@ -12,7 +13,6 @@ import torch
 from pyro.distributions.transforms import biject_to
 from pyro.infer.autoguide import AutoNormal
 from pyro.infer.autoguide.initialization import init_to_median
-from pyro.nn.module import _make_name
 
 from .nn.module import BayesianModule
 from .priors import _is_real
@@ -108,16 +108,15 @@ class MeanFieldGuide(AutoNormal):
 
     def _setup_prototype(self, *args, **kwargs) -> None:
         super()._setup_prototype(*args, **kwargs)
-        # Pyro's param store is global: a parameter left there under the same name by an earlier guide would be
-        # adopted silently. With another shape that can only be an earlier, different model.
-        store = pyro.get_param_store()
-        for name, value in self.named_parameters():
-            fullname = _make_name(self._pyro_name, name.removesuffix("_unconstrained"))
-            stale = store._params.get(fullname)
-            if stale is not None and stale is not value and stale.shape != value.shape:
+        # Pyro's param store is global: a new guide adopts any parameter an earlier guide left there under the same
+        # name. With another shape that can only be an earlier, different model.
+        for name, site in self.prototype_trace.iter_stochastic_nodes():
+            expected = biject_to(site["fn"].support).inv(site["value"].detach()).shape
+            adopted = attrgetter(name)(self.locs).shape
+            if adopted != expected:
                 raise ValueError(
-                    f"Pyro's param store already holds {fullname!r} with shape {tuple(stale.shape)}, but this guide's "
-                    f"parameter has shape {tuple(value.shape)}: it was left by an earlier model. Call "
+                    f"Pyro's param store already holds a posterior for site {name!r} with shape {tuple(adopted)}, but "
+                    f"this model's site has shape {tuple(expected)}: it was left by an earlier model. Call "
                     "pyro.clear_param_store() before building a new model and guide."
                 )
 
@@ -133,7 +132,7 @@ class MeanFieldGuide(AutoNormal):
         mask = self.__dict__.get("_keep_masks", {}).get(name)
         if mask is None:
             return loc, scale
-        # a pruned weight is exactly zero: mean 0, and the smallest positive scale (a Normal needs scale > 0)
+        # a pruned weight is zero: mean 0 and the smallest positive scale (a Normal needs scale > 0), so |w| < 1e-37
         return loc * mask, torch.where(mask, scale, torch.finfo(scale.dtype).tiny)
 
     @contextmanager

@@ -239,15 +239,16 @@ def _prediction_for(distribution: dist.Distribution, samples: torch.Tensor) -> P
 
 
 class _Placeholder(Messenger):
-    """Fills the unobserved observation site with zeros instead of sampling it (so no random numbers are used)."""
+    """Fills unobserved sites in the data plate with zeros instead of sampling them (no random numbers are used,
+    so every pass, whatever its chunk size, leaves the generator where it was)."""
 
-    def __init__(self, name: str, device: torch.device):
+    def __init__(self, data_plate: str, device: torch.device):
         super().__init__()
-        self.name = name
+        self.data_plate = data_plate
         self.device = device
 
     def _pyro_sample(self, msg):
-        if msg["name"] == self.name and msg["value"] is None:
+        if msg["value"] is None and any(f.name == self.data_plate for f in msg["cond_indep_stack"]):
             msg["value"] = torch.zeros(msg["fn"].shape(), device=self.device)
 
 
@@ -272,18 +273,18 @@ def _observation_site(model_trace, guide_trace, data_plate: str) -> str:
     return names[0]
 
 
-def _vectorized_pass(model, guide_trace, x, obs, nesting: int, num_samples: int):
+def _vectorized_pass(model, guide_trace, x, obs, data_plate: str, nesting: int, num_samples: int):
     with pyro.plate(SAMPLE_PLATE, num_samples, dim=-(nesting + 1)):
-        trace = poutine.trace(_Placeholder(obs, x.device)(poutine.replay(model, trace=guide_trace))).get_trace(x)
+        trace = poutine.trace(_Placeholder(data_plate, x.device)(poutine.replay(model, trace=guide_trace))).get_trace(x)
     site = trace.nodes[obs]
     return _params(site["fn"], site, draw_dims=1)
 
 
-def _looped_pass(model, draws: dict[str, torch.Tensor], shapes: dict[str, torch.Size], x, obs, num_samples: int):
+def _looped_pass(model, draws, shapes, x, obs, data_plate: str, num_samples: int):
     per_draw = []
     for s in range(num_samples):
         values = {name: value[s].reshape(shapes[name]) for name, value in draws.items()}
-        trace = poutine.trace(_Placeholder(obs, x.device)(poutine.condition(model, data=values))).get_trace(x)
+        trace = poutine.trace(_Placeholder(data_plate, x.device)(poutine.condition(model, data=values))).get_trace(x)
         site = trace.nodes[obs]
         per_draw.append(_params(site["fn"], site, draw_dims=0))
     family, reinterpreted, _ = per_draw[0]
@@ -370,7 +371,9 @@ def predict(
 
     # One plain pass finds the observation site, the plate nesting and each latent site's own shape.
     plain_guide = poutine.trace(guide).get_trace(chunks[0])
-    plain_model = poutine.trace(poutine.replay(model, trace=plain_guide)).get_trace(chunks[0])
+    plain_model = poutine.trace(_Placeholder(data_plate, x.device)(poutine.replay(model, trace=plain_guide))).get_trace(
+        chunks[0]
+    )
     obs = _observation_site(plain_model, plain_guide, data_plate)
     nesting = max((_site_plate_dims(site) for _, site in plain_model.iter_stochastic_nodes()), default=0)
     latent = {name: site for name, site in plain_guide.iter_stochastic_nodes()}
@@ -386,7 +389,9 @@ def predict(
     results = None
     if vectorize is not False:
         try:
-            results = [_vectorized_pass(model, guide_trace, chunk, obs, nesting, num_samples) for chunk in chunks]
+            results = [
+                _vectorized_pass(model, guide_trace, chunk, obs, data_plate, nesting, num_samples) for chunk in chunks
+            ]
         except (RuntimeError, ValueError, IndexError) as error:
             if vectorize:
                 raise
@@ -397,7 +402,7 @@ def predict(
                 stacklevel=2,
             )
     if results is None:
-        results = [_looped_pass(model, draws, shapes, chunk, obs, num_samples) for chunk in chunks]
+        results = [_looped_pass(model, draws, shapes, chunk, obs, data_plate, num_samples) for chunk in chunks]
 
     family, reinterpreted, _ = results[0]
     params = {name: torch.cat([p[name] for _, _, p in results], dim=1) for name in results[0][2]}

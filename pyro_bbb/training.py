@@ -235,20 +235,20 @@ class _Stepper:
         self.steps = 0
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        with poutine.trace(param_only=True) as capture, self.estimator():
-            loss = self.elbo.loss_and_grads(self.model, self.guide, x, y)
-        params = {site["value"].unconstrained() for site in capture.trace.nodes.values()}
         self.steps += 1
+        try:
+            with poutine.trace(param_only=True) as capture, self.estimator():
+                loss = self.elbo.loss_and_grads(self.model, self.guide, x, y)
+        except ValueError as error:
+            # torch's argument validation: a NaN reached a distribution's parameters before the loss
+            if "found invalid values" not in str(error):
+                raise
+            self._diverged("a distribution's parameters", str(error).split(":")[0])
+        params = {site["value"].unconstrained() for site in capture.trace.nodes.values()}
         grads_finite = all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in params)
         if not math.isfinite(loss) or not grads_finite:
             zero_grads(params)
-            self._restore()
-            what = "loss" if not math.isfinite(loss) else "gradient"
-            raise TrainingDivergedError(
-                f"the {what} became NaN or infinite at step {self.steps} (loss {loss}); the last finite loss was "
-                f"{self.last_finite_loss} and the parameters were restored to that state. Lower the learning rate, "
-                "set clip_norm (e.g. 5.0), standardise x and y, or check the data for extreme values."
-            )
+            self._diverged("the loss" if not math.isfinite(loss) else "a gradient", f"loss {loss}")
         with torch.no_grad():
             for p in params:
                 if p in self.snapshot:
@@ -262,10 +262,15 @@ class _Stepper:
         zero_grads(params)
         return loss
 
-    @torch.no_grad()
-    def _restore(self) -> None:
-        for param, value in self.snapshot.items():
-            param.copy_(value)
+    def _diverged(self, what: str, detail: str):
+        with torch.no_grad():
+            for param, value in self.snapshot.items():
+                param.copy_(value)
+        raise TrainingDivergedError(
+            f"{what} became NaN or infinite at step {self.steps} ({detail}); the last finite loss was "
+            f"{self.last_finite_loss}, and the parameters were restored to the state that gave it. Lower the "
+            "learning rate, set clip_norm (e.g. 5.0), standardise x and y, or check the data for extreme values."
+        )
 
 
 def _validation_metrics(model, guide, data, num_samples: int) -> dict[str, float]:

@@ -1,0 +1,129 @@
+import warnings
+
+import pyro
+import pytest
+import torch
+from pyro.distributions.kl import kl_divergence
+
+import pyro_bbb
+from pyro_bbb import diagnostics, likelihoods, priors
+from pyro_bbb.nn import BayesianLinear
+
+from .models import digits_fit
+
+
+def make(prior=None, init_scale=0.1):
+    net = torch.nn.Sequential(BayesianLinear(3, 5, prior=prior), torch.nn.Tanh(), BayesianLinear(5, 1, prior=prior))
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
+    guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=init_scale)
+    x, y = torch.randn(10, 3), torch.randn(10)
+    guide(x, y)
+    return bnn, guide, x, y
+
+
+def test_kl_by_layer_is_the_closed_form_and_matches_the_elbo():
+    bnn, guide, x, y = make(priors.Normal(0.0, 0.7))
+    q = guide.site_posteriors()
+    by_hand = {}
+    for site, post in q.items():
+        layer = site.rsplit(".", 1)[0]
+        by_hand[layer] = by_hand.get(layer, 0.0) + float(
+            kl_divergence(post, torch.distributions.Normal(0.0, 0.7)).sum()
+        )
+    ours = diagnostics.kl_by_layer(bnn, guide)
+    assert ours.keys() == by_hand.keys()
+    for layer in ours:
+        assert ours[layer] == pytest.approx(by_hand[layer], rel=1e-5)
+    elbo = pyro_bbb.ELBO(num_data=10)
+    elbo.loss(bnn, guide, x, y)
+    assert elbo.last_terms["kl"] == pytest.approx(sum(ours.values()), rel=1e-5)
+
+
+def test_monte_carlo_kl_for_a_scale_mixture_prior():
+    torch.manual_seed(0)
+    prior = priors.ScaleMixtureNormal(0.5, 1.0, 0.01)
+    bnn, guide, _, _ = make(prior, init_scale=0.05)
+    q = guide.site_posteriors()["net.0.weight"]
+    p = bnn.net[0].prior_distribution("weight")
+    draws = q.sample((20000,))
+    reference = float((q.log_prob(draws).sum((-1, -2)) - p.log_prob(draws)).mean())
+    summary = diagnostics.layer_summary(bnn, guide)["net.0"]
+    weight_kl = summary["kl"] - float(diagnostics._kl_per_element(guide.site_posteriors()["net.0.bias"],
+                                                                   bnn.net[0].prior_distribution("bias")).sum())
+    # 256 draws per estimate for 15 weights: the total's Monte Carlo error is well under 2%
+    assert weight_kl == pytest.approx(reference, rel=0.02)
+
+
+def test_posterior_to_prior_std_uses_each_layers_prior():
+    bnn, guide, _, _ = make(priors.FanInNormal(), init_scale=0.1)
+    ratios = diagnostics.posterior_to_prior_std(bnn, guide)
+    # FanInNormal: prior std 1/sqrt(fan_in); both layers' weights and biases have fan_in 3 and 5
+    assert ratios["net.0"] == pytest.approx(0.1 * 3**0.5, rel=1e-4)
+    assert ratios["net.2"] == pytest.approx(0.1 * 5**0.5, rel=1e-4)
+
+
+def test_signal_to_noise_and_pruning():
+    bnn, guide, x, _ = make(init_scale=0.1)
+    snr = diagnostics.signal_to_noise(guide)
+    flat = torch.cat([v.reshape(-1) for v in snr.values()])
+    pruned, achieved = diagnostics.prune_by_snr(guide, 0.3)
+    n = flat.numel()
+    assert achieved == pytest.approx(round(0.3 * n) / n)
+    kept = torch.cat([pruned.keep_masks[name].reshape(-1) for name in snr])
+    assert flat[~kept].max() <= flat[kept].min()  # the lowest signal-to-noise weights went
+    values = pyro.poutine.trace(pruned).get_trace(x).nodes
+    for name, keep in pruned.keep_masks.items():
+        assert torch.all(values[name]["value"][~keep].abs() < 1e-30)
+        assert torch.all(values[name]["value"][keep] != 0)
+    # the original guide is untouched
+    assert all(torch.all(v["value"] != 0) for k, v in pyro.poutine.trace(guide).get_trace(x).nodes.items()
+               if k in snr)  # fmt: skip
+    pred = pyro_bbb.predict(bnn, pruned, x, num_samples=5)
+    assert torch.isfinite(pred.mean).all()
+
+
+def test_check_posterior_needs_a_fitted_guide():
+    bnn = make()[0]
+    with pytest.raises(ValueError, match="fit"):
+        diagnostics.check_posterior(bnn, pyro_bbb.MeanFieldGuide(bnn))
+
+
+def statuses(kl_weight, epochs):
+    bnn, guide, _, _ = digits_fit(kl_weight, epochs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = diagnostics.check_posterior(bnn, guide)
+    messages = [str(w.message) for w in caught if issubclass(w.category, diagnostics.PosteriorWarning)]
+    return {layer: entry["status"] for layer, entry in report.items()}, messages
+
+
+@pytest.mark.slow
+def test_check_posterior_fires_on_an_over_weighted_kl():
+    status, messages = statuses(1000.0, 200)
+    assert set(status.values()) == {"on prior"}
+    assert len(messages) == 2 and "over-weighted" in messages[0] and "nats" in messages[0]
+
+
+@pytest.mark.slow
+def test_check_posterior_fires_on_an_under_weighted_kl():
+    status, messages = statuses(1e-6, 100)
+    assert set(status.values()) == {"collapsed"}
+    assert len(messages) == 2 and "under-weighted" in messages[0]
+
+
+@pytest.mark.slow
+def test_check_posterior_is_silent_on_a_correct_fit():
+    status, messages = statuses(1.0, 300)
+    assert set(status.values()) == {"ok"} and messages == []
+
+
+@pytest.mark.slow
+def test_pruning_half_the_weights_keeps_the_accuracy():
+    """Blundell et al. 2015, table 2: removing the low signal-to-noise half of the weights costs little."""
+    bnn, guide, _, (_, _, x_test, y_test) = digits_fit(1.0, 300)
+    pyro.set_rng_seed(0)
+    full = pyro_bbb.metrics.accuracy(pyro_bbb.predict(bnn, guide, x_test), y_test)
+    pruned, achieved = diagnostics.prune_by_snr(guide, 0.5)
+    half = pyro_bbb.metrics.accuracy(pyro_bbb.predict(bnn, pruned, x_test), y_test)
+    assert achieved == pytest.approx(0.5, abs=1e-3)
+    assert half >= full - 0.02

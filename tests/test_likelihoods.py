@@ -1,0 +1,93 @@
+import math
+
+import pyro
+import pyro.poutine as poutine
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pyro_bbb import likelihoods
+
+
+def trace(likelihood, output, y=None):
+    return poutine.trace(likelihood).get_trace(output, y)
+
+
+def test_gaussian_fixed_scale_log_prob_matches_formula():
+    output, y = torch.randn(5, 1), torch.randn(5)
+    site = trace(likelihoods.Gaussian(scale=0.3), output, y).nodes["y"]
+    expected = -0.5 * ((y - output.squeeze(-1)) / 0.3) ** 2 - math.log(0.3) - 0.5 * math.log(2 * math.pi)
+    torch.testing.assert_close(site["fn"].log_prob(y), expected)
+    assert [f.name for f in site["cond_indep_stack"]] == ["data"]
+
+
+def test_gaussian_learned_scale_is_a_latent_site_outside_the_data_plate():
+    tr = trace(likelihoods.Gaussian(prior_median=0.5), torch.randn(5, 1), torch.randn(5))
+    scale = tr.nodes["scale"]
+    assert not scale["is_observed"] and scale["cond_indep_stack"] == ()
+    assert float(scale["fn"].base_dist.loc) == pytest.approx(math.log(0.5))
+    torch.testing.assert_close(tr.nodes["y"]["fn"].scale, scale["value"].expand(5))
+
+
+def test_gaussian_multi_output_is_one_event_per_datum():
+    fn = likelihoods.Gaussian(scale=1.0).distribution(torch.zeros(4, 3))
+    assert fn.batch_shape == (4,) and fn.event_shape == (3,)
+
+
+def test_heteroscedastic_scale_is_softplus_plus_floor():
+    output = torch.tensor([[0.5, -3.0], [1.0, 2.0]])
+    fn = likelihoods.HeteroscedasticGaussian(min_scale=0.01).distribution(output)
+    torch.testing.assert_close(fn.scale, F.softplus(output[:, 1]) + 0.01)
+    torch.testing.assert_close(fn.loc, output[:, 0])
+
+
+def test_categorical_log_prob_is_cross_entropy():
+    logits, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 3, 0, 1])
+    fn = trace(likelihoods.Categorical(), logits, y).nodes["y"]["fn"]
+    torch.testing.assert_close(-fn.log_prob(y).sum(), F.cross_entropy(logits, y, reduction="sum"))
+
+
+def test_bernoulli_log_prob_and_bool_targets():
+    logits, y = torch.randn(5, 1), torch.tensor([True, False, True, True, False])
+    fn = trace(likelihoods.Bernoulli(), logits, y).nodes["y"]["fn"]
+    expected = -F.binary_cross_entropy_with_logits(logits.squeeze(-1), y.float(), reduction="none")
+    torch.testing.assert_close(fn.log_prob(y.float()), expected)
+
+
+def test_sample_dims_pass_through():
+    fn = likelihoods.Categorical().distribution(torch.randn(7, 5, 3))
+    assert fn.batch_shape == (7, 5)
+    with pyro.plate("draws", 7, dim=-2):
+        tr = trace(likelihoods.Gaussian(), torch.randn(7, 5, 1))
+    assert tr.nodes["y"]["fn"].batch_shape == (7, 5)
+
+
+@pytest.mark.parametrize(
+    "likelihood, output, y, match",
+    [
+        (likelihoods.Categorical(), torch.randn(3, 4), torch.tensor([0.0, 1.0, 2.0]), "integer class labels"),
+        (likelihoods.Categorical(), torch.randn(3, 4), torch.tensor([0, 1, 4]), r"label is 4 .* 4 logits"),
+        (likelihoods.Categorical(), torch.randn(3, 4), torch.tensor([0, -1, 2]), "must be >= 0"),
+        (likelihoods.Bernoulli(), torch.randn(3, 1), torch.tensor([0.0, 0.5, 1.0]), "binary targets"),
+        (likelihoods.Gaussian(), torch.randn(3, 1), torch.tensor([0.0, math.nan, 1.0]), "NaN"),
+        (likelihoods.Gaussian(), torch.randn(3, 1), torch.randn(4), "same number of rows"),
+        (likelihoods.Gaussian(), torch.randn(3), torch.randn(3), r"\(batch, D\)"),
+        (likelihoods.HeteroscedasticGaussian(), torch.randn(3, 1), torch.randn(3), r"\(batch, 2\)"),
+        (likelihoods.Bernoulli(), torch.randn(3, 2), torch.ones(3), r"\(batch, 1\)"),
+    ],
+)
+def test_bad_targets_and_outputs_are_clear_errors(likelihood, output, y, match):
+    with pytest.raises(ValueError, match=match):
+        trace(likelihood, output, y)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, math.inf, "1"])
+def test_gaussian_rejects_bad_scale(scale):
+    with pytest.raises(ValueError, match="scale"):
+        likelihoods.Gaussian(scale=scale)
+
+
+def test_reprs_show_settings():
+    assert repr(likelihoods.Gaussian(scale=0.1)) == "Gaussian(site='y', scale=0.1)"
+    assert "learned" in repr(likelihoods.Gaussian())
+    assert "min_scale=0.001" in repr(likelihoods.HeteroscedasticGaussian())

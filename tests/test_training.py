@@ -1,0 +1,262 @@
+import math
+
+import pyro
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import pyro_bbb
+from pyro_bbb import likelihoods, metrics
+from pyro_bbb.datasets import heteroscedastic_regression
+from pyro_bbb.nn import BayesianLinear
+
+from .models import digits_fit
+
+
+def regression_model(likelihood=None, hidden=8):
+    net = torch.nn.Sequential(BayesianLinear(2, hidden), torch.nn.Tanh(), BayesianLinear(hidden, 1))
+    return pyro_bbb.BNN(net, likelihood or likelihoods.Gaussian(scale=0.5))
+
+
+def data(n=50, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 2, generator=g)
+    return x, x.sum(-1) + 0.5 * torch.randn(n, generator=g)
+
+
+def params():
+    return {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
+
+
+def fit(model, guide, d, **kwargs):
+    kwargs.setdefault("progress", False)
+    kwargs.setdefault("epochs", 1)
+    return pyro_bbb.fit(model, guide, d, **kwargs)
+
+
+def test_num_data_comes_from_the_data_and_the_partial_batch_is_scaled(monkeypatch):
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    seen = []
+    original = pyro_bbb.ELBO._finish_call
+
+    def spy(self):
+        original(self)
+        seen.append((self.last_terms["num_data"], self.last_terms["batch_size"]))
+
+    monkeypatch.setattr(pyro_bbb.ELBO, "_finish_call", spy)
+    fit(model, guide, data(50), batch_size=16)
+    assert seen == [(50, 16), (50, 16), (50, 16), (50, 2)]
+
+
+def test_dataloader_input():
+    x, y = data(40)
+    loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
+    model = regression_model()
+    history = fit(model, pyro_bbb.MeanFieldGuide(model), loader, epochs=2)
+    assert len(history) == 2 and history.last["num_data"] == 40
+    assert len(history.step_loss) == 6
+    with pytest.raises(ValueError, match="DataLoader"):
+        fit(model, pyro_bbb.MeanFieldGuide(model), loader, batch_size=8)
+
+
+def test_history_records_everything_per_epoch():
+    model = regression_model(likelihoods.Gaussian())
+    guide = pyro_bbb.MeanFieldGuide(model)
+    x, y = data(60)
+    history = fit(model, guide, (x, y), epochs=3, batch_size=20, validation_data=data(30, seed=1))
+    record = history.last
+    for key in ("loss", "loss_per_datum", "nll", "kl", "kl_weight", "kl_by_layer", "posterior_std", "std_ratio",
+                "val_log_likelihood", "val_rmse", "seconds"):  # fmt: skip
+        assert key in record, key
+    assert set(record["kl_by_layer"]) == {"net.0", "net.2", "likelihood.scale"}
+    assert set(record["std_ratio"]) == {"net.0", "net.2"}
+    assert record["kl"] == pytest.approx(sum(record["kl_by_layer"].values()), rel=0.05)
+    assert history["kl_by_layer"]["net.0"] == [r["kl_by_layer"]["net.0"] for r in history.records]
+    assert record["loss_per_datum"] == pytest.approx(record["loss"] / 60)
+    assert math.isfinite(record["val_log_likelihood"])
+
+
+def test_history_plot_writes_a_png(tmp_path):
+    model = regression_model()
+    history = fit(model, pyro_bbb.MeanFieldGuide(model), data(), epochs=2)
+    history.plot(tmp_path / "history.png")
+    assert (tmp_path / "history.png").stat().st_size > 1000
+
+
+def test_progress_bar_shows_the_terms(capsys):
+    model = regression_model()
+    fit(model, pyro_bbb.MeanFieldGuide(model), data(), epochs=2, progress=True)
+    err = capsys.readouterr().err
+    assert "fit" in err and "kl_w" in err and "loss/datum" in err
+    fit(model, pyro_bbb.MeanFieldGuide(model), data(), epochs=2, progress=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_same_seed_same_result():
+    results = []
+    for _ in range(2):
+        pyro.clear_param_store()
+        torch.manual_seed(5)
+        model = regression_model()
+        fit(model, pyro_bbb.MeanFieldGuide(model), data(), epochs=3, batch_size=16, seed=7)
+        results.append(params())
+    for name in results[0]:
+        torch.testing.assert_close(results[0][name], results[1][name], rtol=0, atol=0)
+
+
+def test_callbacks_run_every_epoch_and_can_stop():
+    model = regression_model()
+    calls = []
+
+    def stop_at_two(epoch, history):
+        calls.append(("a", epoch))
+        return epoch == 2
+
+    def record(epoch, history):
+        calls.append(("b", epoch))
+
+    history = fit(model, pyro_bbb.MeanFieldGuide(model), data(), epochs=10, callbacks=[stop_at_two, record])
+    assert len(history) == 2 and calls == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+
+
+def test_clip_norm_bounds_the_global_update():
+    """With SGD(lr) one step moves the parameters by lr * gradient; clipped, its global norm is at most lr * clip."""
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    x, y = data()
+    guide(x, y)
+    before = params()
+    fit(model, guide, (x, y), optimizer=pyro.optim.SGD({"lr": 0.1}), clip_norm=0.01)
+    after = params()
+    step = torch.cat([(after[k] - before[k]).reshape(-1) for k in before])
+    # the param store holds constrained values: scales move through exp, which is ~linear for small steps
+    assert 0.0005 < float(step.norm()) <= 0.1 * 0.01 * 1.01
+
+
+class Poison(torch.nn.Module):
+    """Outputs NaN from its `at`-th call on."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at, self.calls = at, 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x * math.nan if self.calls >= self.at else x
+
+
+def poisoned_model(at):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(BayesianLinear(2, 4), Poison(at), BayesianLinear(4, 1))
+    return pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
+
+
+def test_nan_loss_stops_and_restores_the_last_finite_parameters():
+    x, y = data()
+    model = poisoned_model(at=5)  # call 1 sets the guide up, so calls 2, 3, 4 are steps 1-3 and step 4 is NaN
+    with pytest.raises(pyro_bbb.TrainingDivergedError, match=r"step 4 .* last finite loss was \d"):
+        fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=10, lr=0.01, seed=0)
+    restored = params()
+    # The loss of step 3 was the last finite one; it was computed at the parameters after 2 updates.
+    pyro.clear_param_store()
+    model = poisoned_model(at=100)
+    fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=2, lr=0.01, seed=0)
+    reference = params()
+    assert restored.keys() == reference.keys()
+    for name in reference:
+        torch.testing.assert_close(restored[name], reference[name], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "make_data, match",
+    [
+        (lambda x, y: (x, y[:-1]), "same number of rows"),
+        (lambda x, y: (torch.where(x > 1, math.nan, x), y), "NaN"),
+        (lambda x, y: (x, torch.where(y > 1, math.nan, y)), "NaN"),
+        (lambda x, y: (x[:0], y[:0]), "empty"),
+    ],
+)
+def test_bad_regression_data_is_rejected_before_any_parameter_changes(make_data, match):
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    x, y = data()
+    fit(model, guide, (x, y))
+    before = params()
+    with pytest.raises(ValueError, match=match):
+        fit(model, guide, make_data(x, y))
+    after = params()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize(
+    "labels, match", [(lambda y: y.float(), "integer class labels"), (lambda y: y + 1, r"label is 3 .* 3 logits")]
+)
+def test_bad_labels_are_rejected_before_any_parameter_changes(labels, match):
+    net = torch.nn.Sequential(BayesianLinear(2, 4), torch.nn.ReLU(), BayesianLinear(4, 3))
+    model = pyro_bbb.BNN(net, likelihoods.Categorical())
+    guide = pyro_bbb.MeanFieldGuide(model)
+    x = torch.randn(30, 2)
+    y = torch.randint(0, 3, (30,))
+    fit(model, guide, (x, y))
+    before = params()
+    with pytest.raises(ValueError, match=match):
+        fit(model, guide, (x, labels(y)))
+    assert all(torch.equal(before[k], v) for k, v in params().items())
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"epochs": 0}, "epochs"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"lr": -1.0}, "lr"),
+        ({"clip_norm": 0.0}, "clip_norm"),
+        ({"estimator": "flipout-ish"}, "unknown estimator"),
+    ],
+)
+def test_bad_settings(kwargs, match):
+    model = regression_model()
+    with pytest.raises(ValueError, match=match):
+        fit(model, pyro_bbb.MeanFieldGuide(model), data(), **kwargs)
+
+
+def test_stale_parameters_of_another_model_are_a_clear_error():
+    model = regression_model(hidden=8)
+    fit(model, pyro_bbb.MeanFieldGuide(model), data())
+    other = regression_model(hidden=5)
+    with pytest.raises(ValueError, match="clear_param_store"):
+        fit(other, pyro_bbb.MeanFieldGuide(other), data())
+
+
+@pytest.mark.slow
+def test_heteroscedastic_intervals_cover_and_epistemic_std_grows_away_from_the_data():
+    torch.manual_seed(0)
+    x, y = heteroscedastic_regression(2000, seed=0)  # x in [-2, 2]
+    net = torch.nn.Sequential(BayesianLinear(1, 32), torch.nn.ReLU(), BayesianLinear(32, 32), torch.nn.ReLU(),
+                              BayesianLinear(32, 2))  # fmt: skip
+    bnn = pyro_bbb.BNN(net, likelihoods.HeteroscedasticGaussian())
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=300, batch_size=200, lr=1e-2, progress=False, seed=0)
+    x_test, y_test = heteroscedastic_regression(2000, seed=1)
+    pred = pyro_bbb.predict(bnn, guide, x_test, num_samples=200)
+    coverage = metrics.interval_coverage(pred, y_test, level=0.9)
+    assert 0.85 <= coverage <= 0.95
+    # the noise is learned: the aleatoric std tracks 0.1 + 0.2 |x| inside the data
+    inside = pyro_bbb.predict(bnn, guide, torch.tensor([[0.0], [1.5]]), num_samples=200)
+    assert inside.aleatoric_std[1] > 2 * inside.aleatoric_std[0]
+    grid = torch.tensor([[-4.0], [-3.0], [-1.0], [0.0], [1.0], [3.0], [4.0]])
+    epistemic = pyro_bbb.predict(bnn, guide, grid, num_samples=200).epistemic_std
+    assert epistemic[[0, 1, 5, 6]].min() > 3 * epistemic[[2, 3, 4]].max()
+
+
+@pytest.mark.slow
+def test_digits_accuracy_and_calibration():
+    bnn, guide, history, (_, _, x_test, y_test) = digits_fit(1.0, 300)
+    pyro.set_rng_seed(0)
+    pred = pyro_bbb.predict(bnn, guide, x_test, num_samples=100)
+    assert metrics.accuracy(pred, y_test) >= 0.95
+    assert metrics.expected_calibration_error(pred, y_test) <= 0.05
+    # the uncertainty is informative: wrong answers carry more epistemic uncertainty than right ones
+    wrong = pred.predicted_class != y_test
+    assert pred.mutual_information[wrong].mean() > 2 * pred.mutual_information[~wrong].mean()
