@@ -31,3 +31,5 @@ lint: install
 benchmarks: install
 	$(PY) benchmarks/step_time.py
 	$(PY) benchmarks/init_scale.py
+	$(PY) benchmarks/predict.py
+	$(PY) benchmarks/fit_overhead.py

@@ -273,29 +273,51 @@ def _observation_site(model_trace, guide_trace, data_plate: str) -> str:
     return names[0]
 
 
-def _vectorized_pass(model, guide_trace, x, obs, data_plate: str, nesting: int, num_samples: int):
-    with pyro.plate(SAMPLE_PLATE, num_samples, dim=-(nesting + 1)):
-        trace = poutine.trace(_Placeholder(data_plate, x.device)(poutine.replay(model, trace=guide_trace))).get_trace(x)
-    site = trace.nodes[obs]
-    return _params(site["fn"], site, draw_dims=1)
+#: On a CPU, weight draws are run in blocks whose activations hold about this many numbers (8 MB of float32):
+#: beyond the cache, one huge batched product is slower than several smaller ones (benchmarks/predict.py).
+CPU_BLOCK_ELEMENTS = 2**21
 
 
-def _looped_pass(model, draws, shapes, x, obs, data_plate: str, num_samples: int):
-    per_draw = []
-    for s in range(num_samples):
-        values = {name: value[s].reshape(shapes[name]) for name, value in draws.items()}
-        trace = poutine.trace(_Placeholder(data_plate, x.device)(poutine.condition(model, data=values))).get_trace(x)
+def _draws_per_block(num_samples: int, num_inputs: int, shapes: dict[str, torch.Size], device) -> int:
+    """How many weight draws to run together: all of them on an accelerator; cache-sized blocks on a CPU."""
+    if device.type != "cpu":
+        return num_samples
+    width = sum(shape[0] for shape in shapes.values() if len(shape) >= 2) or 1  # ~ output features per layer
+    return max(1, min(num_samples, CPU_BLOCK_ELEMENTS // (num_inputs * width)))
+
+
+def _run_draws(model, draws, shapes, x, obs, data_plate: str, nesting: int, block: int | None):
+    """The observation's parameters under every draw: ``block`` draws per call inside a sample plate, or one call
+    per draw without any plate (``block=None``, the fallback for models that cannot be vectorized)."""
+    num_samples = next(iter(draws.values())).shape[0]
+    parts = []
+    for start in range(0, num_samples, block or 1):
+        stop = min(start + (block or 1), num_samples)
+        placeholder = _Placeholder(data_plate, x.device)
+        if block is None:
+            values = {name: value[start].reshape(shapes[name]) for name, value in draws.items()}
+            trace = poutine.trace(placeholder(poutine.condition(model, data=values))).get_trace(x)
+        else:
+            values = {name: value[start:stop] for name, value in draws.items()}
+            with pyro.plate(SAMPLE_PLATE, stop - start, dim=-(nesting + 1)):
+                trace = poutine.trace(placeholder(poutine.condition(model, data=values))).get_trace(x)
         site = trace.nodes[obs]
-        per_draw.append(_params(site["fn"], site, draw_dims=0))
-    family, reinterpreted, _ = per_draw[0]
-    return family, reinterpreted, {k: torch.stack([p[k] for _, _, p in per_draw]) for k in per_draw[0][2]}
+        family, reinterpreted, params = _params(site["fn"], site, draw_dims=0 if block is None else 1)
+        parts.append({k: v.unsqueeze(0) for k, v in params.items()} if block is None else params)
+    return family, reinterpreted, {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
-def _check_predict_args(guide, x, num_samples, batch_size) -> None:
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ValueError(f"`num_samples` must be a positive integer, got {num_samples!r}.")
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
-        raise ValueError(f"`batch_size` must be a positive integer or None, got {batch_size!r}.")
+def _check_count(name: str, value, optional: bool = True) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer{' or None' if optional else ''}, got {value!r}.")
+
+
+def _check_predict_args(guide, x, num_samples, batch_size, sample_batch_size) -> None:
+    _check_count("num_samples", num_samples, optional=False)
+    _check_count("batch_size", batch_size)
+    _check_count("sample_batch_size", sample_batch_size)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}.")
     if x.dim() == 0 or x.shape[0] == 0:
@@ -318,14 +340,16 @@ def predict(
     batch_size: int | None = None,
     *,
     vectorize: bool | None = None,
+    sample_batch_size: int | None = None,
     data_plate: str | None = None,
 ) -> Prediction:
     """The posterior predictive at inputs ``x`` from ``num_samples`` weight draws of ``guide``.
 
     The weights are drawn once; every input (and every chunk of ``batch_size`` inputs) sees the same S draws. The
-    model runs once per chunk for all draws together, inside a sample plate; when it cannot (e.g. a deterministic
-    layer that rejects extra leading dimensions) it falls back, with a warning, to one call per draw. Both give the
-    same numbers. The predictive samples are drawn last, from the stacked likelihoods.
+    model runs for many draws at once inside a sample plate (all S on an accelerator; on a CPU, blocks of draws
+    whose activations fit the cache); when it cannot (e.g. a deterministic layer that rejects extra leading
+    dimensions) it falls back, with a warning, to one call per draw. Both give the same numbers. The predictive
+    samples are drawn last, from the stacked likelihoods.
 
     Parameters
     ----------
@@ -342,6 +366,8 @@ def predict(
         Inputs per model call (memory bound); ``None`` runs all of ``x`` at once.
     vectorize : bool, optional
         ``True`` only vectorized, ``False`` only the loop, ``None`` vectorized with the loop as fallback.
+    sample_batch_size : int, optional
+        Weight draws per vectorized call; by default all on an accelerator and a cache-sized block on a CPU.
     data_plate : str, optional
         Name of the data plate; defaults to ``model.data_plate`` or ``"data"``.
 
@@ -364,7 +390,7 @@ def predict(
     >>> predict(bnn, guide, torch.randn(10, 4), num_samples=20, batch_size=4).probs.shape
     torch.Size([10, 3])
     """
-    _check_predict_args(guide, x, num_samples, batch_size)
+    _check_predict_args(guide, x, num_samples, batch_size, sample_batch_size)
     if data_plate is None:
         data_plate = getattr(model, "data_plate", "data")
     chunks = list(x.split(batch_size)) if batch_size else [x]
@@ -383,26 +409,25 @@ def predict(
 
     with pyro.plate(SAMPLE_PLATE, num_samples, dim=-(nesting + 1)):
         guide_trace = poutine.trace(guide).get_trace(chunks[0])
-    draws = {name: guide_trace.nodes[name]["value"] for name in latent}
+    draws = {name: guide_trace.nodes[name]["value"] for name in latent}  # (S, 1, ..., *site shape)
     shapes = {name: site["value"].shape for name, site in latent.items()}
 
+    block = sample_batch_size or _draws_per_block(num_samples, chunks[0].shape[0], shapes, x.device)
     results = None
     if vectorize is not False:
         try:
-            results = [
-                _vectorized_pass(model, guide_trace, chunk, obs, data_plate, nesting, num_samples) for chunk in chunks
-            ]
+            results = [_run_draws(model, draws, shapes, chunk, obs, data_plate, nesting, block) for chunk in chunks]
         except (RuntimeError, ValueError, IndexError) as error:
             if vectorize:
                 raise
             warnings.warn(
-                f"predict: the model could not run all {num_samples} weight draws in one call ({error}); falling "
-                "back to one call per draw, which is slower. Deterministic layers must accept extra leading "
-                "dimensions (e.g. use nn.Flatten(start_dim=-3) rather than nn.Flatten()) to be vectorized.",
+                f"predict: the model could not run several weight draws in one call ({error}); falling back to one "
+                "call per draw, which is slower. Deterministic layers must accept extra leading dimensions (e.g. "
+                "use nn.Flatten(start_dim=-3) rather than nn.Flatten()) to be vectorized.",
                 stacklevel=2,
             )
     if results is None:
-        results = [_looped_pass(model, draws, shapes, chunk, obs, data_plate, num_samples) for chunk in chunks]
+        results = [_run_draws(model, draws, shapes, chunk, obs, data_plate, nesting, None) for chunk in chunks]
 
     family, reinterpreted, _ = results[0]
     params = {name: torch.cat([p[name] for _, _, p in results], dim=1) for name in results[0][2]}

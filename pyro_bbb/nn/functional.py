@@ -47,6 +47,11 @@ def batched_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
         if bias is None or bias.dim() == 1:
             return F.linear(input, weight, bias)
         output = F.linear(input, weight)
+    elif input.dim() == 2 and weight.shape[-3] == 1:
+        # input (B, in) shared by all draws (*S, 1, out, in): one matrix product against every draw's weights
+        lead, (out_features, in_features) = weight.shape[:-3], weight.shape[-2:]
+        output = input @ weight.reshape(-1, in_features).T  # (B, S * out)
+        output = output.reshape((input.shape[0], *lead, out_features)).movedim(0, -2)
     else:
         # einsum treats a size-1 dimension of one operand as belonging to the other operand only, so the
         # S draws become one batched matmul without materialising the broadcast weight.
