@@ -118,7 +118,7 @@ class History:
         axes[0].plot(epochs, [n / r["num_data"] for n, r in zip(self["nll"], self.records)], label="NLL per datum")
         if "val_log_likelihood" in self.keys():
             axes[0].plot(epochs, [-v for v in self["val_log_likelihood"]], label="validation NLL per datum")
-        axes[0].set(xlabel="epoch", title="loss")
+        axes[0].set(xlabel="epoch", title="loss", yscale="symlog")
         for layer, values in self["kl_by_layer"].items():
             axes[1].plot(epochs, values, label=layer)
         axes[1].set(xlabel="epoch", ylabel="nats", title="KL(q || p) per layer", yscale="log")
@@ -378,7 +378,8 @@ def fit(
                 data_plate=getattr(model, "data_plate", "data"))  # fmt: skip
     stepper = _Stepper(model, guide, elbo, optimizer or pyro.optim.Adam({"lr": lr}), clip_norm, estimator_context)
     history = History()
-    bar = tqdm(range(1, epochs + 1), desc="fit", unit="epoch", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(range(1, epochs + 1), desc="fit", unit="epoch", disable=not progress, dynamic_ncols=True,
+               mininterval=0.5)  # fmt: skip
     for epoch in bar:
         start = time.perf_counter()
         totals = {"loss": 0.0, "nll": 0.0, "kl": 0.0, "seen": 0}

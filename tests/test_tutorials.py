@@ -1,0 +1,29 @@
+"""The tutorials run end to end (few epochs) and write their figures."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, TUTORIALS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_quickstart(tmp_path):
+    results = load("quickstart").main(epochs=10, out_dir=tmp_path, progress=False)
+    assert (tmp_path / "quickstart_band.png").exists() and (tmp_path / "quickstart_history.png").exists()
+    assert results["test_rmse"] < 2.0
+
+
+@pytest.mark.slow
+def test_uncertainty(tmp_path):
+    load("uncertainty").main(regression_epochs=3, digits_epochs=3, out_dir=tmp_path, progress=False)
+    for name in ("uncertainty_regression.png", "uncertainty_digits.png", "uncertainty_digits_history.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
