@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import pyro
 import torch
+from timing import median_ms  # noqa: E402  (benchmarks/timing.py)
 
 import pyro_bbb
 from pyro_bbb import likelihoods
@@ -33,15 +33,6 @@ def build(widths, likelihood):
     for a, b in zip(widths[:-1], widths[1:]):
         layers += [BayesianLinear(a, b), torch.nn.ReLU()]
     return pyro_bbb.BNN(torch.nn.Sequential(*layers[:-1]), likelihood())
-
-
-def median_ms(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
 
 
 def main() -> None:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import pyro
 import torch
 import torch.nn.functional as F
 from models import BayesianMLP  # noqa: E402  (benchmarks/models.py)
 from pyro.infer import SVI, Predictive
+from timing import median_ms  # noqa: E402  (benchmarks/timing.py)
 
 import pyro_bbb
 
@@ -55,15 +55,6 @@ class HandWritten(torch.nn.Module):
                 h = torch.relu(h)
         nll = -torch.distributions.Normal(h.squeeze(-1), 0.1).log_prob(y).sum() * (N / x.shape[0])
         return nll + kl
-
-
-def median_ms(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
 
 
 def main() -> None:

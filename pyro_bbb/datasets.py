@@ -14,6 +14,12 @@ import torch
 __all__ = ["toy_regression", "heteroscedastic_regression", "heteroscedastic_noise_std", "digits"]
 
 
+def _generator(n: int, seed: int) -> torch.Generator:
+    if n < 1:
+        raise ValueError(f"`n` must be >= 1, got {n}.")
+    return torch.Generator().manual_seed(seed)
+
+
 def toy_regression(n: int, seed: int = 0, noise: float = 0.1, gap: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """``y = sin(3x) + noise`` with ``x`` in ``[-2, -0.5] U [0.5, 2]`` (or ``[-2, 2]`` when ``gap=False``).
 
@@ -41,9 +47,7 @@ def toy_regression(n: int, seed: int = 0, noise: float = 0.1, gap: bool = True) 
     >>> bool(((x.abs() >= 0.5) & (x.abs() <= 2)).all())
     True
     """
-    if n < 1:
-        raise ValueError(f"`n` must be >= 1, got {n}.")
-    g = torch.Generator().manual_seed(seed)
+    g = _generator(n, seed)
     if gap:
         u = torch.rand(n, generator=g) * 1.5 + 0.5
         x = torch.where(torch.arange(n) % 2 == 0, -u, u)
@@ -75,11 +79,9 @@ def heteroscedastic_regression(
     >>> round(float(resid[x.squeeze(-1).abs() < 0.2].std()), 1), round(float(resid[x.squeeze(-1).abs() > 1.8].std()), 1)
     (0.1, 0.5)
     """
-    if n < 1:
-        raise ValueError(f"`n` must be >= 1, got {n}.")
     if not high > low:
         raise ValueError(f"`high` must exceed `low`, got low={low}, high={high}.")
-    g = torch.Generator().manual_seed(seed)
+    g = _generator(n, seed)
     x = torch.rand(n, generator=g) * (high - low) + low
     y = torch.sin(2 * x) + heteroscedastic_noise_std(x) * torch.randn(n, generator=g)
     return x.unsqueeze(-1), y
