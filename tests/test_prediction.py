@@ -84,7 +84,15 @@ def regressor(likelihood=None):
     return pyro_bbb.BNN(net, likelihood)
 
 
-@pytest.mark.parametrize("make, y", [(classifier, torch.randint(0, 3, (30,))), (regressor, torch.randn(30))])
+def binary():
+    net = torch.nn.Sequential(BayesianLinear(3, 8), torch.nn.Tanh(), BayesianLinear(8, 1))
+    return pyro_bbb.BNN(net, likelihoods.Bernoulli())
+
+
+@pytest.mark.parametrize(
+    "make, y",
+    [(classifier, torch.randint(0, 3, (30,))), (regressor, torch.randn(30)), (binary, torch.randint(0, 2, (30,)))],
+)
 def test_vectorized_equals_looped_and_chunking_shares_the_draws(make, y):
     model = make()
     x = torch.randn(30, model.net[0].in_features)
@@ -100,6 +108,8 @@ def test_vectorized_equals_looped_and_chunking_shares_the_draws(make, y):
                 torch.testing.assert_close(getattr(other.distribution, name), value, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(other.samples, reference.samples, rtol=1e-5, atol=1e-5)
     assert reference.samples.shape == (25, 30)
+    if isinstance(reference, ClassificationPrediction):
+        assert reference.predicted_class.shape == (30,) and reference.mutual_information.min() >= 0
 
 
 def test_every_input_sees_the_same_weight_draws():

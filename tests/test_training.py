@@ -1,3 +1,4 @@
+import json
 import math
 
 import pyro
@@ -75,6 +76,7 @@ def test_history_records_everything_per_epoch():
     assert history["kl_by_layer"]["net.0"] == [r["kl_by_layer"]["net.0"] for r in history.records]
     assert record["loss_per_datum"] == pytest.approx(record["loss"] / 60)
     assert math.isfinite(record["val_log_likelihood"])
+    assert json.loads(json.dumps(history.to_dict()))["kl_by_layer"]["net.0"] == history["kl_by_layer"]["net.0"]
 
 
 def test_history_plot_writes_a_png(tmp_path):
