@@ -19,11 +19,12 @@ torch.Size([5, 3])
 
 __version__ = "0.1.0"
 
-from . import datasets, diagnostics, likelihoods, metrics, nn, priors, schedules  # noqa: E402
+from . import datasets, diagnostics, handlers, likelihoods, metrics, nn, priors, schedules  # noqa: E402
 from .bnn import BNN  # noqa: E402
 from .checkpoint import load, save  # noqa: E402
 from .elbo import ELBO, DataPlateScaleMessenger  # noqa: E402
 from .guide import DEFAULT_INIT_SCALE, MeanFieldGuide  # noqa: E402
+from .handlers import FlipoutMessenger, LocalReparameterizationMessenger, flipout, local_reparameterization  # noqa: E402
 from .prediction import ClassificationPrediction, Prediction, RegressionPrediction, predict  # noqa: E402
 from .training import History, TrainingDivergedError, fit  # noqa: E402
 
@@ -33,6 +34,10 @@ __all__ = [
     "DataPlateScaleMessenger",
     "MeanFieldGuide",
     "DEFAULT_INIT_SCALE",
+    "flipout",
+    "local_reparameterization",
+    "FlipoutMessenger",
+    "LocalReparameterizationMessenger",
     "fit",
     "History",
     "TrainingDivergedError",
@@ -44,6 +49,7 @@ __all__ = [
     "load",
     "datasets",
     "diagnostics",
+    "handlers",
     "likelihoods",
     "metrics",
     "nn",

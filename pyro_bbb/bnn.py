@@ -42,7 +42,7 @@ class BNN(PyroModule):
     >>> import pyro.poutine as poutine
     >>> trace = poutine.trace(bnn).get_trace(torch.randn(5, 4))
     >>> [name for name, site in trace.iter_stochastic_nodes() if name != "data"]   # "data" is the plate
-    ['net.0.bias', 'net.0.weight', 'net.2.bias', 'net.2.weight', 'y']
+    ['net.0.weight', 'net.0.bias', 'net.2.weight', 'net.2.bias', 'y']
     """
 
     def __init__(self, net: torch.nn.Module, likelihood: Likelihood, data_plate: str = "data"):

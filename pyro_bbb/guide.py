@@ -19,6 +19,9 @@ from .priors import _is_real
 
 __all__ = ["MeanFieldGuide", "DEFAULT_INIT_SCALE"]
 
+#: Key under which a guide site's ``infer`` dict carries the live posterior ``(loc, scale)`` of a mean-field Normal.
+POSTERIOR_KEY = "pyro_bbb_posterior"
+
 #: Initial posterior standard deviation of every weight; see ``benchmarks/init_scale.py`` for the measurement.
 DEFAULT_INIT_SCALE = 1e-4
 
@@ -149,6 +152,15 @@ class MeanFieldGuide(AutoNormal):
         loc, scale = self._get_loc_and_scale(name)
         return self._constrain(dist.Normal(loc, scale).to_event(self._event_dims[name]), site)
 
+    def _sample(self, name: str, site: dict) -> torch.Tensor:
+        """``pyro.sample`` at the site's own name; a real site carries its live ``(loc, scale)`` in ``infer`` for
+        the estimators of :mod:`pyro_bbb.handlers` (replay copies it to the model's site)."""
+        loc, scale = self._get_loc_and_scale(name)
+        normal = dist.Normal(loc, scale).to_event(self._event_dims[name])
+        if _is_real(site["fn"].support):
+            return pyro.sample(name, normal, infer={POSTERIOR_KEY: (loc, scale)})
+        return pyro.sample(name, self._constrain(normal, site))
+
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         """Draw every latent site from its posterior; returns ``{site_name: value}``."""
         if self.prototype_trace is None:
@@ -160,7 +172,7 @@ class MeanFieldGuide(AutoNormal):
                 for frame in site["cond_indep_stack"]:
                     if frame.vectorized:
                         stack.enter_context(plates[frame.name])
-                result[name] = pyro.sample(name, self._posterior(name, site))
+                result[name] = self._sample(name, site)
         return result
 
     def _require_setup(self) -> None:

@@ -391,6 +391,12 @@ def predict(
     torch.Size([10, 3])
     """
     _check_predict_args(guide, x, num_samples, batch_size, sample_batch_size)
+    # the joint predictive shares each weight draw across inputs, whatever training estimator is active around us
+    with poutine.block(hide_types=["bayesian_affine"]):
+        return _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate)
+
+
+def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate) -> Prediction:
     if data_plate is None:
         data_plate = getattr(model, "data_plate", "data")
     chunks = list(x.split(batch_size)) if batch_size else [x]
@@ -424,7 +430,7 @@ def predict(
                 f"predict: the model could not run several weight draws in one call ({error}); falling back to one "
                 "call per draw, which is slower. Deterministic layers must accept extra leading dimensions (e.g. "
                 "use nn.Flatten(start_dim=-3) rather than nn.Flatten()) to be vectorized.",
-                stacklevel=2,
+                stacklevel=4,  # the caller of predict (through torch.no_grad's wrapper)
             )
     if results is None:
         results = [_run_draws(model, draws, shapes, chunk, obs, data_plate, nesting, None) for chunk in chunks]

@@ -36,12 +36,17 @@ from tqdm.auto import tqdm
 from . import metrics
 from .diagnostics import layer_summary
 from .elbo import ELBO
+from .handlers import flipout, local_reparameterization
 from .prediction import ClassificationPrediction, RegressionPrediction, predict
 
 __all__ = ["fit", "History", "TrainingDivergedError", "ESTIMATORS"]
 
 #: Gradient estimators ``fit(estimator=...)`` knows: name -> a callable returning the context to train in.
-ESTIMATORS: dict[str, Callable[[], Any]] = {"reparam": nullcontext}
+ESTIMATORS: dict[str, Callable[[], Any]] = {
+    "reparam": nullcontext,
+    "flipout": flipout,
+    "local_reparam": local_reparameterization,
+}
 
 
 class TrainingDivergedError(FloatingPointError):
@@ -330,7 +335,9 @@ def fit(
     clip_norm : float, optional
         Clip the global gradient norm (all parameters together) to this value.
     estimator : str
-        Gradient estimator; one of :data:`ESTIMATORS` (``"reparam"``).
+        Gradient estimator, one of :data:`ESTIMATORS`: ``"reparam"`` (one weight draw per step, shared by the
+        batch), ``"flipout"`` or ``"local_reparam"`` (see :mod:`pyro_bbb.handlers`; these need a
+        :class:`~pyro_bbb.MeanFieldGuide`).
     validation_data : (x, y), optional
         Evaluated after every epoch with :func:`pyro_bbb.predict` (``num_validation_samples`` draws):
         ``val_log_likelihood`` and ``val_rmse`` or ``val_accuracy`` / ``val_ece``.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -76,11 +77,9 @@ class _BayesianConvNd(BayesianModule):
             flat = F.pad(input.reshape((-1, *features)), self._reversed_padding_repeated_twice, mode=self.padding_mode)
             input = flat.reshape(input.shape[: -(d + 1)] + flat.shape[1:])
             padding = (0,) * d
-        bias = self.bias if "bias" in self._bayesian else None
-        return batched_conv(
-            input, self.weight, bias,
-            spatial_dims=d, stride=self.stride, padding=padding, dilation=self.dilation, groups=self.groups,
-        )  # fmt: skip
+        apply = partial(batched_conv, spatial_dims=d, stride=self.stride, padding=padding, dilation=self.dilation,
+                        groups=self.groups)  # fmt: skip
+        return self._affine(input, apply, feature_dims=d + 1)
 
     def extra_repr(self) -> str:
         s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"

@@ -17,12 +17,13 @@ torch.Size([10, 32, 4])
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+from pyro.poutine.runtime import effectful
 
-__all__ = ["batched_linear", "batched_conv"]
+__all__ = ["batched_linear", "batched_conv", "bayesian_affine"]
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
@@ -85,6 +86,10 @@ def batched_conv(
     conv = _CONV[spatial_dims]
     kernel_dims = spatial_dims + 2
     weight, bias = _global(weight, kernel_dims), _global(bias, 1)
+    if bias is not None and bias.dim() > 1:  # bias draws: added after the convolution, broadcast over positions
+        out = batched_conv(input, weight, None, spatial_dims=spatial_dims, stride=stride, padding=padding,
+                           dilation=dilation, groups=groups)  # fmt: skip
+        return out + bias.reshape(bias.shape + (1,) * spatial_dims)
     if weight.dim() == kernel_dims and (bias is None or bias.dim() == 1):
         if input.dim() <= spatial_dims + 2:
             return conv(input, weight, bias, stride, padding, dilation, groups)
@@ -111,9 +116,7 @@ def batched_conv(
     x = x.permute(shared_dims + group_dims + feature_axes)
     x = x.reshape((-1, num_groups * channels) + tuple(input.shape[-spatial_dims:]))
     w = weight.reshape((num_groups * out_channels,) + tuple(weight.shape[-(kernel_dims - 1) :]))
-    b = None
-    if bias is not None:
-        b = bias.expand(tuple(w_batch) + (out_channels,)).reshape(num_groups * out_channels)
+    b = None if bias is None else bias.repeat(num_groups)  # here a bias has no draws of its own
     y = conv(x, w, b, stride, padding, dilation, groups * num_groups)
     out_spatial = tuple(y.shape[2:])
     y = y.reshape([full[d] for d in shared_dims] + [full[d] for d in group_dims] + [out_channels, *out_spatial])
@@ -121,3 +124,36 @@ def batched_conv(
     for position, d in enumerate(shared_dims + group_dims):
         inverse[d] = position
     return y.permute(inverse + list(range(n, n + spatial_dims + 1)))
+
+
+def _affine(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    apply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
+    feature_dims: int,
+    weight_site: str | None = None,
+    bias_site: str | None = None,
+) -> torch.Tensor:
+    return apply(input, weight, bias)
+
+
+#: The operation every Bayesian layer runs: ``apply(input, weight, bias)`` where ``apply`` is linear in the weight
+#: (:func:`batched_linear`, or :func:`batched_conv` with the layer's settings). It is a Pyro effectful operation of
+#: type ``"bayesian_affine"``: outside any handler it is exactly ``apply(input, weight, bias)``; the estimators in
+#: :mod:`pyro_bbb.handlers` intercept it (``feature_dims`` is how many trailing dimensions describe one example:
+#: 1 for linear, 1 + spatial dims for convolutions; ``weight_site`` / ``bias_site`` name the sample sites).
+bayesian_affine = effectful(_affine, type="bayesian_affine")
+
+
+def sample_dims(weight: torch.Tensor, feature_dims: int) -> torch.Size:
+    """The leading sample dimensions of a weight, read with the global-weight rule (``(S, *p)`` -> ``(S, 1)``).
+
+    Example
+    -------
+    >>> sample_dims(torch.zeros(7, 4, 3), feature_dims=1), sample_dims(torch.zeros(4, 3), feature_dims=1)
+    (torch.Size([7, 1]), torch.Size([]))
+    """
+    param_dims = feature_dims + 1
+    return _global(weight, param_dims).shape[:-param_dims]

@@ -72,8 +72,7 @@ class BayesianLinear(BayesianModule):
                 f"{type(self).__name__}(in_features={self.in_features}) expects an input whose last dimension is "
                 f"{self.in_features}, got shape {tuple(input.shape)}."
             )
-        bias = self.bias if "bias" in self._bayesian else None
-        return batched_linear(input, self.weight, bias)
+        return self._affine(input, batched_linear, feature_dims=1)
 
     def extra_repr(self) -> str:
         has_bias = "bias" in self._bayesian

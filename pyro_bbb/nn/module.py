@@ -8,6 +8,7 @@ from pyro.nn.module import _make_name
 from pyro.poutine.runtime import get_plates
 
 from ..priors import Prior, as_prior
+from .functional import bayesian_affine
 
 __all__ = ["BayesianModule"]
 
@@ -101,6 +102,16 @@ class BayesianModule(PyroModule):
         """
         prefix = self.__dict__.get("_pyro_name", "") if full_names else ""
         return {_make_name(prefix, name): getattr(self, f"{name}_init") for name in self._bayesian}
+
+    def _affine(self, input: torch.Tensor, apply, feature_dims: int) -> torch.Tensor:
+        """``apply(input, weight, bias)`` as the effectful :func:`~pyro_bbb.nn.functional.bayesian_affine`, so that
+        the estimators in :mod:`pyro_bbb.handlers` can replace the shared weight draw."""
+        has_bias = "bias" in self._bayesian
+        prefix = self.__dict__.get("_pyro_name", "")
+        return bayesian_affine(
+            input, self.weight, self.bias if has_bias else None, apply=apply, feature_dims=feature_dims,
+            weight_site=_make_name(prefix, "weight"), bias_site=_make_name(prefix, "bias") if has_bias else None,
+        )  # fmt: skip
 
     def _prior_repr(self) -> str:
         priors = {name: prior for name, (_, prior) in self._bayesian.items()}

@@ -1,0 +1,194 @@
+import math
+from contextlib import nullcontext
+
+import pyro
+import pyro.poutine as poutine
+import pytest
+import torch
+import torch.nn.functional as F
+from pyro.infer.autoguide import AutoNormal
+from scipy import stats
+
+import pyro_bbb
+from pyro_bbb import likelihoods
+from pyro_bbb.nn import BayesianConv1d, BayesianConv2d, BayesianConv3d, BayesianLinear
+
+ESTIMATORS = {"reparam": nullcontext, "flipout": pyro_bbb.flipout, "local_reparam": pyro_bbb.local_reparameterization}
+
+
+def random_guide(layer, x, scale=0.3):
+    """A MeanFieldGuide with random posterior means and scales."""
+    guide = pyro_bbb.MeanFieldGuide(layer, init_loc=lambda site: torch.randn(site["fn"].shape()), init_scale=scale)
+    guide(x)
+    with torch.no_grad():
+        for name, value in guide.named_parameters():
+            if name.startswith("scales"):
+                value.copy_(torch.rand_like(value) * 0.5 - 2.0)  # unconstrained: scales in ~[0.13, 0.22]
+    return guide
+
+
+def outputs(layer, guide, x, estimator, num_draws):
+    """``num_draws`` outputs of ``layer`` at ``x``, drawn in one vectorized call: shape (num_draws, *out)."""
+    with ESTIMATORS[estimator](), pyro.plate("particles", num_draws, dim=-2):
+        trace = poutine.trace(guide).get_trace(x)
+        return poutine.replay(layer, trace=trace)(x)
+
+
+def closed_form(layer, guide, x, conv=None):
+    """Mean and variance of the output under the mean-field posterior: f(x, mu) + mu_b, f(x^2, s^2) + s_b^2."""
+    q = guide.site_posteriors()
+    w, b = q["weight"], q["bias"]
+    if conv is None:
+        return F.linear(x, w.loc, b.loc), F.linear(x**2, w.scale**2, b.scale**2)
+    kwargs = {"padding": layer.padding, "stride": layer.stride}
+    return conv(x, w.loc, b.loc, **kwargs), conv(x**2, w.scale**2, b.scale**2, **kwargs)
+
+
+LAYERS = {
+    "linear": (lambda: BayesianLinear(3, 2), (4, 3), None),
+    "conv1d": (lambda: BayesianConv1d(2, 3, 3, padding=1), (2, 2, 5), F.conv1d),
+    "conv2d": (lambda: BayesianConv2d(2, 3, 3, stride=2), (2, 2, 5, 5), F.conv2d),
+    "conv3d": (lambda: BayesianConv3d(1, 2, 2), (1, 1, 3, 3, 3), F.conv3d),
+}
+
+
+@pytest.mark.parametrize("estimator", list(ESTIMATORS))
+@pytest.mark.parametrize("kind", list(LAYERS))
+def test_output_mean_and_variance_match_the_closed_form(kind, estimator):
+    make, shape, conv = LAYERS[kind]
+    layer = make()
+    x = torch.randn(shape)
+    guide = random_guide(layer, x)
+    draws = outputs(layer, guide, x, estimator, 20000).detach()
+    mean, var = closed_form(layer, guide, x, conv)
+    assert draws.shape == (20000,) + mean.shape
+    # 20000 draws: the mean's standard error is sqrt(var / 20000); the variance's relative error ~ sqrt(2 / 20000)
+    assert ((draws.mean(0) - mean).abs() / (var / 20000).sqrt()).max() < 5
+    torch.testing.assert_close(draws.var(0), var, rtol=0.06, atol=0)
+
+
+@pytest.mark.parametrize("estimator", ["reparam", "flipout", "local_reparam"])
+def test_correlation_between_two_examples(estimator):
+    layer = BayesianLinear(3, 2)
+    x = torch.ones(2, 3)  # two identical examples: perfectly correlated under a shared weight draw
+    guide = random_guide(layer, x)
+    draws = outputs(layer, guide, x, estimator, 20000).detach()
+    corr = torch.corrcoef(torch.stack([draws[:, 0, 0], draws[:, 1, 0]]))[0, 1]
+    if estimator == "reparam":
+        assert corr > 0.99
+    else:  # 20000 draws: the correlation's standard error is ~0.007
+        assert abs(corr) < 0.04
+
+
+def test_local_reparameterization_marginal_is_the_gaussian():
+    layer = BayesianLinear(5, 1)
+    x = torch.randn(1, 5)
+    guide = random_guide(layer, x)
+    draws = outputs(layer, guide, x, "local_reparam", 5000).detach().reshape(-1)
+    mean, var = closed_form(layer, guide, x)
+    p_value = stats.kstest(draws.numpy(), "norm", args=(float(mean), float(var.sqrt()))).pvalue
+    assert p_value > 0.01
+
+
+def mlp_model():
+    net = torch.nn.Sequential(BayesianLinear(2, 6), torch.nn.Tanh(), BayesianLinear(6, 1))
+    return pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
+
+
+def gradient_means(model, guide, x, y, estimator, repeats=20, particles=500, num_data=16):
+    """Mean and standard error over `repeats` of the ELBO gradient (each averaged over `particles` draws)."""
+    elbo = pyro_bbb.ELBO(num_data=num_data, num_particles=particles, vectorize_particles=True)
+    store = pyro.get_param_store()
+    grads = []
+    for _ in range(repeats):
+        with ESTIMATORS[estimator]():
+            elbo.loss_and_grads(model, guide, x, y)
+        grads.append(torch.cat([p.grad.reshape(-1) for _, p in sorted(store.named_parameters())]))
+        for _, p in store.named_parameters():
+            p.grad = None
+    grads = torch.stack(grads)
+    return grads.mean(0), grads.std(0) / math.sqrt(repeats)
+
+
+def test_elbo_gradients_are_unbiased():
+    """The gradient w.r.t. every posterior mean and scale has the same expectation under all three estimators."""
+    model = mlp_model()
+    x, y = torch.randn(16, 2), torch.randn(16)
+    guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.3)
+    guide(x, y)
+    reference, reference_se = gradient_means(model, guide, x, y, "reparam")
+    for estimator in ("flipout", "local_reparam"):
+        mean, se = gradient_means(model, guide, x, y, estimator)
+        z = (mean - reference) / (se**2 + reference_se**2).sqrt()
+        assert z.abs().max() < 4.5, (estimator, z.abs().max())
+    # the same statistic has power: scaling the likelihood by 20/16 instead of 1 is detected
+    shifted, shifted_se = gradient_means(model, guide, x, y, "reparam", num_data=20)
+    assert ((shifted - reference) / (shifted_se**2 + reference_se**2).sqrt()).abs().max() > 6
+
+
+@pytest.mark.parametrize("estimator", ["flipout", "local_reparam"])
+def test_kl_is_untouched(estimator):
+    model = mlp_model()
+    x, y = torch.randn(8, 2), torch.randn(8)
+    guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.2)
+    elbo = pyro_bbb.ELBO(num_data=100)
+    elbo.loss(model, guide, x, y)
+    kl = elbo.last_terms["kl_by_site"]
+    with ESTIMATORS[estimator]():
+        elbo.loss(model, guide, x, y)
+    assert elbo.last_terms["kl_by_site"] == kl
+
+
+@pytest.mark.parametrize("estimator", ["flipout", "local_reparam"])
+def test_fit_with_particles_and_a_ragged_batch(estimator):
+    model = mlp_model()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(70, 2, generator=g)
+    y = torch.tanh(x.sum(-1)) + 0.1 * torch.randn(70, generator=g)
+    guide = pyro_bbb.MeanFieldGuide(model)
+    history = pyro_bbb.fit(model, guide, (x, y), epochs=40, batch_size=32, num_particles=2, lr=0.02,
+                           estimator=estimator, progress=False, seed=0)  # fmt: skip
+    assert history["nll"][-1] < 0.5 * history["nll"][0]
+
+
+def test_vectorized_particles_in_conv_nets():
+    net = torch.nn.Sequential(BayesianConv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.Flatten(-3), BayesianLinear(2 * 16, 3))
+    model = pyro_bbb.BNN(net, likelihoods.Categorical())
+    x, y = torch.randn(5, 1, 6, 6), torch.randint(0, 3, (5,))
+    guide = pyro_bbb.MeanFieldGuide(model)
+    elbo = pyro_bbb.ELBO(num_data=50, num_particles=4, vectorize_particles=True)
+    for estimator in ESTIMATORS:
+        with ESTIMATORS[estimator]():
+            assert math.isfinite(elbo.loss(model, guide, x, y))
+
+
+@pytest.mark.parametrize("estimator", ["flipout", "local_reparam"])
+def test_a_guide_without_mean_and_scale_is_a_clear_error(estimator):
+    model = mlp_model()
+    x, y = torch.randn(8, 2), torch.randn(8)
+    guide = AutoNormal(model)
+    with pytest.raises(ValueError, match="MeanFieldGuide"), ESTIMATORS[estimator]():
+        pyro_bbb.ELBO(num_data=8).loss(model, guide, x, y)
+    with pytest.raises(ValueError, match="net.0.weight"), ESTIMATORS[estimator]():
+        model(x)  # prior draws: no posterior at all
+
+
+def test_prediction_ignores_the_training_estimator():
+    model = mlp_model()
+    x, y = torch.randn(8, 2), torch.randn(8)
+    guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.3)
+    guide(x, y)
+    pyro.set_rng_seed(0)
+    plain = pyro_bbb.predict(model, guide, x, num_samples=10)
+    pyro.set_rng_seed(0)
+    with pyro_bbb.flipout():
+        inside = pyro_bbb.predict(model, guide, x, num_samples=10)
+    torch.testing.assert_close(inside.distribution.loc, plain.distribution.loc)
+
+
+def test_outside_a_handler_the_layers_are_unchanged():
+    layer = BayesianLinear(3, 2)
+    x = torch.randn(4, 3)
+    value = {"weight": torch.randn(2, 3), "bias": torch.randn(2)}
+    out = poutine.condition(layer, data=value)(x)
+    torch.testing.assert_close(out, F.linear(x, value["weight"], value["bias"]))
