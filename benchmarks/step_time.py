@@ -1,113 +1,193 @@
-"""Step time of pyro_bbb against a hand-written PyTorch Bayes-by-Backprop step, measured side by side.
+"""Time per training step: pyro_bbb (each estimator) against hand-written PyTorch and plain Pyro, side by side.
 
-Both train the same MLP (32-256-256-1, ReLU, Normal(0, 1) prior, closed-form KL, Gaussian likelihood, Adam)
-on minibatches of 128 out of N = 10,000. The hand-written step is the minimum a PyTorch user would write:
-``mu + softplus(rho) * eps`` per layer, ``N/B * NLL + KL``, backward, Adam. Also compares posterior prediction with
-all weight draws vectorized (``Predictive(parallel=True)``) against a Python loop over draws.
+Two MLPs (ReLU): small 1-50-50-1 (regression, batch 100) and medium 784-400-400-10 (classification, batch 128).
+Contenders, all with Adam:
 
-    python benchmarks/step_time.py            # prints medians and ratios
+* deterministic: the same MLP with ``nn.Linear`` layers (the floor);
+* hand-written Bayes-by-Backprop in plain PyTorch: ``mu + softplus(rho) * eps`` per weight, closed-form KL against
+  N(0, 1), ``N/B * NLL + KL``;
+* plain Pyro: the same Bayesian model with ``AutoNormal`` and ``TraceMeanField_ELBO``;
+* pyro_bbb: ``MeanFieldGuide`` + ``pyro_bbb.ELBO(num_data=N)`` + ``pyro_bbb.optim.Adam`` in ``SVI`` (what
+  ``pyro_bbb.fit`` runs), with plain reparameterization, Flipout and local reparameterization.
+
+Each round times every contender for ``repeats`` steps (median), rounds are interleaved, and the table reports the
+median over rounds. ``--profile`` prints where a pyro_bbb reparameterization step spends its time.
+
+    python benchmarks/step_time.py            # prints the table and ratios
     python benchmarks/step_time.py --quick    # smoke run
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import statistics
+from collections.abc import Callable
 
 import pyro
 import torch
 import torch.nn.functional as F
-from models import BayesianMLP  # noqa: E402  (benchmarks/models.py)
-from pyro.infer import SVI, Predictive
+from pyro.infer import SVI, TraceMeanField_ELBO
+from pyro.infer.autoguide import AutoNormal
 from timing import median_ms  # noqa: E402  (benchmarks/timing.py)
 
 import pyro_bbb
+from pyro_bbb import likelihoods
+from pyro_bbb.nn import BayesianLinear
 
-WIDTHS = [32, 256, 256, 1]
-N, B = 10_000, 128
+CONFIGS = {
+    "small 1-50-50-1, batch 100": ([1, 50, 50, 1], 100, 10_000),
+    "medium 784-400-400-10, batch 128": ([784, 400, 400, 10], 128, 60_000),
+}
 
 
-class HandWritten(torch.nn.Module):
-    """Bayes-by-Backprop in plain PyTorch: the baseline."""
+def make_data(widths, batch, num_batches=8):
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(batch, widths[0], generator=g) for _ in range(num_batches)]
+    if widths[-1] == 1:
+        ys = [torch.randn(batch, generator=g) for _ in range(num_batches)]
+    else:
+        ys = [torch.randint(0, widths[-1], (batch,), generator=g) for _ in range(num_batches)]
+    return list(zip(xs, ys))
 
-    def __init__(self, init_scale: float):
-        super().__init__()
-        rho = torch.log(torch.expm1(torch.tensor(init_scale)))
-        self.mu = torch.nn.ParameterList()
-        self.rho = torch.nn.ParameterList()
-        for a, b in zip(WIDTHS[:-1], WIDTHS[1:]):
-            ref = torch.nn.Linear(a, b)
-            for p in (ref.weight, ref.bias):
-                self.mu.append(torch.nn.Parameter(p.detach().clone()))
-                self.rho.append(torch.nn.Parameter(torch.full_like(p, rho.item())))
 
-    def loss(self, x, y):
-        kl = 0.0
-        h = x
-        for i in range(0, len(self.mu), 2):
+def negative_log_likelihood(output, y):
+    if output.shape[-1] == 1:
+        return -torch.distributions.Normal(output.squeeze(-1), 0.1).log_prob(y).sum()
+    return F.cross_entropy(output, y, reduction="sum")
+
+
+def deterministic(widths, batch, num_data):
+    layers = []
+    for a, b in zip(widths[:-1], widths[1:]):
+        layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+    net = torch.nn.Sequential(*layers[:-1])
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+
+    def step(x, y):
+        optimizer.zero_grad()
+        (negative_log_likelihood(net(x), y) / x.shape[0]).backward()
+        optimizer.step()
+
+    return step
+
+
+def hand_written(widths, batch, num_data, init_scale=1e-4):
+    mus, rhos = [], []
+    for a, b in zip(widths[:-1], widths[1:]):
+        ref = torch.nn.Linear(a, b)
+        for p in (ref.weight, ref.bias):
+            mus.append(torch.nn.Parameter(p.detach().clone()))
+            rhos.append(torch.nn.Parameter(torch.full_like(p, float(torch.log(torch.expm1(torch.tensor(init_scale)))))))
+    optimizer = torch.optim.Adam(mus + rhos, lr=1e-3)
+
+    def step(x, y):
+        optimizer.zero_grad()
+        kl, h = 0.0, x
+        for i in range(0, len(mus), 2):
             draws = []
-            for mu, rho in ((self.mu[i], self.rho[i]), (self.mu[i + 1], self.rho[i + 1])):
+            for mu, rho in ((mus[i], rhos[i]), (mus[i + 1], rhos[i + 1])):
                 sigma = F.softplus(rho)
                 draws.append(mu + sigma * torch.randn_like(mu))
                 kl = kl + (0.5 * (sigma**2 + mu**2 - 1) - torch.log(sigma)).sum()
             h = F.linear(h, *draws)
-            if i < len(self.mu) - 2:
+            if i < len(mus) - 2:
                 h = torch.relu(h)
-        nll = -torch.distributions.Normal(h.squeeze(-1), 0.1).log_prob(y).sum() * (N / x.shape[0])
-        return nll + kl
+        (negative_log_likelihood(h, y) * (num_data / x.shape[0]) + kl).backward()
+        optimizer.step()
+
+    return step
+
+
+def bayesian_model(widths):
+    layers = []
+    for a, b in zip(widths[:-1], widths[1:]):
+        layers += [BayesianLinear(a, b), torch.nn.ReLU()]
+    likelihood = likelihoods.Gaussian(scale=0.1) if widths[-1] == 1 else likelihoods.Categorical()
+    return pyro_bbb.BNN(torch.nn.Sequential(*layers[:-1]), likelihood)
+
+
+def plain_pyro(widths, batch, num_data):
+    model = bayesian_model(widths)
+    guide = AutoNormal(model, init_scale=1e-4)
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 1e-3}), TraceMeanField_ELBO())
+    return svi.step
+
+
+def ours(estimator: Callable):
+    def build(widths, batch, num_data):
+        model = bayesian_model(widths)
+        guide = pyro_bbb.MeanFieldGuide(model)
+        svi = SVI(model, guide, pyro_bbb.optim.Adam(lr=1e-3), pyro_bbb.ELBO(num_data=num_data))
+
+        def step(x, y):
+            with estimator():
+                svi.step(x, y)
+
+        return step
+
+    return build
+
+
+CONTENDERS = {
+    "deterministic MLP": deterministic,
+    "hand-written PyTorch BbB": hand_written,
+    "plain Pyro (AutoNormal)": plain_pyro,
+    "pyro_bbb reparam": ours(lambda: pyro.poutine.messenger.Messenger()),
+    "pyro_bbb flipout": ours(pyro_bbb.flipout),
+    "pyro_bbb local reparam": ours(pyro_bbb.local_reparameterization),
+}
+
+
+def run(name, widths, batch, num_data, repeats, rounds) -> dict[str, float]:
+    data = make_data(widths, batch)
+    steps = {}
+    for contender, build in CONTENDERS.items():
+        pyro.clear_param_store()  # each Pyro contender gets its own parameters
+        torch.manual_seed(0)
+        steps[contender] = build(widths, batch, num_data)
+        for x, y in data[:3]:  # warm-up (and guide set-up)
+            steps[contender](x, y)
+    times: dict[str, list[float]] = {c: [] for c in steps}
+    counter = iter(range(10**9))
+    for _ in range(rounds):
+        for contender, step in steps.items():
+            times[contender].append(median_ms(lambda s=step: s(*data[next(counter) % len(data)]), repeats))
+    return {c: statistics.median(t) for c, t in times.items()}
+
+
+def profile(widths, batch, num_data, steps=200) -> None:
+    pyro.clear_param_store()
+    data = make_data(widths, batch)
+    step = ours(lambda: pyro.poutine.messenger.Messenger())(widths, batch, num_data)
+    step(*data[0])
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for i in range(steps):
+        step(*data[i % len(data)])
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--profile", choices=list(CONFIGS), default=None)
     args = parser.parse_args()
-    repeats, rounds = (20, 2) if args.quick else (200, 5)
-    torch.manual_seed(0)
-    x, y = torch.randn(N, WIDTHS[0]), torch.randn(N)
-    batches = [torch.randint(0, N, (B,)) for _ in range(16)]
-
-    pyro.clear_param_store()
-    model = BayesianMLP(WIDTHS, torch.relu, sigma=0.1)
-    guide = pyro_bbb.MeanFieldGuide(model)
-    svi = SVI(model, guide, pyro.optim.Adam({"lr": 1e-3}), pyro_bbb.ELBO(num_data=N))
-    svi.step(x[batches[0]], y[batches[0]])
-    hand = HandWritten(pyro_bbb.DEFAULT_INIT_SCALE)
-    optimizer = torch.optim.Adam(hand.parameters(), lr=1e-3)
-
-    def hand_step(idx):
-        optimizer.zero_grad()
-        loss = hand.loss(x[idx], y[idx])
-        loss.backward()
-        optimizer.step()
-
-    counter = {"i": 0}
-
-    def next_batch():
-        counter["i"] += 1
-        return batches[counter["i"] % len(batches)]
-
-    ours, theirs = [], []
-    for _ in range(rounds):  # interleave so that both see the same machine state
-        ours.append(median_ms(lambda: svi.step(x[(i := next_batch())], y[i]), repeats))
-        theirs.append(median_ms(lambda: hand_step(next_batch()), repeats))
-    step_ours, step_hand = statistics.median(ours), statistics.median(theirs)
-
-    x_test = x[:500]
-    S = 100
-    with torch.no_grad():
-        vectorized = Predictive(model, guide=guide, num_samples=S, parallel=True, return_sites=["_RETURN"])
-        looped = Predictive(model, guide=guide, num_samples=S, parallel=False, return_sites=["_RETURN"])
-        pred_vec = statistics.median(median_ms(lambda: vectorized(x_test), 2) for _ in range(rounds))
-        pred_loop = statistics.median(median_ms(lambda: looped(x_test), 1) for _ in range(rounds))
-
-    print(f"MLP {'-'.join(map(str, WIDTHS))}, batch {B} of N = {N}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; medians of {rounds} rounds x {repeats} steps")  # fmt: skip
-    print(f"{'SVI step, pyro_bbb (ELBO + MeanFieldGuide)':<48} {step_ours:8.2f} ms")
-    print(f"{'hand-written PyTorch BbB step':<48} {step_hand:8.2f} ms")
-    print(f"{'ratio pyro_bbb / hand-written':<48} {step_ours / step_hand:8.2f}")
-    print(f"{f'predict {S} draws x 500 points, vectorized':<48} {pred_vec:8.2f} ms")
-    print(f"{f'predict {S} draws x 500 points, Python loop':<48} {pred_loop:8.2f} ms")
-    print(f"{'speed-up of vectorized prediction':<48} {pred_loop / pred_vec:8.1f}x")
+    if args.profile:
+        profile(*CONFIGS[args.profile])
+        return
+    repeats, rounds = (5, 1) if args.quick else (40, 5)
+    print(f"torch {torch.__version__}, pyro {pyro.__version__}, {torch.get_num_threads()} threads; "
+          f"median ms per step over {rounds} interleaved rounds x {repeats} steps")  # fmt: skip
+    for name, (widths, batch, num_data) in CONFIGS.items():
+        result = run(name, widths, batch, num_data, repeats, rounds)
+        hand, floor = result["hand-written PyTorch BbB"], result["deterministic MLP"]
+        print(f"\n{name} (N = {num_data})")
+        print(f"  {'':28s} {'ms/step':>8s} {'/ hand-written':>15s} {'/ deterministic':>16s}")
+        for contender, ms in result.items():
+            print(f"  {contender:28s} {ms:8.2f} {ms / hand:15.2f} {ms / floor:16.2f}")
 
 
 if __name__ == "__main__":

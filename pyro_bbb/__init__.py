@@ -19,7 +19,7 @@ torch.Size([5, 3])
 
 __version__ = "0.1.0"
 
-from . import datasets, diagnostics, handlers, likelihoods, metrics, nn, priors, schedules  # noqa: E402
+from . import datasets, diagnostics, handlers, likelihoods, metrics, nn, optim, priors, schedules  # noqa: E402
 from .bnn import BNN  # noqa: E402
 from .checkpoint import load, save  # noqa: E402
 from .elbo import ELBO, DataPlateScaleMessenger  # noqa: E402
@@ -53,6 +53,7 @@ __all__ = [
     "likelihoods",
     "metrics",
     "nn",
+    "optim",
     "priors",
     "schedules",
     "__version__",

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from numbers import Real
 from typing import Any
 
+import pyro
 import pyro.poutine as poutine
 import torch
+from pyro.distributions import Independent, Normal
 from pyro.distributions.kl import kl_divergence
 from pyro.distributions.util import scale_and_mask
 from pyro.infer import TraceMeanField_ELBO
@@ -115,6 +118,10 @@ class ELBO(TraceMeanField_ELBO):
         As in :class:`pyro.infer.ELBO`.
     data_plate : str
         Name of the plate over data points.
+    revalidate : bool
+        Pyro's validation (distribution arguments, plate shapes, model/guide agreement) runs on the first call; the
+        model's structure does not change between steps, so later calls skip it (it costs a pass over every
+        weight). ``True`` validates every call.
     **kwargs :
         Passed to :class:`pyro.infer.TraceMeanField_ELBO` (e.g. ``max_plate_nesting``).
 
@@ -155,6 +162,7 @@ class ELBO(TraceMeanField_ELBO):
         num_particles: int = 1,
         vectorize_particles: bool = False,
         data_plate: str = "data",
+        revalidate: bool = False,
         **kwargs: Any,
     ):
         if num_data is not None and (isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < 1):
@@ -164,6 +172,8 @@ class ELBO(TraceMeanField_ELBO):
         self.kl_weight = _check_kl_weight(kl_weight)
         self.data_plate = data_plate
         self.step = 0
+        self.revalidate = revalidate
+        self._validated = False
         self.last_terms: dict[str, Any] = {}
         self._call: dict[str, Any] | None = None
 
@@ -190,9 +200,13 @@ class ELBO(TraceMeanField_ELBO):
     def _recording(self):
         self._call = {"weight": self.current_kl_weight(), "nll": 0.0, "kl": 0.0, "kl_by_site": {},
                       "loss": 0.0, "scalers": []}  # fmt: skip
+        validating = is_validation_enabled()
+        skip = validating and self._validated and not self.revalidate
         try:
-            yield
+            with pyro.validation_enabled(False) if skip else nullcontext():
+                yield
             self._finish_call()
+            self._validated = self._validated or validating
         finally:
             self._call = None
 
@@ -307,8 +321,60 @@ def _log_prob_sum(site: dict, max_plate_nesting: float | None = None) -> torch.T
     return scale_and_mask(log_prob, site["scale"], site["mask"]).sum()
 
 
+def _base_normal(d) -> Normal | None:
+    while isinstance(d, Independent):
+        d = d.base_dist
+    return d if type(d) is Normal else None
+
+
+def _is_constant(t: torch.Tensor) -> bool:
+    """A tensor expanded from one number (every stride 0)."""
+    return all(stride == 0 for stride in t.stride()) or t.numel() == 1
+
+
+#: Per prior distribution (layers cache theirs): ``(m, t)`` as Python numbers, or None when the fast path does not
+#: apply. Read once per prior, so the step does not synchronise with the device to look at them.
+_PRIOR_CONSTANTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _prior_constants(p) -> tuple[float, float] | None:
+    try:
+        return _PRIOR_CONSTANTS[p]
+    except KeyError:
+        pass
+    base = _base_normal(p)
+    constants = None
+    if base is not None and _is_constant(base.loc) and _is_constant(base.scale):
+        constants = (float(base.loc.reshape(-1)[0]), float(base.scale.reshape(-1)[0]))
+    _PRIOR_CONSTANTS[p] = constants
+    return constants
+
+
+def _normal_kl_sum(q, p) -> torch.Tensor | None:
+    """``sum KL(Normal(mu, s) || Normal(m, t))`` over a whole weight tensor when the prior has one ``(m, t)``.
+
+    ``n (log t - 1/2) - sum log s + (sum s^2 + sum (mu - m)^2) / (2 t^2)``: three reductions instead of the ten
+    elementwise passes of the general formula (the KL is the costliest part of a step after the matrix products).
+    """
+    constants = _prior_constants(p)
+    q = _base_normal(q)
+    if constants is None or q is None or q.loc.shape != _base_normal(p).loc.shape:
+        return None
+    m, t = constants
+    mu, s = q.loc, q.scale
+    n = mu.numel()
+    squares = torch.linalg.vector_norm(s).square() + torch.linalg.vector_norm(mu).square()
+    if m != 0.0:  # sum (mu - m)^2 = |mu|^2 - 2 m sum(mu) + n m^2, without an elementwise pass
+        squares = squares - 2 * m * mu.sum() + n * m * m
+    return squares * (0.5 / (t * t)) - s.log().sum() + n * (math.log(t) - 0.5)
+
+
 def _site_kl(guide_site: dict, model_site: dict) -> torch.Tensor:
     """KL(q || p) of one latent site: closed form where registered, else log q(w) - log p(w) at the draw."""
+    if guide_site["mask"] is None:
+        kl = _normal_kl_sum(guide_site["fn"], model_site["fn"])
+        if kl is not None:
+            return kl * guide_site["scale"]
     try:
         kl = kl_divergence(guide_site["fn"], model_site["fn"])
     except NotImplementedError:

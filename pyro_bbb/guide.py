@@ -13,6 +13,7 @@ import torch
 from pyro.distributions.transforms import biject_to
 from pyro.infer.autoguide import AutoNormal
 from pyro.infer.autoguide.initialization import init_to_median
+from pyro.nn.module import _is_module_local_param_enabled, _make_name
 
 from .nn.module import BayesianModule
 from .priors import _is_real
@@ -130,8 +131,24 @@ class MeanFieldGuide(AutoNormal):
             return normal
         return dist.TransformedDistribution(normal, [biject_to(site["fn"].support)])
 
+    def _fetch(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The site's (constrained) loc and scale: straight from the param store by full name when they are there.
+
+        Same values and the same ``param`` messages as the nested ``PyroModule`` attribute lookup of
+        ``AutoNormal`` (which also re-registers parameters after ``pyro.clear_param_store()``, so it stays the
+        fallback), at a fraction of its Python cost -- a noticeable part of a small network's step.
+        """
+        names = self.__dict__.setdefault("_param_names", {}).get(name)
+        if names is None:
+            names = self._param_names[name] = tuple(_make_name(self._pyro_name, f"{kind}.{name}")
+                                                    for kind in ("locs", "scales"))  # fmt: skip
+        store = pyro.get_param_store()
+        if _is_module_local_param_enabled() or not all(n in store for n in names):
+            return super()._get_loc_and_scale(name)
+        return pyro.param(names[0]), pyro.param(names[1])
+
     def _get_loc_and_scale(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        loc, scale = super()._get_loc_and_scale(name)
+        loc, scale = self._fetch(name)
         mask = self.__dict__.get("_keep_masks", {}).get(name)
         if mask is None:
             return loc, scale

@@ -61,7 +61,8 @@ class _PosteriorReader(Messenger):
 
 def _signs(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     """Independent random signs (+1 / -1) of the given shape."""
-    return torch.empty(shape, dtype=like.dtype, device=like.device).bernoulli_(0.5).mul_(2).sub_(1)
+    # randint is about 4x faster than bernoulli_ on a CPU (benchmarks/step_time.py)
+    return torch.randint(0, 2, shape, dtype=like.dtype, device=like.device).mul_(2).sub_(1)
 
 
 class FlipoutMessenger(_PosteriorReader):

@@ -37,6 +37,7 @@ from . import metrics
 from .diagnostics import layer_summary
 from .elbo import ELBO
 from .handlers import flipout, local_reparameterization
+from .optim import Adam as JointAdam
 from .prediction import ClassificationPrediction, RegressionPrediction, predict
 
 __all__ = ["fit", "History", "TrainingDivergedError", "ESTIMATORS"]
@@ -327,7 +328,8 @@ def fit(
     epochs : int
         Passes over the data.
     optimizer : pyro.optim.PyroOptim, optional
-        Defaults to ``pyro.optim.Adam({"lr": lr})``.
+        Defaults to :class:`pyro_bbb.optim.Adam` with ``lr`` (the same updates as ``pyro.optim.Adam``, one
+        optimizer call per step).
     kl_weight : float or schedule
         Weight of the KL (see :mod:`pyro_bbb.schedules`); 1 is the ELBO.
     num_particles : int
@@ -383,7 +385,7 @@ def fit(
 
     elbo = ELBO(num_data=batches.num_data, kl_weight=kl_weight, num_particles=num_particles,
                 data_plate=getattr(model, "data_plate", "data"))  # fmt: skip
-    stepper = _Stepper(model, guide, elbo, optimizer or pyro.optim.Adam({"lr": lr}), clip_norm, estimator_context)
+    stepper = _Stepper(model, guide, elbo, optimizer or JointAdam(lr=lr), clip_norm, estimator_context)
     history = History()
     bar = tqdm(range(1, epochs + 1), desc="fit", unit="epoch", disable=not progress, dynamic_ncols=True,
                mininterval=0.5)  # fmt: skip

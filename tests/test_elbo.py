@@ -334,3 +334,25 @@ def test_vectorized_particles_match_sequential_in_expectation():
     assert abs(seq.mean() - vec.mean()) < 4 * standard_error
     assert vec.std() > 0  # the draws vary: a test with power
     assert vectorized.last_terms["kl_by_site"].keys() == sequential.last_terms["kl_by_site"].keys()
+
+
+@pytest.mark.parametrize("prior_loc, prior_scale", [(0.0, 1.0), (0.3, 0.5)])
+def test_fast_normal_kl_equals_torchs_closed_form_and_its_gradient(prior_loc, prior_scale):
+    from pyro.distributions.kl import kl_divergence
+
+    from pyro_bbb.elbo import _normal_kl_sum
+
+    loc = torch.randn(4, 3, requires_grad=True)
+    raw = torch.randn(4, 3, requires_grad=True)
+    q = dist.Normal(loc, torch.nn.functional.softplus(raw)).to_event(2)
+    p = dist.Normal(torch.tensor(prior_loc), torch.tensor(prior_scale)).expand((4, 3)).to_event(2)
+    fast = _normal_kl_sum(q, p)
+    reference = kl_divergence(q, p)
+    torch.testing.assert_close(fast, reference, rtol=1e-5, atol=1e-5)
+    fast_grads = torch.autograd.grad(fast, (loc, raw), retain_graph=True)
+    reference_grads = torch.autograd.grad(reference, (loc, raw))
+    for a, b in zip(fast_grads, reference_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    # a prior with a different scale per weight takes the general path
+    varying = dist.Normal(torch.zeros(4, 3), torch.rand(4, 3) + 0.5).to_event(2)
+    assert _normal_kl_sum(q, varying) is None

@@ -88,8 +88,14 @@ class BayesianModule(PyroModule):
         torch.Size([2, 3])
         """
         fan_in, prior = self._bayesian[name]
-        init = getattr(self, f"{name}_init")
-        return prior.distribution(init.shape, fan_in, device=init.device, dtype=init.dtype)
+        init = self._buffers[f"{name}_init"]
+        # built once per (prior, shape, device, dtype): it is read at every step, and priors are immutable
+        key = (id(prior), init.shape, init.device, init.dtype)
+        cache = self.__dict__.setdefault("_prior_cache", {})
+        cached = cache.get(name)
+        if cached is None or cached[0] != key:
+            cached = cache[name] = (key, prior.distribution(init.shape, fan_in, device=init.device, dtype=init.dtype))
+        return cached[1]
 
     def initial_values(self, full_names: bool = False) -> dict[str, torch.Tensor]:
         """The initial value of every sampled parameter, keyed by name (or by Pyro site name).
