@@ -33,3 +33,4 @@ benchmarks: install
 	$(PY) benchmarks/init_scale.py
 	$(PY) benchmarks/predict.py
 	$(PY) benchmarks/fit_overhead.py
+	$(PY) benchmarks/gradient_variance.py

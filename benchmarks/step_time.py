@@ -178,7 +178,7 @@ def main() -> None:
     if args.profile:
         profile(*CONFIGS[args.profile])
         return
-    repeats, rounds = (5, 1) if args.quick else (40, 5)
+    repeats, rounds = (5, 1) if args.quick else (40, 7)
     print(f"torch {torch.__version__}, pyro {pyro.__version__}, {torch.get_num_threads()} threads; "
           f"median ms per step over {rounds} interleaved rounds x {repeats} steps")  # fmt: skip
     for name, (widths, batch, num_data) in CONFIGS.items():

@@ -251,22 +251,29 @@ class _Stepper:
                 raise
             self._diverged("a distribution's parameters", str(error).split(":")[0])
         params = {site["value"].unconstrained() for site in capture.trace.nodes.values()}
-        grads_finite = all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in params)
+        grads = [p.grad for p in params if p.grad is not None]
+        # one device sync for all gradients: a sum is NaN or infinite when any element is
+        grads_finite = not grads or bool(torch.stack([g.sum() for g in grads]).isfinite().all())
         if not math.isfinite(loss) or not grads_finite:
             zero_grads(params)
             self._diverged("the loss" if not math.isfinite(loss) else "a gradient", f"loss {loss}")
-        with torch.no_grad():
-            for p in params:
-                if p in self.snapshot:
-                    self.snapshot[p].copy_(p)
-                else:
-                    self.snapshot[p] = p.detach().clone()
+        self._remember(params)
         self.last_finite_loss = loss
         if self.clip_norm is not None:
-            torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], self.clip_norm)
+            torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], self.clip_norm, foreach=True)
         self.optimizer(params)
         zero_grads(params)
         return loss
+
+    @torch.no_grad()
+    def _remember(self, params: set[torch.Tensor]) -> None:
+        """Copy the parameters that just gave a finite loss (one foreach copy once every parameter is known)."""
+        new = {p for p in params if p not in self.snapshot}  # tensors hash by identity
+        for p in new:
+            self.snapshot[p] = p.detach().clone()
+        known = [p for p in params if p not in new]
+        if known:
+            torch._foreach_copy_([self.snapshot[p] for p in known], known)
 
     def _diverged(self, what: str, detail: str):
         with torch.no_grad():
