@@ -58,6 +58,24 @@ class _PosteriorReader(Messenger):
             )
         return self._posteriors[site]
 
+    def _pyro_bayesian_affine(self, msg: dict[str, Any]) -> None:
+        input, weight, bias = msg["args"]
+        kwargs = msg["kwargs"]
+        weight_posterior = self._posterior(kwargs["weight_site"])
+        bias_posterior = None if kwargs["bias_site"] is None else self._posterior(kwargs["bias_site"])
+        msg["value"] = self._output(input, weight, bias, kwargs["apply"], kwargs["feature_dims"], weight_posterior,
+                                    bias_posterior)  # fmt: skip
+        msg["done"] = True
+
+    def _output(self, input, weight, bias, apply, feature_dims, weight_posterior, bias_posterior) -> torch.Tensor:
+        """The layer's output under this estimator (``*_posterior`` are ``(loc, scale)`` pairs or None)."""
+        raise NotImplementedError
+
+
+def _lead(batch_shape: torch.Size, weight: torch.Tensor, feature_dims: int) -> torch.Size:
+    """Per-example leading dims: the input's batch dims broadcast with the weight's sample (particle) dims."""
+    return torch.broadcast_shapes(batch_shape, sample_dims(weight, feature_dims))
+
 
 def _signs(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     """Independent random signs (+1 / -1) of the given shape."""
@@ -83,22 +101,16 @@ class FlipoutMessenger(_PosteriorReader):
 
     estimator = "flipout"
 
-    def _pyro_bayesian_affine(self, msg: dict[str, Any]) -> None:
-        input, weight, bias = msg["args"]
-        kwargs = msg["kwargs"]
-        apply, feature_dims = kwargs["apply"], kwargs["feature_dims"]
-        loc, _ = self._posterior(kwargs["weight_site"])
-        bias_loc = bias_delta = None
-        if bias is not None:
-            bias_loc, _ = self._posterior(kwargs["bias_site"])
-            bias_delta = bias - bias_loc
-        lead = torch.broadcast_shapes(input.shape[:-feature_dims], sample_dims(weight, feature_dims))
+    def _output(self, input, weight, bias, apply, feature_dims, weight_posterior, bias_posterior):
+        loc = weight_posterior[0]
+        bias_loc = None if bias is None else bias_posterior[0]
+        bias_delta = None if bias is None else bias - bias_loc
+        lead = _lead(input.shape[:-feature_dims], weight, feature_dims)
         trailing = (1,) * (feature_dims - 1)
         sign_in = _signs(lead + input.shape[-feature_dims:][:1] + trailing, input)
         perturbation = apply(input * sign_in, weight - loc, bias_delta)
         sign_out = _signs(lead + perturbation.shape[-feature_dims:][:1] + trailing, input)
-        msg["value"] = apply(input, loc, bias_loc) + perturbation * sign_out
-        msg["done"] = True
+        return apply(input, loc, bias_loc) + perturbation * sign_out
 
 
 class LocalReparameterizationMessenger(_PosteriorReader):
@@ -120,21 +132,14 @@ class LocalReparameterizationMessenger(_PosteriorReader):
 
     estimator = "local reparameterization"
 
-    def _pyro_bayesian_affine(self, msg: dict[str, Any]) -> None:
-        input, weight, _ = msg["args"]
-        kwargs = msg["kwargs"]
-        apply, feature_dims = kwargs["apply"], kwargs["feature_dims"]
-        loc, scale = self._posterior(kwargs["weight_site"])
-        bias_loc = bias_var = None
-        if kwargs["bias_site"] is not None:
-            bias_loc, bias_scale = self._posterior(kwargs["bias_site"])
-            bias_var = bias_scale.pow(2)
+    def _output(self, input, weight, bias, apply, feature_dims, weight_posterior, bias_posterior):
+        loc, scale = weight_posterior
+        bias_loc, bias_var = (None, None) if bias_posterior is None else (bias_posterior[0], bias_posterior[1] ** 2)
         mean = apply(input, loc, bias_loc)
         variance = apply(input.pow(2), scale.pow(2), bias_var)
-        lead = torch.broadcast_shapes(mean.shape[:-feature_dims], sample_dims(weight, feature_dims))
+        lead = _lead(mean.shape[:-feature_dims], weight, feature_dims)
         noise = torch.randn(lead + mean.shape[-feature_dims:], dtype=mean.dtype, device=mean.device)
-        msg["value"] = mean + variance.clamp_min(torch.finfo(variance.dtype).tiny).sqrt() * noise
-        msg["done"] = True
+        return mean + variance.clamp_min(torch.finfo(variance.dtype).tiny).sqrt() * noise
 
 
 def flipout() -> FlipoutMessenger:
