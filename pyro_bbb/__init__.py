@@ -19,10 +19,12 @@ torch.Size([5, 3])
 
 __version__ = "0.1.0"
 
-from . import datasets, diagnostics, handlers, likelihoods, metrics, nn, optim, priors, schedules  # noqa: E402
+from . import datasets, diagnostics, handlers, likelihoods, metrics, nn, optim, plots, priors, schedules  # noqa: E402
 from .bnn import BNN  # noqa: E402
 from .checkpoint import load, save  # noqa: E402
+from .diagnostics import summary  # noqa: E402
 from .elbo import ELBO, DataPlateScaleMessenger  # noqa: E402
+from .export import to_inference_data  # noqa: E402
 from .guide import DEFAULT_INIT_SCALE, MeanFieldGuide  # noqa: E402
 from .handlers import FlipoutMessenger, LocalReparameterizationMessenger, flipout, local_reparameterization  # noqa: E402
 from .prediction import ClassificationPrediction, Prediction, RegressionPrediction, predict  # noqa: E402
@@ -46,6 +48,8 @@ __all__ = [
     "RegressionPrediction",
     "ClassificationPrediction",
     "save",
+    "summary",
+    "to_inference_data",
     "load",
     "datasets",
     "diagnostics",
@@ -54,6 +58,7 @@ __all__ = [
     "metrics",
     "nn",
     "optim",
+    "plots",
     "priors",
     "schedules",
     "__version__",

@@ -390,13 +390,22 @@ def predict(
     >>> predict(bnn, guide, torch.randn(10, 4), num_samples=20, batch_size=4).probs.shape
     torch.Size([10, 3])
     """
+    return predict_with_draws(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate)[0]
+
+
+@torch.no_grad()
+def predict_with_draws(
+    model, guide, x, num_samples=100, batch_size=None, vectorize=None, sample_batch_size=None, data_plate=None
+) -> tuple[Prediction, dict[str, torch.Tensor], str]:
+    """:func:`predict`, also returning the weight draws it used (``{site: (S, *site shape)}``) and the name of
+    the observation site -- so that an export can show the very draws behind the predictive."""
     _check_predict_args(guide, x, num_samples, batch_size, sample_batch_size)
     # the joint predictive shares each weight draw across inputs, whatever training estimator is active around us
     with poutine.block(hide_types=["bayesian_affine"]):
         return _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate)
 
 
-def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate) -> Prediction:
+def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate):
     if data_plate is None:
         data_plate = getattr(model, "data_plate", "data")
     chunks = list(x.split(batch_size)) if batch_size else [x]
@@ -430,7 +439,7 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
                 f"predict: the model could not run several weight draws in one call ({error}); falling back to one "
                 "call per draw, which is slower. Deterministic layers must accept extra leading dimensions (e.g. "
                 "use nn.Flatten(start_dim=-3) rather than nn.Flatten()) to be vectorized.",
-                stacklevel=4,  # the caller of predict (through torch.no_grad's wrapper)
+                stacklevel=6,  # the caller of predict (through predict_with_draws and torch.no_grad wrappers)
             )
     if results is None:
         results = [_run_draws(model, draws, shapes, chunk, obs, data_plate, nesting, None) for chunk in chunks]
@@ -441,5 +450,8 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
     samples = distribution.sample()
     likelihood = getattr(model, "likelihood", None)
     if likelihood is not None and hasattr(likelihood, "prediction"):
-        return likelihood.prediction(distribution, samples)
-    return _prediction_for(distribution, samples)
+        prediction = likelihood.prediction(distribution, samples)
+    else:
+        prediction = _prediction_for(distribution, samples)
+    plain_draws = {name: value.reshape((num_samples, *shapes[name])) for name, value in draws.items()}
+    return prediction, plain_draws, obs

@@ -110,35 +110,11 @@ class History:
                 f"kl={r['kl']:.4g}, kl_weight={r['kl_weight']:.3g})")  # fmt: skip
 
     def plot(self, path: str | Path | None = None):
-        """Loss, KL per layer and posterior/prior std per layer against the epoch; saved as PNG when ``path``.
+        """Loss, KL per layer, KL weight and posterior/prior std per layer against the epoch (see
+        :func:`pyro_bbb.plots.plot_history`); saved when ``path`` is given. Returns the matplotlib figure."""
+        from .plots import plot_history
 
-        Returns the matplotlib figure (``pip install matplotlib``).
-        """
-        try:
-            import matplotlib.pyplot as plt
-        except ImportError as error:  # pragma: no cover - depends on the environment
-            raise ImportError("History.plot needs matplotlib: pip install matplotlib") from error
-        epochs = self["epoch"]
-        fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-        axes[0].plot(epochs, self["loss_per_datum"], label="loss per datum")
-        axes[0].plot(epochs, [n / r["num_data"] for n, r in zip(self["nll"], self.records)], label="NLL per datum")
-        if "val_log_likelihood" in self.keys():
-            axes[0].plot(epochs, [-v for v in self["val_log_likelihood"]], label="validation NLL per datum")
-        axes[0].set(xlabel="epoch", title="loss", yscale="symlog")
-        for layer, values in self["kl_by_layer"].items():
-            axes[1].plot(epochs, values, label=layer)
-        axes[1].set(xlabel="epoch", ylabel="nats", title="KL(q || p) per layer", yscale="log")
-        for layer, values in self["std_ratio"].items():
-            axes[2].plot(epochs, values, label=layer)
-        axes[2].axhline(1.0, color="k", lw=0.8, ls="--")
-        axes[2].set(xlabel="epoch", title="posterior std / prior std", yscale="log")
-        for ax in axes:
-            ax.legend(fontsize=7)
-        fig.tight_layout()
-        if path is not None:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            fig.savefig(path, dpi=110)
-        return fig
+        return plot_history(self, path)
 
 
 # -- data ------------------------------------------------------------------------------------------------------

@@ -127,3 +127,30 @@ def test_pruning_half_the_weights_keeps_the_accuracy():
     half = pyro_bbb.metrics.accuracy(pyro_bbb.predict(bnn, pruned, x_test), y_test)
     assert achieved == pytest.approx(0.5, abs=1e-3)
     assert half >= full - 0.02
+
+
+def test_summary_by_layer_and_by_parameter():
+    from scipy import stats
+
+    bnn, guide, _, _ = make(priors.Normal(0.0, 0.7), init_scale=0.2)
+    table = diagnostics.summary(bnn, guide)
+    q = guide.site_posteriors()
+    w0, b0 = q["net.0.weight"], q["net.0.bias"]
+    scale = torch.cat([w0.scale.reshape(-1), b0.scale])
+    loc = torch.cat([w0.loc.reshape(-1), b0.loc])
+    row = table.loc["net.0"]
+    assert row["num_weights"] == 20
+    assert row["sigma_mean"] == pytest.approx(float(scale.mean()), rel=1e-5)
+    assert row["mean_abs_mu"] == pytest.approx(float(loc.abs().mean()), rel=1e-5)
+    assert row["prior_sigma"] == pytest.approx(0.7, rel=1e-5)
+    assert row["kl"] == pytest.approx(diagnostics.kl_by_layer(bnn, guide)["net.0"], rel=1e-6)
+    assert row["snr_q50"] == pytest.approx(float((loc.abs() / scale).median()), rel=0.2)
+    per_weight = diagnostics.summary(bnn, guide, by="parameter")
+    entry = per_weight.loc["net.0.weight[1, 2]"]
+    z = stats.norm.ppf(0.97)
+    m, s = float(w0.loc[1, 2]), float(w0.scale[1, 2])
+    assert (entry["mean"], entry["sd"]) == (pytest.approx(m, rel=1e-6), pytest.approx(s, rel=1e-6))
+    assert entry["hdi_3%"] == pytest.approx(m - z * s, rel=1e-5) and entry["hdi_97%"] == pytest.approx(m + z * s)
+    assert len(per_weight) == 3 * 5 + 5 + 5 + 1
+    with pytest.raises(ValueError, match="by"):
+        diagnostics.summary(bnn, guide, by="site")

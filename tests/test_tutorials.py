@@ -1,6 +1,7 @@
 """The tutorials run end to end (few epochs) and write their figures."""
 
 import importlib.util
+import math
 from pathlib import Path
 
 import pytest
@@ -25,5 +26,14 @@ def test_quickstart(tmp_path):
 @pytest.mark.slow
 def test_uncertainty(tmp_path):
     load("uncertainty").main(regression_epochs=3, digits_epochs=3, out_dir=tmp_path, progress=False)
-    for name in ("uncertainty_regression.png", "uncertainty_digits.png", "uncertainty_digits_history.png"):
+    for name in ("uncertainty_regression.png", "uncertainty_digits.png", "uncertainty_digits_history.png",
+                 "uncertainty_reliability.png", "uncertainty_digits_std.png"):
         assert (tmp_path / name).stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_inspect_with_arviz(tmp_path):
+    results = load("inspect_with_arviz").main(epochs=5, out_dir=tmp_path, progress=False)
+    assert math.isfinite(results["elpd_loo"])
+    for name in ("posterior", "forest", "ppc", "loo_pit", "std_vs_prior", "history"):
+        assert (tmp_path / f"arviz_{name}.png").stat().st_size > 5_000

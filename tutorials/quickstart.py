@@ -20,7 +20,7 @@ import pyro  # noqa: E402
 import torch  # noqa: E402
 
 import pyro_bbb  # noqa: E402
-from pyro_bbb import likelihoods, metrics  # noqa: E402
+from pyro_bbb import likelihoods, metrics, plots  # noqa: E402
 from pyro_bbb.datasets import toy_regression  # noqa: E402
 from pyro_bbb.nn import BayesianLinear  # noqa: E402
 
@@ -60,18 +60,9 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     # %% The predictive band: epistemic uncertainty grows in the gap and beyond the data.
     grid = torch.linspace(-3, 3, 300).unsqueeze(-1)
     band = pyro_bbb.predict(bnn, guide, grid, num_samples=200)
-    g, m = grid.squeeze(-1), band.mean
-    fig, ax = plt.subplots(figsize=(7, 4))
-    lower, upper = band.interval(0.95)
-    ax.fill_between(g, lower, upper, alpha=0.2, color="C0", label="95% predictive interval")
-    ax.fill_between(g, m - 2 * band.epistemic_std, m + 2 * band.epistemic_std, alpha=0.4, color="C0",
-                    label="±2 sd epistemic")  # fmt: skip
-    ax.plot(g, m, color="C0", label="predictive mean")
-    ax.plot(g, torch.sin(3 * g), "k--", lw=1, label="truth")
-    ax.scatter(x_train.squeeze(-1), y_train, s=6, color="k", label="training data")
-    ax.set(xlabel="x", ylabel="y", title="pyro_bbb quickstart: Bayes-by-Backprop regression", ylim=(-3, 3))
-    ax.legend(loc="lower left", fontsize=8)
-    fig.tight_layout()
+    fig = plots.plot_predictive_band(band, grid, x_train=x_train, y_train=y_train, truth=lambda g: torch.sin(3 * g),
+                                     level=0.95)  # fmt: skip
+    fig.axes[0].set(title="pyro_bbb quickstart: Bayes-by-Backprop regression", ylim=(-3, 3))
     out_dir.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_dir / "quickstart_band.png", dpi=120)
     history.plot(out_dir / "quickstart_history.png")

@@ -8,7 +8,8 @@
 #    part, which grows away from the data. Figure: `uncertainty_regression.png`.
 # 2. **Digits** (scikit-learn's bundled 8x8 images). A 64-100-10 Bayesian MLP; a reliability diagram, the
 #    epistemic uncertainty (mutual information) of right and wrong answers, and accuracy after pruning the
-#    weights with the lowest signal-to-noise ratio (Blundell et al. 2015). Figures: `uncertainty_digits.png` and
+#    weights with the lowest signal-to-noise ratio (Blundell et al. 2015). Figures: `uncertainty_digits.png`,
+#    `uncertainty_reliability.png`, `uncertainty_digits_std.png` (posterior std per layer against the prior's) and
 #    the training traces `uncertainty_digits_history.png`.
 
 # %%
@@ -24,7 +25,7 @@ import pyro  # noqa: E402
 import torch  # noqa: E402
 
 import pyro_bbb  # noqa: E402
-from pyro_bbb import diagnostics, likelihoods, metrics, priors  # noqa: E402
+from pyro_bbb import diagnostics, likelihoods, metrics, plots, priors  # noqa: E402
 from pyro_bbb.datasets import digits, heteroscedastic_noise_std, heteroscedastic_regression  # noqa: E402
 from pyro_bbb.nn import BayesianLinear  # noqa: E402
 
@@ -68,30 +69,6 @@ def regression(epochs: int, out_dir: Path, progress: bool) -> dict[str, float]:
     return {"coverage_90": coverage}
 
 
-def reliability(ax, pred, y, num_bins: int = 10) -> None:
-    confidence, predicted = pred.probs.max(-1)
-    correct = (predicted == y).float()
-    edges = torch.linspace(0, 1, num_bins + 1)
-    bins = (confidence * num_bins).long().clamp(max=num_bins - 1)
-    left, accuracies, mean_confidence, counts = [], [], [], []
-    for b in range(num_bins):
-        inside = bins == b
-        if inside.any():
-            left.append(float(edges[b]))
-            accuracies.append(float(correct[inside].mean()))
-            mean_confidence.append(float(confidence[inside].mean()))
-            counts.append(int(inside.sum()))
-    ax.bar(left, accuracies, width=1 / num_bins, align="edge", edgecolor="k", alpha=0.6, label="accuracy per bin")
-    ax.plot(mean_confidence, accuracies, "o", color="C3", ms=4, label="(mean confidence, accuracy)")
-    ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
-    for x0, a, n in zip(left, accuracies, counts):
-        ax.text(x0 + 0.5 / num_bins, a + 0.02, str(n), ha="center", fontsize=7)
-    ece = metrics.expected_calibration_error(pred, y, num_bins)
-    ax.set(xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1.1), xticks=edges[::2],
-           title=f"reliability (ECE {ece:.3f})")  # fmt: skip
-    ax.legend(fontsize=8, loc="upper left")
-
-
 def classification(epochs: int, out_dir: Path, progress: bool) -> dict[str, float]:
     pyro.clear_param_store()
     torch.manual_seed(0)
@@ -126,17 +103,18 @@ def classification(epochs: int, out_dir: Path, progress: bool) -> dict[str, floa
     table = ", ".join(f"{f:.0%}: {a:.1%}" for f, a in zip(fractions, pruned_accuracy))
     print(f"[digits] accuracy after pruning: {table}")
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    reliability(axes[0], pred, y_test)
+    plots.plot_reliability(pred, y_test, path=out_dir / "uncertainty_reliability.png")
+    plots.plot_std_ratio(bnn, guide, path=out_dir / "uncertainty_digits_std.png")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     wrong = pred.predicted_class != y_test
     mi = pred.mutual_information
     bins = torch.linspace(0, float(mi.max()) + 1e-6, 30)
-    axes[1].hist(mi[~wrong], bins=bins, alpha=0.6, density=True, label=f"right ({int((~wrong).sum())})")
-    axes[1].hist(mi[wrong], bins=bins, alpha=0.6, density=True, label=f"wrong ({int(wrong.sum())})")
-    axes[1].set(xlabel="mutual information (nats)", ylabel="density", title="epistemic uncertainty", yscale="log")
-    axes[1].legend(fontsize=8)
-    axes[2].plot([100 * f for f in fractions], [100 * a for a in pruned_accuracy], "o-")
-    axes[2].set(xlabel="% of weights removed (lowest |mu|/sigma)", ylabel="test accuracy (%)",
+    axes[0].hist(mi[~wrong], bins=bins, alpha=0.6, density=True, label=f"right ({int((~wrong).sum())})")
+    axes[0].hist(mi[wrong], bins=bins, alpha=0.6, density=True, label=f"wrong ({int(wrong.sum())})")
+    axes[0].set(xlabel="mutual information (nats)", ylabel="density", title="epistemic uncertainty", yscale="log")
+    axes[0].legend(fontsize=8)
+    axes[1].plot([100 * f for f in fractions], [100 * a for a in pruned_accuracy], "o-")
+    axes[1].set(xlabel="% of weights removed (lowest |mu|/sigma)", ylabel="test accuracy (%)",
                 title="pruning by signal-to-noise")  # fmt: skip
     fig.tight_layout()
     fig.savefig(out_dir / "uncertainty_digits.png", dpi=110)
@@ -148,7 +126,7 @@ def main(regression_epochs: int, digits_epochs: int, out_dir: Path, progress: bo
     out_dir.mkdir(parents=True, exist_ok=True)
     results = regression(regression_epochs, out_dir, progress)
     results |= classification(digits_epochs, out_dir, progress)
-    print(f"figures -> {out_dir}/uncertainty_regression.png, uncertainty_digits.png, uncertainty_digits_history.png")
+    print(f"figures -> {out_dir}/uncertainty_*.png")
     return results
 
 

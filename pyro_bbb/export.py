@@ -1,0 +1,170 @@
+"""``to_inference_data``: the posterior, the predictive and the pointwise log-likelihood, for ArviZ.
+
+Everything ArviZ-specific lives here. The groups are built as :class:`xarray.Dataset` objects and wrapped for the
+installed ArviZ: an ``az.InferenceData`` for ArviZ 0.x (Python 3.11), an ``xarray.DataTree`` for ArviZ 1.x.
+
+Example
+-------
+>>> import torch, pyro
+>>> import pyro_bbb
+>>> from pyro_bbb import likelihoods
+>>> from pyro_bbb.nn import BayesianLinear
+>>> pyro.clear_param_store()
+>>> x, y = torch.randn(30, 2), torch.randn(30)
+>>> bnn = pyro_bbb.BNN(BayesianLinear(2, 1), likelihoods.Gaussian(scale=0.5))
+>>> guide = pyro_bbb.MeanFieldGuide(bnn)
+>>> _ = pyro_bbb.fit(bnn, guide, (x, y), epochs=2, progress=False)
+>>> idata = to_inference_data(bnn, guide, x, y, num_samples=100)
+>>> idata.posterior["net.weight"].dims
+('chain', 'draw', 'net_out', 'net_in')
+>>> idata.log_likelihood["y"].shape
+(1, 100, 30)
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+import xarray as xr
+
+from .nn.module import BayesianModule
+from .prediction import predict_with_draws
+
+__all__ = ["to_inference_data", "LARGE_POSTERIOR_BYTES"]
+
+#: A posterior group larger than this (in bytes) triggers a warning with its size and the ``sites=`` fix.
+LARGE_POSTERIOR_BYTES = 200 * 2**20
+
+
+def _clean(name: str) -> str:
+    return re.sub(r"\W", "_", name) or "root"
+
+
+def _site_dims(model: Callable, shapes: dict[str, torch.Size]) -> dict[str, list[str]]:
+    """Readable dimension names: ``fc1.weight`` -> ``fc1_out, fc1_in`` (convolutions add ``fc1_k0, ...``)."""
+    layers = {}
+    if isinstance(model, torch.nn.Module):
+        for module in model.modules():
+            if isinstance(module, BayesianModule):
+                prefix = module.__dict__.get("_pyro_name", "")
+                for site in module.initial_values(full_names=True):
+                    layers[site] = _clean(prefix) if prefix else "layer"
+    dims = {}
+    for site, shape in shapes.items():
+        layer = layers.get(site)
+        if layer is not None and len(shape) >= 1:
+            names = [f"{layer}_out", f"{layer}_in"] + [f"{layer}_k{i}" for i in range(len(shape) - 2)]
+            dims[site] = names[: len(shape)]
+        else:
+            dims[site] = [f"{_clean(site)}_{i}" for i in range(len(shape))]
+    return dims
+
+
+def _by_chain(value: torch.Tensor, num_chains: int) -> np.ndarray:
+    array = value.detach().cpu().numpy()
+    return array.reshape((num_chains, array.shape[0] // num_chains) + array.shape[1:])
+
+
+def _wrap(groups: dict[str, xr.Dataset]):
+    """``az.InferenceData`` on ArviZ 0.x; an ``xarray.DataTree`` (what ArviZ 1.x works with) otherwise."""
+    import arviz as az
+
+    if int(az.__version__.split(".")[0]) < 1:
+        return az.InferenceData(**groups)
+    return xr.DataTree.from_dict({f"/{name}": dataset for name, dataset in groups.items()})  # pragma: no cover
+
+
+def to_inference_data(
+    model: Callable,
+    guide: Callable,
+    x: torch.Tensor,
+    y: torch.Tensor | None = None,
+    num_samples: int = 500,
+    sites: Sequence[str] | None = None,
+    num_chains: int = 1,
+    *,
+    batch_size: int | None = None,
+):
+    """Export one set of posterior draws, and everything computed from them, to ArviZ.
+
+    The guide is drawn once (``num_chains * num_samples`` draws, split into ``num_chains`` "chains": VI draws are
+    independent, so chains carry no convergence information) and the same draws give every group:
+
+    * ``posterior``: the weight sites (``sites``, default all), dims named after the layer (``fc1_out``,
+      ``fc1_in``);
+    * ``posterior_predictive``: one predictive draw of the targets per weight draw;
+    * ``log_likelihood`` (with ``y``): ``log p(y_i | x_i, w_s)`` per datum, unscaled, for ``az.loo`` / ``az.waic``;
+    * ``observed_data`` (with ``y``) and ``constant_data`` (``x``); the data dimension is ``obs_id``.
+
+    Parameters
+    ----------
+    model, guide :
+        A model with its observation in the data plate (e.g. :class:`pyro_bbb.BNN`) and a fitted guide.
+    x, y : Tensor
+        Inputs, and optionally the observed targets.
+    num_samples : int
+        Draws per chain.
+    sites : sequence of str, optional
+        Latent sites for the ``posterior`` group. A posterior larger than :data:`LARGE_POSTERIOR_BYTES` warns.
+    num_chains : int
+        Number of chains to split the draws into.
+    batch_size : int, optional
+        Inputs per model call (as in :func:`pyro_bbb.predict`).
+
+    Returns
+    -------
+    arviz.InferenceData (ArviZ 0.x) or xarray.DataTree (ArviZ 1.x)
+
+    Example
+    -------
+    See the module example; then ``az.loo(idata, reff=1.0)`` and ``az.plot_ppc(idata)``.
+    """
+    if isinstance(num_chains, bool) or not isinstance(num_chains, int) or num_chains < 1:
+        raise ValueError(f"`num_chains` must be a positive integer, got {num_chains!r}.")
+    prediction, draws, obs = predict_with_draws(model, guide, x, num_samples * num_chains, batch_size)
+    if sites is None:
+        sites = list(draws)
+    unknown = [s for s in sites if s not in draws]
+    if unknown:
+        raise ValueError(f"no latent sites named {unknown}; the guide's sites are {sorted(draws)}.")
+    size = sum(draws[s].numel() * draws[s].element_size() for s in sites)
+    if size > LARGE_POSTERIOR_BYTES:
+        warnings.warn(
+            f"the posterior group holds {size / 2**20:.0f} MB ({num_samples * num_chains} draws of "
+            f"{len(sites)} sites); pass sites=[...] to export fewer layers, or fewer num_samples.",
+            stacklevel=2,
+        )
+    shapes = {s: draws[s].shape[1:] for s in sites}
+    dims = _site_dims(model, shapes)
+    chain_draw = ["chain", "draw"]
+    coords = {"chain": np.arange(num_chains), "draw": np.arange(num_samples), "obs_id": np.arange(x.shape[0])}
+
+    def dataset(variables: dict[str, tuple[list[str], np.ndarray]]) -> xr.Dataset:
+        used = {d for dims_, _ in variables.values() for d in dims_}
+        return xr.Dataset(variables, coords={k: v for k, v in coords.items() if k in used})
+
+    event_dims = [f"{obs}_{i}" for i in range(prediction.samples.dim() - 2)]
+    groups = {
+        "posterior": dataset({s: (chain_draw + dims[s], _by_chain(draws[s], num_chains)) for s in sites}),
+        "posterior_predictive": dataset(
+            {obs: (chain_draw + ["obs_id"] + event_dims, _by_chain(prediction.samples, num_chains))}
+        ),
+        "constant_data": dataset(
+            {"x": (["obs_id"] + [f"x_{i}" for i in range(x.dim() - 1)], x.detach().cpu().numpy())}
+        ),
+    }
+    if y is not None:
+        y = y.to(prediction.samples.device)
+        if y.shape[:1] != x.shape[:1]:
+            raise ValueError(f"x has {x.shape[0]} rows but y has shape {tuple(y.shape)}.")
+        likelihood = getattr(model, "likelihood", None)
+        if likelihood is not None and hasattr(likelihood, "check_targets"):
+            y = likelihood.check_targets(y)
+        log_lik = prediction.log_prob(y)
+        groups["log_likelihood"] = dataset({obs: (chain_draw + ["obs_id"], _by_chain(log_lik, num_chains))})
+        groups["observed_data"] = dataset({obs: (["obs_id"] + event_dims, y.detach().cpu().numpy())})
+    return _wrap(groups)
