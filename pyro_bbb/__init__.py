@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 from . import datasets, diagnostics, handlers, likelihoods, metrics, nn, optim, plots, priors, schedules  # noqa: E402
 from .bnn import BNN  # noqa: E402
 from .checkpoint import load, save  # noqa: E402
+from .convert import bayesianize  # noqa: E402
 from .diagnostics import summary  # noqa: E402
 from .elbo import ELBO, DataPlateScaleMessenger  # noqa: E402
 from .export import to_inference_data  # noqa: E402
@@ -32,6 +33,7 @@ from .training import History, TrainingDivergedError, fit  # noqa: E402
 
 __all__ = [
     "BNN",
+    "bayesianize",
     "ELBO",
     "DataPlateScaleMessenger",
     "MeanFieldGuide",

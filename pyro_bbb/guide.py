@@ -14,6 +14,7 @@ from pyro.distributions.transforms import biject_to
 from pyro.infer.autoguide import AutoNormal
 from pyro.infer.autoguide.initialization import init_to_median
 from pyro.nn.module import _is_module_local_param_enabled, _make_name
+from torch.distributions import transform_to
 
 from .nn.module import BayesianModule
 from .priors import _is_real
@@ -109,9 +110,12 @@ class MeanFieldGuide(AutoNormal):
         else:
             raise ValueError(f'`init_loc` must be "module" or a Pyro init_loc_fn callable, got {init_loc!r}.')
         super().__init__(model, init_loc_fn=init_loc_fn, init_scale=float(init_scale), create_plates=create_plates)
+        # kept out of the module tree (no parameters of the model in the guide's state), for the layers' init scales
+        self.__dict__["_module"] = model if isinstance(model, torch.nn.Module) else None
 
     def _setup_prototype(self, *args, **kwargs) -> None:
         super()._setup_prototype(*args, **kwargs)
+        self._set_initial_scales()
         # Pyro's param store is global: a new guide adopts any parameter an earlier guide left there under the same
         # name. With another shape that can only be an earlier, different model.
         for name, site in self.prototype_trace.iter_stochastic_nodes():
@@ -123,6 +127,19 @@ class MeanFieldGuide(AutoNormal):
                     f"this model's site has shape {tuple(expected)}: it was left by an earlier model. Call "
                     "pyro.clear_param_store() before building a new model and guide."
                 )
+
+    @torch.no_grad()
+    def _set_initial_scales(self) -> None:
+        """Posterior widths a layer's prior asks for (MOPED: ``delta * |w|``) replace ``init_scale`` at set-up."""
+        model = self.__dict__.get("_module")
+        if model is None:
+            return
+        for module in model.modules():
+            if isinstance(module, BayesianModule):
+                for site, scale in module.initial_scales(full_names=True).items():
+                    if site in self._event_dims:
+                        constrained = attrgetter(site)(self.scales)
+                        constrained.unconstrained().copy_(transform_to(self.scale_constraint).inv(scale))
 
     @staticmethod
     def _constrain(normal: dist.Distribution, site: dict) -> dist.Distribution:

@@ -28,6 +28,7 @@ __all__ = [
     "Laplace",
     "ScaleMixtureNormal",
     "FanInNormal",
+    "Moped",
     "ScaleMixtureNormalDistribution",
     "as_prior",
 ]
@@ -155,6 +156,47 @@ class FanInNormal(Prior):
     def distribution(self, shape, fan_in, *, device=None, dtype=None):
         zero = _scalar(0.0, device, dtype)
         return _whole_tensor(dist.Normal(zero, _scalar(self.std(fan_in), device, dtype)), torch.Size(shape))
+
+
+class Moped(Prior):
+    """MOPED (Krishnan et al. 2020): a prior centred on pretrained weights, scaled relative to them.
+
+    For a weight whose pretrained value is ``w``: prior ``Normal(w, delta * |w|)`` (at least ``min_scale``), and the
+    posterior starts at the same place and width. Meant for :func:`pyro_bbb.bayesianize` with
+    ``init_from_weights=True``; on a freshly initialised layer ``w`` is the layer's own random initialisation.
+
+    Parameters
+    ----------
+    delta : float
+        Relative width: the prior (and initial posterior) std of a weight is ``delta * |w|``.
+    min_scale : float
+        Floor on that std (weights that are exactly 0 still get a proper prior).
+
+    Example
+    -------
+    >>> d = Moped(delta=0.1).distribution((2,), fan_in=1, init=torch.tensor([1.0, -3.0]))
+    >>> d.base_dist.loc, d.base_dist.scale
+    (tensor([ 1., -3.]), tensor([0.1000, 0.3000]))
+    """
+
+    #: ``distribution`` needs the layer's initial values (``init=``).
+    uses_init = True
+
+    def __init__(self, delta: float = 0.1, min_scale: float = 1e-3):
+        self.delta = _check_positive("delta", delta)
+        self.min_scale = _check_positive("min_scale", min_scale)
+
+    def scale(self, init: torch.Tensor) -> torch.Tensor:
+        """The per-weight prior (and initial posterior) standard deviation, ``max(delta * |w|, min_scale)``."""
+        return (self.delta * init.abs()).clamp_min(self.min_scale)
+
+    def distribution(self, shape, fan_in, *, device=None, dtype=None, init=None):
+        if init is None:
+            raise ValueError("Moped is centred on the layer's weights: its distribution needs `init=` (the weights).")
+        init = init.detach().to(device=device, dtype=dtype)
+        if init.shape != torch.Size(shape):
+            raise ValueError(f"Moped got init of shape {tuple(init.shape)} for a parameter of shape {tuple(shape)}.")
+        return dist.Normal(init, self.scale(init)).to_event(len(shape))
 
 
 class ScaleMixtureNormalDistribution(TorchDistribution):

@@ -89,13 +89,34 @@ class BayesianModule(PyroModule):
         """
         fan_in, prior = self._bayesian[name]
         init = self._buffers[f"{name}_init"]
-        # built once per (prior, shape, device, dtype): it is read at every step, and priors are immutable
-        key = (id(prior), init.shape, init.device, init.dtype)
+        # built once per (prior, shape, device, dtype, initial value): it is read at every step; priors are immutable
+        key = (id(prior), init.shape, init.device, init.dtype, init._version)
         cache = self.__dict__.setdefault("_prior_cache", {})
         cached = cache.get(name)
         if cached is None or cached[0] != key:
-            cached = cache[name] = (key, prior.distribution(init.shape, fan_in, device=init.device, dtype=init.dtype))
+            extra = {"init": init} if getattr(prior, "uses_init", False) else {}
+            distribution = prior.distribution(init.shape, fan_in, device=init.device, dtype=init.dtype, **extra)
+            cached = cache[name] = (key, distribution)
         return cached[1]
+
+    def initial_scales(self, full_names: bool = False) -> dict[str, torch.Tensor]:
+        """Initial posterior standard deviations that a prior asks for (e.g. :class:`~pyro_bbb.priors.Moped`'s
+        ``delta * |w|``); parameters whose prior does not are absent (the guide's ``init_scale`` applies).
+
+        Example
+        -------
+        >>> from pyro_bbb import priors
+        >>> from pyro_bbb.nn import BayesianLinear
+        >>> layer = BayesianLinear(3, 2, prior=priors.Moped(delta=0.1))
+        >>> torch.allclose(layer.initial_scales()["weight"], (0.1 * layer.weight_init.abs()).clamp_min(1e-3))
+        True
+        """
+        prefix = self.__dict__.get("_pyro_name", "") if full_names else ""
+        return {
+            _make_name(prefix, name): prior.scale(self._buffers[f"{name}_init"])
+            for name, (_, prior) in self._bayesian.items()
+            if hasattr(prior, "scale") and getattr(prior, "uses_init", False)
+        }
 
     def initial_values(self, full_names: bool = False) -> dict[str, torch.Tensor]:
         """The initial value of every sampled parameter, keyed by name (or by Pyro site name).

@@ -1,0 +1,169 @@
+import pyro
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import pyro_bbb
+from pyro_bbb import likelihoods, metrics, priors
+from pyro_bbb.nn import BayesianConv2d, BayesianLinear
+
+
+def train_deterministic(net, x, y, steps=300, lr=0.01):
+    torch.manual_seed(0)
+    optimizer = torch.optim.Adam(net.parameters(), lr=lr)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        optimizer.step()
+    return net.eval()
+
+
+def blobs(n=300, d=2, classes=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    centres = 3 * torch.randn(classes, d, generator=g)
+    y = torch.randint(0, classes, (n,), generator=g)
+    return centres[y] + torch.randn(n, d, generator=g), y
+
+
+def images(n=200, seed=0):
+    """8x8 images of a bright horizontal or vertical bar (2 classes) in noise."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 2, (n,), generator=g)
+    x = 0.3 * torch.randn(n, 1, 8, 8, generator=g)
+    pos = torch.randint(1, 7, (n,), generator=g)
+    for i in range(n):
+        if y[i]:
+            x[i, 0, :, pos[i]] += 1.0
+        else:
+            x[i, 0, pos[i], :] += 1.0
+    return x, y
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.norm = nn.BatchNorm2d(4)
+        self.pool = nn.MaxPool2d(2)
+        self.head = nn.Linear(4 * 16, 2)
+
+    def forward(self, x):
+        h = self.pool(torch.relu(self.norm(self.conv(x))))
+        return self.head(h.flatten(-3))
+
+
+def params_of(module):
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_converted_model_predicts_like_the_original_then_trains(kind):
+    if kind == "mlp":
+        x, y = blobs()
+        original = nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 3))
+    else:
+        x, y = images()
+        original = SmallCNN()
+    original = train_deterministic(original, x, y)
+    before = params_of(original)
+    with torch.no_grad():
+        deterministic_probs = original(x).softmax(-1)
+    deterministic_accuracy = metrics.accuracy(deterministic_probs, y)
+
+    net = pyro_bbb.bayesianize(original, init_from_weights=True)
+    bnn = pyro_bbb.BNN(net, likelihoods.Categorical())
+    guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=1e-6)
+    guide(x, y)
+    pred = pyro_bbb.predict(bnn, guide, x, num_samples=10, vectorize=False)
+    torch.testing.assert_close(pred.probs, deterministic_probs, atol=1e-3, rtol=0)
+
+    net.train()
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=15, batch_size=50, lr=1e-3, progress=False, seed=0)
+    net.eval()
+    pred = pyro_bbb.predict(bnn, guide, x, num_samples=20, vectorize=False)
+    assert metrics.accuracy(pred, y) >= deterministic_accuracy - 0.01
+    after = params_of(original)
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the original is untouched
+
+
+def test_selection_by_type_name_pattern_and_predicate():
+    model = SmallCNN()
+    converted = pyro_bbb.bayesianize(model)
+    assert isinstance(converted.conv, BayesianConv2d) and isinstance(converted.head, BayesianLinear)
+    assert not isinstance(converted.norm, pyro_bbb.nn.BayesianModule)
+    only_head = pyro_bbb.bayesianize(model, include=["head"])
+    assert isinstance(only_head.head, BayesianLinear) and not isinstance(only_head.conv, BayesianConv2d)
+    by_predicate = pyro_bbb.bayesianize(model, include=lambda name, m: isinstance(m, nn.Conv2d))
+    assert isinstance(by_predicate.conv, BayesianConv2d) and not isinstance(by_predicate.head, BayesianLinear)
+    excluded = pyro_bbb.bayesianize(model, exclude=["co*"])
+    assert not isinstance(excluded.conv, BayesianConv2d) and isinstance(excluded.head, BayesianLinear)
+    nested = nn.Sequential(nn.Sequential(nn.Linear(2, 3), nn.ReLU()), nn.Linear(3, 1))
+    assert isinstance(pyro_bbb.bayesianize(nested, include=["0"])[0][0], BayesianLinear)  # a container's layers
+
+
+def test_priors_per_layer():
+    model = SmallCNN()
+    by_pattern = pyro_bbb.bayesianize(model, prior={"conv": priors.Laplace(0.0, 0.1), "*": priors.Normal(0, 2)})
+    assert by_pattern.conv.prior == priors.Laplace(0.0, 0.1) and by_pattern.head.prior == priors.Normal(0, 2)
+    by_callable = pyro_bbb.bayesianize(model, prior=lambda name, m: priors.FanInNormal() if name == "head" else None)
+    assert by_callable.head.prior == priors.FanInNormal() and by_callable.conv.prior == priors.Normal()
+
+
+def test_moped_starts_at_the_trained_weights_with_relative_widths():
+    original = nn.Linear(3, 2)
+    converted = pyro_bbb.bayesianize(nn.Sequential(original), prior=priors.Moped(delta=0.1))
+    guide = pyro_bbb.MeanFieldGuide(converted)
+    guide(torch.randn(4, 3))
+    q = guide.site_posteriors()["0.weight"]
+    torch.testing.assert_close(q.loc, original.weight.detach())
+    torch.testing.assert_close(q.scale, (0.1 * original.weight.detach().abs()).clamp_min(1e-3), rtol=1e-4, atol=0)
+    prior = converted[0].prior_distribution("weight")
+    torch.testing.assert_close(prior.base_dist.loc, original.weight.detach())
+
+
+def test_last_layer_only_trains_the_body_and_saves_it(tmp_path):
+    x, y = blobs()
+    original = train_deterministic(nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 3)), x, y, steps=50)
+    net = pyro_bbb.bayesianize(original, last_layer_only=True)
+    assert isinstance(net[2], BayesianLinear) and not isinstance(net[0], pyro_bbb.nn.BayesianModule)
+    bnn = pyro_bbb.BNN(net, likelihoods.Categorical())
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    body_before = net[0].weight.detach().clone()
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=3, batch_size=50, lr=1e-2, progress=False)
+    assert not torch.equal(net[0].weight.detach(), body_before)  # the deterministic body trained with the guide
+    pyro_bbb.save(tmp_path / "m.pt", bnn, guide)
+    pyro.clear_param_store()
+    net2 = pyro_bbb.bayesianize(original, last_layer_only=True)
+    bnn2 = pyro_bbb.BNN(net2, likelihoods.Categorical())
+    pyro_bbb.load(tmp_path / "m.pt", bnn2, pyro_bbb.MeanFieldGuide(bnn2))
+    torch.testing.assert_close(net2[0].weight, net[0].weight)
+
+
+class AttentionModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, 8)
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.embed(x)
+        h, _ = self.attn(h, h, h)
+        return self.head(h.mean(-2))
+
+
+def test_attention_is_left_alone_and_unsupported_requests_are_errors():
+    converted = pyro_bbb.bayesianize(AttentionModel())
+    assert isinstance(converted.embed, BayesianLinear) and isinstance(converted.head, BayesianLinear)
+    assert not isinstance(converted.attn.out_proj, BayesianLinear)  # used through its weights, not called
+    bnn = pyro_bbb.BNN(converted, likelihoods.Categorical())
+    x, y = torch.randn(6, 5, 4), torch.randint(0, 2, (6,))
+    pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=2, progress=False)
+    for request in (["attn"], ["attn.out_proj"], ["nothing*"]):
+        with pytest.raises(ValueError, match="Supported types: nn.Linear|matched no module"):
+            pyro_bbb.bayesianize(AttentionModel(), include=request)
+    with pytest.raises(ValueError, match=r"norm \(BatchNorm2d\)"):
+        pyro_bbb.bayesianize(SmallCNN(), include=["norm", "head"])
+    with pytest.raises(ValueError, match=r"lstm \(LSTM\)"):
+        pyro_bbb.bayesianize(nn.ModuleDict({"lstm": nn.LSTM(2, 3)}), include=["lstm"])
