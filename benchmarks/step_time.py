@@ -11,7 +11,8 @@ Contenders, all with Adam:
   ``pyro_bbb.fit`` runs), with plain reparameterization, Flipout and local reparameterization.
 
 Each round times every contender for ``repeats`` steps (median), rounds are interleaved, and the table reports the
-median over rounds. ``--profile`` prints where a pyro_bbb reparameterization step spends its time.
+median over rounds. Recurrent nets: pyro_bbb's ``BayesianLSTM`` (reparameterization and Flipout) against
+``torch.nn.LSTM`` of the same size. ``--profile`` prints where a pyro_bbb reparameterization step spends its time.
 
     python benchmarks/step_time.py            # prints the table and ratios
     python benchmarks/step_time.py --quick    # smoke run
@@ -34,7 +35,7 @@ from timing import median_ms  # noqa: E402  (benchmarks/timing.py)
 
 import pyro_bbb
 from pyro_bbb import likelihoods
-from pyro_bbb.nn import BayesianLinear
+from pyro_bbb.nn import BayesianLinear, BayesianLSTM
 
 CONFIGS = {
     "small 1-50-50-1, batch 100": ([1, 50, 50, 1], 100, 10_000),
@@ -157,6 +158,51 @@ def run(name, widths, batch, num_data, repeats, rounds) -> dict[str, float]:
     return {c: statistics.median(t) for c, t in times.items()}
 
 
+RECURRENT = {
+    "LSTM 7->4, T = 12, batch 32 (Embedded Reber)": (7, 4, 12, 32),
+    "LSTM 32->128, T = 20, batch 64": (32, 128, 20, 64),
+}
+
+
+def recurrent_steps(input_size, hidden, steps, batch):
+    """torch.nn.LSTM (deterministic, Adam) against pyro_bbb's BayesianLSTM under each estimator."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(batch, steps, input_size, generator=g), torch.randint(0, 2, (batch,), generator=g).float()
+
+    class LastStep(torch.nn.Module):
+        def __init__(self, rnn):
+            super().__init__()
+            self.rnn, self.head = rnn, torch.nn.Linear(hidden, 1)
+
+        def forward(self, x):
+            return self.head(self.rnn(x)[0][..., -1, :])
+
+    torch.manual_seed(0)
+    plain = LastStep(torch.nn.LSTM(input_size, hidden, batch_first=True))
+    optimizer = torch.optim.Adam(plain.parameters(), lr=1e-3)
+
+    def torch_step():
+        optimizer.zero_grad()
+        F.binary_cross_entropy_with_logits(plain(x).squeeze(-1), y).backward()
+        optimizer.step()
+
+    contenders = {"torch.nn.LSTM (deterministic)": torch_step}
+    pyro.clear_param_store()
+    model = pyro_bbb.BNN(LastStep(BayesianLSTM(input_size, hidden, batch_first=True)), likelihoods.Bernoulli())
+    guide = pyro_bbb.MeanFieldGuide(model)
+    svi = SVI(model, guide, pyro_bbb.optim.Adam(lr=1e-3), pyro_bbb.ELBO(num_data=10 * batch))
+    for name, estimator in (("BayesianLSTM reparam", lambda: pyro.poutine.messenger.Messenger()),
+                            ("BayesianLSTM flipout", pyro_bbb.flipout)):  # fmt: skip
+
+        def step(estimator=estimator):
+            with estimator():
+                svi.step(x, y)
+
+        step()
+        contenders[name] = step
+    return contenders
+
+
 def profile(widths, batch, num_data, steps=200) -> None:
     pyro.clear_param_store()
     data = make_data(widths, batch)
@@ -181,6 +227,17 @@ def main() -> None:
     repeats, rounds = (5, 1) if args.quick else (40, 7)
     print(f"torch {torch.__version__}, pyro {pyro.__version__}, {torch.get_num_threads()} threads; "
           f"median ms per step over {rounds} interleaved rounds x {repeats} steps")  # fmt: skip
+    for name, sizes in RECURRENT.items():
+        contenders = recurrent_steps(*sizes)
+        times = {c: [] for c in contenders}
+        for _ in range(rounds):
+            for contender, step in contenders.items():
+                times[contender].append(median_ms(step, max(5, repeats // 2)))
+        result = {c: statistics.median(t) for c, t in times.items()}
+        floor = result["torch.nn.LSTM (deterministic)"]
+        print(f"\n{name}")
+        for contender, ms in result.items():
+            print(f"  {contender:30s} {ms:8.2f} ms/step {ms / floor:8.2f}x torch.nn.LSTM")
     for name, (widths, batch, num_data) in CONFIGS.items():
         result = run(name, widths, batch, num_data, repeats, rounds)
         hand, floor = result["hand-written PyTorch BbB"], result["deterministic MLP"]

@@ -24,7 +24,17 @@ from pyro.nn import PyroModule
 from pyro.nn.module import to_pyro_module_
 from torch import nn
 
-from .nn import BayesianConv1d, BayesianConv2d, BayesianConv3d, BayesianLinear, BayesianModule
+from .nn import (
+    BayesianConv1d,
+    BayesianConv2d,
+    BayesianConv3d,
+    BayesianGRU,
+    BayesianGRUCell,
+    BayesianLinear,
+    BayesianLSTM,
+    BayesianLSTMCell,
+    BayesianModule,
+)
 from .priors import Prior
 
 __all__ = ["bayesianize", "SUPPORTED"]
@@ -35,6 +45,10 @@ SUPPORTED: dict[type[nn.Module], type[BayesianModule]] = {
     nn.Conv1d: BayesianConv1d,
     nn.Conv2d: BayesianConv2d,
     nn.Conv3d: BayesianConv3d,
+    nn.LSTM: BayesianLSTM,
+    nn.GRU: BayesianGRU,
+    nn.LSTMCell: BayesianLSTMCell,
+    nn.GRUCell: BayesianGRUCell,
 }
 
 #: Containers whose sub-layers are used through their weights rather than called (so they cannot be swapped).
@@ -73,18 +87,25 @@ def _prior_for(prior: PriorSpec, name: str, module: nn.Module) -> Prior | None:
 
 
 def _make_twin(module: nn.Module, twin: type[BayesianModule], prior: Prior | None, from_weights: bool):
-    weight = module.weight
+    weight = next(module.parameters())
     kwargs = {"prior": prior, "device": weight.device, "dtype": weight.dtype}
     if isinstance(module, nn.Linear):
         new = twin(module.in_features, module.out_features, bias=module.bias is not None, **kwargs)
-    else:
+    elif isinstance(module, nn.modules.conv._ConvNd):
         new = twin(module.in_channels, module.out_channels, module.kernel_size, stride=module.stride,
                    padding=module.padding, dilation=module.dilation, groups=module.groups,
                    bias=module.bias is not None, padding_mode=module.padding_mode, **kwargs)  # fmt: skip
+    elif isinstance(module, nn.RNNBase):
+        if getattr(module, "proj_size", 0):
+            raise ValueError(f"cannot convert {module}: LSTMs with proj_size are not supported.")
+        new = twin(module.input_size, module.hidden_size, num_layers=module.num_layers, bias=module.bias,
+                   batch_first=module.batch_first, dropout=module.dropout, bidirectional=module.bidirectional,
+                   **kwargs)  # fmt: skip
+    else:  # recurrent cells
+        new = twin(module.input_size, module.hidden_size, bias=module.bias, **kwargs)
     if from_weights:
-        new._set_initial("weight", weight)
-        if module.bias is not None:
-            new._set_initial("bias", module.bias)
+        for name, param in module.named_parameters():
+            new._set_initial(name, param)
     new.train(module.training)
     return new
 
@@ -103,7 +124,8 @@ def bayesianize(
 ) -> PyroModule:
     """A copy of ``module`` with the chosen layers replaced by their Bayesian twins; the original is untouched.
 
-    Layers are chosen by type (``isinstance`` against :data:`SUPPORTED`: ``nn.Linear``, ``nn.Conv1d/2d/3d``), then
+    Layers are chosen by type (``isinstance`` against :data:`SUPPORTED`: ``nn.Linear``, ``nn.Conv1d/2d/3d``,
+    ``nn.LSTM``, ``nn.GRU`` and their cells), then
     narrowed by module name (``fnmatch`` patterns such as ``"head.*"``) or a predicate ``(name, module) -> bool``.
     Everything else (normalisation, dropout, activations, embeddings, attention, custom modules) stays
     deterministic; the copy is converted to :class:`~pyro.nn.PyroModule` so those parameters are trained as point

@@ -9,9 +9,20 @@ Example
 
 from __future__ import annotations
 
+import random
+
 import torch
 
-__all__ = ["toy_regression", "heteroscedastic_regression", "heteroscedastic_noise_std", "digits"]
+__all__ = [
+    "toy_regression",
+    "heteroscedastic_regression",
+    "heteroscedastic_noise_std",
+    "digits",
+    "embedded_reber",
+    "is_reber",
+    "is_embedded_reber",
+    "REBER_SYMBOLS",
+]
 
 
 def _generator(n: int, seed: int) -> torch.Generator:
@@ -116,3 +127,124 @@ def digits(test_fraction: float = 0.25, seed: int = 0) -> tuple[torch.Tensor, ..
     num_test = int(round(test_fraction * len(y)))
     test, train = perm[:num_test], perm[num_test:]
     return x[train], y[train], x[test], y[test]
+
+
+#: The seven symbols of the (embedded) Reber grammar, in one-hot order.
+REBER_SYMBOLS = "BTPSXVE"
+
+# The Reber grammar as an automaton: state -> {symbol: next state}; a string is B, a walk from state 1 to the end
+# state 6, then E (Reber 1967; Hochreiter & Schmidhuber 1997, fig. 5).
+_REBER = {1: {"T": 2, "P": 3}, 2: {"S": 2, "X": 4}, 3: {"T": 3, "V": 5}, 4: {"X": 3, "S": 6}, 5: {"P": 4, "V": 6}}
+
+
+def is_reber(string: str) -> bool:
+    """Whether ``string`` is a Reber string: ``B``, a path through the automaton below, ``E``.
+
+    ``1 -T-> 2, 1 -P-> 3, 2 -S-> 2, 2 -X-> 4, 3 -T-> 3, 3 -V-> 5, 4 -X-> 3, 4 -S-> end, 5 -P-> 4, 5 -V-> end``.
+
+    Example
+    -------
+    >>> is_reber("BTXSE"), is_reber("BPVVE"), is_reber("BTXXE")
+    (True, True, False)
+    """
+    if len(string) < 2 or string[0] != "B" or string[-1] != "E":
+        return False
+    state = 1
+    for symbol in string[1:-1]:
+        state = _REBER.get(state, {}).get(symbol)
+        if state is None:
+            return False
+    return state == 6
+
+
+def is_embedded_reber(string: str) -> bool:
+    """Whether ``string`` is an embedded Reber string: ``B``, ``T`` or ``P``, a Reber string, the same letter, ``E``.
+
+    Remembering the second symbol until the second-to-last is the long-range dependency that makes the grammar a
+    classic test of recurrent nets.
+
+    Example
+    -------
+    >>> is_embedded_reber("BTBTXSETE"), is_embedded_reber("BTBTXSEPE")
+    (True, False)
+    """
+    return (
+        len(string) >= 9 and string[0] == "B" and string[1] in "TP" and string[-2] == string[1]
+        and string[-1] == "E" and is_reber(string[2:-2])
+    )  # fmt: skip
+
+
+def _random_reber(rng: random.Random) -> str:
+    symbols, state = ["B"], 1
+    while state != 6:
+        symbol, state = rng.choice(sorted(_REBER[state].items()))
+        symbols.append(symbol)
+    return "".join(symbols) + "E"
+
+
+def _random_embedded_reber(rng: random.Random, max_len: int) -> str:
+    while True:
+        wrap = rng.choice("TP")
+        string = f"B{wrap}{_random_reber(rng)}{wrap}E"
+        if len(string) <= max_len:
+            return string
+
+
+def embedded_reber(n: int, max_len: int = 12, seed: int = 0, return_strings: bool = False):
+    """A balanced binary task on the Embedded Reber Grammar: is the string grammatical?
+
+    Half of the strings are random embedded Reber strings of at most ``max_len`` symbols; the other half are such
+    strings with one symbol replaced by a different one, re-drawn until the result is *not* grammatical (so the
+    labels are exact). Many corruptions break the long-range rule (second symbol = second-to-last).
+
+    Parameters
+    ----------
+    n : int
+        Number of strings.
+    max_len : int
+        Length of the encoding; shorter strings are padded with all-zero rows at the end (at least 9).
+    seed : int
+        Seed of the generator (the global RNGs are not touched).
+    return_strings : bool
+        Also return the strings.
+
+    Returns
+    -------
+    x : Tensor ``(n, max_len, 7)``, float32 one-hot over :data:`REBER_SYMBOLS`
+    y : Tensor ``(n,)``, long, 1 for grammatical strings
+    strings : list of str (only with ``return_strings=True``)
+
+    Example
+    -------
+    >>> x, y, strings = embedded_reber(6, seed=0, return_strings=True)
+    >>> x.shape, int(y.sum())
+    (torch.Size([6, 12, 7]), 3)
+    >>> all(is_embedded_reber(s) == bool(label) for s, label in zip(strings, y))
+    True
+    """
+    if n < 1:
+        raise ValueError(f"`n` must be >= 1, got {n}.")
+    if max_len < 9:
+        raise ValueError(f"`max_len` must be at least 9 (the shortest embedded Reber string), got {max_len}.")
+    rng = random.Random(seed)
+    strings, labels = [], []
+    for i in range(n):
+        string = _random_embedded_reber(rng, max_len)
+        valid = i % 2 == 0
+        while not valid:
+            position = rng.randrange(len(string))
+            symbol = rng.choice([c for c in REBER_SYMBOLS if c != string[position]])
+            corrupted = string[:position] + symbol + string[position + 1 :]
+            if not is_embedded_reber(corrupted):
+                string, valid = corrupted, True
+        strings.append(string)
+        labels.append(int(i % 2 == 0))
+    order = list(range(n))
+    rng.shuffle(order)
+    strings, labels = [strings[i] for i in order], [labels[i] for i in order]
+    x = torch.zeros(n, max_len, len(REBER_SYMBOLS))
+    for i, string in enumerate(strings):
+        for t, symbol in enumerate(string):
+            x[i, t, REBER_SYMBOLS.index(symbol)] = 1.0
+    y = torch.tensor(labels, dtype=torch.long)
+    return (x, y, strings) if return_strings else (x, y)

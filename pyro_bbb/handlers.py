@@ -29,7 +29,7 @@ import torch
 from pyro.poutine.messenger import Messenger
 
 from .guide import POSTERIOR_KEY
-from .nn.functional import sample_dims
+from .nn.functional import sample_dims, with_time_dims
 
 __all__ = ["FlipoutMessenger", "LocalReparameterizationMessenger", "flipout", "local_reparameterization"]
 
@@ -71,6 +71,13 @@ class _PosteriorReader(Messenger):
         """The layer's output under this estimator (``*_posterior`` are ``(loc, scale)`` pairs or None)."""
         raise NotImplementedError
 
+    def _pyro_bayesian_affine_map(self, msg: dict[str, Any]) -> None:
+        raise ValueError(
+            f"{self.estimator} is not defined for recurrent weights: they are shared by all time steps, so their "
+            "pre-activations cannot be drawn independently at each step. Train recurrent layers with "
+            "pyro_bbb.flipout() (or plain reparameterization)."
+        )
+
 
 def _lead(batch_shape: torch.Size, weight: torch.Tensor, feature_dims: int) -> torch.Size:
     """Per-example leading dims: the input's batch dims broadcast with the weight's sample (particle) dims."""
@@ -111,6 +118,28 @@ class FlipoutMessenger(_PosteriorReader):
         perturbation = apply(input * sign_in, weight - loc, bias_delta)
         sign_out = _signs(lead + perturbation.shape[-feature_dims:][:1] + trailing, input)
         return apply(input, loc, bias_loc) + perturbation * sign_out
+
+
+    def _pyro_bayesian_affine_map(self, msg: dict[str, Any]) -> None:
+        """A recurrent weight's map for the whole sequence: signs drawn once per example, shared by all steps."""
+        weight, bias = msg["args"]
+        kwargs = msg["kwargs"]
+        if kwargs["feature_dims"] != 1:
+            raise NotImplementedError("flipout maps are implemented for linear (recurrent) weights only.")
+        apply = kwargs["apply"]
+        loc, _ = self._posterior(kwargs["weight_site"])
+        bias_loc = bias_delta = None
+        if bias is not None:
+            bias_loc, _ = self._posterior(kwargs["bias_site"])
+            bias_delta = bias - bias_loc
+        time = (1,) * kwargs["time_dims"]
+        lead = _lead(torch.Size(kwargs["example_shape"]), weight, 1)
+        sign_in = _signs(lead + time + weight.shape[-1:], weight)
+        sign_out = _signs(lead + time + weight.shape[-2:-1], weight)
+        delta = with_time_dims(weight - loc, 2, len(time))
+        bias_delta = with_time_dims(bias_delta, 1, len(time))
+        msg["value"] = lambda input: apply(input, loc, bias_loc) + apply(input * sign_in, delta, bias_delta) * sign_out
+        msg["done"] = True
 
 
 class LocalReparameterizationMessenger(_PosteriorReader):

@@ -286,10 +286,9 @@ def _draws_per_block(num_samples: int, num_inputs: int, shapes: dict[str, torch.
     return max(1, min(num_samples, CPU_BLOCK_ELEMENTS // (num_inputs * width)))
 
 
-def _run_draws(model, draws, shapes, x, obs, data_plate: str, nesting: int, block: int | None):
+def _run_draws(model, draws, shapes, x, obs, data_plate: str, nesting: int, block: int | None, num_samples: int):
     """The observation's parameters under every draw: ``block`` draws per call inside a sample plate, or one call
     per draw without any plate (``block=None``, the fallback for models that cannot be vectorized)."""
-    num_samples = next(iter(draws.values())).shape[0]
     parts = []
     for start in range(0, num_samples, block or 1):
         stop = min(start + (block or 1), num_samples)
@@ -431,7 +430,8 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
     results = None
     if vectorize is not False:
         try:
-            results = [_run_draws(model, draws, shapes, chunk, obs, data_plate, nesting, block) for chunk in chunks]
+            results = [_run_draws(model, draws, shapes, chunk, obs, data_plate, nesting, block, num_samples)
+                       for chunk in chunks]
         except (RuntimeError, ValueError, IndexError) as error:
             if vectorize:
                 raise
@@ -442,7 +442,8 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
                 stacklevel=6,  # the caller of predict (through predict_with_draws and torch.no_grad wrappers)
             )
     if results is None:
-        results = [_run_draws(model, draws, shapes, chunk, obs, data_plate, nesting, None) for chunk in chunks]
+        results = [_run_draws(model, draws, shapes, chunk, obs, data_plate, nesting, None, num_samples)
+                   for chunk in chunks]
 
     family, reinterpreted, _ = results[0]
     params = {name: torch.cat([p[name] for _, _, p in results], dim=1) for name in results[0][2]}

@@ -37,3 +37,9 @@ def test_inspect_with_arviz(tmp_path):
     assert math.isfinite(results["elpd_loo"])
     for name in ("posterior", "forest", "ppc", "loo_pit", "std_vs_prior", "history"):
         assert (tmp_path / f"arviz_{name}.png").stat().st_size > 5_000
+
+
+@pytest.mark.slow
+def test_bayesian_lstm_reber(tmp_path):
+    results = load("bayesian_lstm_reber").main(epochs=1, num_train=64, out_dir=tmp_path, progress=False)
+    assert len(results) == 5 and (tmp_path / "reber_curves.png").stat().st_size > 10_000

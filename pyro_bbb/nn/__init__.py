@@ -21,6 +21,7 @@ from .conv import BayesianConv1d, BayesianConv2d, BayesianConv3d
 from .functional import batched_conv, batched_linear
 from .linear import BayesianLinear
 from .module import BayesianModule
+from .recurrent import BayesianGRU, BayesianGRUCell, BayesianLSTM, BayesianLSTMCell
 
 __all__ = [
     "BayesianModule",
@@ -28,6 +29,10 @@ __all__ = [
     "BayesianConv1d",
     "BayesianConv2d",
     "BayesianConv3d",
+    "BayesianLSTMCell",
+    "BayesianGRUCell",
+    "BayesianLSTM",
+    "BayesianGRU",
     "batched_linear",
     "batched_conv",
 ]

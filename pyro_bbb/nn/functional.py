@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from pyro.poutine.runtime import effectful
 
-__all__ = ["batched_linear", "batched_conv", "bayesian_affine"]
+__all__ = ["batched_linear", "batched_conv", "bayesian_affine", "bayesian_affine_map"]
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
@@ -157,3 +157,41 @@ def sample_dims(weight: torch.Tensor, feature_dims: int) -> torch.Size:
     """
     param_dims = feature_dims + 1
     return _global(weight, param_dims).shape[:-param_dims]
+
+
+def with_time_dims(param: torch.Tensor | None, param_dims: int, time_dims: int) -> torch.Tensor | None:
+    """A parameter with draw dimensions, given ``time_dims`` more singleton batch dimensions on the right, so that
+    it applies to inputs with extra per-example dimensions (time steps): ``(S, 1, out, in)`` -> ``(S, 1, 1, out, in)``.
+
+    Example
+    -------
+    >>> with_time_dims(torch.zeros(5, 1, 4, 3), param_dims=2, time_dims=1).shape
+    torch.Size([5, 1, 1, 4, 3])
+    """
+    if param is None or param.dim() <= param_dims or time_dims == 0:
+        return param
+    param = _global(param, param_dims)
+    return param.reshape(param.shape[:-param_dims] + (1,) * time_dims + param.shape[-param_dims:])
+
+
+def _affine_map(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    apply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
+    feature_dims: int,
+    example_shape: tuple[int, ...],
+    time_dims: int = 0,
+    weight_site: str | None = None,
+    bias_site: str | None = None,
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    weight, bias = with_time_dims(weight, feature_dims + 1, time_dims), with_time_dims(bias, 1, time_dims)
+    return lambda input: apply(input, weight, bias)
+
+
+#: The operation a recurrent layer runs once per sequence: it returns the map ``input -> apply(input, weight,
+#: bias)`` that the layer then applies to the whole sequence (inputs with ``time_dims`` extra per-example
+#: dimensions) or at every time step, without re-entering Pyro. Effectful (type ``"bayesian_affine_map"``) so that
+#: :func:`pyro_bbb.flipout` can return a map whose random signs are drawn once per example (``example_shape``) and
+#: shared by all time steps.
+bayesian_affine_map = effectful(_affine_map, type="bayesian_affine_map")

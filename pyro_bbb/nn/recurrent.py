@@ -1,0 +1,289 @@
+"""Bayesian recurrent layers: ``BayesianLSTM``, ``BayesianGRU`` and their cells, twins of ``torch.nn``'s.
+
+Every weight and bias (input-to-hidden and hidden-to-hidden, per layer and direction) is its own sample site, so
+each KL is counted once per step. The weights are drawn once per sequence (one draw per SVI step, not per time
+step): the layer reads each site once, turns it into a map with :func:`~pyro_bbb.nn.functional.bayesian_affine_map`
+and runs the time loop on plain tensors. Under :func:`pyro_bbb.flipout` those maps carry sign vectors drawn once per
+example and shared by every time step.
+
+Example
+-------
+>>> import torch
+>>> lstm = BayesianLSTM(7, 4, batch_first=True)
+>>> output, (h_n, c_n) = lstm(torch.randn(2, 12, 7))
+>>> output.shape, h_n.shape, c_n.shape
+(torch.Size([2, 12, 4]), torch.Size([1, 2, 4]), torch.Size([1, 2, 4]))
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pyro.nn.module import _make_name
+from torch import nn
+
+from ..priors import Prior
+from .functional import _global, batched_linear, bayesian_affine_map
+from .module import BayesianModule
+
+__all__ = ["BayesianLSTMCell", "BayesianGRUCell", "BayesianLSTM", "BayesianGRU"]
+
+
+def _lstm_step(gates: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    i, f, g, o = gates.chunk(4, -1)
+    c = torch.sigmoid(f) * state[1] + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
+def _gru_step(input_part: torch.Tensor, hidden_part: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    ir, iz, in_ = input_part.chunk(3, -1)
+    hr, hz, hn = hidden_part.chunk(3, -1)
+    r, z = torch.sigmoid(ir + hr), torch.sigmoid(iz + hz)
+    n = torch.tanh(in_ + r * hn)
+    return (1 - z) * n + z * h
+
+
+class _Recurrent(BayesianModule):
+    """Shared machinery: sites named like ``torch.nn``'s, one map per weight per sequence, the gate arithmetic."""
+
+    _mode: str  # "LSTM" or "GRU"
+
+    def _declare_from(self, twin: nn.Module, fan_in: dict[str, int], recurrent_prior: Prior | None) -> None:
+        for name, param in twin.named_parameters():
+            recurrent = name.startswith("weight_hh")
+            self._declare_bayesian(name, param, fan_in[name], recurrent_prior if recurrent else None)
+
+    def _map(self, suffix: str, example_shape: torch.Size, sequence: bool = False):
+        """``x -> W_ih x + b_ih`` and ``h -> W_hh h + b_hh`` for one layer/direction, drawn once. With ``sequence``
+        the input map takes a whole sequence ``(..., B, T, features)`` at once (one matrix product for all steps)."""
+        prefix = self.__dict__.get("_pyro_name", "")
+        maps = []
+        for kind, time_dims in (("ih", int(sequence)), ("hh", 0)):
+            weight_name, bias_name = f"weight_{kind}{suffix}", f"bias_{kind}{suffix}"
+            has_bias = bias_name in self._bayesian
+            maps.append(bayesian_affine_map(
+                getattr(self, weight_name), getattr(self, bias_name) if has_bias else None,
+                apply=batched_linear, feature_dims=1, example_shape=tuple(example_shape), time_dims=time_dims,
+                weight_site=_make_name(prefix, weight_name),
+                bias_site=_make_name(prefix, bias_name) if has_bias else None,
+            ))  # fmt: skip
+        return maps
+
+    def _step(self, maps, x_t: torch.Tensor, state, projected: bool = False):
+        """One time step; ``projected``: ``x_t`` is already ``W_ih x_t + b_ih``."""
+        input_to_hidden, hidden_to_hidden = maps
+        h = state[0] if self._mode == "LSTM" else state
+        x_part = x_t if projected else input_to_hidden(x_t)
+        if self._mode == "LSTM":
+            return _lstm_step(x_part + hidden_to_hidden(h), state)
+        return _gru_step(x_part, hidden_to_hidden(h), h)
+
+    def _sample_shape(self, suffix: str) -> torch.Size:
+        """Leading draw dimensions of this layer's weights (e.g. ``(S, 1)`` under a vectorized predictive)."""
+        weight = getattr(self, f"weight_ih{suffix}")
+        return _global(weight, 2).shape[:-2]
+
+    def _check_input(self, input: torch.Tensor, size: int, where: str) -> None:
+        if input.dim() == 0 or input.shape[-1] != size:
+            raise ValueError(
+                f"{type(self).__name__}(input_size={size}) expects {where} whose last dimension is {size}, got shape "
+                f"{tuple(input.shape)}."
+            )
+
+
+class _RecurrentCell(_Recurrent):
+    """One time step; weights and Flipout signs are reused by every call within one model run."""
+
+    def __init__(self, input_size, hidden_size, bias=True, prior=None, recurrent_prior=None, *, device=None,
+                 dtype=None):  # fmt: skip
+        super().__init__(prior)
+        self.input_size, self.hidden_size = input_size, hidden_size
+        twin = getattr(nn, f"{self._mode}Cell")(input_size, hidden_size, bias=bias, device=device, dtype=dtype)
+        fan_in = {"weight_ih": input_size, "weight_hh": hidden_size, "bias_ih": hidden_size, "bias_hh": hidden_size}
+        self._declare_from(twin, fan_in, recurrent_prior)
+
+    def _cached_maps(self, example_shape: torch.Size):
+        # the same weight tensors (PyroModule caches a site within one model run) -> the same maps and signs
+        weights = (self.weight_ih, self.weight_hh)
+        cached = self.__dict__.get("_maps")
+        fresh = cached is None or cached[1] != example_shape or any(a is not b for a, b in zip(cached[0], weights))
+        if fresh:
+            cached = self.__dict__["_maps"] = (weights, example_shape, self._map("", example_shape))
+        return cached[2]
+
+    def _zeros(self, input: torch.Tensor) -> torch.Tensor:
+        shape = torch.broadcast_shapes(input.shape[:-1], self._sample_shape("")) + (self.hidden_size,)
+        return input.new_zeros(shape)
+
+    def extra_repr(self) -> str:
+        return f"{self.input_size}, {self.hidden_size}, bias={'bias_ih' in self._bayesian}, {self._prior_repr()}"
+
+
+class BayesianLSTMCell(_RecurrentCell):
+    """Bayesian twin of :class:`torch.nn.LSTMCell`: ``(h_1, c_1) = cell(input, (h_0, c_0))``.
+
+    Parameters
+    ----------
+    input_size, hidden_size, bias :
+        As in :class:`torch.nn.LSTMCell`.
+    prior : Prior, optional
+        Prior of every weight and bias (default ``Normal(0, 1)``).
+    recurrent_prior : Prior, optional
+        A different prior for the hidden-to-hidden weights.
+
+    Example
+    -------
+    >>> cell = BayesianLSTMCell(3, 5)
+    >>> h, c = cell(torch.randn(2, 3))
+    >>> h.shape, c.shape
+    (torch.Size([2, 5]), torch.Size([2, 5]))
+    """
+
+    _mode = "LSTM"
+
+    def forward(self, input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None):
+        self._check_input(input, self.input_size, "an input")
+        if hx is None:
+            hx = (self._zeros(input), self._zeros(input))
+        return self._step(self._cached_maps(input.shape[:-1]), input, hx)
+
+
+class BayesianGRUCell(_RecurrentCell):
+    """Bayesian twin of :class:`torch.nn.GRUCell`: ``h_1 = cell(input, h_0)``; ``prior`` / ``recurrent_prior`` as
+    in :class:`BayesianLSTMCell`.
+
+    Example
+    -------
+    >>> BayesianGRUCell(3, 5)(torch.randn(2, 3)).shape
+    torch.Size([2, 5])
+    """
+
+    _mode = "GRU"
+
+    def forward(self, input: torch.Tensor, hx: torch.Tensor | None = None) -> torch.Tensor:
+        self._check_input(input, self.input_size, "an input")
+        if hx is None:
+            hx = self._zeros(input)
+        return self._step(self._cached_maps(input.shape[:-1]), input, hx)
+
+
+class _RecurrentLayer(_Recurrent):
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+                 bidirectional=False, prior=None, recurrent_prior=None, *, device=None, dtype=None):  # fmt: skip
+        super().__init__(prior)
+        twin = getattr(nn, self._mode)(input_size, hidden_size, num_layers=num_layers, bias=bias,
+                                       batch_first=batch_first, dropout=dropout, bidirectional=bidirectional,
+                                       device=device, dtype=dtype)  # fmt: skip
+        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        self.batch_first, self.dropout, self.bidirectional = batch_first, float(dropout), bidirectional
+        self.num_directions = 2 if bidirectional else 1
+        fan_in = {}
+        for name, _ in twin.named_parameters():
+            layer = int(name.split("_l")[1].split("_")[0])
+            below = input_size if layer == 0 else hidden_size * self.num_directions
+            fan_in[name] = below if name.startswith("weight_ih") else hidden_size
+        self._declare_from(twin, fan_in, recurrent_prior)
+
+    def _suffixes(self, layer: int) -> list[str]:
+        return [f"_l{layer}", f"_l{layer}_reverse"][: self.num_directions]
+
+    def forward(self, input: torch.Tensor, hx=None):
+        """``input`` is ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``), possibly with leading
+        draw dimensions; returns ``(output, (h_n, c_n))`` for an LSTM and ``(output, h_n)`` for a GRU."""
+        self._check_input(input, self.input_size, "an input")
+        if input.dim() < 3:
+            raise ValueError(f"{type(self).__name__} expects (T, B, features) or (B, T, features), got "
+                             f"{tuple(input.shape)}; feed single steps to the cell instead.")  # fmt: skip
+        sequence_in = input if self.batch_first else input.movedim(-3, -2)  # (..., B, T, features)
+        example_shape = sequence_in.shape[:-2]
+        lead = torch.broadcast_shapes(example_shape, self._sample_shape("_l0"))
+        h0, c0 = self._initial_state(hx, lead, input)
+        finals_h, finals_c = [], []
+        for layer in range(self.num_layers):
+            outputs = []
+            for direction, suffix in enumerate(self._suffixes(layer)):
+                maps = self._map(suffix, example_shape, sequence=True)
+                projected = maps[0](sequence_in).unbind(-2)  # the input projection of every step in one product
+                index = layer * self.num_directions + direction
+                state = (h0[..., index, :, :], c0[..., index, :, :]) if self._mode == "LSTM" else h0[..., index, :, :]
+                order = range(len(projected)) if direction == 0 else reversed(range(len(projected)))
+                hidden = [None] * len(projected)
+                for t in order:
+                    state = self._step(maps, projected[t], state, projected=True)
+                    hidden[t] = state[0] if self._mode == "LSTM" else state
+                outputs.append(torch.stack(hidden, -2))
+                finals_h.append(state[0] if self._mode == "LSTM" else state)
+                if self._mode == "LSTM":
+                    finals_c.append(state[1])
+            sequence_in = torch.cat(outputs, -1) if len(outputs) > 1 else outputs[0]
+            example_shape = sequence_in.shape[:-2]
+            if self.dropout and self.training and layer < self.num_layers - 1:
+                sequence_in = F.dropout(sequence_in, self.dropout, training=True)
+        output = sequence_in if self.batch_first else sequence_in.movedim(-2, -3)
+        h_n = torch.stack(finals_h, -3)
+        return (output, (h_n, torch.stack(finals_c, -3))) if self._mode == "LSTM" else (output, h_n)
+
+    def _initial_state(self, hx, lead: torch.Size, input: torch.Tensor):
+        shape = lead[:-1] + (self.num_layers * self.num_directions,) + lead[-1:] + (self.hidden_size,)
+        if hx is None:
+            zeros = input.new_zeros(shape)
+            return zeros, zeros
+        if self._mode == "LSTM":
+            return hx
+        return hx, None
+
+    def extra_repr(self) -> str:
+        s = f"{self.input_size}, {self.hidden_size}"
+        if self.num_layers != 1:
+            s += f", num_layers={self.num_layers}"
+        if "bias_ih_l0" not in self._bayesian:
+            s += ", bias=False"
+        if self.batch_first:
+            s += ", batch_first=True"
+        if self.dropout:
+            s += f", dropout={self.dropout}"
+        if self.bidirectional:
+            s += ", bidirectional=True"
+        return f"{s}, {self._prior_repr()}"
+
+
+class BayesianLSTM(_RecurrentLayer):
+    """Bayesian twin of :class:`torch.nn.LSTM`: same arguments, shapes and ``(output, (h_n, c_n))``.
+
+    Sites are named like ``torch.nn.LSTM``'s parameters (``weight_ih_l0``, ``weight_hh_l0``, ``bias_ih_l0``,
+    ``bias_hh_l0``, ``..._reverse``). One weight draw serves the whole sequence. Use ``fit(..., clip_norm=...)``:
+    gradient clipping matters for recurrent nets, Bayesian or not.
+
+    Parameters
+    ----------
+    input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional :
+        As in :class:`torch.nn.LSTM`.
+    prior : Prior, optional
+        Prior of every weight and bias.
+    recurrent_prior : Prior, optional
+        A different prior for the hidden-to-hidden weights.
+
+    Example
+    -------
+    >>> from pyro_bbb import priors
+    >>> BayesianLSTM(7, 4, num_layers=2, bidirectional=True, recurrent_prior=priors.Normal(0.0, 0.5))
+    BayesianLSTM(7, 4, num_layers=2, bidirectional=True, prior=Normal(loc=0.0, scale=1.0), \
+weight_hh_l0_prior=Normal(loc=0.0, scale=0.5), weight_hh_l0_reverse_prior=Normal(loc=0.0, scale=0.5), \
+weight_hh_l1_prior=Normal(loc=0.0, scale=0.5), weight_hh_l1_reverse_prior=Normal(loc=0.0, scale=0.5))
+    """
+
+    _mode = "LSTM"
+
+
+class BayesianGRU(_RecurrentLayer):
+    """Bayesian twin of :class:`torch.nn.GRU`: same arguments, shapes and ``(output, h_n)``; see
+    :class:`BayesianLSTM`.
+
+    Example
+    -------
+    >>> output, h_n = BayesianGRU(3, 5, num_layers=2)(torch.randn(6, 2, 3))
+    >>> output.shape, h_n.shape
+    (torch.Size([6, 2, 5]), torch.Size([2, 2, 5]))
+    """
+
+    _mode = "GRU"
