@@ -33,6 +33,7 @@ from pyro.infer.util import zero_grads
 from pyro.optim import PyroOptim
 from tqdm.auto import tqdm
 
+from . import distributed as distributed_
 from . import metrics
 from .diagnostics import layer_summary
 from .elbo import ELBO
@@ -209,15 +210,49 @@ def _estimator(name: str) -> Callable[[], Any]:
 class _Stepper:
     """SVI steps with global gradient clipping and a rollback to the last parameters that gave a finite loss."""
 
-    def __init__(self, model, guide, elbo: ELBO, optimizer: PyroOptim, clip_norm: float | None, estimator):
+    def __init__(self, model, guide, elbo: ELBO, optimizer: PyroOptim, clip_norm: float | None, estimator,
+                 distributed: bool = False):  # fmt: skip
         self.model, self.guide, self.elbo, self.optimizer = model, guide, elbo, optimizer
-        self.clip_norm, self.estimator = clip_norm, estimator
+        self.clip_norm, self.estimator, self.distributed = clip_norm, estimator, distributed
         self.snapshot: dict[torch.Tensor, torch.Tensor] = {}
         self.last_finite_loss: float | None = None
+        self.global_loss = math.nan
         self.steps = 0
+        self._error: BaseException | None = None
+
+    def set_up_everywhere(self, batches) -> None:
+        """Distributed: create the guide's parameters from a first batch, then give every rank rank 0's values."""
+        error = None
+        try:
+            if getattr(self.guide, "prototype_trace", True) is None:
+                x, y = next(iter(batches))
+                self.guide._setup_prototype(x, y)
+        except (ValueError, TypeError, StopIteration) as caught:
+            error = caught
+        distributed_.raise_if_any_rank_failed(error)
+        distributed_.synchronise_parameters()
+
+    def guarded(self, batches):
+        """Batches; in distributed mode an error while reading or checking one is kept for the next step, where
+        every rank learns of it together (a rank raising alone would leave the others waiting)."""
+        if not self.distributed:
+            yield from batches
+            return
+        iterator = iter(batches)
+        while True:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            except (ValueError, TypeError) as error:
+                self._error = error
+                batch = (torch.zeros(0), torch.zeros(0))
+            yield batch
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> float:
         self.steps += 1
+        if self.distributed:
+            return self._distributed_step(x, y)
         try:
             with poutine.trace(param_only=True) as capture, self.estimator():
                 loss = self.elbo.loss_and_grads(self.model, self.guide, x, y)
@@ -227,6 +262,29 @@ class _Stepper:
                 raise
             self._diverged("a distribution's parameters", str(error).split(":")[0])
         params = {site["value"].unconstrained() for site in capture.trace.nodes.values()}
+        return self._apply(params, loss)
+
+    def _distributed_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Local loss and gradients, then (collectively) failures, the weighted gradient sum, one update."""
+        error, loss = self._error, 0.0
+        self._error = None
+        if error is None and x.shape[0] > 0:
+            try:
+                with self.estimator():
+                    loss = self.elbo.loss_and_grads(self.model, self.guide, x, y)
+            except (ValueError, FloatingPointError) as caught:
+                error = caught
+        elif error is None:  # an empty shard: keep the KL schedule and the random streams in step with the others
+            self.elbo.step += 1
+            with torch.no_grad(), poutine.block():
+                for _ in range(self.elbo.num_particles):
+                    self.guide(x, y)
+        distributed_.raise_if_any_rank_failed(error)
+        self.global_loss, _ = distributed_.combine_gradients(x.shape[0], loss if math.isfinite(loss) else math.inf)
+        params = {p for _, p in pyro.get_param_store().named_parameters()}
+        return self._apply(params, self.global_loss)
+
+    def _apply(self, params: set[torch.Tensor], loss: float) -> float:
         grads = [p.grad for p in params if p.grad is not None]
         # one device sync for all gradients: a sum is NaN or infinite when any element is
         grads_finite = not grads or bool(torch.stack([g.sum() for g in grads]).isfinite().all())
@@ -293,6 +351,7 @@ def fit(
     progress: bool = True,
     seed: int | None = None,
     num_validation_samples: int = 32,
+    distributed: bool = False,
 ) -> History:
     """Train ``guide`` on ``model`` by minibatch variational inference; the KL is scaled to the data for you.
 
@@ -332,6 +391,11 @@ def fit(
         Show a progress bar with the loss per datum, NLL, KL and KL weight.
     seed : int, optional
         Seeds Pyro's and torch's random number generators (shuffling, weight draws).
+    distributed : bool
+        Data-parallel training over the ranks of an initialised ``torch.distributed`` process group (launch with
+        ``torchrun``): ``batch_size`` is per rank, each rank reads its part of every global batch (a DataLoader
+        should use a ``DistributedSampler``), and the update equals one process's on the global batch (see
+        :mod:`pyro_bbb.distributed`). Use the same ``seed`` on every rank.
 
     Returns
     -------
@@ -357,6 +421,12 @@ def fit(
     likelihood = likelihood if hasattr(likelihood, "check_targets") else None
     device = _device(model)
     batches = _Batches(data, batch_size, likelihood, device)
+    rank = 0
+    if distributed:
+        rank, world = distributed_.require_process_group()
+        if batches.loader is None:
+            batches = distributed_.ShardedBatches(batches.x, batches.y, batch_size or -(-batches.num_data // world),
+                                                  rank, world, seed or 0, device)  # fmt: skip
     if validation_data is not None:
         if not isinstance(validation_data, Sequence) or len(validation_data) != 2:
             raise TypeError("validation_data must be an (x, y) pair of tensors.")
@@ -368,21 +438,28 @@ def fit(
 
     elbo = ELBO(num_data=batches.num_data, kl_weight=kl_weight, num_particles=num_particles,
                 data_plate=getattr(model, "data_plate", "data"))  # fmt: skip
-    stepper = _Stepper(model, guide, elbo, optimizer or JointAdam(lr=lr), clip_norm, estimator_context)
+    stepper = _Stepper(model, guide, elbo, optimizer or JointAdam(lr=lr), clip_norm, estimator_context,
+                       distributed=distributed)  # fmt: skip
+    if distributed:
+        stepper.set_up_everywhere(batches)
     history = History()
-    bar = tqdm(range(1, epochs + 1), desc="fit", unit="epoch", disable=not progress, dynamic_ncols=True,
-               mininterval=0.5)  # fmt: skip
+    bar = tqdm(range(1, epochs + 1), desc="fit", unit="epoch", disable=not progress or rank != 0,
+               dynamic_ncols=True, mininterval=0.5)  # fmt: skip
     for epoch in bar:
         start = time.perf_counter()
         totals = {"loss": 0.0, "nll": 0.0, "kl": 0.0, "seen": 0}
-        for x, y in batches:
-            loss = stepper(x, y)
+        for x, y in stepper.guarded(batches):
+            stepper(x, y)
             terms, b = elbo.last_terms, x.shape[0]
-            history.step_loss.append(terms["loss_per_datum"])
-            totals["loss"] += b * loss
-            totals["nll"] += b * terms["nll"]
-            totals["kl"] += b * terms["kl"]
-            totals["seen"] += b
+            step_loss = stepper.global_loss / batches.num_data if distributed else terms["loss_per_datum"]
+            history.step_loss.append(step_loss)
+            if b:
+                totals["loss"] += b * terms["loss"]
+                totals["nll"] += b * terms["nll"]
+                totals["kl"] += b * terms["kl"]
+                totals["seen"] += b
+        if distributed:  # every rank's share, weighted by its data: the global batch's averages
+            totals = distributed_.all_reduce_sum(totals)
         seen = totals.pop("seen")
         record = {"epoch": epoch, **{key: value / seen for key, value in totals.items()}}
         record["loss_per_datum"] = record["loss"] / batches.num_data

@@ -1,0 +1,114 @@
+"""Data-parallel training over ``torch.distributed`` ranks with the objective of one process.
+
+With ``fit(..., distributed=True)`` under ``torchrun`` (or any initialised process group), every rank reads its own
+part of each global batch, computes pyro_bbb's ELBO on it (likelihood scaled by ``N / b_r``, the KL once), and the
+gradients are combined as ``sum_r (b_r / G) * grad_r`` where ``G = sum_r b_r`` is the global batch. That is
+exactly the gradient of ``N / G * NLL(global batch) + KL``: one process's objective on the concatenated batch,
+whatever the shard sizes (a ragged last batch, an empty shard). Parameters are set up once and broadcast from rank
+0, so every rank holds the same guide; a failure on any rank (bad data, a NaN) is raised on every rank with the
+failing rank's message, so no rank hangs in a collective.
+
+Example
+-------
+Launch ``torchrun --nproc_per_node=4 train.py`` with::
+
+    torch.distributed.init_process_group("gloo")       # "nccl" on GPUs
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=20, batch_size=64, distributed=True, seed=0)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pyro
+import torch
+import torch.distributed as dist
+
+__all__ = ["ShardedBatches", "synchronise_parameters", "combine_gradients", "raise_if_any_rank_failed"]
+
+
+def require_process_group() -> tuple[int, int]:
+    """``(rank, world size)`` of the initialised process group, or a clear error."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            "fit(distributed=True) needs an initialised torch.distributed process group: launch with torchrun and "
+            'call torch.distributed.init_process_group("nccl" or "gloo") first.'
+        )
+    return dist.get_rank(), dist.get_world_size()
+
+
+class ShardedBatches:
+    """Each rank's part of every global batch: the same permutation on every rank (seeded by ``seed`` and the
+    epoch), global batches of ``batch_size * world`` cut into ``world`` contiguous parts. Every rank takes the same
+    number of steps; a rank whose part of the last global batch is empty gets an empty batch."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, rank: int, world: int, seed: int,
+                 device):  # fmt: skip
+        self.x, self.y, self.batch_size, self.rank, self.world = x, y, batch_size, rank, world
+        self.seed, self.device, self.epoch = seed, device, 0
+        self.num_data = x.shape[0]
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        self.epoch += 1
+        order = torch.randperm(self.num_data, generator=generator)
+        for global_batch in order.split(self.batch_size * self.world):
+            idx = global_batch[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+            yield self.x[idx].to(self.device), self.y[idx].to(self.device)
+
+
+def _named_parameters() -> list[tuple[str, torch.Tensor]]:
+    return sorted(pyro.get_param_store().named_parameters())
+
+
+@torch.no_grad()
+def synchronise_parameters(src: int = 0) -> None:
+    """Broadcast every parameter in Pyro's param store from rank ``src`` (same order on every rank: by name)."""
+    for _, param in _named_parameters():
+        dist.broadcast(param.data, src=src)
+
+
+def raise_if_any_rank_failed(error: BaseException | None) -> None:
+    """Collective: if any rank failed, raise on every rank (the failing rank's own exception there; elsewhere a
+    ValueError carrying its message). Ranks that did not fail pass ``None``."""
+    failed = torch.tensor([0.0 if error is None else 1.0])
+    dist.all_reduce(failed)
+    if failed.item() == 0:
+        return
+    messages = [None] * dist.get_world_size()
+    dist.all_gather_object(messages, None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    rank, message = next((r, m) for r, m in enumerate(messages) if m is not None)
+    raise ValueError(f"rank {rank} failed, so every rank stops: {message}")
+
+
+def combine_gradients(local_batch: int, loss: float) -> tuple[float, int]:
+    """Collective: replace each gradient by ``sum_r (b_r / G) grad_r``; returns the global loss ``sum_r (b_r / G)
+    loss_r`` and ``G``. Parameters without a gradient on this rank contribute zeros."""
+    params = [p for _, p in _named_parameters()]
+    grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) * local_batch for p in params]
+    counts = torch.tensor([float(local_batch), local_batch * loss], device=params[0].device)
+    flat = torch.cat([*grads, counts])
+    dist.all_reduce(flat)
+    total, weighted_loss = flat[-2].item(), flat[-1].item()
+    flat = flat[:-2] / total
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[offset : offset + n].reshape(p.shape).clone()
+        offset += n
+    return weighted_loss / total, int(round(total))
+
+
+def all_reduce_sum(values: dict[str, float]) -> dict[str, float]:
+    """Collective: the sum over ranks of each value (a fixed key order on every rank)."""
+    keys = sorted(values)
+    tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    dist.all_reduce(tensor)
+    return dict(zip(keys, tensor.tolist(), strict=True))
+
+
+def finite(value: float) -> bool:
+    return math.isfinite(value)
