@@ -1,0 +1,106 @@
+"""``BayesianModule``: a PyTorch Lightning module that trains a pyro_bbb model and guide (``pip install
+pyro-bbb[lightning]``).
+
+Each step computes :class:`pyro_bbb.ELBO` on the batch (likelihood scaled by ``num_data / batch``, KL once) and
+returns it to Lightning, which owns the optimizer, devices and strategy. Under ``Trainer(strategy="ddp")``
+Lightning's ``DistributedSampler`` gives every rank an equal share and DDP averages the ranks' gradients, which is
+exactly the gradient of ``N / G * NLL(global batch) + KL`` (the per-rank losses are ``N / b * NLL_r + KL`` and
+``b = G / ranks``). Logs ``nll``, ``kl`` and ``kl_weight`` every step.
+
+Example
+-------
+>>> import torch, pyro
+>>> import lightning.pytorch as pl
+>>> import pyro_bbb
+>>> from pyro_bbb import likelihoods
+>>> from pyro_bbb.nn import BayesianLinear
+>>> from torch.utils.data import DataLoader, TensorDataset
+>>> pyro.clear_param_store()
+>>> x, y = torch.randn(64, 3), torch.randn(64)
+>>> bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5))
+>>> module = BayesianModule(bnn, pyro_bbb.MeanFieldGuide(bnn), num_data=64, example_batch=(x[:2], y[:2]), lr=1e-2)
+>>> trainer = pl.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+...                      enable_progress_bar=False, enable_model_summary=False)
+>>> trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=16))
+>>> module.elbo.step
+8
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+try:
+    import lightning.pytorch as pl
+except ImportError as error:  # pragma: no cover - depends on the environment
+    raise ImportError("pyro_bbb.lightning needs PyTorch Lightning: pip install 'pyro-bbb[lightning]'") from error
+
+from .elbo import ELBO
+from .training import _estimator
+
+__all__ = ["BayesianModule"]
+
+
+class BayesianModule(pl.LightningModule):
+    """Train ``model`` (e.g. :class:`pyro_bbb.BNN`) and ``guide`` (:class:`pyro_bbb.MeanFieldGuide`) with Lightning.
+
+    Parameters
+    ----------
+    model, guide :
+        The Pyro model and guide; their parameters (the guide's means and scales, the model's deterministic layers)
+        become this module's parameters.
+    num_data : int
+        Size of the training set (all ranks together).
+    example_batch : (x, y), optional
+        A batch to create the guide's parameters before the optimizer is built; not needed when the guide has
+        already seen the model.
+    lr : float
+        Adam learning rate.
+    kl_weight : float or schedule
+        As in :class:`pyro_bbb.ELBO`; the schedule's step advances once per training step.
+    estimator : str
+        ``"reparam"``, ``"flipout"`` or ``"local_reparam"`` (see :mod:`pyro_bbb.handlers`).
+    num_particles : int
+        Weight draws per step.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        guide: torch.nn.Module,
+        num_data: int,
+        example_batch: tuple[torch.Tensor, torch.Tensor] | None = None,
+        lr: float = 1e-3,
+        kl_weight: float | Callable[[int], float] = 1.0,
+        estimator: str = "reparam",
+        num_particles: int = 1,
+    ):
+        super().__init__()
+        self.model, self.guide = model, guide
+        self.elbo = ELBO(num_data=num_data, kl_weight=kl_weight, num_particles=num_particles,
+                         data_plate=getattr(model, "data_plate", "data"))  # fmt: skip
+        self.estimator = _estimator(estimator)
+        self.lr = lr
+        if getattr(guide, "prototype_trace", True) is None:
+            if example_batch is None:
+                raise ValueError(
+                    "the guide has no parameters yet: pass example_batch=(x, y) (a small batch of training data) so "
+                    "that they exist before Lightning builds the optimizer."
+                )
+            guide._setup_prototype(*example_batch)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        with self.estimator():
+            loss = self.elbo.differentiable_loss(self.model, self.guide, x, y)
+        self.elbo.step += 1
+        terms = self.elbo.last_terms
+        self.log_dict({"nll": terms["nll"], "kl": terms["kl"], "kl_weight": terms["kl_weight"]},
+                      on_step=True, on_epoch=True, batch_size=x.shape[0], sync_dist=True)  # fmt: skip
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.lr)
