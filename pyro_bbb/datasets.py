@@ -69,7 +69,13 @@ def toy_regression(n: int, seed: int = 0, noise: float = 0.1, gap: bool = True) 
 
 
 def heteroscedastic_noise_std(x: torch.Tensor) -> torch.Tensor:
-    """The noise standard deviation of :func:`heteroscedastic_regression` at ``x``: ``0.1 + 0.2 |x|``."""
+    """The noise standard deviation of :func:`heteroscedastic_regression` at ``x``: ``0.1 + 0.2 |x|``.
+
+    Example
+    -------
+    >>> heteroscedastic_noise_std(torch.tensor([0.0, -2.0]))
+    tensor([0.1000, 0.5000])
+    """
     return 0.1 + 0.2 * x.abs()
 
 

@@ -18,7 +18,6 @@ Launch ``torchrun --nproc_per_node=4 train.py`` with::
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 import pyro
@@ -29,7 +28,15 @@ __all__ = ["ShardedBatches", "synchronise_parameters", "combine_gradients", "rai
 
 
 def require_process_group() -> tuple[int, int]:
-    """``(rank, world size)`` of the initialised process group, or a clear error."""
+    """``(rank, world size)`` of the initialised process group, or a clear error.
+
+    Example
+    -------
+    >>> require_process_group()
+    Traceback (most recent call last):
+    ...
+    ValueError: fit(distributed=True) needs an initialised torch.distributed process group: ...
+    """
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError(
             "fit(distributed=True) needs an initialised torch.distributed process group: launch with torchrun and "
@@ -41,7 +48,16 @@ def require_process_group() -> tuple[int, int]:
 class ShardedBatches:
     """Each rank's part of every global batch: the same permutation on every rank (seeded by ``seed`` and the
     epoch), global batches of ``batch_size * world`` cut into ``world`` contiguous parts. Every rank takes the same
-    number of steps; a rank whose part of the last global batch is empty gets an empty batch."""
+    number of steps; a rank whose part of the last global batch is empty gets an empty batch.
+
+    Example
+    -------
+    ::
+
+        for x, y in ShardedBatches(x_all, y_all, batch_size=32, rank=dist.get_rank(),
+                                   world=dist.get_world_size(), seed=0, device=None):
+            ...
+    """
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, rank: int, world: int, seed: int,
                  device):  # fmt: skip
@@ -64,14 +80,34 @@ def _named_parameters() -> list[tuple[str, torch.Tensor]]:
 
 @torch.no_grad()
 def synchronise_parameters(src: int = 0) -> None:
-    """Broadcast every parameter in Pyro's param store from rank ``src`` (same order on every rank: by name)."""
+    """Broadcast every parameter in Pyro's param store from rank ``src`` (same order on every rank: by name).
+
+    Example
+    -------
+    ::
+
+        guide._setup_prototype(x_first, y_first)   # create the parameters on every rank
+        synchronise_parameters()                   # then give every rank rank 0's values
+    """
     for _, param in _named_parameters():
         dist.broadcast(param.data, src=src)
 
 
 def raise_if_any_rank_failed(error: BaseException | None) -> None:
     """Collective: if any rank failed, raise on every rank (the failing rank's own exception there; elsewhere a
-    ValueError carrying its message). Ranks that did not fail pass ``None``."""
+    ValueError carrying its message). Ranks that did not fail pass ``None``.
+
+    Example
+    -------
+    ::
+
+        error = None
+        try:
+            loss = elbo.loss_and_grads(model, guide, x, y)
+        except ValueError as caught:
+            error = caught
+        raise_if_any_rank_failed(error)   # every rank raises together, or none does
+    """
     failed = torch.tensor([0.0 if error is None else 1.0])
     dist.all_reduce(failed)
     if failed.item() == 0:
@@ -86,7 +122,16 @@ def raise_if_any_rank_failed(error: BaseException | None) -> None:
 
 def combine_gradients(local_batch: int, loss: float) -> tuple[float, int]:
     """Collective: replace each gradient by ``sum_r (b_r / G) grad_r``; returns the global loss ``sum_r (b_r / G)
-    loss_r`` and ``G``. Parameters without a gradient on this rank contribute zeros."""
+    loss_r`` and ``G``. Parameters without a gradient on this rank contribute zeros.
+
+    Example
+    -------
+    ::
+
+        loss = elbo.loss_and_grads(model, guide, x, y)       # pyro_bbb.ELBO(num_data=N) on this rank's batch
+        global_loss, G = combine_gradients(x.shape[0], loss)
+        optimizer(params)                                    # the same update on every rank
+    """
     params = [p for _, p in _named_parameters()]
     grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) * local_batch for p in params]
     counts = torch.tensor([float(local_batch), local_batch * loss], device=params[0].device)
@@ -103,12 +148,15 @@ def combine_gradients(local_batch: int, loss: float) -> tuple[float, int]:
 
 
 def all_reduce_sum(values: dict[str, float]) -> dict[str, float]:
-    """Collective: the sum over ranks of each value (a fixed key order on every rank)."""
+    """Collective: the sum over ranks of each value (a fixed key order on every rank).
+
+    Example
+    -------
+    ::
+
+        totals = all_reduce_sum({"nll": batch * nll, "seen": batch})   # then totals["nll"] / totals["seen"]
+    """
     keys = sorted(values)
     tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
     dist.all_reduce(tensor)
     return dict(zip(keys, tensor.tolist(), strict=True))
-
-
-def finite(value: float) -> bool:
-    return math.isfinite(value)

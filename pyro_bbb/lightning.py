@@ -65,6 +65,10 @@ class BayesianModule(pl.LightningModule):
         ``"reparam"``, ``"flipout"`` or ``"local_reparam"`` (see :mod:`pyro_bbb.handlers`).
     num_particles : int
         Weight draws per step.
+
+    Example
+    -------
+    See the module example; ``Trainer(accelerator="gpu", devices=4, strategy="ddp")`` scales it out.
     """
 
     def __init__(

@@ -397,7 +397,21 @@ def predict_with_draws(
     model, guide, x, num_samples=100, batch_size=None, vectorize=None, sample_batch_size=None, data_plate=None
 ) -> tuple[Prediction, dict[str, torch.Tensor], str]:
     """:func:`predict`, also returning the weight draws it used (``{site: (S, *site shape)}``) and the name of
-    the observation site -- so that an export can show the very draws behind the predictive."""
+    the observation site -- so that an export can show the very draws behind the predictive.
+
+    Example
+    -------
+    >>> import pyro
+    >>> from pyro_bbb import BNN, MeanFieldGuide, likelihoods
+    >>> from pyro_bbb.nn import BayesianLinear
+    >>> pyro.clear_param_store()
+    >>> bnn = BNN(BayesianLinear(2, 1), likelihoods.Gaussian(scale=0.1))
+    >>> guide = MeanFieldGuide(bnn)
+    >>> _ = guide(torch.zeros(3, 2), torch.zeros(3))
+    >>> prediction, draws, site = predict_with_draws(bnn, guide, torch.zeros(4, 2), num_samples=5)
+    >>> draws["net.weight"].shape, site
+    (torch.Size([5, 1, 2]), 'y')
+    """
     _check_predict_args(guide, x, num_samples, batch_size, sample_batch_size)
     # the joint predictive shares each weight draw across inputs, whatever training estimator is active around us
     with poutine.block(hide_types=["bayesian_affine"]):

@@ -52,7 +52,13 @@ ESTIMATORS: dict[str, Callable[[], Any]] = {
 
 
 class TrainingDivergedError(FloatingPointError):
-    """The loss (or a gradient) became NaN or infinite; the parameters were restored to the last finite state."""
+    """The loss (or a gradient) became NaN or infinite; the parameters were restored to the last finite state.
+
+    Example
+    -------
+    >>> issubclass(TrainingDivergedError, FloatingPointError)   # ``except FloatingPointError`` catches it
+    True
+    """
 
 
 class History:
