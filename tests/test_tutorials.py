@@ -43,3 +43,15 @@ def test_inspect_with_arviz(tmp_path):
 def test_bayesian_lstm_reber(tmp_path):
     results = load("bayesian_lstm_reber").main(epochs=1, num_train=64, out_dir=tmp_path, progress=False)
     assert len(results) == 5 and (tmp_path / "reber_curves.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_kl_scaling_explained(tmp_path):
+    results = load("kl_scaling_explained").main(regression_epochs=2, digits_epochs=1, out_dir=tmp_path)
+    assert len(results["std_ratio"]) == 5 and (tmp_path / "kl_scaling.png").exists()
+
+
+@pytest.mark.slow
+def test_why_is_my_kl_flat(tmp_path):
+    results = load("why_is_my_kl_flat").main(epochs=2, out_dir=tmp_path)
+    assert len(results) == 3 and (tmp_path / "why_is_my_kl_flat.png").exists()
