@@ -24,11 +24,16 @@ def test_quickstart(tmp_path):
 
 
 @pytest.mark.slow
-def test_uncertainty(tmp_path):
-    load("uncertainty").main(regression_epochs=3, digits_epochs=3, out_dir=tmp_path, progress=False)
-    for name in ("uncertainty_regression.png", "uncertainty_digits.png", "uncertainty_digits_history.png",
-                 "uncertainty_reliability.png", "uncertainty_digits_std.png"):
-        assert (tmp_path / name).stat().st_size > 10_000
+def test_regression_uncertainty(tmp_path):
+    load("regression_uncertainty").main(epochs=3, out_dir=tmp_path, progress=False)
+    assert (tmp_path / "regression_uncertainty.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_classification_calibration(tmp_path):
+    load("classification_calibration").main(epochs=3, out_dir=tmp_path, progress=False)
+    for name in ("uncertainty", "history", "reliability", "std_vs_prior"):
+        assert (tmp_path / f"calibration_{name}.png").stat().st_size > 10_000
 
 
 @pytest.mark.slow
