@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from .nn.module import BayesianModule
+from .diagnostics import _layer_names
 from .prediction import predict_with_draws
 
 __all__ = ["to_inference_data", "LARGE_POSTERIOR_BYTES"]
@@ -46,13 +46,7 @@ def _clean(name: str) -> str:
 
 def _site_dims(model: Callable, shapes: dict[str, torch.Size]) -> dict[str, list[str]]:
     """Readable dimension names: ``fc1.weight`` -> ``fc1_out, fc1_in`` (convolutions add ``fc1_k0, ...``)."""
-    layers = {}
-    if isinstance(model, torch.nn.Module):
-        for module in model.modules():
-            if isinstance(module, BayesianModule):
-                prefix = module.__dict__.get("_pyro_name", "")
-                for site in module.initial_values(full_names=True):
-                    layers[site] = _clean(prefix) if prefix else "layer"
+    layers = {site: "layer" if owner == "(root)" else _clean(owner) for site, owner in _layer_names(model).items()}
     dims = {}
     for site, shape in shapes.items():
         layer = layers.get(site)

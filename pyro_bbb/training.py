@@ -39,7 +39,7 @@ from .diagnostics import layer_summary
 from .elbo import ELBO
 from .handlers import flipout, local_reparameterization
 from .optim import Adam as JointAdam
-from .prediction import ClassificationPrediction, RegressionPrediction, predict
+from .prediction import ClassificationPrediction, RegressionPrediction, _check_count, predict
 
 __all__ = ["fit", "History", "TrainingDivergedError", "ESTIMATORS"]
 
@@ -192,13 +192,6 @@ def _device(model) -> torch.device | None:
 
 
 # -- checks ----------------------------------------------------------------------------------------------------
-def _positive_int(name: str, value: Any, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer{' or None' if optional else ''}, got {value!r}.")
-
-
 def _positive_number(name: str, value: Any, optional: bool = False) -> None:
     if optional and value is None:
         return
@@ -411,10 +404,10 @@ def fit(
     -------
     See the module example; ``history.plot("history.png")`` draws the KL and posterior-std traces.
     """
-    _positive_int("epochs", epochs)
-    _positive_int("batch_size", batch_size, optional=True)
-    _positive_int("num_particles", num_particles)
-    _positive_int("num_validation_samples", num_validation_samples)
+    _check_count("epochs", epochs, optional=False)
+    _check_count("batch_size", batch_size)
+    _check_count("num_particles", num_particles, optional=False)
+    _check_count("num_validation_samples", num_validation_samples, optional=False)
     _positive_number("lr", lr)
     _positive_number("clip_norm", clip_norm, optional=True)
     if optimizer is not None and not isinstance(optimizer, PyroOptim):

@@ -23,7 +23,7 @@ from pyro.nn.module import _make_name
 from torch import nn
 
 from ..priors import Prior
-from .functional import _global, batched_linear, bayesian_affine_map
+from .functional import batched_linear, bayesian_affine_map, sample_dims
 from .module import BayesianModule
 
 __all__ = ["BayesianLSTMCell", "BayesianGRUCell", "BayesianLSTM", "BayesianGRU"]
@@ -80,8 +80,7 @@ class _Recurrent(BayesianModule):
 
     def _sample_shape(self, suffix: str) -> torch.Size:
         """Leading draw dimensions of this layer's weights (e.g. ``(S, 1)`` under a vectorized predictive)."""
-        weight = getattr(self, f"weight_ih{suffix}")
-        return _global(weight, 2).shape[:-2]
+        return sample_dims(getattr(self, f"weight_ih{suffix}"), feature_dims=1)
 
     def _check_input(self, input: torch.Tensor, size: int, where: str) -> None:
         if input.dim() == 0 or input.shape[-1] != size:
