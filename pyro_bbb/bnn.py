@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from pyro.nn import PyroModule
 from pyro.nn.module import to_pyro_module_
+from pyro.poutine.runtime import get_plates
 
 from .likelihoods import Likelihood
+from .nn.draws import fold_draws
 
 __all__ = ["BNN"]
 
@@ -67,4 +71,39 @@ class BNN(PyroModule):
                 f"x has {x.shape[0] if x.dim() else 0} rows but y has {y.shape[0] if y.dim() else 0}; every input "
                 "needs exactly one target."
             )
-        return self.likelihood(self.net(x), y, data_plate=self.data_plate)
+        return self.likelihood(self._run_net(x), y, data_plate=self.data_plate)
+
+    def _run_net(self, x: torch.Tensor) -> torch.Tensor:
+        """The net on an ordinary batch: S weight draws (from the sample plates around this call) are folded into
+        ``S * B`` rows, and the output is unfolded to ``(*draw_shape, B, ...)`` for the likelihood."""
+        draw_shape = _draw_shape(self.data_plate)
+        num_draws = math.prod(draw_shape)
+        if num_draws == 1 or x.dim() == 0:
+            return self.net(x)
+        folded = x.unsqueeze(0).expand(num_draws, *x.shape).reshape(num_draws * x.shape[0], *x.shape[1:])
+        with fold_draws(num_draws):
+            output = self.net(folded)
+        if not isinstance(output, torch.Tensor) or output.dim() == 0 or output.shape[0] != folded.shape[0]:
+            shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+            raise ValueError(
+                f"the net returned {shape} for a batch of {folded.shape[0]} rows; BNN needs one output row per input "
+                "row (the batch dimension first)."
+            )
+        return output.reshape(*draw_shape, x.shape[0], *output.shape[1:])
+
+
+def _draw_shape(data_plate: str) -> tuple[int, ...]:
+    """The batch shape of a global site under the vectorized plates around this call (weight draws), left of the
+    data plate's dimension -1: ``(S,)`` under one sample plate at dim -2; ``()`` when there is none."""
+    frames = [f for f in get_plates() if f.vectorized and f.dim is not None and f.name != data_plate]
+    if not frames:
+        return ()
+    if any(f.dim == -1 for f in frames):
+        raise ValueError(
+            f"pyro.plate({next(f.name for f in frames if f.dim == -1)!r}) occupies dimension -1, where BNN puts its "
+            f"data plate {data_plate!r}; give the outer plate dim=-2 (or lower)."
+        )
+    shape = [1] * (-min(f.dim for f in frames) - 1)
+    for f in frames:
+        shape[f.dim + 1] = f.size
+    return tuple(shape)

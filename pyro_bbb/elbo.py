@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
@@ -176,6 +177,7 @@ class ELBO(TraceMeanField_ELBO):
         self._validated = False
         self.last_terms: dict[str, Any] = {}
         self._call: dict[str, Any] | None = None
+        self._vectorized_ok: bool | None = None  # vectorized particles checked against one particle alone
 
     # -- the schedule -------------------------------------------------------------------------------------------
     def current_kl_weight(self) -> float:
@@ -253,6 +255,30 @@ class ELBO(TraceMeanField_ELBO):
             _check_mean_field_requirement(model_trace, guide_trace)
         return model_trace, guide_trace
 
+    def _get_traces(self, model, guide, args, kwargs):
+        """Pyro's particles; the first vectorized call checks that particle 0 equals the same draw run alone (a
+        model whose code reads the particle dimension as its batch gives other numbers) and otherwise falls back,
+        with a warning, to one particle at a time."""
+        if not (self.vectorize_particles and self.num_particles > 1) or self._vectorized_ok:
+            yield from super()._get_traces(model, guide, args, kwargs)
+            return
+        if self._vectorized_ok is None:
+            traces = next(super()._get_traces(model, guide, args, kwargs))
+            self._vectorized_ok = _particle_matches_alone(self._vectorized_num_particles(model), model, traces[1],
+                                                          self.max_plate_nesting, args, kwargs)  # fmt: skip
+            if self._vectorized_ok:
+                yield traces
+                return
+            warnings.warn(
+                "pyro_bbb.ELBO(vectorize_particles=True): particle 0 of the vectorized model differs from the same "
+                "weight draw run alone (the model's code reads the particle dimension as its batch); running the "
+                f"{self.num_particles} particles one at a time instead. Build the model with pyro_bbb.BNN, whose "
+                "network sees ordinary batches, or index from the right (out[..., -1, :]).",
+                stacklevel=4,
+            )
+        for _ in range(self.num_particles):
+            yield self._get_trace(model, guide, args, kwargs)
+
     def _differentiable_loss_particle(self, model_trace, guide_trace):
         validate = is_validation_enabled()
         nll = 0.0
@@ -308,6 +334,41 @@ class ELBO(TraceMeanField_ELBO):
                 f"data_plate={self.data_plate!r})")  # fmt: skip
 
 
+def _first_particle(value: torch.Tensor, event_dim: int, max_plate_nesting: int) -> torch.Tensor:
+    """A vectorized site's value at particle 0, without the particle dimension or leading singletons."""
+    batch_dims = value.dim() - event_dim
+    if batch_dims >= max_plate_nesting:
+        value = value.select(batch_dims - max_plate_nesting, 0)
+    while value.dim() > event_dim and value.shape[0] == 1:
+        value = value[0]
+    return value
+
+
+@torch.no_grad()
+def _particle_matches_alone(vectorized_model, model, guide_trace, max_plate_nesting, args, kwargs) -> bool:
+    """Whether the observed log-densities of particle 0 equal those of its weight draw run without the plate
+    (both with the estimators' handlers hidden: Flipout's signs are not part of the draw)."""
+    draws = {name: site["value"] for name, site in guide_trace.iter_stochastic_nodes()}
+    first = {name: _first_particle(value, guide_trace.nodes[name]["fn"].event_dim, max_plate_nesting)
+             for name, value in draws.items()}  # fmt: skip
+    try:
+        with poutine.block(hide_types=["bayesian_affine", "bayesian_affine_map"]), poutine.block():
+            together = poutine.trace(poutine.condition(vectorized_model, data=draws)).get_trace(*args, **kwargs)
+            alone = poutine.trace(poutine.condition(model, data=first)).get_trace(*args, **kwargs)
+    except (RuntimeError, ValueError, IndexError):
+        return False
+    for name, site in together.nodes.items():
+        if site["type"] != "sample" or not site["is_observed"]:
+            continue
+        vectorized = _first_particle(site["fn"].log_prob(site["value"]), 0, max_plate_nesting)
+        single = alone.nodes[name]["fn"].log_prob(alone.nodes[name]["value"])
+        if vectorized.numel() != single.numel() or not torch.allclose(
+            vectorized.reshape(-1), single.reshape(-1), rtol=1e-4, atol=1e-4
+        ):
+            return False
+    return True
+
+
 def _detach(value):
     return value.detach() if isinstance(value, torch.Tensor) else value
 
@@ -332,21 +393,26 @@ def _is_constant(t: torch.Tensor) -> bool:
     return all(stride == 0 for stride in t.stride()) or t.numel() == 1
 
 
-#: Per prior distribution (layers cache theirs): ``(m, t)`` as Python numbers, or None when the fast path does not
-#: apply. Read once per prior, so the step does not synchronise with the device to look at them.
+#: Per prior distribution (layers cache theirs): the versions of its loc and scale, and ``(m, t)`` as Python numbers
+#: or None when the fast path does not apply. Read once per prior (and again after an in-place change), so the step
+#: does not synchronise with the device to look at them.
 _PRIOR_CONSTANTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _prior_constants(p) -> tuple[float, float] | None:
-    try:
-        return _PRIOR_CONSTANTS[p]
-    except KeyError:
-        pass
+    """``(m, t)`` of a Normal prior with one constant loc and scale; None when the prior's parameters vary, or carry
+    gradients (a learned or hierarchical prior: the KL must reach them, so it is computed in torch)."""
     base = _base_normal(p)
+    if base is None or base.loc.requires_grad or base.scale.requires_grad:
+        return None
+    versions = (base.loc._version, base.scale._version)
+    cached = _PRIOR_CONSTANTS.get(p)
+    if cached is not None and cached[0] == versions:
+        return cached[1]
     constants = None
-    if base is not None and _is_constant(base.loc) and _is_constant(base.scale):
+    if _is_constant(base.loc) and _is_constant(base.scale):
         constants = (float(base.loc.reshape(-1)[0]), float(base.scale.reshape(-1)[0]))
-    _PRIOR_CONSTANTS[p] = constants
+    _PRIOR_CONSTANTS[p] = (versions, constants)
     return constants
 
 

@@ -252,6 +252,29 @@ class _Placeholder(Messenger):
             msg["value"] = torch.zeros(msg["fn"].shape(), device=self.device)
 
 
+class _SubsampleCover(Messenger):
+    """Replaces the random subsample of a subsampling data plate (``pyro.plate(name, n, subsample_size=m)``) by the
+    indices ``piece * m ... piece * m + m - 1`` (wrapping around, also when a chunk of inputs is smaller than ``m``),
+    so that successive pieces cover every input once; records ``n`` and ``m``. Plates that do not subsample, or get explicit ``subsample=`` indices, are left alone."""
+
+    def __init__(self, data_plate: str, piece: int):
+        super().__init__()
+        self.data_plate, self.piece = data_plate, piece
+        self.size: int | None = None
+        self.subsample_size: int | None = None
+
+    def _pyro_sample(self, msg):
+        fn = msg["fn"]
+        if msg["name"] != self.data_plate or msg["value"] is not None or not hasattr(fn, "subsample_size"):
+            return
+        size, subsample_size = fn.size, fn.subsample_size
+        if subsample_size is None or subsample_size == size:
+            return
+        self.size, self.subsample_size = size, subsample_size
+        start = self.piece * subsample_size
+        msg["value"] = torch.arange(start, start + subsample_size, device=fn.device) % size
+
+
 # -- the passes ------------------------------------------------------------------------------------------------
 def _site_plate_dims(site: dict) -> int:
     dims = [-f.dim for f in site["cond_indep_stack"] if f.vectorized and f.name != SAMPLE_PLATE]
@@ -304,6 +327,38 @@ def _run_draws(model, draws, shapes, x, obs, data_plate: str, nesting: int, bloc
         family, reinterpreted, params = _params(site["fn"], site, draw_dims=0 if block is None else 1)
         parts.append({k: v.unsqueeze(0) for k, v in params.items()} if block is None else params)
     return family, reinterpreted, {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+def _run_covering(model, draws, shapes, x, obs, data_plate: str, nesting: int, block, num_samples: int, pieces=None):
+    """:func:`_run_draws` over every input: a data plate that subsamples is run piece by piece (its full size
+    covered once, in order) and the pieces joined; ``pieces`` limits how many are run."""
+    parts, piece = [], 0
+    while True:
+        cover = _SubsampleCover(data_plate, piece)
+        family, reinterpreted, params = _run_draws(cover(model), draws, shapes, x, obs, data_plate, nesting, block,
+                                                   num_samples)  # fmt: skip
+        if cover.size is None:
+            return family, reinterpreted, params
+        keep = min(cover.subsample_size, cover.size - piece * cover.subsample_size)
+        parts.append({name: value[:, :keep] for name, value in params.items()})
+        piece += 1
+        if piece * cover.subsample_size >= cover.size or (pieces is not None and piece >= pieces):
+            return family, reinterpreted, {name: torch.cat([p[name] for p in parts], 1) for name in parts[0]}
+
+
+def _vectorized_mismatch(result, model, draws, shapes, x, obs, data_plate) -> str | None:
+    """Draw 0 of a vectorized pass against draw 0 run alone: a model whose code reads the draw dimensions as its
+    batch gives other numbers, and is then run one draw at a time rather than trusted."""
+    _, _, vectorized = result
+    _, _, alone = _run_covering(model, draws, shapes, x, obs, data_plate, 0, None, 1, pieces=1)
+    for name, value in alone.items():
+        first = vectorized[name][:1, : value.shape[1]] if value.dim() > 1 else vectorized[name][:1]  # piece 0
+        if value.shape[1:] != first.shape[1:]:
+            return (f"the vectorized draws gave the observation's {name!r} shape {tuple(vectorized[name].shape[1:])} "
+                    f"per draw, one draw alone {tuple(value.shape[1:])}")  # fmt: skip
+        if not torch.allclose(first, value, rtol=1e-4, atol=1e-5):
+            return f"the vectorized draws gave other values of the observation's {name!r} than one draw alone"
+    return None
 
 
 def _check_count(name: str, value, optional: bool = True) -> None:
@@ -425,9 +480,8 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
 
     # One plain pass finds the observation site, the plate nesting and each latent site's own shape.
     plain_guide = poutine.trace(guide).get_trace(chunks[0])
-    plain_model = poutine.trace(_Placeholder(data_plate, x.device)(poutine.replay(model, trace=plain_guide))).get_trace(
-        chunks[0]
-    )
+    plain_pass = _SubsampleCover(data_plate, 0)(_Placeholder(data_plate, x.device)(poutine.replay(model, trace=plain_guide)))
+    plain_model = poutine.trace(plain_pass).get_trace(chunks[0])
     obs = _observation_site(plain_model, plain_guide, data_plate)
     nesting = max((_site_plate_dims(site) for _, site in plain_model.iter_stochastic_nodes()), default=0)
     latent = {name: site for name, site in plain_guide.iter_stochastic_nodes()}
@@ -444,19 +498,24 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
     results = None
     if vectorize is not False:
         try:
-            results = [_run_draws(model, draws, shapes, chunk, obs, data_plate, nesting, block, num_samples)
+            results = [_run_covering(model, draws, shapes, chunk, obs, data_plate, nesting, block, num_samples)
                        for chunk in chunks]
+            mismatch = _vectorized_mismatch(results[0], model, draws, shapes, chunks[0], obs, data_plate)
         except (RuntimeError, ValueError, IndexError) as error:
+            results, mismatch = None, f"it could not run several weight draws in one call ({error})"
+        if mismatch is not None:
             if vectorize:
-                raise
+                raise ValueError(f"predict(vectorize=True): {mismatch}.")
+            results = None
             warnings.warn(
-                f"predict: the model could not run several weight draws in one call ({error}); falling back to one "
-                "call per draw, which is slower. Deterministic layers must accept extra leading dimensions (e.g. "
-                "use nn.Flatten(start_dim=-3) rather than nn.Flatten()) to be vectorized.",
+                f"predict: {mismatch}; falling back to one call per draw, which is slower but right. Inside "
+                "pyro_bbb.BNN the network sees ordinary batches; a hand-written model's deterministic code must "
+                "accept extra leading (draw) dimensions to be vectorized (e.g. index from the right: out[..., -1, :], "
+                "nn.Flatten(start_dim=-3)).",
                 stacklevel=6,  # the caller of predict (through predict_with_draws and torch.no_grad wrappers)
             )
     if results is None:
-        results = [_run_draws(model, draws, shapes, chunk, obs, data_plate, nesting, None, num_samples)
+        results = [_run_covering(model, draws, shapes, chunk, obs, data_plate, nesting, None, num_samples)
                    for chunk in chunks]
 
     family, reinterpreted, _ = results[0]

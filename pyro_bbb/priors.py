@@ -31,6 +31,7 @@ __all__ = [
     "Moped",
     "ScaleMixtureNormalDistribution",
     "as_prior",
+    "prior_state",
 ]
 
 
@@ -329,6 +330,34 @@ class DistributionPrior(Prior):
             f"not fit a parameter of shape {tuple(shape)}. Pass a scalar distribution (it is broadcast to every "
             "weight and bias) or one whose shape equals the parameter's shape."
         )
+
+
+def prior_state(prior: Prior) -> tuple:
+    """A hashable summary of a prior's current values (tensors by identity and in-place version), so that a cache
+    of its distributions can tell when the prior has changed.
+
+    Example
+    -------
+    >>> p = Normal(0.0, 1.0)
+    >>> before = prior_state(p)
+    >>> p.scale = 0.5
+    >>> prior_state(p) == before
+    False
+    """
+    return tuple((name, _value_state(value)) for name, value in vars(prior).items())
+
+
+def _value_state(value):
+    if isinstance(value, torch.Tensor):
+        return ("tensor", id(value), value._version)
+    if isinstance(value, torch.distributions.Distribution):
+        return ("distribution", id(value), tuple(_value_state(v) for v in vars(value).values()
+                                                 if isinstance(v, torch.Tensor)))  # fmt: skip
+    try:
+        hash(value)
+    except TypeError:
+        return ("object", id(value))
+    return value
 
 
 def _is_real(support) -> bool:

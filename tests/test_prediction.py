@@ -1,9 +1,11 @@
 import math
+import warnings
 
 import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro.nn import PyroModule
 from scipy import optimize, stats
 
 import pyro_bbb
@@ -123,22 +125,79 @@ def test_every_input_sees_the_same_weight_draws():
 
 
 class Flattening(torch.nn.Module):
-    """A deterministic layer that assumes exactly one batch dimension (cannot be vectorized)."""
+    """A deterministic layer that assumes exactly one batch dimension (cannot run leading draw dimensions)."""
 
     def forward(self, x):
         return x.reshape(x.shape[0], -1) if x.dim() == 2 else x.reshape(-1, 1)[: x.shape[-2]]
 
 
+class FlatteningModel(PyroModule):
+    """A hand-written model (no BNN, so no folding): draws reach ``Flattening`` as leading dimensions."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = BayesianLinear(2, 4)
+        self.flat = Flattening()
+        self.out = PyroModule[torch.nn.Linear](4, 1)
+
+    def forward(self, x, y=None):
+        mean = self.out(self.flat(self.fc(x))).squeeze(-1)
+        with pyro.plate("data", x.shape[0]):
+            return pyro.sample("y", dist.Normal(mean, 1.0), obs=y)
+
+
+class BatchCentred(PyroModule):
+    """A hand-written model whose ``h - h.mean(0)`` reads the draw dimension as the batch: a silently wrong
+    vectorized pass, which predict must detect by comparing draw 0 with the same draw alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = BayesianLinear(3, 4)
+        self.out = BayesianLinear(4, 1)
+
+    def forward(self, x, y=None):
+        h = self.fc(x)
+        mean = self.out(h - h.mean(0)).squeeze(-1)
+        with pyro.plate("data", x.shape[0]):
+            return pyro.sample("y", dist.Normal(mean, 0.1), obs=y)
+
+
 def test_falls_back_to_a_loop_with_a_warning_when_the_model_cannot_be_vectorized():
-    net = torch.nn.Sequential(BayesianLinear(2, 4), Flattening(), torch.nn.Linear(4, 1))
-    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=1.0))
+    model = FlatteningModel()
     x = torch.randn(5, 2)
-    guide = fitted_guide(bnn, x, torch.randn(5))
+    guide = fitted_guide(model, x, torch.randn(5))
     with pytest.warns(UserWarning, match="falling back to one call per draw"):
-        pred = pyro_bbb.predict(bnn, guide, x, num_samples=4)
+        pred = pyro_bbb.predict(model, guide, x, num_samples=4)
     assert pred.mean.shape == (5,)
-    with pytest.raises(RuntimeError):
-        pyro_bbb.predict(bnn, guide, x, num_samples=4, vectorize=True)
+    with pytest.raises(ValueError, match="vectorize=True"):
+        pyro_bbb.predict(model, guide, x, num_samples=4, vectorize=True)
+
+
+def test_hand_written_model_reading_draws_as_batch_falls_back_to_the_right_answer():
+    model = BatchCentred()
+    x = torch.randn(20, 3)
+    guide = fitted_guide(model, x, torch.randn(20), init_scale=0.3)
+    pyro.set_rng_seed(0)
+    with pytest.warns(UserWarning, match="other values"):
+        vectorized = pyro_bbb.predict(model, guide, x, num_samples=8)
+    pyro.set_rng_seed(0)
+    loop = pyro_bbb.predict(model, guide, x, num_samples=8, vectorize=False)
+    torch.testing.assert_close(vectorized.distribution.loc, loop.distribution.loc)
+
+
+def test_bnn_with_train_mode_batchnorm_falls_back_and_in_eval_mode_is_vectorized():
+    """BatchNorm in train mode pools its statistics over all S * B folded rows (draws mixed): draw 0 then differs
+    from draw 0 alone, which the check catches; in eval mode every row stands alone and nothing is mixed."""
+    net = torch.nn.Sequential(BayesianLinear(3, 4), torch.nn.BatchNorm1d(4), BayesianLinear(4, 1))
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.1))  # BatchNorm in train mode: statistics over all rows
+    x = torch.randn(20, 3)
+    guide = fitted_guide(bnn, x, torch.randn(20), init_scale=0.3)
+    with pytest.warns(UserWarning, match="other values"):
+        pyro_bbb.predict(bnn, guide, x, num_samples=8)
+    bnn.eval()  # running statistics: every row on its own, vectorized without a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pyro_bbb.predict(bnn, guide, x, num_samples=8)
 
 
 def test_works_with_a_plain_pyro_model():
@@ -172,3 +231,40 @@ def test_bad_arguments():
         pyro_bbb.predict(bnn, guide, torch.full((2, 4), math.nan))
     with pytest.raises(ValueError, match="at least one input"):
         pyro_bbb.predict(bnn, guide, torch.zeros(0, 4))
+
+
+class Subsampled(PyroModule):
+    """Pyro's subsampling idiom: the net outside, ``mu[..., idx]`` inside a subsampling data plate."""
+
+    def __init__(self, subsample_size=None):
+        super().__init__()
+        self.fc = BayesianLinear(2, 1)
+        self.subsample_size = subsample_size
+
+    def forward(self, x, y=None):
+        mu = self.fc(x).squeeze(-1)
+        with pyro.plate("data", len(x), subsample_size=self.subsample_size) as idx:
+            return pyro.sample("y", dist.Normal(mu[..., idx], 0.5), obs=None if y is None else y[idx])
+
+
+@pytest.mark.parametrize("vectorize", [None, False])
+@pytest.mark.parametrize("batch_size", [None, 25])
+def test_subsampling_data_plate_covers_every_input_in_order(vectorize, batch_size):
+    x, y = torch.randn(60, 2), torch.randn(60)
+    model = Subsampled(subsample_size=40)
+    guide = fitted_guide(model, x, y, init_scale=0.3)
+    pyro.set_rng_seed(3)
+    pred = pyro_bbb.predict(model, guide, x, num_samples=7, vectorize=vectorize, batch_size=batch_size)
+    assert len(pred) == 60
+    model.subsample_size = None  # the same guide and draws, without subsampling: the reference
+    pyro.set_rng_seed(3)
+    reference = pyro_bbb.predict(model, guide, x, num_samples=7, vectorize=vectorize, batch_size=batch_size)
+    torch.testing.assert_close(pred.distribution.loc, reference.distribution.loc)
+
+
+def test_export_of_a_subsampling_model_covers_every_input():
+    x, y = torch.randn(60, 2), torch.randn(60)
+    model = Subsampled(subsample_size=40)
+    guide = fitted_guide(model, x, y)
+    idata = pyro_bbb.to_inference_data(model, guide, x, y, num_samples=5)
+    assert idata.log_likelihood["y"].shape[-1] == 60

@@ -7,7 +7,8 @@ from pyro.nn import PyroModule, PyroSample
 from pyro.nn.module import _make_name
 from pyro.poutine.runtime import get_plates
 
-from ..priors import Prior, as_prior
+from ..priors import Prior, as_prior, prior_state
+from .draws import draws_leading, fold_affine_output, folded_draws, unfold_affine_input
 from .functional import bayesian_affine
 
 __all__ = ["BayesianModule"]
@@ -89,8 +90,9 @@ class BayesianModule(PyroModule):
         """
         fan_in, prior = self._bayesian[name]
         init = self._buffers[f"{name}_init"]
-        # built once per (prior, shape, device, dtype, initial value): it is read at every step; priors are immutable
-        key = (id(prior), init.shape, init.device, init.dtype, init._version)
+        # built once per (prior and its current state, shape, device, dtype, initial value): it is read at every
+        # step; a prior whose fields change (or whose tensors change in place) is rebuilt
+        key = (id(prior), prior_state(prior), init.shape, init.device, init.dtype, init._version)
         cache = self.__dict__.setdefault("_prior_cache", {})
         cached = cache.get(name)
         if cached is None or cached[0] != key:
@@ -132,13 +134,27 @@ class BayesianModule(PyroModule):
 
     def _affine(self, input: torch.Tensor, apply, feature_dims: int) -> torch.Tensor:
         """``apply(input, weight, bias)`` as the effectful :func:`~pyro_bbb.nn.functional.bayesian_affine`, so that
-        the estimators in :mod:`pyro_bbb.handlers` can replace the shared weight draw."""
+        the estimators in :mod:`pyro_bbb.handlers` can replace the shared weight draw. Inside
+        :func:`~pyro_bbb.nn.draws.fold_draws` the input's rows are blocks of one draw each (see
+        :mod:`pyro_bbb.nn.draws`)."""
         has_bias = "bias" in self._bayesian
         prefix = self.__dict__.get("_pyro_name", "")
-        return bayesian_affine(
-            input, self.weight, self.bias if has_bias else None, apply=apply, feature_dims=feature_dims,
+        weight, bias = self.weight, self.bias if has_bias else None
+        num_draws = folded_draws()
+        folded = num_draws is not None and num_draws > 1
+        if folded:
+            param_dims = feature_dims + 1
+            weight, bias = draws_leading(weight, param_dims, num_draws), draws_leading(bias, 1, num_draws)
+            folded = weight.dim() > param_dims or (bias is not None and bias.dim() > 1)
+            if folded:  # draw s on its block of rows: (S, rows, *features) against (S, 1, *param)
+                rows = unfold_affine_input(input, num_draws, feature_dims)
+                weight = weight.expand((num_draws, *weight.shape[-param_dims:])).unsqueeze(1)
+                bias = None if bias is None else bias.expand((num_draws, bias.shape[-1])).unsqueeze(1)
+        output = bayesian_affine(
+            rows if folded else input, weight, bias, apply=apply, feature_dims=feature_dims,
             weight_site=_make_name(prefix, "weight"), bias_site=_make_name(prefix, "bias") if has_bias else None,
         )  # fmt: skip
+        return fold_affine_output(output, input, feature_dims) if folded else output
 
     def _prior_repr(self) -> str:
         priors = {name: prior for name, (_, prior) in self._bayesian.items()}

@@ -23,6 +23,7 @@ from pyro.nn.module import _make_name
 from torch import nn
 
 from ..priors import Prior
+from .draws import draws_leading, fold_rows, folded_draws, unfold_rows
 from .functional import batched_linear, bayesian_affine_map, sample_dims
 from .module import BayesianModule
 
@@ -47,6 +48,7 @@ class _Recurrent(BayesianModule):
     """Shared machinery: sites named like ``torch.nn``'s, one map per weight per sequence, the gate arithmetic."""
 
     _mode: str  # "LSTM" or "GRU"
+    _first_suffix = ""  # the name suffix of the first input-to-hidden weight
 
     def _declare_from(self, twin: nn.Module, fan_in: dict[str, int], recurrent_prior: Prior | None) -> None:
         for name, param in twin.named_parameters():
@@ -61,8 +63,14 @@ class _Recurrent(BayesianModule):
         for kind, time_dims in (("ih", int(sequence)), ("hh", 0)):
             weight_name, bias_name = f"weight_{kind}{suffix}", f"bias_{kind}{suffix}"
             has_bias = bias_name in self._bayesian
+            weight, bias = getattr(self, weight_name), getattr(self, bias_name) if has_bias else None
+            num_draws = folded_draws()
+            if num_draws is not None:  # the draws as (S, 1, *param), lined up with the unfolded (S, B, ...) input
+                weight, bias = draws_leading(weight, 2, num_draws), draws_leading(bias, 1, num_draws)
+                weight = weight.unsqueeze(1) if weight.dim() > 2 else weight
+                bias = bias.unsqueeze(1) if bias is not None and bias.dim() > 1 else bias
             maps.append(bayesian_affine_map(
-                getattr(self, weight_name), getattr(self, bias_name) if has_bias else None,
+                weight, bias,
                 apply=batched_linear, feature_dims=1, example_shape=tuple(example_shape), time_dims=time_dims,
                 weight_site=_make_name(prefix, weight_name),
                 bias_site=_make_name(prefix, bias_name) if has_bias else None,
@@ -80,7 +88,18 @@ class _Recurrent(BayesianModule):
 
     def _sample_shape(self, suffix: str) -> torch.Size:
         """Leading draw dimensions of this layer's weights (e.g. ``(S, 1)`` under a vectorized predictive)."""
-        return sample_dims(getattr(self, f"weight_ih{suffix}"), feature_dims=1)
+        weight = getattr(self, f"weight_ih{suffix}")
+        num_draws = folded_draws()
+        if num_draws is not None:
+            weight = draws_leading(weight, 2, num_draws)
+        return sample_dims(weight, feature_dims=1)
+
+    def _unfolds(self) -> int | None:
+        """The number of draws folded into the batch when this layer's weights carry them, else ``None``."""
+        num_draws = folded_draws()
+        if num_draws is None or num_draws == 1 or self._sample_shape(self._first_suffix) == ():
+            return None
+        return num_draws
 
     def _check_input(self, input: torch.Tensor, size: int, where: str) -> None:
         if input.dim() == 0 or input.shape[-1] != size:
@@ -142,6 +161,14 @@ class BayesianLSTMCell(_RecurrentCell):
 
     def forward(self, input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None):
         self._check_input(input, self.input_size, "an input")
+        num_draws = self._unfolds()
+        if num_draws is not None:  # folded rows: draw s on block s (see pyro_bbb.nn.draws)
+            state = None if hx is None else tuple(unfold_rows(h, num_draws, h.dim() - 2) for h in hx)
+            h, c = self._run(unfold_rows(input, num_draws, input.dim() - 2), state)
+            return fold_rows(h, h.dim() - 3), fold_rows(c, c.dim() - 3)
+        return self._run(input, hx)
+
+    def _run(self, input, hx):
         if hx is None:
             hx = (self._zeros(input), self._zeros(input))
         return self._step(self._cached_maps(input.shape[:-1]), input, hx)
@@ -161,12 +188,22 @@ class BayesianGRUCell(_RecurrentCell):
 
     def forward(self, input: torch.Tensor, hx: torch.Tensor | None = None) -> torch.Tensor:
         self._check_input(input, self.input_size, "an input")
+        num_draws = self._unfolds()
+        if num_draws is not None:  # folded rows: draw s on block s (see pyro_bbb.nn.draws)
+            state = None if hx is None else unfold_rows(hx, num_draws, hx.dim() - 2)
+            h = self._run(unfold_rows(input, num_draws, input.dim() - 2), state)
+            return fold_rows(h, h.dim() - 3)
+        return self._run(input, hx)
+
+    def _run(self, input, hx):
         if hx is None:
             hx = self._zeros(input)
         return self._step(self._cached_maps(input.shape[:-1]), input, hx)
 
 
 class _RecurrentLayer(_Recurrent):
+    _first_suffix = "_l0"
+
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
                  bidirectional=False, prior=None, recurrent_prior=None, *, device=None, dtype=None):  # fmt: skip
         super().__init__(prior)
@@ -193,6 +230,22 @@ class _RecurrentLayer(_Recurrent):
         if input.dim() < 3:
             raise ValueError(f"{type(self).__name__} expects (T, B, features) or (B, T, features), got "
                              f"{tuple(input.shape)}; feed single steps to the cell instead.")  # fmt: skip
+        num_draws = self._unfolds()
+        if num_draws is None:
+            return self._run(input, hx)
+        # folded rows (see pyro_bbb.nn.draws): unfold the batch dimension into (S, B) with S in front, run, fold back
+        batch_dim = input.dim() - (3 if self.batch_first else 2)
+        sequence = unfold_rows(input, num_draws, batch_dim).movedim(batch_dim, 0)
+        state = None if hx is None else self._map_state(hx, lambda h: unfold_rows(h, num_draws, h.dim() - 2)
+                                                        .movedim(h.dim() - 2, 0))  # fmt: skip
+        output, state = self._run(sequence, state)
+        output = fold_rows(output.movedim(0, batch_dim), batch_dim)
+        return output, self._map_state(state, lambda h: fold_rows(h.movedim(0, h.dim() - 3), h.dim() - 3))
+
+    def _map_state(self, state, fn):
+        return tuple(fn(h) for h in state) if self._mode == "LSTM" else fn(state)
+
+    def _run(self, input: torch.Tensor, hx):
         sequence_in = input if self.batch_first else input.movedim(-3, -2)  # (..., B, T, features)
         example_shape = sequence_in.shape[:-2]
         lead = torch.broadcast_shapes(example_shape, self._sample_shape("_l0"))

@@ -1,0 +1,151 @@
+"""Weight draws folded into the batch: the network sees ordinary batches, whatever the number of draws.
+
+Under a vectorized predictive or ``vectorize_particles=True`` every weight site carries S draws. Instead of sending
+them through the network as extra leading dimensions (which ordinary torch code such as ``out[:, -1]``,
+``x.view(x.size(0), -1)``, ``nn.Flatten()`` or ``nn.BatchNorm2d`` reads wrongly or rejects), :class:`pyro_bbb.BNN`
+repeats the batch S times -- ``S * B`` rows, the block of rows ``s * B ... (s + 1) * B - 1`` belonging to draw ``s``
+-- and runs the network inside :func:`fold_draws`. Each Bayesian layer then applies draw ``s`` to its own block of
+rows (one batched product, no per-row weights are materialised), and the likelihood unfolds the output again.
+Everything between the Bayesian layers sees a plain ``(S * B, ...)`` batch.
+
+Example
+-------
+>>> import pyro
+>>> from pyro_bbb.nn import BayesianLinear
+>>> layer = BayesianLinear(3, 2)
+>>> x = torch.randn(5, 3)
+>>> with pyro.plate("draws", 4, dim=-2):                  # four weight draws
+...     with fold_draws(4):
+...         out = layer(x.repeat(4, 1))                    # (4 * 5, 3): the batch once per draw
+>>> out.shape
+torch.Size([20, 2])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+import torch
+
+__all__ = [
+    "fold_draws", "folded_draws", "fold_rows", "unfold_rows", "draws_leading", "unfold_affine_input",
+    "fold_affine_output",
+]
+
+_FOLDED: ContextVar[int | None] = ContextVar("pyro_bbb_folded_draws", default=None)
+
+
+@contextmanager
+def fold_draws(num_draws: int) -> Iterator[None]:
+    """Within the block, Bayesian layers read the first dimension of their input as ``num_draws`` blocks of rows,
+    block ``s`` belonging to weight draw ``s``.
+
+    Example
+    -------
+    >>> with fold_draws(8):
+    ...     folded_draws()
+    8
+    >>> folded_draws() is None
+    True
+    """
+    token = _FOLDED.set(int(num_draws))
+    try:
+        yield
+    finally:
+        _FOLDED.reset(token)
+
+
+def folded_draws() -> int | None:
+    """The number of draws folded into the batch here, or ``None`` outside :func:`fold_draws`.
+
+    Example
+    -------
+    >>> folded_draws() is None
+    True
+    """
+    return _FOLDED.get()
+
+
+def fold_rows(t: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """``(S, B, ...)`` -> ``(S * B, ...)`` (at ``dim``).
+
+    Example
+    -------
+    >>> fold_rows(torch.zeros(3, 4, 2)).shape
+    torch.Size([12, 2])
+    """
+    return t.flatten(dim, dim + 1)
+
+
+def unfold_rows(t: torch.Tensor, num_draws: int, dim: int = 0) -> torch.Tensor:
+    """``(S * B, ...)`` -> ``(S, B, ...)`` (at ``dim``); a clear error when the rows are not a multiple of S.
+
+    Example
+    -------
+    >>> unfold_rows(torch.zeros(12, 2), 3).shape
+    torch.Size([3, 4, 2])
+    """
+    rows = t.shape[dim]
+    if rows % num_draws:
+        raise ValueError(
+            f"a Bayesian layer received {rows} rows along dimension {dim} while {num_draws} weight draws are folded "
+            "into the batch; the network must keep the batch dimension first (and the time dimension of a "
+            "recurrent layer where torch.nn puts it)."
+        )
+    return t.unflatten(dim, (num_draws, rows // num_draws))
+
+
+def draws_leading(param: torch.Tensor | None, param_dims: int, num_draws: int) -> torch.Tensor | None:
+    """A parameter's draws as ``(S, *param_shape)``; a parameter without draws (a point estimate, the same for every
+    row) keeps its plain shape.
+
+    Example
+    -------
+    >>> draws_leading(torch.zeros(5, 1, 4, 3), 2, 5).shape, draws_leading(torch.zeros(4, 3), 2, 5).shape
+    (torch.Size([5, 4, 3]), torch.Size([4, 3]))
+    """
+    if param is None or param.dim() <= param_dims:
+        return param
+    lead = param.shape[:-param_dims]
+    count = math.prod(lead)
+    if count == 1:
+        return param.reshape(param.shape[-param_dims:])
+    if count != num_draws:
+        raise ValueError(
+            f"a weight carries {count} draws (leading shape {tuple(lead)}) but {num_draws} are folded into the "
+            "batch; every weight site must be drawn under the same sample plates."
+        )
+    return param.reshape((num_draws, *param.shape[-param_dims:]))
+
+
+def unfold_affine_input(input: torch.Tensor, num_draws: int, feature_dims: int) -> torch.Tensor:
+    """Folded rows ``(S * B, *mid, *features)`` as ``(S, B * mid, *features)``: the shape a batched affine map
+    with weights ``(S, 1, *param)`` takes.
+
+    Example
+    -------
+    >>> unfold_affine_input(torch.zeros(6, 5, 3), 2, feature_dims=1).shape
+    torch.Size([2, 15, 3])
+    """
+    if input.dim() <= feature_dims:
+        raise ValueError(
+            f"a Bayesian layer received an input of shape {tuple(input.shape)} without a batch dimension while "
+            f"{num_draws} weight draws are folded into the batch."
+        )
+    unfold_rows(input, num_draws)  # the divisibility check, with its message
+    return input.reshape((num_draws, -1, *input.shape[input.dim() - feature_dims :]))
+
+
+def fold_affine_output(output: torch.Tensor, input: torch.Tensor, feature_dims: int) -> torch.Tensor:
+    """The inverse of :func:`unfold_affine_input` for the output: ``(S, B * mid, *out)`` -> ``(S * B, *mid, *out)``.
+
+    Example
+    -------
+    >>> fold_affine_output(torch.zeros(2, 15, 4), torch.zeros(6, 5, 3), feature_dims=1).shape
+    torch.Size([6, 5, 4])
+    """
+    mid = input.shape[1 : input.dim() - feature_dims]
+    return output.reshape((input.shape[0], *mid, *output.shape[2:]))
