@@ -255,7 +255,8 @@ class _Placeholder(Messenger):
 class _SubsampleCover(Messenger):
     """Replaces the random subsample of a subsampling data plate (``pyro.plate(name, n, subsample_size=m)``) by the
     indices ``piece * m ... piece * m + m - 1`` (wrapping around, also when a chunk of inputs is smaller than ``m``),
-    so that successive pieces cover every input once; records ``n`` and ``m``. Plates that do not subsample, or get explicit ``subsample=`` indices, are left alone."""
+    so that successive pieces cover every input once; records ``n`` and ``m``. Plates that do not subsample, or get
+    explicit ``subsample=`` indices, are left alone."""
 
     def __init__(self, data_plate: str, piece: int):
         super().__init__()
@@ -480,7 +481,9 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
 
     # One plain pass finds the observation site, the plate nesting and each latent site's own shape.
     plain_guide = poutine.trace(guide).get_trace(chunks[0])
-    plain_pass = _SubsampleCover(data_plate, 0)(_Placeholder(data_plate, x.device)(poutine.replay(model, trace=plain_guide)))
+    plain_pass = _SubsampleCover(data_plate, 0)(
+        _Placeholder(data_plate, x.device)(poutine.replay(model, trace=plain_guide))
+    )
     plain_model = poutine.trace(plain_pass).get_trace(chunks[0])
     obs = _observation_site(plain_model, plain_guide, data_plate)
     nesting = max((_site_plate_dims(site) for _, site in plain_model.iter_stochastic_nodes()), default=0)
