@@ -30,6 +30,7 @@ import pyro.distributions as dist
 import torch
 from pyro.distributions.kl import kl_divergence
 
+from .guide import require_site_posteriors, site_loc_scale, site_posterior
 from .nn.module import BayesianModule
 from .priors import _is_real
 
@@ -63,6 +64,7 @@ class PosteriorWarning(UserWarning):
 
 
 def _require_fitted(guide) -> None:
+    require_site_posteriors(guide, "this diagnostic")
     if getattr(guide, "prototype_trace", None) is None:
         raise ValueError("the guide has not seen the model yet: fit it (or run one SVI step) first.")
 
@@ -138,7 +140,7 @@ def layer_summary(model: Callable, guide) -> dict[str, dict[str, float]]:
     parts: dict[str, dict[str, Any]] = {}
     for name, site in guide.prototype_trace.iter_stochastic_nodes():
         p = site["fn"]  # the prior, as the model declared it
-        q = guide._posterior(name, site)
+        q = site_posterior(guide, name, site)
         part = parts.setdefault(owners.get(name, name), {"kl": 0.0, "num_weights": 0, "elements": []})
         part["num_weights"] += p.shape().numel()
         if name not in owners or not _is_real(site["fn"].support):
@@ -146,7 +148,7 @@ def layer_summary(model: Callable, guide) -> dict[str, dict[str, float]]:
             continue
         kl = _kl_per_element(q, p)
         part["kl"] += float(kl.sum())
-        scale = guide._get_loc_and_scale(name)[1]
+        scale = site_loc_scale(guide, name)[1]
         prior_std = _prior_std(_unwrap(p)).expand(scale.shape)
         part["elements"].append(torch.stack([kl, scale, prior_std]).reshape(3, -1))
     summary = {}
@@ -216,7 +218,7 @@ def signal_to_noise(guide) -> dict[str, torch.Tensor]:
     snr = {}
     for name, site in guide.prototype_trace.iter_stochastic_nodes():
         if _is_real(site["fn"].support):
-            loc, scale = guide._get_loc_and_scale(name)
+            loc, scale = site_loc_scale(guide, name)
             snr[name] = loc.abs() / scale
     return snr
 
@@ -413,7 +415,7 @@ def summary(model: Callable, guide, by: str = "layer"):
         groups: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for name, site in guide.prototype_trace.iter_stochastic_nodes():
             if _is_real(site["fn"].support):
-                groups.setdefault(owners.get(name, name), []).append(guide._get_loc_and_scale(name))
+                groups.setdefault(owners.get(name, name), []).append(site_loc_scale(guide, name))
         for layer, entry in layers.items():
             row = {"num_weights": entry["num_weights"], "kl": entry["kl"], "kl_per_weight": entry["kl_per_weight"]}
             if layer in groups:
@@ -434,11 +436,11 @@ def summary(model: Callable, guide, by: str = "layer"):
         low, high = f"hdi_{100 * (1 - HDI_PROB) / 2:g}%", f"hdi_{100 * (1 + HDI_PROB) / 2:g}%"
         frames = []
         for name, site in guide.prototype_trace.iter_stochastic_nodes():
-            loc, scale = (t.detach().double() for t in guide._get_loc_and_scale(name))
+            loc, scale = (t.detach().double() for t in site_loc_scale(guide, name))
             if _is_real(site["fn"].support):
                 stats = {"mean": loc, "sd": scale, low: loc - z * scale, high: loc + z * scale}
             else:
-                draws = guide._posterior(name, site).sample((4000,)).double()
+                draws = site_posterior(guide, name, site).sample((4000,)).double()
                 bounds = torch.quantile(draws, torch.tensor([(1 - HDI_PROB) / 2, (1 + HDI_PROB) / 2]).double(), 0)
                 stats = {"mean": draws.mean(0), "sd": draws.std(0), low: bounds[0], high: bounds[1]}
             index = [f"{name}[{', '.join(map(str, i))}]" if loc.dim() else name for i in np.ndindex(*loc.shape)]

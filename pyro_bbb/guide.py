@@ -19,7 +19,10 @@ from torch.distributions import transform_to
 from .nn.module import BayesianModule
 from .priors import _is_real
 
-__all__ = ["MeanFieldGuide", "DEFAULT_INIT_SCALE"]
+__all__ = [
+    "MeanFieldGuide", "DEFAULT_INIT_SCALE", "has_site_posteriors", "require_site_posteriors", "site_loc_scale",
+    "site_posterior",
+]
 
 #: Key under which a guide site's ``infer`` dict carries the live posterior ``(loc, scale)`` of a mean-field Normal.
 POSTERIOR_KEY = "pyro_bbb_posterior"
@@ -257,3 +260,79 @@ class MeanFieldGuide(AutoNormal):
             loc, scale = (t.detach().clone() for t in self._get_loc_and_scale(name))
             posteriors[name] = self._constrain(dist.Normal(loc, scale), site)
         return posteriors
+
+
+# -- per-site Normal posteriors of any guide that has them ------------------------------------------------------
+def has_site_posteriors(guide) -> bool:
+    """Whether ``guide`` has an independent Normal posterior (in unconstrained space) at every latent site:
+    :class:`MeanFieldGuide` and Pyro's :class:`~pyro.infer.autoguide.AutoNormal` do; ``AutoDelta``,
+    ``AutoDiagonalNormal`` (one joint latent), ``AutoLowRankMultivariateNormal``, ``AutoGuideList`` and
+    hand-written guides do not. Per-layer summaries, ``check_posterior`` and the per-layer columns of
+    :class:`pyro_bbb.History` need them.
+
+    Example
+    -------
+    >>> from pyro.infer.autoguide import AutoDelta
+    >>> from pyro_bbb.nn import BayesianLinear
+    >>> layer = BayesianLinear(2, 1)
+    >>> has_site_posteriors(MeanFieldGuide(layer)), has_site_posteriors(AutoDelta(layer))
+    (True, False)
+    """
+    return isinstance(guide, AutoNormal)
+
+
+def require_site_posteriors(guide, what: str) -> None:
+    """Raise a ``ValueError`` naming ``what`` needs per-site Normal posteriors when ``guide`` has none.
+
+    Example
+    -------
+    >>> from pyro.infer.autoguide import AutoDelta
+    >>> from pyro_bbb.nn import BayesianLinear
+    >>> require_site_posteriors(AutoDelta(BayesianLinear(2, 1)), "summary")
+    Traceback (most recent call last):
+    ...
+    ValueError: summary needs a guide with an independent Normal posterior at every weight ...
+    """
+    if not has_site_posteriors(guide):
+        raise ValueError(
+            f"{what} needs a guide with an independent Normal posterior at every weight (pyro_bbb.MeanFieldGuide or "
+            f"Pyro's AutoNormal); {type(guide).__name__} does not have one. fit, predict, save and load work with "
+            "any guide."
+        )
+
+
+def site_loc_scale(guide, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The live posterior mean and standard deviation (unconstrained space) of site ``name``.
+
+    Example
+    -------
+    >>> from pyro.infer.autoguide import AutoNormal
+    >>> from pyro_bbb.nn import BayesianLinear
+    >>> pyro.clear_param_store()
+    >>> guide = AutoNormal(BayesianLinear(2, 1), init_scale=0.05)
+    >>> _ = guide(torch.zeros(1, 2))
+    >>> site_loc_scale(guide, "bias")[1]
+    tensor([0.0500], grad_fn=<SoftplusBackward0>)
+    """
+    require_site_posteriors(guide, "the posterior of a site")
+    if isinstance(guide, MeanFieldGuide):
+        return guide.posterior_params(name)
+    return guide._get_loc_and_scale(name)  # Pyro's AutoNormal: its (private) accessor, in this one place
+
+
+def site_posterior(guide, name: str, site: dict) -> dist.Distribution:
+    """The posterior distribution over site ``name`` (``site`` is its prototype-trace entry): the Normal of
+    :func:`site_loc_scale` over the whole tensor, pushed through ``biject_to(support)`` for a constrained site.
+
+    Example
+    -------
+    >>> from pyro_bbb.nn import BayesianLinear
+    >>> pyro.clear_param_store()
+    >>> guide = MeanFieldGuide(BayesianLinear(2, 1))
+    >>> _ = guide(torch.zeros(1, 2))
+    >>> site_posterior(guide, "weight", guide.prototype_trace.nodes["weight"]).event_shape
+    torch.Size([1, 2])
+    """
+    loc, scale = site_loc_scale(guide, name)
+    normal = dist.Normal(loc, scale).to_event(guide._event_dims[name])
+    return MeanFieldGuide._constrain(normal, site)

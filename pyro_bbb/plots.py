@@ -23,6 +23,7 @@ import torch
 
 from . import metrics
 from .diagnostics import _layer_names, _prior_std, _unwrap, layer_summary
+from .guide import site_loc_scale
 from .prediction import ClassificationPrediction, RegressionPrediction
 from .priors import _is_real
 
@@ -67,17 +68,20 @@ def plot_history(history, path: str | Path | None = None):
     if "val_log_likelihood" in history.keys():
         axes[0].plot(epochs, [-v for v in history["val_log_likelihood"]], label="validation NLL per datum")
     axes[0].set(xlabel="epoch", title="loss", yscale="symlog")
-    for layer, values in history["kl_by_layer"].items():
+    per_layer = "kl_by_layer" in history.keys()  # absent for guides without a Normal posterior per weight
+    for layer, values in (history["kl_by_layer"] if per_layer else {"total": history["kl"]}).items():
         axes[1].plot(epochs, values, label=layer)
     axes[1].set(xlabel="epoch", ylabel="nats", title="KL(q || p) per layer", yscale="log")
     axes[2].plot(epochs, history["kl_weight"], color="k")
     axes[2].set(xlabel="epoch", title="KL weight")
-    for layer, values in history["std_ratio"].items():
+    for layer, values in (history["std_ratio"] if per_layer else {}).items():
         axes[3].plot(epochs, values, label=layer)
     axes[3].axhline(1.0, color="k", lw=0.8, ls="--")
-    axes[3].set(xlabel="epoch", title="posterior std / prior std", yscale="log")
+    axes[3].set(xlabel="epoch", title="posterior std / prior std" if per_layer else "posterior std (not available)",
+                yscale="log")  # fmt: skip
     for ax in (axes[0], axes[1], axes[3]):
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     return _finish(fig, path)
 
 
@@ -106,7 +110,7 @@ def plot_std_ratio(model: Callable, guide, path: str | Path | None = None, bins:
     priors: dict[str, float] = {}
     for name, site in guide.prototype_trace.iter_stochastic_nodes():
         if name in owners and _is_real(site["fn"].support):
-            scales.setdefault(owners[name], []).append(guide._get_loc_and_scale(name)[1].reshape(-1).cpu())
+            scales.setdefault(owners[name], []).append(site_loc_scale(guide, name)[1].reshape(-1).cpu())
             priors[owners[name]] = float(_prior_std(_unwrap(site["fn"])).mean())
     if not scales:
         raise ValueError("the model has no Bayesian layers to plot.")

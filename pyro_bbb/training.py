@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from numbers import Real
@@ -37,6 +38,7 @@ from . import distributed as distributed_
 from . import metrics
 from .diagnostics import layer_summary
 from .elbo import ELBO
+from .guide import MeanFieldGuide, has_site_posteriors
 from .handlers import flipout, local_reparameterization
 from .optim import Adam as JointAdam
 from .prediction import ClassificationPrediction, RegressionPrediction, _check_count, predict
@@ -416,6 +418,20 @@ def fit(
             f"{type(optimizer).__name__}."
         )
     estimator_context = _estimator(estimator)
+    if estimator != "reparam" and not isinstance(guide, MeanFieldGuide):
+        raise ValueError(
+            f"estimator={estimator!r} reads each weight's posterior mean and scale, which only "
+            f"pyro_bbb.MeanFieldGuide provides; {type(guide).__name__} does not. Use estimator='reparam' with this "
+            "guide, or a MeanFieldGuide."
+        )
+    per_layer = has_site_posteriors(guide)  # the per-layer history columns need a Normal posterior per weight
+    if not per_layer:
+        warnings.warn(
+            f"{type(guide).__name__} has no Normal posterior per weight: the History records the loss, NLL and KL "
+            "but no per-layer KL or posterior std, and summary/check_posterior will not apply (they need "
+            "pyro_bbb.MeanFieldGuide or AutoNormal).",
+            stacklevel=2,
+        )
     likelihood = getattr(model, "likelihood", None)
     likelihood = likelihood if hasattr(likelihood, "check_targets") else None
     device = _device(model)
@@ -464,10 +480,11 @@ def fit(
         record["loss_per_datum"] = record["loss"] / batches.num_data
         record["kl_weight"] = elbo.last_terms["kl_weight"]
         record["num_data"] = batches.num_data
-        summary = layer_summary(model, guide)
-        record["kl_by_layer"] = {layer: entry["kl"] for layer, entry in summary.items()}
-        record["posterior_std"] = {k: e["posterior_std"] for k, e in summary.items() if "posterior_std" in e}
-        record["std_ratio"] = {k: e["std_ratio"] for k, e in summary.items() if "std_ratio" in e}
+        if per_layer:
+            summary = layer_summary(model, guide)
+            record["kl_by_layer"] = {layer: entry["kl"] for layer, entry in summary.items()}
+            record["posterior_std"] = {k: e["posterior_std"] for k, e in summary.items() if "posterior_std" in e}
+            record["std_ratio"] = {k: e["std_ratio"] for k, e in summary.items() if "std_ratio" in e}
         if validation_data is not None:
             record.update(_validation_metrics(model, guide, validation_data, num_validation_samples))
         record["seconds"] = time.perf_counter() - start

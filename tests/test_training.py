@@ -262,3 +262,80 @@ def test_digits_accuracy_and_calibration():
     # the uncertainty is informative: wrong answers carry more epistemic uncertainty than right ones
     wrong = pred.predicted_class != y_test
     assert pred.mutual_information[wrong].mean() > 2 * pred.mutual_information[~wrong].mean()
+
+
+# -- any Pyro guide (issue 13, D) ------------------------------------------------------------------------------
+def _guide_list(model):
+    from pyro.infer import autoguide
+
+    guide = autoguide.AutoGuideList(model)
+    guide.append(autoguide.AutoNormal(pyro.poutine.block(model, expose=["net.0.weight", "net.0.bias"])))
+    guide.append(autoguide.AutoDelta(pyro.poutine.block(model, hide=["net.0.weight", "net.0.bias"])))
+    return guide
+
+
+def _pyro_guides():
+    from pyro.infer import autoguide
+
+    return {
+        "AutoNormal": autoguide.AutoNormal,
+        "AutoDiagonalNormal": autoguide.AutoDiagonalNormal,
+        "AutoLowRankMultivariateNormal": autoguide.AutoLowRankMultivariateNormal,
+        "AutoDelta": autoguide.AutoDelta,
+        "AutoGuideList": _guide_list,
+    }
+
+
+@pytest.mark.parametrize("name", list(_pyro_guides()))
+def test_fit_predict_save_load_work_with_any_pyro_guide(name, tmp_path):
+    import warnings
+
+    make_guide = _pyro_guides()[name]
+    x, y = data()
+    model = regression_model()
+    guide = make_guide(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = fit(model, guide, (x, y), epochs=3, batch_size=16, seed=0)
+    per_layer = name == "AutoNormal"
+    assert ("kl_by_layer" in history.keys()) == per_layer
+    assert per_layer or any("no Normal posterior per weight" in str(w.message) for w in caught)
+    history.plot(tmp_path / "history.png")
+    pyro.set_rng_seed(1)
+    before = pyro_bbb.predict(model, guide, x, num_samples=5).mean
+    pyro_bbb.save(tmp_path / "model.pt", model, guide)
+    pyro.clear_param_store()
+    model2 = regression_model()
+    guide2 = pyro_bbb.load(tmp_path / "model.pt", model2, make_guide(model2))
+    pyro.set_rng_seed(1)
+    torch.testing.assert_close(pyro_bbb.predict(model2, guide2, x, num_samples=5).mean, before)
+    if per_layer:
+        assert set(pyro_bbb.summary(model, guide).index) == {"net.0", "net.2"}
+    else:
+        with pytest.raises(ValueError, match="independent Normal posterior"):
+            pyro_bbb.summary(model, guide)
+
+
+def test_elbo_with_autonormal_equals_pyros_trace_elbo():
+    from pyro.infer import Trace_ELBO
+    from pyro.infer.autoguide import AutoNormal
+
+    x, y = data(20)
+    model = regression_model()
+    guide = AutoNormal(model, init_scale=0.2)
+    guide(x, y)
+    pyro.set_rng_seed(4)
+    ours = pyro_bbb.ELBO(num_data=20).loss(model, guide, x, y)
+    pyro.set_rng_seed(4)
+    assert ours == pytest.approx(Trace_ELBO().loss(model, guide, x, y), rel=1e-5)
+
+
+@pytest.mark.parametrize("estimator", ["flipout", "local_reparam"])
+def test_flipout_and_local_reparameterization_need_meanfieldguide_before_the_first_step(estimator):
+    from pyro.infer.autoguide import AutoNormal
+
+    model = regression_model()
+    guide = AutoNormal(model)
+    with pytest.raises(ValueError, match="MeanFieldGuide"):
+        fit(model, guide, data(), estimator=estimator)
+    assert len(pyro.get_param_store()) == 0  # nothing set up, nothing changed
