@@ -69,8 +69,22 @@ def _state(module) -> dict[str, torch.Tensor]:
     return {name: value.detach() for name, value in module.state_dict().items()}
 
 
+def _used_params(model, guide, inputs) -> dict[str, torch.Tensor]:
+    """Every Pyro parameter one guide draw and the model replayed against it use (including ``pyro.module`` nets
+    and ``pyro.param`` sites outside any module), by param-store name: unconstrained values, live."""
+    # the draw must not move the user's random stream
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), poutine.block(), poutine.trace(param_only=True) as params:
+        guide_trace = poutine.trace(guide).get_trace(*inputs)
+        poutine.replay(model, trace=guide_trace)(*inputs)
+    return {name: site["value"].unconstrained() for name, site in params.trace.nodes.items()}
+
+
 def save(path: str | os.PathLike, model, guide) -> None:
     """Write ``model``'s deterministic state and ``guide``'s posterior to ``path``.
+
+    Everything the model and guide read from Pyro's param store is written too -- a feature net registered with
+    ``pyro.module``, a learned prior scale from ``pyro.param`` -- with the values the store holds now (also after
+    ``pyro.get_param_store().load(...)``).
 
     Parameters
     ----------
@@ -79,7 +93,7 @@ def save(path: str | os.PathLike, model, guide) -> None:
     model : torch.nn.Module
         The model, e.g. a :class:`pyro_bbb.BNN`.
     guide : MeanFieldGuide
-        The fitted guide.
+        The fitted guide (any Pyro autoguide).
 
     Example
     -------
@@ -87,14 +101,16 @@ def save(path: str | os.PathLike, model, guide) -> None:
     """
     if getattr(guide, "prototype_trace", None) is None:
         raise ValueError("the guide has not been fitted yet; there is nothing to save.")
+    inputs = _example_inputs(guide)
     checkpoint = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "pyro_bbb_version": __version__,
         "settings": _settings(model),
-        "example_inputs": _example_inputs(guide),
+        "example_inputs": inputs,
         "model_state": _state(model),
         "guide_state": _state(guide),
+        "param_store": {name: value.detach().clone() for name, value in _used_params(model, guide, inputs).items()},
     }
     torch.save(checkpoint, path)
 
@@ -110,10 +126,51 @@ def _mismatches(saved: dict[str, torch.Tensor], current: dict[str, torch.Tensor]
     return sorted(problems)
 
 
+_PARTS = {"settings": dict, "example_inputs": list, "model_state": dict, "guide_state": dict, "param_store": dict}
+
+
+def _read(path: str | os.PathLike, device: torch.device) -> dict[str, Any]:
+    """The checkpoint's contents, or one ``ValueError`` naming the file for anything that is not a whole, finite
+    pyro_bbb checkpoint (truncated, corrupted, foreign, or holding objects that ``weights_only`` refuses)."""
+    where = repr(os.fspath(path))
+    try:
+        checkpoint = torch.load(path, map_location=device, weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as error:  # torch raises zip, pickle, EOF and runtime errors for damaged or foreign files
+        raise ValueError(
+            f"{where} could not be read as a pyro_bbb checkpoint ({type(error).__name__}: {str(error)[:200]}); it is "
+            "truncated, corrupted, or not a file written by pyro_bbb.save. Nothing was loaded."
+        ) from error
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
+        raise ValueError(f"{where} is not a pyro_bbb checkpoint (written by pyro_bbb.save).")
+    if not isinstance(checkpoint.get("format_version"), int):
+        raise ValueError(f"{where} is a damaged pyro_bbb checkpoint: it has no format version.")
+    if checkpoint["format_version"] > FORMAT_VERSION:
+        raise ValueError(
+            f"the checkpoint {where} has format version {checkpoint['format_version']}, newer than this pyro_bbb "
+            f"({__version__}) reads; upgrade pyro_bbb."
+        )
+    checkpoint.setdefault("param_store", {})  # version-1 files written before the param store was saved
+    damaged = [key for key, kind in _PARTS.items() if not isinstance(checkpoint.get(key), kind)]
+    if damaged:
+        raise ValueError(f"{where} is a damaged pyro_bbb checkpoint: {', '.join(damaged)} missing or malformed.")
+    for part in ("model_state", "guide_state", "param_store"):
+        for name, value in checkpoint[part].items():
+            if not isinstance(value, torch.Tensor):
+                raise ValueError(f"{where} is a damaged pyro_bbb checkpoint: {part} {name!r} is not a tensor.")
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                raise ValueError(
+                    f"{where} holds NaN or infinite values in {part} {name!r}; refusing to load a diverged model."
+                )
+    return checkpoint
+
+
 def load(path: str | os.PathLike, model, guide):
     """Read a checkpoint written by :func:`save` into ``model`` and ``guide`` (built as before); returns ``guide``.
 
-    Nothing is changed unless every tensor fits: a model or guide of another shape, or another likelihood,
+    Nothing is changed unless every tensor fits: a model or guide of another shape, another likelihood (or the
+    same likelihood with other settings), a missing ``pyro.module`` / ``pyro.param`` parameter, or a damaged file
     raises ``ValueError`` listing the differences. Tensors are placed on the model's device.
 
     Example
@@ -121,27 +178,22 @@ def load(path: str | os.PathLike, model, guide):
     See the module example.
     """
     device = next((t.device for t in (*model.buffers(), *model.parameters())), torch.device("cpu"))
-    checkpoint = torch.load(path, map_location=device, weights_only=True)
-    if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
-        raise ValueError(f"{os.fspath(path)!r} is not a pyro_bbb checkpoint (written by pyro_bbb.save).")
-    if checkpoint["format_version"] > FORMAT_VERSION:
-        raise ValueError(
-            f"the checkpoint has format version {checkpoint['format_version']}, newer than this pyro_bbb "
-            f"({__version__}) reads; upgrade pyro_bbb."
-        )
+    checkpoint = _read(path, device)
     saved, current = checkpoint["settings"], _settings(model)
-    for key in ("likelihood", "data_plate"):
-        if saved[key] != current[key]:
+    for key in ("likelihood", "data_plate", "likelihood_repr"):
+        if saved.get(key, current[key]) != current[key]:
             raise ValueError(
                 f"the checkpoint was saved with {key} {saved[key]!r} but this model has {current[key]!r}; build the "
                 "model the way it was built when saved."
             )
+    inputs = [None if t is None else t.to(device) for t in checkpoint["example_inputs"]]
     if getattr(guide, "prototype_trace", None) is None:
-        inputs = [None if t is None else t.to(device) for t in checkpoint["example_inputs"]]
         with torch.no_grad(), poutine.block():
             guide(*inputs)
+    store = _used_params(model, guide, inputs)
     problems = _mismatches(checkpoint["model_state"], _state(model), "model")
     problems += _mismatches(checkpoint["guide_state"], _state(guide), "guide")
+    problems += _mismatches(checkpoint["param_store"], store, "parameter") if checkpoint["param_store"] else []
     if problems:
         raise ValueError(
             "the checkpoint does not fit this model and guide (were they built with other layer sizes?):\n  "
@@ -150,4 +202,7 @@ def load(path: str | os.PathLike, model, guide):
     if isinstance(model, torch.nn.Module):
         model.load_state_dict(checkpoint["model_state"])
     guide.load_state_dict(checkpoint["guide_state"])
+    with torch.no_grad():
+        for name, value in checkpoint["param_store"].items():
+            store[name].copy_(value)
     return guide

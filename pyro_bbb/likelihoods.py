@@ -29,13 +29,24 @@ from pyro.nn import PyroModule, PyroSample
 
 from .prediction import ClassificationPrediction, Prediction, RegressionPrediction
 
-__all__ = ["Likelihood", "Gaussian", "HeteroscedasticGaussian", "Categorical", "Bernoulli"]
+__all__ = ["TargetError", "Likelihood", "Gaussian", "HeteroscedasticGaussian", "Categorical", "Bernoulli"]
 
 
 def _check_finite_targets(y: torch.Tensor) -> None:
     if y.is_floating_point() and not bool(torch.isfinite(y).all()):
         bad = int((~torch.isfinite(y)).sum())
         raise ValueError(f"the targets y contain {bad} NaN or infinite value(s); remove or impute them before fitting.")
+
+
+class TargetError(ValueError):
+    """The targets do not fit the likelihood or the network's output (raised inside the model, so that
+    :func:`pyro_bbb.fit` can tell a bad batch from a failing model and restore the parameters).
+
+    Example
+    -------
+    >>> issubclass(TargetError, ValueError)
+    True
+    """
 
 
 class Likelihood(PyroModule):
@@ -79,15 +90,18 @@ class Likelihood(PyroModule):
         fn = self.distribution(output)
         num_data = fn.batch_shape[-1] if fn.batch_shape else 1
         if y is not None:
-            y = self.check_targets(y)
-            expected = fn.batch_shape[-1:] + fn.event_shape
-            if tuple(y.shape) != tuple(expected):
-                raise ValueError(
-                    f"the targets y have shape {tuple(y.shape)} but the network's output {tuple(output.shape)} "
-                    f"under {type(self).__name__} needs targets of shape {tuple(expected)}: x and y must have the "
-                    "same number of rows, and one target per row."
-                )
-            self._check_against_output(y, fn)
+            try:
+                y = self.check_targets(y)
+                expected = fn.batch_shape[-1:] + fn.event_shape
+                if tuple(y.shape) != tuple(expected):
+                    raise ValueError(
+                        f"the targets y have shape {tuple(y.shape)} but the network's output {tuple(output.shape)} "
+                        f"under {type(self).__name__} needs targets of shape {tuple(expected)}: x and y must have "
+                        "the same number of rows, and one target per row."
+                    )
+                self._check_against_output(y, fn)
+            except (ValueError, TypeError) as error:
+                raise TargetError(str(error)) from None
         with pyro.plate(data_plate, num_data, dim=-1):
             return pyro.sample(self.site, fn, obs=y)
 

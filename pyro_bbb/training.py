@@ -19,6 +19,8 @@ Example
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -40,10 +42,11 @@ from .diagnostics import layer_summary
 from .elbo import ELBO
 from .guide import MeanFieldGuide, has_site_posteriors
 from .handlers import flipout, local_reparameterization
+from .likelihoods import TargetError
 from .optim import Adam as JointAdam
 from .prediction import ClassificationPrediction, RegressionPrediction, _check_count, predict
 
-__all__ = ["fit", "History", "TrainingDivergedError", "ESTIMATORS"]
+__all__ = ["fit", "History", "TrainingDivergedError", "DataError", "ESTIMATORS"]
 
 #: Gradient estimators ``fit(estimator=...)`` knows: name -> a callable returning the context to train in.
 ESTIMATORS: dict[str, Callable[[], Any]] = {
@@ -53,8 +56,20 @@ ESTIMATORS: dict[str, Callable[[], Any]] = {
 }
 
 
+class DataError(ValueError):
+    """A batch that ``fit`` read during training was invalid (NaN, a bad label, not an ``(x, y)`` pair); the
+    parameters were restored to their state at the start of ``fit``.
+
+    Example
+    -------
+    >>> issubclass(DataError, ValueError)
+    True
+    """
+
+
 class TrainingDivergedError(FloatingPointError):
     """The loss (or a gradient) became NaN or infinite; the parameters were restored to the last finite state.
+    Its ``history`` attribute holds the :class:`History` up to the failing step.
 
     Example
     -------
@@ -83,6 +98,9 @@ class History:
     def __init__(self):
         self.records: list[dict[str, Any]] = []
         self.step_loss: list[float] = []
+        #: True when fit was stopped by Ctrl-C (after finishing the step it was in); the last record is then the
+        #: partial epoch, marked ``"interrupted": True``.
+        self.interrupted = False
 
     def append(self, record: dict[str, Any]) -> None:
         self.records.append(record)
@@ -109,7 +127,8 @@ class History:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain lists and dicts (JSON-serialisable)."""
-        return {key: self[key] for key in self.keys()} | {"step_loss": list(self.step_loss)}
+        return {key: self[key] for key in self.keys()} | {"step_loss": list(self.step_loss),
+                                                          "interrupted": self.interrupted}  # fmt: skip
 
     def __repr__(self) -> str:
         if not self.records:
@@ -146,13 +165,38 @@ def _check_batch(x: Any, y: Any, likelihood, what: str = "data") -> torch.Tensor
 
 
 def _num_data(loader: torch.utils.data.DataLoader) -> int:
-    try:
-        return len(loader.dataset)
-    except TypeError as error:
-        raise ValueError(
-            "fit takes the training-set size from the DataLoader's dataset, which has no len(); use a sized "
-            "dataset (e.g. TensorDataset)."
-        ) from error
+    """N: the number of data one epoch of the loader draws from -- its sampler's, so that a ``SubsetRandomSampler``
+    over part of the dataset counts only that part; a ``DistributedSampler`` counts the data of every rank."""
+    sampler = loader.batch_sampler.sampler if loader.batch_sampler is not None else loader.sampler
+    if isinstance(sampler, torch.utils.data.DistributedSampler):
+        return sampler.total_size
+    for source in (sampler, loader.dataset):
+        try:
+            return len(source)
+        except TypeError:
+            continue
+    raise ValueError(
+        "fit takes the training-set size from the DataLoader's sampler or dataset, neither of which has a len(); "
+        "use a sized dataset (e.g. TensorDataset)."
+    )
+
+
+def _check_loader_upfront(loader: torch.utils.data.DataLoader, likelihood) -> None:
+    """Check every datum a DataLoader over a ``TensorDataset`` (or a ``Subset`` of one) will yield, before training;
+    other datasets are checked batch by batch (and ``fit`` restores the parameters on a bad batch)."""
+    dataset, indices = loader.dataset, None
+    if isinstance(dataset, torch.utils.data.Subset):
+        dataset, indices = dataset.dataset, torch.as_tensor(list(dataset.indices), dtype=torch.long)
+    if not isinstance(dataset, torch.utils.data.TensorDataset) or len(dataset.tensors) != 2:
+        return
+    sampler = loader.batch_sampler.sampler if loader.batch_sampler is not None else loader.sampler
+    if isinstance(sampler, torch.utils.data.SubsetRandomSampler):
+        chosen = torch.as_tensor(list(sampler.indices), dtype=torch.long)
+        indices = chosen if indices is None else indices[chosen]
+    x, y = dataset.tensors
+    if indices is not None:
+        x, y = x[indices], y[indices]
+    _check_batch(x, y, likelihood, what="the DataLoader's data")
 
 
 class _Batches:
@@ -166,6 +210,7 @@ class _Batches:
             self.loader, self.num_data = data, _num_data(data)
             if self.num_data == 0:
                 raise ValueError("the DataLoader's dataset is empty; fit needs at least one datum.")
+            _check_loader_upfront(data, likelihood)
         elif isinstance(data, Sequence) and len(data) == 2:
             x, y = data
             self.y = _check_batch(x, y, likelihood)
@@ -179,10 +224,13 @@ class _Batches:
             for idx in torch.randperm(self.num_data).split(self.batch_size):
                 yield self.x[idx].to(self.device), self.y[idx].to(self.device)
             return
-        for batch in self.loader:
+        for number, batch in enumerate(self.loader, 1):
             if not isinstance(batch, Sequence) or len(batch) != 2:
-                raise TypeError("the DataLoader must yield (x, y) pairs.")
-            y = _check_batch(*batch, self.likelihood, what="a DataLoader batch")
+                raise DataError("the DataLoader must yield (x, y) pairs.")
+            try:
+                y = _check_batch(*batch, self.likelihood, what=f"DataLoader batch {number}")
+            except (ValueError, TypeError) as error:
+                raise DataError(str(error)) from error
             yield batch[0].to(self.device), y.to(self.device)
 
 
@@ -216,6 +264,7 @@ class _Stepper:
         self.model, self.guide, self.elbo, self.optimizer = model, guide, elbo, optimizer
         self.clip_norm, self.estimator, self.distributed = clip_norm, estimator, distributed
         self.snapshot: dict[torch.Tensor, torch.Tensor] = {}
+        self.initial: dict[torch.Tensor, torch.Tensor] = {}  # each parameter as this fit first saw it
         self.last_finite_loss: float | None = None
         self.global_loss = math.nan
         self.steps = 0
@@ -306,9 +355,16 @@ class _Stepper:
         new = {p for p in params if p not in self.snapshot}  # tensors hash by identity
         for p in new:
             self.snapshot[p] = p.detach().clone()
+            self.initial[p] = self.snapshot[p].clone()
         known = [p for p in params if p not in new]
         if known:
             torch._foreach_copy_([self.snapshot[p] for p in known], known)
+
+    @torch.no_grad()
+    def restore_initial(self) -> None:
+        """Every parameter back to its value when this fit first used it."""
+        for param, value in self.initial.items():
+            param.copy_(value)
 
     def _diverged(self, what: str, detail: str):
         with torch.no_grad():
@@ -460,41 +516,95 @@ def fit(
     history = History()
     bar = tqdm(range(1, epochs + 1), desc="fit", unit="epoch", disable=not progress or rank != 0,
                dynamic_ncols=True, mininterval=0.5)  # fmt: skip
-    for epoch in bar:
-        start = time.perf_counter()
-        totals = {"loss": 0.0, "nll": 0.0, "kl": 0.0, "seen": 0}
-        for x, y in stepper.guarded(batches):
-            stepper(x, y)
-            terms, b = elbo.last_terms, x.shape[0]
-            step_loss = stepper.global_loss / batches.num_data if distributed else terms["loss_per_datum"]
-            history.step_loss.append(step_loss)
-            if b:
-                totals["loss"] += b * terms["loss"]
-                totals["nll"] += b * terms["nll"]
-                totals["kl"] += b * terms["kl"]
-                totals["seen"] += b
-        if distributed:  # every rank's share, weighted by its data: the global batch's averages
-            totals = distributed_.all_reduce_sum(totals)
-        seen = totals.pop("seen")
-        record = {"epoch": epoch, **{key: value / seen for key, value in totals.items()}}
-        record["loss_per_datum"] = record["loss"] / batches.num_data
-        record["kl_weight"] = elbo.last_terms["kl_weight"]
-        record["num_data"] = batches.num_data
-        if per_layer:
-            summary = layer_summary(model, guide)
-            record["kl_by_layer"] = {layer: entry["kl"] for layer, entry in summary.items()}
-            record["posterior_std"] = {k: e["posterior_std"] for k, e in summary.items() if "posterior_std" in e}
-            record["std_ratio"] = {k: e["std_ratio"] for k, e in summary.items() if "std_ratio" in e}
-        if validation_data is not None:
-            record.update(_validation_metrics(model, guide, validation_data, num_validation_samples))
-        record["seconds"] = time.perf_counter() - start
-        history.append(record)
-        postfix = {"loss/datum": f"{record['loss_per_datum']:.4g}", "nll": f"{record['nll']:.4g}",
-                   "kl": f"{record['kl']:.4g}", "kl_w": f"{record['kl_weight']:.3g}"}  # fmt: skip
-        if "val_log_likelihood" in record:
-            postfix["val_ll"] = f"{record['val_log_likelihood']:.3f}"
-        bar.set_postfix(postfix, refresh=False)
-        if any([callback(epoch, history) for callback in callbacks]):  # every callback runs
-            break
-    bar.close()
+    stop = _StopAfterStep(enabled=not distributed)  # Ctrl-C ends the current step, then fit returns
+    try:
+        with stop:
+            for epoch in bar:
+                start = time.perf_counter()
+                totals = {"loss": 0.0, "nll": 0.0, "kl": 0.0, "seen": 0}
+                for x, y in stepper.guarded(batches):
+                    stepper(x, y)
+                    terms, b = elbo.last_terms, x.shape[0]
+                    step_loss = stepper.global_loss / batches.num_data if distributed else terms["loss_per_datum"]
+                    history.step_loss.append(step_loss)
+                    if b:
+                        totals["loss"] += b * terms["loss"]
+                        totals["nll"] += b * terms["nll"]
+                        totals["kl"] += b * terms["kl"]
+                        totals["seen"] += b
+                    if stop.requested:
+                        break
+                if distributed:  # every rank's share, weighted by its data: the global batch's averages
+                    totals = distributed_.all_reduce_sum(totals)
+                if totals["seen"]:
+                    record = _epoch_record(epoch, totals, elbo, batches.num_data, model, guide, per_layer,
+                                           validation_data, num_validation_samples, start)  # fmt: skip
+                    if stop.requested:
+                        record["interrupted"] = True
+                    history.append(record)
+                    bar.set_postfix(_postfix(record), refresh=False)
+                if stop.requested:
+                    history.interrupted = True
+                    break
+                if any([callback(epoch, history) for callback in callbacks]):  # every callback runs
+                    break
+    except (DataError, TargetError) as error:
+        stepper.restore_initial()
+        raise DataError(f"{error} The parameters were restored to their state at the start of fit.") from error
+    except TrainingDivergedError as error:
+        error.history = history
+        raise
+    finally:
+        bar.close()
     return history
+
+
+def _epoch_record(epoch, totals, elbo, num_data, model, guide, per_layer, validation_data, num_validation_samples,
+                  start) -> dict[str, Any]:  # fmt: skip
+    seen = totals.pop("seen")
+    record = {"epoch": epoch, **{key: value / seen for key, value in totals.items()}}
+    record["loss_per_datum"] = record["loss"] / num_data
+    record["kl_weight"] = elbo.last_terms["kl_weight"]
+    record["num_data"] = num_data
+    if per_layer:
+        summary = layer_summary(model, guide)
+        record["kl_by_layer"] = {layer: entry["kl"] for layer, entry in summary.items()}
+        record["posterior_std"] = {k: e["posterior_std"] for k, e in summary.items() if "posterior_std" in e}
+        record["std_ratio"] = {k: e["std_ratio"] for k, e in summary.items() if "std_ratio" in e}
+    if validation_data is not None:
+        record.update(_validation_metrics(model, guide, validation_data, num_validation_samples))
+    record["seconds"] = time.perf_counter() - start
+    return record
+
+
+def _postfix(record: dict[str, Any]) -> dict[str, str]:
+    postfix = {"loss/datum": f"{record['loss_per_datum']:.4g}", "nll": f"{record['nll']:.4g}",
+               "kl": f"{record['kl']:.4g}", "kl_w": f"{record['kl_weight']:.3g}"}  # fmt: skip
+    if "val_log_likelihood" in record:
+        postfix["val_ll"] = f"{record['val_log_likelihood']:.3f}"
+    return postfix
+
+
+class _StopAfterStep:
+    """While active (main thread only), the first Ctrl-C (SIGINT) only asks the loop to stop after the current
+    step, so that no update is left half-done; a second one interrupts at once."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        if self.enabled:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            signal.signal(signal.SIGINT, self._previous)
+        return False

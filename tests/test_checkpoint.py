@@ -1,6 +1,8 @@
+import math
 import pickle
 
 import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 
@@ -77,8 +79,9 @@ def test_a_malicious_checkpoint_does_not_run_code(tmp_path, monkeypatch):
     with open(path, "wb") as f:
         pickle.dump({"format": "pyro_bbb.checkpoint", "payload": Exploit()}, f, protocol=2)
     model = build()
-    with pytest.raises(pickle.UnpicklingError):
+    with pytest.raises(ValueError, match="evil.pt.*could not be read") as error:
         pyro_bbb.load(path, model, pyro_bbb.MeanFieldGuide(model))
+    assert isinstance(error.value.__cause__, pickle.UnpicklingError)  # torch's weights_only refusal
     assert not marker.exists()
 
 
@@ -94,3 +97,95 @@ def test_saving_an_unfitted_guide_is_an_error(tmp_path):
     model = build()
     with pytest.raises(ValueError, match="not been fitted"):
         pyro_bbb.save(tmp_path / "x.pt", model, pyro_bbb.MeanFieldGuide(model))
+
+
+
+# -- checkpoints restore the whole model, or refuse (issue 13, F) -----------------------------------------------
+class WithFeatureNet(torch.nn.Module):
+    """A custom model whose feature net is registered with pyro.module, outside any PyroModule attribute."""
+
+    def __init__(self):
+        super().__init__()
+        self.__dict__["features"] = torch.nn.Linear(3, 4)  # not a submodule: only Pyro's param store knows it
+        self.head = BayesianLinear(4, 1)
+
+    def forward(self, x, y=None):
+        features = pyro.module("features", self.__dict__["features"])
+        prior_sd = pyro.param("noise", torch.tensor(0.5), constraint=dist.constraints.positive)
+        mean = self.head(torch.tanh(features(x))).squeeze(-1)
+        with pyro.plate("data", x.shape[0]):
+            return pyro.sample("y", dist.Normal(mean, prior_sd), obs=y)
+
+
+def test_pyro_module_and_param_store_parameters_outside_the_model_round_trip(tmp_path):
+    x, y = torch.randn(30, 3), torch.randn(30)
+    model = WithFeatureNet()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    pyro_bbb.fit(model, guide, (x, y), epochs=20, lr=0.05, progress=False, seed=0)
+    pyro.set_rng_seed(0)
+    before = pyro_bbb.predict(model, guide, x, num_samples=4).mean
+    pyro_bbb.save(tmp_path / "m.pt", model, guide)
+    pyro.clear_param_store()
+    model2 = WithFeatureNet()
+    guide2 = pyro_bbb.load(tmp_path / "m.pt", model2, pyro_bbb.MeanFieldGuide(model2))
+    pyro.set_rng_seed(0)
+    torch.testing.assert_close(pyro_bbb.predict(model2, guide2, x, num_samples=4).mean, before)
+
+
+def test_likelihood_settings_are_compared(tmp_path):
+    x, y = torch.randn(10, 3), torch.randn(10)
+    model = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.1))
+    guide = pyro_bbb.MeanFieldGuide(model)
+    guide(x, y)
+    pyro_bbb.save(tmp_path / "m.pt", model, guide)
+    pyro.clear_param_store()
+    other = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5))
+    with pytest.raises(ValueError, match=r"scale=0.1.*scale=0.5"):
+        pyro_bbb.load(tmp_path / "m.pt", other, pyro_bbb.MeanFieldGuide(other))
+
+
+def test_save_after_a_param_store_load_writes_the_store_s_posterior(tmp_path):
+    x, y = torch.randn(20, 3), torch.randn(20)
+    model = build()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    pyro_bbb.fit(model, guide, (x, y), epochs=5, lr=0.05, progress=False, seed=0)
+    pyro.get_param_store().save(tmp_path / "store.pt")
+    trained = guide.site_posteriors()["net.0.weight"].loc.clone()
+    pyro_bbb.fit(model, guide, (x, y), epochs=5, lr=0.05, progress=False, seed=1)  # moves on
+    pyro.get_param_store().load(tmp_path / "store.pt")  # back to the trained posterior (new tensors in the store)
+    pyro_bbb.save(tmp_path / "m.pt", model, guide)
+    pyro.clear_param_store()
+    model2 = build()
+    guide2 = pyro_bbb.load(tmp_path / "m.pt", model2, pyro_bbb.MeanFieldGuide(model2))
+    torch.testing.assert_close(guide2.site_posteriors()["net.0.weight"].loc, trained)
+
+
+def _saved(tmp_path):
+    x, y = torch.randn(10, 3), torch.randn(10)
+    model = build()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    guide(x, y)
+    pyro_bbb.save(tmp_path / "m.pt", model, guide)
+    return tmp_path / "m.pt"
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "no_settings", "nan"])
+def test_damaged_checkpoints_are_one_clear_error_naming_the_file(tmp_path, damage):
+    path = _saved(tmp_path)
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:200])
+    elif damage == "garbage":
+        path.write_bytes(b"\x00not a checkpoint at all" * 10)
+    else:
+        checkpoint = torch.load(path, weights_only=True)
+        if damage == "no_settings":
+            del checkpoint["settings"]
+        else:
+            next(iter(checkpoint["guide_state"].values())).fill_(math.nan)
+        torch.save(checkpoint, path)
+    pyro.clear_param_store()
+    model = build()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    with pytest.raises(ValueError, match=r"m\.pt"):
+        pyro_bbb.load(path, model, guide)
+    assert len(pyro.get_param_store()) == 0  # nothing was set up or loaded

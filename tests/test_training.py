@@ -339,3 +339,101 @@ def test_flipout_and_local_reparameterization_need_meanfieldguide_before_the_fir
     with pytest.raises(ValueError, match="MeanFieldGuide"):
         fit(model, guide, data(), estimator=estimator)
     assert len(pyro.get_param_store()) == 0  # nothing set up, nothing changed
+
+
+# -- data checked before any parameter changes, DataLoaders too (issue 13, E) -----------------------------------
+class ListDataset(torch.utils.data.Dataset):
+    """An indexable dataset that is not a TensorDataset: checked batch by batch."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def _classifier():
+    net = torch.nn.Sequential(BayesianLinear(2, 4), torch.nn.ReLU(), BayesianLinear(4, 3))
+    return pyro_bbb.BNN(net, likelihoods.Categorical())
+
+
+@pytest.mark.parametrize("dataset", [TensorDataset, ListDataset])
+@pytest.mark.parametrize("poison", ["nan", "label"])
+def test_bad_datum_in_a_later_dataloader_batch_leaves_the_parameters_as_they_were(dataset, poison):
+    x, y = data(64)
+    labels = (y > 0).long()
+    if poison == "nan":
+        x[60, 0] = math.nan
+    else:
+        labels[60] = 3  # only 3 logits
+    model = _classifier()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    fit(model, guide, (x[:8], labels[:8].clamp_max(2)))  # an earlier fit: parameters exist
+    before = params()
+    loader = DataLoader(dataset(x, labels), batch_size=16, shuffle=False)  # the bad datum is in batch 4
+    with pytest.raises(ValueError, match="NaN|label is 3") as error:
+        fit(model, guide, loader, epochs=2)
+    if dataset is ListDataset:
+        assert "restored" in str(error.value)
+    after = params()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_num_data_is_what_the_sampler_draws_from():
+    from torch.utils.data import SubsetRandomSampler
+
+    x, y = data(200)
+    loader = DataLoader(TensorDataset(x, y), batch_size=25, sampler=SubsetRandomSampler(range(100)))
+    model = regression_model()
+    history = fit(model, pyro_bbb.MeanFieldGuide(model), loader)
+    assert history.last["num_data"] == 100  # not the dataset's 200: the likelihood is not doubled
+
+
+def test_num_data_of_a_distributed_sampler_is_its_total_size():
+    from torch.utils.data import DistributedSampler
+
+    x, y = data(50)
+    sampler = DistributedSampler(TensorDataset(x, y), num_replicas=2, rank=0, shuffle=False)
+    loader = DataLoader(TensorDataset(x, y), batch_size=10, sampler=sampler)
+    model = regression_model()
+    history = fit(model, pyro_bbb.MeanFieldGuide(model), loader)
+    assert history.last["num_data"] == 50 and len(history.step_loss) == 3  # this rank: 25 of the 50
+
+
+# -- fit gives back what it learned when it stops early (issue 13, G) -------------------------------------------
+def test_diverged_error_carries_the_history_so_far():
+    x, y = data()
+    model = poisoned_model(at=9)  # call 1 sets the guide up; step 8 (full batches: epoch 8) is NaN
+    with pytest.raises(pyro_bbb.TrainingDivergedError) as error:
+        fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=20, seed=0)
+    history = error.value.history
+    assert len(history) == 7 and len(history.step_loss) == 7
+    assert all(math.isfinite(v) for v in history["loss"])
+
+
+def test_ctrl_c_finishes_the_step_and_returns_the_history_marked_interrupted():
+    import signal
+
+    x, y = data(64)
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    calls = []
+
+    class Interrupting(torch.nn.Module):
+        def forward(self, h):
+            calls.append(1)
+            if len(calls) == 6:  # during step 5 (the first call sets the guide up)
+                signal.raise_signal(signal.SIGINT)
+            return h
+
+    model.net.insert(1, Interrupting())
+    history = fit(model, guide, (x, y), epochs=10, batch_size=16, seed=0)
+    assert history.interrupted
+    assert len(history.step_loss) == 5  # step 5 was finished, no step after it
+    assert len(history) == 2 and history.last["interrupted"]  # epoch 1 (4 steps) and the partial epoch 2
+    assert all(torch.isfinite(v).all() for v in params().values())
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is given back
