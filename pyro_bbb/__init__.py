@@ -19,7 +19,7 @@ torch.Size([5, 3])
 
 __version__ = "0.1.0"
 
-from . import datasets, diagnostics, handlers, likelihoods, metrics, nn, optim, plots, priors, schedules  # noqa: E402
+from . import datasets, diagnostics, handlers, inputs, likelihoods, metrics, nn, optim, plots, priors, schedules  # noqa: E402
 from .bnn import BNN  # noqa: E402
 from .checkpoint import load, save  # noqa: E402
 from .convert import bayesianize  # noqa: E402
@@ -28,8 +28,8 @@ from .elbo import ELBO, DataPlateScaleMessenger  # noqa: E402
 from .export import to_inference_data  # noqa: E402
 from .guide import DEFAULT_INIT_SCALE, MeanFieldGuide  # noqa: E402
 from .handlers import FlipoutMessenger, LocalReparameterizationMessenger, flipout, local_reparameterization  # noqa: E402
-from .prediction import ClassificationPrediction, Prediction, RegressionPrediction, predict  # noqa: E402
-from .training import History, TrainingDivergedError, fit  # noqa: E402
+from .prediction import ClassificationPrediction, Prediction, RegressionPrediction, predict, set_up_guide  # noqa: E402
+from .training import DataError, History, TrainingDivergedError, fit  # noqa: E402
 
 __all__ = [
     "BNN",
@@ -45,6 +45,8 @@ __all__ = [
     "fit",
     "History",
     "TrainingDivergedError",
+    "DataError",
+    "set_up_guide",
     "predict",
     "Prediction",
     "RegressionPrediction",
@@ -56,6 +58,7 @@ __all__ = [
     "datasets",
     "diagnostics",
     "handlers",
+    "inputs",
     "likelihoods",
     "metrics",
     "nn",

@@ -11,6 +11,7 @@ from pyro.poutine.runtime import get_plates
 
 from .likelihoods import Likelihood
 from .nn.draws import fold_draws
+from .nn.module import data_plate_named
 
 __all__ = ["BNN"]
 
@@ -71,7 +72,9 @@ class BNN(PyroModule):
                 f"x has {x.shape[0] if x.dim() else 0} rows but y has {y.shape[0] if y.dim() else 0}; every input "
                 "needs exactly one target."
             )
-        return self.likelihood(self._run_net(x), y, data_plate=self.data_plate)
+        with data_plate_named(self.data_plate):
+            output = self._run_net(x)
+        return self.likelihood(output, y, data_plate=self.data_plate)
 
     def _run_net(self, x: torch.Tensor) -> torch.Tensor:
         """The net on an ordinary batch: S weight draws (from the sample plates around this call) are folded into

@@ -7,7 +7,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
-from numbers import Real
+from numbers import Integral, Real
 from typing import Any
 
 import pyro
@@ -23,6 +23,7 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import prune_subsample_sites
 from pyro.util import check_model_guide_match, check_site_shape
 
+from .nn.module import data_plate_named, is_layer_prior
 from .schedules import Constant
 
 __all__ = ["ELBO", "DataPlateScaleMessenger"]
@@ -61,7 +62,9 @@ class DataPlateScaleMessenger(Messenger):
             return
         frame = next((f for f in msg["cond_indep_stack"] if f.name == self.data_plate), None)
         if frame is None:
-            if msg["is_observed"] and self.num_data is not None:
+            # an observed site outside the plate is a likelihood that cannot be scaled -- unless it is a layer's
+            # global weight the user conditioned on (poutine.condition(model, {"fc1.weight": w}))
+            if msg["is_observed"] and self.num_data is not None and not is_layer_prior(msg["fn"]):
                 raise ValueError(
                     f"observed site {msg['name']!r} is not inside pyro.plate({self.data_plate!r}, ...), so "
                     f"pyro_bbb.ELBO(num_data={self.num_data}) cannot scale its likelihood to the full data. Wrap the "
@@ -166,8 +169,9 @@ class ELBO(TraceMeanField_ELBO):
         revalidate: bool = False,
         **kwargs: Any,
     ):
-        if num_data is not None and (isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < 1):
+        if num_data is not None and (isinstance(num_data, bool) or not isinstance(num_data, Integral) or num_data < 1):
             raise ValueError(f"`num_data` must be a positive integer (the training-set size), got {num_data!r}.")
+        num_data = None if num_data is None else int(num_data)  # numpy integers too
         super().__init__(num_particles=num_particles, vectorize_particles=vectorize_particles, **kwargs)
         self.num_data = num_data
         self.kl_weight = _check_kl_weight(kl_weight)
@@ -243,10 +247,11 @@ class ELBO(TraceMeanField_ELBO):
         scaler = DataPlateScaleMessenger(self.num_data, self.data_plate)
         if self._call is not None:
             self._call["scalers"].append(scaler)
-        guide_trace = poutine.trace(DataPlateScaleMessenger(self.num_data, self.data_plate)(guide)).get_trace(
-            *args, **kwargs
-        )
-        model_trace = poutine.trace(poutine.replay(scaler(model), trace=guide_trace)).get_trace(*args, **kwargs)
+        with data_plate_named(self.data_plate):
+            guide_trace = poutine.trace(DataPlateScaleMessenger(self.num_data, self.data_plate)(guide)).get_trace(
+                *args, **kwargs
+            )
+            model_trace = poutine.trace(poutine.replay(scaler(model), trace=guide_trace)).get_trace(*args, **kwargs)
         if is_validation_enabled():
             check_model_guide_match(model_trace, guide_trace, self.max_plate_nesting)
         guide_trace = prune_subsample_sites(guide_trace)

@@ -32,6 +32,7 @@ import torch
 import xarray as xr
 
 from .diagnostics import _layer_names
+from .inputs import as_tensor, cast_inputs, model_dtype, targets_like
 from .prediction import predict_with_draws
 
 __all__ = ["to_inference_data", "LARGE_POSTERIOR_BYTES"]
@@ -119,6 +120,7 @@ def to_inference_data(
     """
     if isinstance(num_chains, bool) or not isinstance(num_chains, int) or num_chains < 1:
         raise ValueError(f"`num_chains` must be a positive integer, got {num_chains!r}.")
+    x = cast_inputs(x, model_dtype(model))
     prediction, draws, obs = predict_with_draws(model, guide, x, num_samples * num_chains, batch_size)
     if sites is None:
         sites = list(draws)
@@ -152,9 +154,12 @@ def to_inference_data(
         ),
     }
     if y is not None:
-        y = y.to(prediction.samples.device)
-        if y.shape[:1] != x.shape[:1]:
-            raise ValueError(f"x has {x.shape[0]} rows but y has shape {tuple(y.shape)}.")
+        y = targets_like(as_tensor(y, "y").to(prediction.samples.device), prediction.samples.shape[1:])
+        if y.shape != prediction.samples.shape[1:]:
+            raise ValueError(
+                f"x has {x.shape[0]} rows and the model's observation needs targets of shape "
+                f"{tuple(prediction.samples.shape[1:])}, but y has shape {tuple(y.shape)}."
+            )
         likelihood = getattr(model, "likelihood", None)
         if likelihood is not None and hasattr(likelihood, "check_targets"):
             y = likelihood.check_targets(y)

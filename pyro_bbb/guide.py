@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from numbers import Real
@@ -104,8 +105,8 @@ class MeanFieldGuide(AutoNormal):
     ):
         if init_scale is None:
             init_scale = DEFAULT_INIT_SCALE
-        if not isinstance(init_scale, Real) or not init_scale > 0:
-            raise ValueError(f"`init_scale` must be a number > 0, got {init_scale!r}.")
+        if isinstance(init_scale, bool) or not isinstance(init_scale, Real) or not 0 < init_scale < math.inf:
+            raise ValueError(f"`init_scale` must be a finite number > 0, got {init_scale!r}.")
         if init_loc == "module":
             init_loc_fn = _InitFromModules(model)
         elif callable(init_loc):

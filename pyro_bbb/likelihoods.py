@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from pyro.nn import PyroModule, PyroSample
 
+from .inputs import as_tensor, targets_like
 from .prediction import ClassificationPrediction, Prediction, RegressionPrediction
 
 __all__ = ["TargetError", "Likelihood", "Gaussian", "HeteroscedasticGaussian", "Categorical", "Bernoulli"]
@@ -77,8 +78,7 @@ class Likelihood(PyroModule):
 
     def check_targets(self, y: torch.Tensor) -> torch.Tensor:
         """Validate the targets on their own (dtype, values); returns them in the dtype the distribution wants."""
-        if not isinstance(y, torch.Tensor):
-            raise TypeError(f"the targets y must be a torch.Tensor, got {type(y).__name__}.")
+        y = as_tensor(y, "the targets y")
         _check_finite_targets(y)
         return y
 
@@ -93,6 +93,7 @@ class Likelihood(PyroModule):
             try:
                 y = self.check_targets(y)
                 expected = fn.batch_shape[-1:] + fn.event_shape
+                y = targets_like(y, expected)  # (N, 1) targets for N scalar outputs: torch's MSELoss convention
                 if tuple(y.shape) != tuple(expected):
                     raise ValueError(
                         f"the targets y have shape {tuple(y.shape)} but the network's output {tuple(output.shape)} "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from .inputs import as_tensor, targets_like
 from .prediction import ClassificationPrediction, Prediction, RegressionPrediction
 
 __all__ = [
@@ -28,21 +29,24 @@ __all__ = [
 ]
 
 
-def _check_targets(y: torch.Tensor, n: int) -> None:
-    if not isinstance(y, torch.Tensor):
-        raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}.")
-    if y.shape[:1] != (n,):
-        raise ValueError(f"the prediction covers {n} inputs but y has shape {tuple(y.shape)}.")
+def _check_targets(y, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
+    """The targets as a tensor of ``shape`` (the predictions' shape; ``(N, 1)`` is read as ``(N,)``), or an error."""
+    y = targets_like(as_tensor(y, "y"), tuple(shape))
+    if tuple(y.shape) != tuple(shape):
+        raise ValueError(
+            f"the prediction covers {shape[0]} inputs and needs targets of shape {tuple(shape)}, but y has shape "
+            f"{tuple(y.shape)}."
+        )
+    return y
 
 
-def _class_probs(prediction: ClassificationPrediction | torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _class_probs(prediction: ClassificationPrediction | torch.Tensor) -> torch.Tensor:
     """Class probabilities ``(batch, C)``; binary ``(batch,)`` probabilities become two columns."""
     probs = prediction.probs if isinstance(prediction, ClassificationPrediction) else prediction
     if not isinstance(probs, torch.Tensor):
         raise TypeError(f"expected a ClassificationPrediction or a probability tensor, got {type(probs).__name__}.")
     if probs.dim() == 1:
         probs = torch.stack([1 - probs, probs], -1)
-    _check_targets(y, probs.shape[0])
     return probs
 
 
@@ -60,7 +64,7 @@ def log_likelihood(prediction: Prediction, y: torch.Tensor, reduction: str = "me
     """
     if not isinstance(prediction, Prediction):
         raise TypeError(f"log_likelihood needs a Prediction from pyro_bbb.predict, got {type(prediction).__name__}.")
-    _check_targets(y, len(prediction))
+    y = _check_targets(y, prediction.samples.shape[1:])
     per_datum = prediction.log_likelihood(y)
     if reduction == "none":
         return per_datum
@@ -80,7 +84,7 @@ def rmse(prediction: RegressionPrediction | torch.Tensor, y: torch.Tensor) -> fl
     0.7071067690849304
     """
     mean = prediction.mean if isinstance(prediction, RegressionPrediction) else prediction
-    _check_targets(y, mean.shape[0])
+    y = _check_targets(y, mean.shape)
     return float((mean - y).pow(2).mean().sqrt())
 
 
@@ -92,7 +96,8 @@ def accuracy(prediction: ClassificationPrediction | torch.Tensor, y: torch.Tenso
     >>> accuracy(torch.tensor([0.9, 0.2]), torch.tensor([1, 1]))    # binary: P(y = 1)
     0.5
     """
-    probs = _class_probs(prediction, y)
+    probs = _class_probs(prediction)
+    y = _check_targets(y, probs.shape[:1])
     return float((probs.argmax(-1) == y.long()).float().mean())
 
 
@@ -111,7 +116,8 @@ def expected_calibration_error(
     """
     if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
         raise ValueError(f"`num_bins` must be a positive integer, got {num_bins!r}.")
-    probs = _class_probs(prediction, y)
+    probs = _class_probs(prediction)
+    y = _check_targets(y, probs.shape[:1])
     confidence, predicted = probs.max(-1)
     correct = (predicted == y.long()).to(probs.dtype)
     bins = (confidence * num_bins).long().clamp(max=num_bins - 1)
@@ -128,7 +134,8 @@ def brier_score(prediction: ClassificationPrediction | torch.Tensor, y: torch.Te
     >>> brier_score(torch.tensor([[1.0, 0.0]]), torch.tensor([1]))
     2.0
     """
-    probs = _class_probs(prediction, y)
+    probs = _class_probs(prediction)
+    y = _check_targets(y, probs.shape[:1])
     one_hot = torch.nn.functional.one_hot(y.long(), probs.shape[-1]).to(probs.dtype)
     return float((probs - one_hot).pow(2).sum(-1).mean())
 
@@ -149,5 +156,5 @@ def interval_coverage(
         lower, upper = prediction.interval(level)
     else:
         lower, upper = prediction
-    _check_targets(y, lower.shape[0])
+    y = _check_targets(y, lower.shape)
     return float(((y >= lower) & (y <= upper)).float().mean())

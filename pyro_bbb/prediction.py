@@ -26,7 +26,10 @@ import pyro.poutine as poutine
 import torch
 from pyro.poutine.messenger import Messenger
 
-__all__ = ["predict", "Prediction", "RegressionPrediction", "ClassificationPrediction"]
+from .inputs import as_tensor, cast_inputs, model_dtype, targets_like
+from .nn.module import DATA_PLATE, data_plate_named
+
+__all__ = ["predict", "set_up_guide", "Prediction", "RegressionPrediction", "ClassificationPrediction"]
 
 SAMPLE_PLATE = "_predictive_samples"
 
@@ -61,7 +64,12 @@ class Prediction:
         return self.distribution.batch_shape[1]
 
     def log_prob(self, y: torch.Tensor) -> torch.Tensor:
-        """``log p(y | x, w_s)`` for every draw s and datum: shape ``(S, batch)``."""
+        """``log p(y | x, w_s)`` for every draw s and datum: shape ``(S, batch)`` (``(batch, 1)`` targets of scalar
+        predictions are read as ``(batch,)``)."""
+        y = targets_like(as_tensor(y, "y").to(self.samples.device), self.samples.shape[1:])
+        if y.shape != self.samples.shape[1:]:
+            raise ValueError(f"the prediction needs targets of shape {tuple(self.samples.shape[1:])}, but y has "
+                             f"shape {tuple(y.shape)}.")  # fmt: skip
         return self.distribution.log_prob(y)
 
     def log_likelihood(self, y: torch.Tensor) -> torch.Tensor:
@@ -362,6 +370,31 @@ def _vectorized_mismatch(result, model, draws, shapes, x, obs, data_plate) -> st
     return None
 
 
+def set_up_guide(model: Callable, guide: Callable, x: torch.Tensor) -> None:
+    """Set up an autoguide that has not seen the model yet (e.g. a converted or MOPED-initialised model before any
+    VI) from inputs alone: the observation is given a placeholder value drawn from the model (so that Pyro does not
+    take it for a latent variable), and the user's random stream is left where it was.
+
+    Example
+    -------
+    >>> import pyro
+    >>> from pyro_bbb import BNN, MeanFieldGuide, likelihoods
+    >>> from pyro_bbb.nn import BayesianLinear
+    >>> pyro.clear_param_store()
+    >>> bnn = BNN(BayesianLinear(3, 2), likelihoods.Categorical())
+    >>> guide = MeanFieldGuide(bnn)
+    >>> set_up_guide(bnn, guide, torch.randn(1, 3))
+    >>> sorted(name for name, _ in guide.prototype_trace.iter_stochastic_nodes())
+    ['net.bias', 'net.weight']
+    """
+    data_plate = getattr(model, "data_plate", DATA_PLATE)
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), poutine.block():
+        trace = poutine.trace(model).get_trace(x)
+        observations = [site["value"] for site in trace.nodes.values()
+                        if site["type"] == "sample" and any(f.name == data_plate for f in site["cond_indep_stack"])]
+        guide(x, *observations[:1])  # fmt: skip
+
+
 def _check_count(name: str, value, optional: bool = True) -> None:
     if optional and value is None:
         return
@@ -379,11 +412,6 @@ def _check_predict_args(guide, x, num_samples, batch_size, sample_batch_size) ->
         raise ValueError(f"x must hold at least one input along its first dimension, got shape {tuple(x.shape)}.")
     if x.is_floating_point() and not bool(torch.isfinite(x).all()):
         raise ValueError("x contains NaN or infinite values; predictions for them would be NaN.")
-    if getattr(guide, "prototype_trace", True) is None:
-        raise ValueError(
-            "the guide has not been fitted: call pyro_bbb.fit(model, guide, (x, y), ...) (or run one SVI step with "
-            "the targets) before predicting."
-        )
 
 
 @torch.no_grad()
@@ -468,15 +496,18 @@ def predict_with_draws(
     >>> draws["net.weight"].shape, site
     (torch.Size([5, 1, 2]), 'y')
     """
+    x = cast_inputs(x, model_dtype(model))
     _check_predict_args(guide, x, num_samples, batch_size, sample_batch_size)
+    if getattr(guide, "prototype_trace", True) is None:
+        set_up_guide(model, guide, x[:1])
     # the joint predictive shares each weight draw across inputs, whatever training estimator is active around us
-    with poutine.block(hide_types=["bayesian_affine"]):
+    if data_plate is None:
+        data_plate = getattr(model, "data_plate", DATA_PLATE)
+    with poutine.block(hide_types=["bayesian_affine"]), data_plate_named(data_plate):
         return _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate)
 
 
 def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate):
-    if data_plate is None:
-        data_plate = getattr(model, "data_plate", "data")
     chunks = list(x.split(batch_size)) if batch_size else [x]
 
     # One plain pass finds the observation site, the plate nesting and each latent site's own shape.

@@ -365,6 +365,22 @@ def _is_real(support) -> bool:
     return base is constraints.real
 
 
+def _as_pyro_distribution(d: torch.distributions.Distribution) -> dist.Distribution:
+    """A plain ``torch.distributions`` object as Pyro's twin of the same class (Pyro's wrappers only add methods,
+    such as ``to_event``, on top of the same state); an error naming the fix when Pyro has no twin."""
+    if isinstance(d, dist.Distribution):
+        return d
+    twin = getattr(dist, type(d).__name__, None)
+    if not (isinstance(twin, type) and issubclass(twin, type(d))):
+        raise TypeError(
+            f"prior {d!r} is a torch.distributions.{type(d).__name__}, which Pyro has no twin of; use a "
+            "pyro.distributions distribution (e.g. pyro.distributions.Normal) or a pyro_bbb.priors prior."
+        )
+    converted = twin.__new__(twin)
+    converted.__dict__.update(d.__dict__)
+    return converted
+
+
 def as_prior(prior: Prior | dist.Distribution | None) -> Prior:
     """Normalise what a user passed as ``prior=``: ``None`` gives ``Normal(0, 1)``.
 
@@ -380,7 +396,7 @@ def as_prior(prior: Prior | dist.Distribution | None) -> Prior:
     if isinstance(prior, Prior):
         return prior
     if isinstance(prior, torch.distributions.Distribution):
-        return DistributionPrior(prior)
+        return DistributionPrior(_as_pyro_distribution(prior))
     raise TypeError(
         f"prior must be a pyro_bbb.priors.Prior (e.g. priors.Normal(0, 1)) or a pyro.distributions.Distribution, "
         f"got {type(prior).__name__}."

@@ -42,6 +42,7 @@ from .diagnostics import layer_summary
 from .elbo import ELBO
 from .guide import MeanFieldGuide, has_site_posteriors
 from .handlers import flipout, local_reparameterization
+from .inputs import as_tensor, cast_inputs, model_dtype
 from .likelihoods import TargetError
 from .optim import Adam as JointAdam
 from .prediction import ClassificationPrediction, RegressionPrediction, _check_count, predict
@@ -146,9 +147,15 @@ class History:
 
 
 # -- data ------------------------------------------------------------------------------------------------------
-def _check_batch(x: Any, y: Any, likelihood, what: str = "data") -> torch.Tensor:
-    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
-        raise TypeError(f"{what} must be a pair of tensors (x, y), got ({type(x).__name__}, {type(y).__name__}).")
+def _check_batch(x: Any, y: Any, likelihood, what: str = "data",
+                 dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``(x, y)`` as tensors (numpy arrays converted, floating ``x`` cast to the model's ``dtype``), checked."""
+    try:
+        x, y = cast_inputs(x, dtype), as_tensor(y, "y")
+    except TypeError:
+        raise TypeError(
+            f"{what} must be a pair of tensors or numpy arrays (x, y), got ({type(x).__name__}, {type(y).__name__})."
+        ) from None
     if x.dim() == 0 or x.shape[0] == 0:
         raise ValueError(f"{what} is empty: x has shape {tuple(x.shape)}; fit needs at least one datum.")
     if y.dim() == 0 or y.shape[0] != x.shape[0]:
@@ -161,7 +168,7 @@ def _check_batch(x: Any, y: Any, likelihood, what: str = "data") -> torch.Tensor
         y = likelihood.check_targets(y)
     elif y.is_floating_point() and not bool(torch.isfinite(y).all()):
         raise ValueError(f"{what}: y contains NaN or infinite values.")
-    return y
+    return x, y
 
 
 def _num_data(loader: torch.utils.data.DataLoader) -> int:
@@ -202,8 +209,8 @@ def _check_loader_upfront(loader: torch.utils.data.DataLoader, likelihood) -> No
 class _Batches:
     """An epoch's minibatches from an ``(x, y)`` pair (reshuffled every epoch) or from a DataLoader."""
 
-    def __init__(self, data, batch_size: int | None, likelihood, device):
-        self.likelihood, self.device = likelihood, device
+    def __init__(self, data, batch_size: int | None, likelihood, device, dtype: torch.dtype | None = None):
+        self.likelihood, self.device, self.dtype = likelihood, device, dtype
         if isinstance(data, torch.utils.data.DataLoader):
             if batch_size is not None:
                 raise ValueError("pass batch_size to the DataLoader, not to fit, when data is a DataLoader.")
@@ -213,8 +220,8 @@ class _Batches:
             _check_loader_upfront(data, likelihood)
         elif isinstance(data, Sequence) and len(data) == 2:
             x, y = data
-            self.y = _check_batch(x, y, likelihood)
-            self.x, self.loader, self.num_data = x, None, x.shape[0]
+            self.x, self.y = _check_batch(x, y, likelihood, dtype=dtype)
+            self.loader, self.num_data = None, self.x.shape[0]
             self.batch_size = batch_size or self.num_data
         else:
             raise TypeError(f"data must be an (x, y) pair of tensors or a DataLoader, got {type(data).__name__}.")
@@ -228,10 +235,10 @@ class _Batches:
             if not isinstance(batch, Sequence) or len(batch) != 2:
                 raise DataError("the DataLoader must yield (x, y) pairs.")
             try:
-                y = _check_batch(*batch, self.likelihood, what=f"DataLoader batch {number}")
+                x, y = _check_batch(*batch, self.likelihood, what=f"DataLoader batch {number}", dtype=self.dtype)
             except (ValueError, TypeError) as error:
                 raise DataError(str(error)) from error
-            yield batch[0].to(self.device), y.to(self.device)
+            yield x.to(self.device), y.to(self.device)
 
 
 def _device(model) -> torch.device | None:
@@ -377,6 +384,20 @@ class _Stepper:
         )
 
 
+def _check_guide_saw_the_targets(model, guide) -> None:
+    """A guide first called without ``y`` took the observation for a latent variable: say so before training."""
+    site = getattr(getattr(model, "likelihood", None), "site", None)
+    prototype = getattr(guide, "prototype_trace", None)
+    if site is None or prototype is None or site not in prototype.nodes:
+        return
+    if not prototype.nodes[site]["is_observed"]:
+        raise ValueError(
+            f"the guide was set up by a call without targets (guide(x) or predict before fit), so Pyro made the "
+            f"observation {site!r} a latent variable of the guide. Build a new guide (e.g. "
+            f"pyro_bbb.MeanFieldGuide(model)) and let fit set it up with the targets."
+        )
+
+
 def _validation_metrics(model, guide, data, num_samples: int) -> dict[str, float]:
     x, y = data
     pred = predict(model, guide, x, num_samples=num_samples)
@@ -480,6 +501,7 @@ def fit(
             f"pyro_bbb.MeanFieldGuide provides; {type(guide).__name__} does not. Use estimator='reparam' with this "
             "guide, or a MeanFieldGuide."
         )
+    _check_guide_saw_the_targets(model, guide)
     per_layer = has_site_posteriors(guide)  # the per-layer history columns need a Normal posterior per weight
     if not per_layer:
         warnings.warn(
@@ -491,7 +513,7 @@ def fit(
     likelihood = getattr(model, "likelihood", None)
     likelihood = likelihood if hasattr(likelihood, "check_targets") else None
     device = _device(model)
-    batches = _Batches(data, batch_size, likelihood, device)
+    batches = _Batches(data, batch_size, likelihood, device, model_dtype(model))
     rank = 0
     if distributed:
         rank, world = distributed_.require_process_group()
@@ -501,8 +523,8 @@ def fit(
     if validation_data is not None:
         if not isinstance(validation_data, Sequence) or len(validation_data) != 2:
             raise TypeError("validation_data must be an (x, y) pair of tensors.")
-        validation_data = (validation_data[0].to(device) if device else validation_data[0],
-                           _check_batch(*validation_data, likelihood, what="validation_data"))  # fmt: skip
+        x_val, y_val = _check_batch(*validation_data, likelihood, what="validation_data", dtype=model_dtype(model))
+        validation_data = (x_val.to(device) if device else x_val, y_val)
     callbacks = list(callbacks)
     if seed is not None:
         pyro.set_rng_seed(seed)

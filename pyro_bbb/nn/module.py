@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 from pyro.nn import PyroModule, PyroSample
 from pyro.nn.module import _make_name
@@ -11,10 +16,42 @@ from ..priors import Prior, as_prior, prior_state
 from .draws import draws_leading, fold_affine_output, folded_draws, unfold_affine_input
 from .functional import bayesian_affine
 
-__all__ = ["BayesianModule"]
+__all__ = ["BayesianModule", "DATA_PLATE", "data_plate_named", "current_data_plate", "is_layer_prior"]
 
 
+#: The name of the plate over data points unless a model says otherwise (``BNN(data_plate=...)``,
+#: ``ELBO(data_plate=...)``).
 DATA_PLATE = "data"
+
+_CURRENT_DATA_PLATE: ContextVar[str] = ContextVar("pyro_bbb_data_plate", default=DATA_PLATE)
+
+
+@contextmanager
+def data_plate_named(name: str) -> Iterator[None]:
+    """Within the block, the plate called ``name`` is the data plate (the one weights must not be drawn in).
+
+    Example
+    -------
+    >>> with data_plate_named("batch"):
+    ...     current_data_plate()
+    'batch'
+    """
+    token = _CURRENT_DATA_PLATE.set(name)
+    try:
+        yield
+    finally:
+        _CURRENT_DATA_PLATE.reset(token)
+
+
+def current_data_plate() -> str:
+    """The data plate's name here (see :func:`data_plate_named`); ``"data"`` by default.
+
+    Example
+    -------
+    >>> current_data_plate()
+    'data'
+    """
+    return _CURRENT_DATA_PLATE.get()
 
 
 class _SitePrior:
@@ -24,15 +61,32 @@ class _SitePrior:
         self.name = name
 
     def __call__(self, module: BayesianModule):
+        data_plate = current_data_plate()
         for frame in get_plates():
-            if frame.name == DATA_PLATE:
+            if frame.name == data_plate:
                 raise ValueError(
                     f"{type(module).__name__} {module.__dict__.get('_pyro_name') or '(root)'!s} was called inside "
-                    f"pyro.plate({DATA_PLATE!r}), which would draw separate weights for every datum. Weights are "
+                    f"pyro.plate({data_plate!r}), which would draw separate weights for every datum. Weights are "
                     f"global: run the network before entering the data plate, e.g. `mean = net(x)` and then "
-                    f"`with pyro.plate({DATA_PLATE!r}, len(x)): pyro.sample('y', ..., obs=y)`."
+                    f"`with pyro.plate({data_plate!r}, len(x)): pyro.sample('y', ..., obs=y)`."
                 )
         return module.prior_distribution(self.name)
+
+
+_LAYER_PRIORS: weakref.WeakSet = weakref.WeakSet()
+
+
+def is_layer_prior(fn) -> bool:
+    """Whether ``fn`` is the prior distribution of a Bayesian layer's weight or bias (a global site).
+
+    Example
+    -------
+    >>> from pyro_bbb.nn import BayesianLinear
+    >>> layer = BayesianLinear(2, 1)
+    >>> is_layer_prior(layer.prior_distribution("weight")), is_layer_prior(torch.distributions.Normal(0.0, 1.0))
+    (True, False)
+    """
+    return fn in _LAYER_PRIORS
 
 
 class BayesianModule(PyroModule):
@@ -99,6 +153,7 @@ class BayesianModule(PyroModule):
             extra = {"init": init} if getattr(prior, "uses_init", False) else {}
             distribution = prior.distribution(init.shape, fan_in, device=init.device, dtype=init.dtype, **extra)
             cached = cache[name] = (key, distribution)
+            _LAYER_PRIORS.add(distribution)
         return cached[1]
 
     def initial_scales(self, full_names: bool = False) -> dict[str, torch.Tensor]:
@@ -140,6 +195,13 @@ class BayesianModule(PyroModule):
         has_bias = "bias" in self._bayesian
         prefix = self.__dict__.get("_pyro_name", "")
         weight, bias = self.weight, self.bias if has_bias else None
+        if input.dtype != weight.dtype and not torch.is_autocast_enabled(input.device.type):
+            raise TypeError(
+                f"{type(self).__name__} {prefix or '(root)'} got an input of dtype {input.dtype} but its weights are "
+                f"{weight.dtype}; cast the input (x.to({weight.dtype}))"
+                + (f" or the model (model.to({input.dtype}))" if input.is_floating_point() else "")
+                + ". pyro_bbb.fit and predict cast floating inputs for you; integer inputs are never cast."
+            )
         num_draws = folded_draws()
         folded = num_draws is not None and num_draws > 1
         if folded:
