@@ -24,7 +24,10 @@ import pyro
 import torch
 import torch.distributed as dist
 
-__all__ = ["ShardedBatches", "synchronise_parameters", "combine_gradients", "raise_if_any_rank_failed"]
+__all__ = [
+    "ShardedBatches", "synchronise_parameters", "synchronise_buffers", "combine_gradients",
+    "raise_if_any_rank_failed", "collective_device",
+]
 
 
 def require_process_group() -> tuple[int, int]:
@@ -78,6 +81,42 @@ def _named_parameters() -> list[tuple[str, torch.Tensor]]:
     return sorted(pyro.get_param_store().named_parameters())
 
 
+def collective_device() -> torch.device:
+    """Where the tensors of a collective live: the parameters' device, and a CUDA device under NCCL (which reduces
+    CUDA tensors only).
+
+    Example
+    -------
+    ::
+
+        flag = torch.zeros(1, device=collective_device())
+        dist.all_reduce(flag)
+    """
+    params = _named_parameters()
+    device = params[0][1].device if params else torch.device("cpu")
+    if device.type == "cpu" and dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+@torch.no_grad()
+def synchronise_buffers(module: torch.nn.Module, src: int = 0) -> None:
+    """Broadcast every buffer of ``module`` (e.g. BatchNorm's running statistics) from rank ``src``, as DDP does.
+
+    Example
+    -------
+    ::
+
+        synchronise_buffers(model)   # every rank now holds rank 0's running means and variances
+    """
+    device = collective_device()
+    for buffer in module.buffers():
+        staged = buffer.to(device)
+        dist.broadcast(staged, src=src)
+        if staged is not buffer:
+            buffer.copy_(staged)
+
+
 @torch.no_grad()
 def synchronise_parameters(src: int = 0) -> None:
     """Broadcast every parameter in Pyro's param store from rank ``src`` (same order on every rank: by name).
@@ -108,7 +147,7 @@ def raise_if_any_rank_failed(error: BaseException | None) -> None:
             error = caught
         raise_if_any_rank_failed(error)   # every rank raises together, or none does
     """
-    failed = torch.tensor([0.0 if error is None else 1.0])
+    failed = torch.tensor([0.0 if error is None else 1.0], device=collective_device())
     dist.all_reduce(failed)
     if failed.item() == 0:
         return
@@ -157,6 +196,6 @@ def all_reduce_sum(values: dict[str, float]) -> dict[str, float]:
         totals = all_reduce_sum({"nll": batch * nll, "seen": batch})   # then totals["nll"] / totals["seen"]
     """
     keys = sorted(values)
-    tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=collective_device())
     dist.all_reduce(tensor)
     return dict(zip(keys, tensor.tolist(), strict=True))

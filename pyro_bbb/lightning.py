@@ -38,6 +38,7 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("pyro_bbb.lightning needs PyTorch Lightning: pip install 'pyro-bbb[lightning]'") from error
 
+from .distributed import raise_if_any_rank_failed
 from .elbo import ELBO
 from .training import _estimator
 
@@ -98,8 +99,21 @@ class BayesianModule(pl.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
-        with self.estimator():
-            loss = self.elbo.differentiable_loss(self.model, self.guide, x, y)
+        error, loss = None, None
+        try:
+            with self.estimator():
+                loss = self.elbo.differentiable_loss(self.model, self.guide, x, y)
+            if not bool(torch.isfinite(loss)):
+                raise FloatingPointError(
+                    f"the loss became {float(loss)} at step {self.elbo.step + 1}; lower the learning rate, clip "
+                    "gradients (Trainer(gradient_clip_val=...)), or check the data for NaN and extreme values."
+                )
+        except (ValueError, TypeError, FloatingPointError) as caught:
+            error = caught
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            raise_if_any_rank_failed(error)  # every rank stops together, with the failing rank's message
+        elif error is not None:
+            raise error
         self.elbo.step += 1
         terms = self.elbo.last_terms
         self.log_dict({"nll": terms["nll"], "kl": terms["kl"], "kl_weight": terms["kl_weight"]},

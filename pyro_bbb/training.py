@@ -288,6 +288,8 @@ class _Stepper:
             error = caught
         distributed_.raise_if_any_rank_failed(error)
         distributed_.synchronise_parameters()
+        if isinstance(self.model, torch.nn.Module):
+            distributed_.synchronise_buffers(self.model)
 
     def guarded(self, batches):
         """Batches; in distributed mode an error while reading or checking one is kept for the next step, where
@@ -339,7 +341,10 @@ class _Stepper:
         distributed_.raise_if_any_rank_failed(error)
         self.global_loss, _ = distributed_.combine_gradients(x.shape[0], loss if math.isfinite(loss) else math.inf)
         params = {p for _, p in pyro.get_param_store().named_parameters()}
-        return self._apply(params, self.global_loss)
+        loss = self._apply(params, self.global_loss)
+        if isinstance(self.model, torch.nn.Module):  # running statistics follow rank 0, as under DDP
+            distributed_.synchronise_buffers(self.model)
+        return loss
 
     def _apply(self, params: set[torch.Tensor], loss: float) -> float:
         grads = [p.grad for p in params if p.grad is not None]
@@ -513,13 +518,20 @@ def fit(
     likelihood = getattr(model, "likelihood", None)
     likelihood = likelihood if hasattr(likelihood, "check_targets") else None
     device = _device(model)
-    batches = _Batches(data, batch_size, likelihood, device, model_dtype(model))
     rank = 0
     if distributed:
         rank, world = distributed_.require_process_group()
+        error = None
+        try:  # a rank whose data fails the checks must not leave the others waiting in a collective
+            batches = _Batches(data, batch_size, likelihood, device, model_dtype(model))
+        except (ValueError, TypeError) as caught:
+            error = caught
+        distributed_.raise_if_any_rank_failed(error)
         if batches.loader is None:
             batches = distributed_.ShardedBatches(batches.x, batches.y, batch_size or -(-batches.num_data // world),
                                                   rank, world, seed or 0, device)  # fmt: skip
+    else:
+        batches = _Batches(data, batch_size, likelihood, device, model_dtype(model))
     if validation_data is not None:
         if not isinstance(validation_data, Sequence) or len(validation_data) != 2:
             raise TypeError("validation_data must be an (x, y) pair of tensors.")

@@ -21,7 +21,7 @@ class SameNoise(pl.Callback):
         pl.seed_everything(0, verbose=False)
 
 
-def main(devices: int, out: str) -> None:
+def main(devices: int, out: str, mode: str = "fit") -> None:
     pl.seed_everything(0, verbose=False)
     pyro.clear_param_store()
     g = torch.Generator().manual_seed(0)
@@ -35,6 +35,9 @@ def main(devices: int, out: str) -> None:
                          use_distributed_sampler=False, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=[SameNoise()])  # fmt: skip
     # rank r reads points r, r + devices, ...: every step's global batch is the single process's batch of 32
+    if mode == "nan":  # a NaN in the data that only rank 1 reads (and the single process at its step 2)
+        x = x.clone()
+        x[33] = float("nan")
     dataset = TensorDataset(x, y)
     sampler = DistributedSampler(dataset, num_replicas=devices, rank=trainer.global_rank, shuffle=False)
     trainer.fit(module, DataLoader(dataset, batch_size=32 // devices, sampler=sampler))
@@ -44,4 +47,4 @@ def main(devices: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2])
+    main(int(sys.argv[1]), sys.argv[2], *sys.argv[3:])

@@ -22,9 +22,10 @@ def _data():
     return x, torch.tanh(x.sum(-1)) + 0.1 * torch.randn(40, generator=g)
 
 
-def _model():
+def _model(batchnorm=False):
     torch.manual_seed(0)
-    net = torch.nn.Sequential(BayesianLinear(2, 8), torch.nn.Tanh(), BayesianLinear(8, 1))
+    middle = torch.nn.BatchNorm1d(8) if batchnorm else torch.nn.Tanh()
+    net = torch.nn.Sequential(BayesianLinear(2, 8), middle, BayesianLinear(8, 1))
     return pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.2))
 
 
@@ -43,7 +44,7 @@ def _worker(rank, world, init_file, out_dir, mode):
     try:
         pyro.clear_param_store()
         x, y = _data()
-        bnn = _model()
+        bnn = _model(batchnorm=mode == "batchnorm")
         guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=0.05)
         if mode == "misscaled":
             pyro_bbb.distributed.combine_gradients = _summed_gradients
@@ -58,7 +59,9 @@ def _worker(rank, world, init_file, out_dir, mode):
         history = pyro_bbb.fit(bnn, guide, data, epochs=3, lr=0.02, seed=0, progress=False, distributed=True,
                                **kwargs)  # fmt: skip
         state = {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
-        torch.save({"params": state, "nll": history["nll"]}, Path(out_dir) / f"{mode}-{world}-{rank}.pt")
+        buffers = {k: v.detach().clone() for k, v in bnn.named_buffers()}
+        torch.save({"params": state, "nll": history["nll"], "buffers": buffers},
+                   Path(out_dir) / f"{mode}-{world}-{rank}.pt")  # fmt: skip
     except Exception as error:  # noqa: BLE001 - reported to the test through a file
         (Path(out_dir) / f"{mode}-{world}-{rank}.err").write_text(f"{type(error).__name__}: {error}")
     finally:
@@ -83,7 +86,7 @@ def runs(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("ddp")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     return {(mode, world): _launch(tmp_path, world, mode) for mode, world in
-            (("fit", 1), ("fit", 2), ("misscaled", 2), ("nan", 2))}  # fmt: skip
+            (("fit", 1), ("fit", 2), ("misscaled", 2), ("nan", 2), ("batchnorm", 2))}  # fmt: skip
 
 
 def _params(path):
@@ -110,6 +113,15 @@ def test_nan_on_one_rank_stops_every_rank_with_the_same_clear_error(runs):
     messages = [p.with_suffix(".err").read_text() for p in runs["nan", 2]]
     assert all("NaN" in m for m in messages), messages
     assert "ValueError" in messages[1] and "rank 1 failed" in messages[0]
+
+
+@pytest.mark.slow
+def test_batchnorm_running_statistics_follow_rank_0(runs):
+    ranks = [_params(p) for p in runs["batchnorm", 2]]
+    assert "net.1.running_mean" in ranks[0]["buffers"]
+    for name, value in ranks[0]["buffers"].items():  # each rank saw other data, yet holds rank 0's statistics
+        torch.testing.assert_close(ranks[1]["buffers"][name], value, rtol=0, atol=0)
+    assert float(ranks[0]["buffers"]["net.1.running_var"].sub(1).abs().max()) > 1e-3  # they did move
 
 
 def test_distributed_needs_a_process_group():

@@ -41,3 +41,11 @@ def test_lightning_ddp_on_two_processes_matches_one_process(tmp_path):
     for name, value in single_guide.state_dict().items():
         torch.testing.assert_close(ddp_guide.state_dict()[name], value, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(ddp.mean, single.mean, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_lightning_ddp_nan_on_one_rank_stops_every_rank_with_its_message(tmp_path):
+    result = subprocess.run([sys.executable, str(SCRIPT), "2", str(tmp_path / "nan.pt"), "nan"], capture_output=True,
+                            text=True, timeout=300, cwd=SCRIPT.parent.parent)  # fmt: skip
+    assert result.returncode != 0
+    assert "rank 1 failed" in result.stderr and "nan" in result.stderr.lower(), result.stderr[-3000:]
