@@ -28,8 +28,10 @@ class BNN(PyroModule):
     Parameters
     ----------
     net : torch.nn.Module
-        Maps a batch of inputs ``(batch, ...)`` to outputs ``(batch, features)`` (leading weight-draw dimensions
-        pass through Bayesian layers).
+        Maps a batch of inputs ``(batch, ...)`` to outputs ``(batch, features)``. It always sees ordinary batches:
+        S weight draws (a vectorized ``predict`` or vectorized particles) arrive as ``S * batch`` rows, block ``s``
+        belonging to draw ``s`` (see :mod:`pyro_bbb.nn.draws`), so indexing, ``view``, ``cat``, ``nn.Flatten`` and
+        pooling behave as without pyro_bbb.
     likelihood : Likelihood
         E.g. :class:`pyro_bbb.likelihoods.Gaussian`, ``Categorical``.
     data_plate : str
@@ -81,7 +83,7 @@ class BNN(PyroModule):
         ``S * B`` rows, and the output is unfolded to ``(*draw_shape, B, ...)`` for the likelihood."""
         draw_shape = _draw_shape(self.data_plate)
         num_draws = math.prod(draw_shape)
-        if num_draws == 1 or x.dim() == 0:
+        if not draw_shape or x.dim() == 0:
             return self.net(x)
         folded = x.unsqueeze(0).expand(num_draws, *x.shape).reshape(num_draws * x.shape[0], *x.shape[1:])
         with fold_draws(num_draws):

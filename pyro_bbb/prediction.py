@@ -310,12 +310,16 @@ def _observation_site(model_trace, guide_trace, data_plate: str) -> str:
 CPU_BLOCK_ELEMENTS = 2**21
 
 
-def _draws_per_block(num_samples: int, num_inputs: int, shapes: dict[str, torch.Size], device) -> int:
-    """How many weight draws to run together: all of them on an accelerator; cache-sized blocks on a CPU."""
-    if device.type != "cpu":
+def _draws_per_block(num_samples: int, x: torch.Tensor, shapes: dict[str, torch.Size]) -> int:
+    """How many weight draws to run together: all of them on an accelerator; cache-sized blocks on a CPU.
+
+    The activations per input and draw are estimated from the weights: a linear layer's output features, a
+    convolution's output channels times the input's positions (``x[0].numel() / channels``)."""
+    if x.device.type != "cpu":
         return num_samples
-    width = sum(shape[0] for shape in shapes.values() if len(shape) >= 2) or 1  # ~ output features per layer
-    return max(1, min(num_samples, CPU_BLOCK_ELEMENTS // (num_inputs * width)))
+    positions = x[0].numel() // x.shape[1] if x.dim() > 2 else 1
+    width = sum(shape[0] * (positions if len(shape) > 2 else 1) for shape in shapes.values() if len(shape) >= 2)
+    return max(1, min(num_samples, CPU_BLOCK_ELEMENTS // (x.shape[0] * (width or 1))))
 
 
 def _run_draws(model, draws, shapes, x, obs, data_plate: str, nesting: int, block: int | None, num_samples: int):
@@ -355,11 +359,11 @@ def _run_covering(model, draws, shapes, x, obs, data_plate: str, nesting: int, b
             return family, reinterpreted, {name: torch.cat([p[name] for p in parts], 1) for name in parts[0]}
 
 
-def _vectorized_mismatch(result, model, draws, shapes, x, obs, data_plate) -> str | None:
-    """Draw 0 of a vectorized pass against draw 0 run alone: a model whose code reads the draw dimensions as its
-    batch gives other numbers, and is then run one draw at a time rather than trusted."""
+def _vectorized_mismatch(result, alone: dict[str, torch.Tensor]) -> str | None:
+    """Draw 0 of a vectorized pass against the same draw run alone (``alone``: the observation's parameters of the
+    plain pass): a model whose code reads the draw dimensions as its batch gives other numbers, and is then run one
+    draw at a time rather than trusted."""
     _, _, vectorized = result
-    _, _, alone = _run_covering(model, draws, shapes, x, obs, data_plate, 0, None, 1, pieces=1)
     for name, value in alone.items():
         first = vectorized[name][:1, : value.shape[1]] if value.dim() > 1 else vectorized[name][:1]  # piece 0
         if value.shape[1:] != first.shape[1:]:
@@ -526,15 +530,20 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
     with pyro.plate(SAMPLE_PLATE, num_samples, dim=-(nesting + 1)):
         guide_trace = poutine.trace(guide).get_trace(chunks[0])
     draws = {name: guide_trace.nodes[name]["value"] for name in latent}  # (S, 1, ..., *site shape)
+    # draw 0 is the plain pass's draw (just as independent), so that the plain pass is also the lone run of draw 0
+    # that checks the vectorized one
+    draws = {name: torch.cat([plain_guide.nodes[name]["value"].reshape((1, *value.shape[1:])), value[1:]])
+             for name, value in draws.items()}  # fmt: skip
     shapes = {name: site["value"].shape for name, site in latent.items()}
+    alone = {k: v.unsqueeze(0) for k, v in _params(plain_model.nodes[obs]["fn"], plain_model.nodes[obs], 0)[2].items()}
 
-    block = sample_batch_size or _draws_per_block(num_samples, chunks[0].shape[0], shapes, x.device)
+    block = sample_batch_size or _draws_per_block(num_samples, chunks[0], shapes)
     results = None
     if vectorize is not False:
         try:
             results = [_run_covering(model, draws, shapes, chunk, obs, data_plate, nesting, block, num_samples)
                        for chunk in chunks]
-            mismatch = _vectorized_mismatch(results[0], model, draws, shapes, chunks[0], obs, data_plate)
+            mismatch = _vectorized_mismatch(results[0], alone)
         except (RuntimeError, ValueError, IndexError) as error:
             results, mismatch = None, f"it could not run several weight draws in one call ({error})"
         if mismatch is not None:

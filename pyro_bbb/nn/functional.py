@@ -101,6 +101,17 @@ def batched_conv(
 
     weight_batch = weight.shape[:-kernel_dims]
     input_batch = input.shape[: -(spatial_dims + 1)]
+    if input.device.type == "cpu" and len(weight_batch) == 2 and weight_batch[1] == 1 and len(input_batch) == 2 \
+            and input_batch[0] == weight_batch[0] and (bias is None or bias.dim() == 1):  # fmt: skip
+        # one draw per block of examples (folded draws, Flipout's perturbation): on a CPU one convolution per draw,
+        # written into one output, is 1.5-2.5x faster than the grouped convolution below (benchmarks/predict.py)
+        first = conv(input[0], weight[0, 0], bias, stride, padding, dilation, groups)
+        out = first.new_empty((input_batch[0], *first.shape))
+        out[0] = first
+        for s in range(1, input_batch[0]):
+            out[s] = conv(input[s], weight[s, 0], bias, stride, padding, dilation, groups)
+        return out
+
     full = torch.broadcast_shapes(weight_batch, input_batch)
     n = len(full)
     w_batch = (1,) * (n - len(weight_batch)) + tuple(weight_batch)

@@ -203,8 +203,8 @@ class BayesianModule(PyroModule):
                 + ". pyro_bbb.fit and predict cast floating inputs for you; integer inputs are never cast."
             )
         num_draws = folded_draws()
-        folded = num_draws is not None and num_draws > 1
-        if folded:
+        folded = num_draws is not None
+        if folded:  # (a single folded draw is read as plain weights)
             param_dims = feature_dims + 1
             weight, bias = draws_leading(weight, param_dims, num_draws), draws_leading(bias, 1, num_draws)
             folded = weight.dim() > param_dims or (bias is not None and bias.dim() > 1)
