@@ -86,6 +86,20 @@ def _unwrap(d: dist.Distribution) -> dist.Distribution:
     return d
 
 
+def _full_size_prior(p: dist.Distribution, q: dist.Distribution) -> dist.Distribution | None:
+    """The prior over the whole of ``q``: ``p`` itself, or -- for a local latent in a subsampled data plate, whose
+    prototype prior covers one minibatch -- the same prior over every datum when it is one distribution repeated
+    (``None`` when it differs per datum)."""
+    if p.shape() == q.shape():
+        return p
+    base = _unwrap(p)
+    params = {k: getattr(base, k) for k in base.arg_constraints if k in base.__dict__}
+    if not params or not all(t.numel() == 1 or all(st == 0 for st in t.stride()) for t in params.values()):
+        return None
+    scalar = type(base)(**{k: t.reshape(-1)[0] for k, t in params.items()})
+    return scalar.expand(_unwrap(q).batch_shape).to_event(q.event_dim)
+
+
 def _kl_per_element(q: dist.Distribution, p: dist.Distribution) -> torch.Tensor:
     """Elementwise ``KL(q_i || p_i)`` of a mean-field site; closed form where registered, else Monte Carlo."""
     q, p = _unwrap(q), _unwrap(p)
@@ -139,8 +153,10 @@ def layer_summary(model: Callable, guide) -> dict[str, dict[str, float]]:
     owners = _layer_names(model)
     parts: dict[str, dict[str, Any]] = {}
     for name, site in guide.prototype_trace.iter_stochastic_nodes():
-        p = site["fn"]  # the prior, as the model declared it
         q = site_posterior(guide, name, site)
+        p = _full_size_prior(site["fn"], q)  # the prior, as the model declared it (for all data of a local site)
+        if p is None:  # a local latent whose prior differs per datum: its KL needs the data, not just the guide
+            continue
         part = parts.setdefault(owners.get(name, name), {"kl": 0.0, "num_weights": 0, "elements": []})
         part["num_weights"] += p.shape().numel()
         if name not in owners or not _is_real(site["fn"].support):
