@@ -171,10 +171,15 @@ def _check_batch(x: Any, y: Any, likelihood, what: str = "data",
     return x, y
 
 
+def _sampler(loader: torch.utils.data.DataLoader):
+    """The sampler that picks the loader's data (inside its batch sampler, when it has one)."""
+    return loader.batch_sampler.sampler if loader.batch_sampler is not None else loader.sampler
+
+
 def _num_data(loader: torch.utils.data.DataLoader) -> int:
     """N: the number of data one epoch of the loader draws from -- its sampler's, so that a ``SubsetRandomSampler``
     over part of the dataset counts only that part; a ``DistributedSampler`` counts the data of every rank."""
-    sampler = loader.batch_sampler.sampler if loader.batch_sampler is not None else loader.sampler
+    sampler = _sampler(loader)
     if isinstance(sampler, torch.utils.data.DistributedSampler):
         return sampler.total_size
     for source in (sampler, loader.dataset):
@@ -196,7 +201,7 @@ def _check_loader_upfront(loader: torch.utils.data.DataLoader, likelihood) -> No
         dataset, indices = dataset.dataset, torch.as_tensor(list(dataset.indices), dtype=torch.long)
     if not isinstance(dataset, torch.utils.data.TensorDataset) or len(dataset.tensors) != 2:
         return
-    sampler = loader.batch_sampler.sampler if loader.batch_sampler is not None else loader.sampler
+    sampler = _sampler(loader)
     if isinstance(sampler, torch.utils.data.SubsetRandomSampler):
         chosen = torch.as_tensor(list(sampler.indices), dtype=torch.long)
         indices = chosen if indices is None else indices[chosen]

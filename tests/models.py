@@ -31,6 +31,22 @@ class Regression(PyroModule):
             return pyro.sample("y", dist.Normal(mean, self.sigma), obs=y)
 
 
+class BatchCentred(PyroModule):
+    """A hand-written model whose ``h - h.mean(0)`` reads the draw dimension as the batch: a silently wrong
+    vectorized pass, which predict must detect by comparing draw 0 with the same draw alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = BayesianLinear(3, 4)
+        self.out = BayesianLinear(4, 1)
+
+    def forward(self, x, y=None):
+        h = self.fc(x)
+        mean = self.out(h - h.mean(0)).squeeze(-1)
+        with pyro.plate("data", x.shape[0]):
+            return pyro.sample("y", dist.Normal(mean, 0.1), obs=y)
+
+
 class MLP(PyroModule):
     def __init__(self, in_features=2, hidden=8, prior=None):
         super().__init__()

@@ -3,15 +3,15 @@
 import warnings
 
 import pyro
-import pyro.distributions as dist
 import pytest
 import torch
-from pyro.nn import PyroModule
 
 import pyro_bbb
 from pyro_bbb import likelihoods
 from pyro_bbb.nn import BayesianConv2d, BayesianGRU, BayesianLinear, BayesianLSTM, BayesianLSTMCell
 from pyro_bbb.nn.draws import draws_leading, fold_draws, folded_draws, unfold_rows
+
+from .models import BatchCentred
 
 
 def vectorized_and_loop(model, x, y, num_samples=6, init_scale=0.2):
@@ -139,21 +139,8 @@ def test_vectorized_particles_equal_sequential_ones_for_a_last_step_model():
     assert vectorized == pytest.approx(sequential, rel=1e-4)
 
 
-class CentringModel(PyroModule):
-    def __init__(self):
-        super().__init__()
-        self.fc = BayesianLinear(3, 4)
-        self.out = BayesianLinear(4, 1)
-
-    def forward(self, x, y=None):
-        h = self.fc(x)
-        mean = self.out(h - h.mean(0)).squeeze(-1)  # the draw dimension read as the batch
-        with pyro.plate("data", x.shape[0]):
-            return pyro.sample("y", dist.Normal(mean, 0.1), obs=y)
-
-
 def test_vectorized_particles_of_a_model_reading_draws_as_batch_fall_back_to_one_at_a_time():
-    model = CentringModel()
+    model = BatchCentred()
     x, y = torch.randn(20, 3), torch.randn(20)
     guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.3)
     elbo = pyro_bbb.ELBO(num_data=20, num_particles=4, vectorize_particles=True)

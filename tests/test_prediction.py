@@ -13,7 +13,7 @@ from pyro_bbb import likelihoods
 from pyro_bbb.nn import BayesianLinear
 from pyro_bbb.prediction import ClassificationPrediction, RegressionPrediction
 
-from .models import Regression
+from .models import BatchCentred, Regression
 
 
 def fitted_guide(model, x, y, init_scale=0.1):
@@ -144,22 +144,6 @@ class FlatteningModel(PyroModule):
         mean = self.out(self.flat(self.fc(x))).squeeze(-1)
         with pyro.plate("data", x.shape[0]):
             return pyro.sample("y", dist.Normal(mean, 1.0), obs=y)
-
-
-class BatchCentred(PyroModule):
-    """A hand-written model whose ``h - h.mean(0)`` reads the draw dimension as the batch: a silently wrong
-    vectorized pass, which predict must detect by comparing draw 0 with the same draw alone."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = BayesianLinear(3, 4)
-        self.out = BayesianLinear(4, 1)
-
-    def forward(self, x, y=None):
-        h = self.fc(x)
-        mean = self.out(h - h.mean(0)).squeeze(-1)
-        with pyro.plate("data", x.shape[0]):
-            return pyro.sample("y", dist.Normal(mean, 0.1), obs=y)
 
 
 def test_falls_back_to_a_loop_with_a_warning_when_the_model_cannot_be_vectorized():
