@@ -488,6 +488,17 @@ def fit(
     Returns
     -------
     History
+        Also when Ctrl-C stopped training: the current step is finished first, and ``history.interrupted`` is True.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Bad arguments or data, before any parameter changes. A bad batch found during training (a DataLoader over a
+        dataset that cannot be checked up front) raises :class:`DataError` with the parameters restored to their
+        state at the start of ``fit``.
+    TrainingDivergedError
+        A NaN or infinite loss or gradient; the parameters are restored to the last finite state and the error's
+        ``history`` holds the epochs so far.
 
     Example
     -------
