@@ -46,14 +46,27 @@ def _clean(name: str) -> str:
 
 
 def _site_dims(model: Callable, shapes: dict[str, torch.Size]) -> dict[str, list[str]]:
-    """Readable dimension names: ``fc1.weight`` -> ``fc1_out, fc1_in`` (convolutions add ``fc1_k0, ...``)."""
+    """Readable dimension names: ``fc1.weight`` -> ``fc1_out, fc1_in`` (convolutions add ``fc1_k0, ...``). A layer
+    whose weights disagree on a size (a recurrent layer's input-to-hidden and hidden-to-hidden weights) names them
+    per site instead: ``rnn_weight_ih_l0_out, rnn_weight_ih_l0_in``."""
     layers = {site: "layer" if owner == "(root)" else _clean(owner) for site, owner in _layer_names(model).items()}
+
+    def named(prefix: str, shape: torch.Size) -> list[str]:
+        return ([f"{prefix}_out", f"{prefix}_in"] + [f"{prefix}_k{i}" for i in range(len(shape) - 2)])[: len(shape)]
+
+    sizes: dict[str, int] = {}
+    disagreeing = set()
+    for site, shape in shapes.items():
+        layer = layers.get(site)
+        if layer is not None and len(shape) >= 1:
+            for name, size in zip(named(layer, shape), shape):
+                if sizes.setdefault(name, size) != size:
+                    disagreeing.add(layer)
     dims = {}
     for site, shape in shapes.items():
         layer = layers.get(site)
         if layer is not None and len(shape) >= 1:
-            names = [f"{layer}_out", f"{layer}_in"] + [f"{layer}_k{i}" for i in range(len(shape) - 2)]
-            dims[site] = names[: len(shape)]
+            dims[site] = named(_clean(site) if layer in disagreeing else layer, shape)
         else:
             dims[site] = [f"{_clean(site)}_{i}" for i in range(len(shape))]
     return dims

@@ -11,7 +11,7 @@ import torch  # noqa: E402
 
 import pyro_bbb  # noqa: E402
 from pyro_bbb import export, likelihoods  # noqa: E402
-from pyro_bbb.nn import BayesianConv2d, BayesianLinear  # noqa: E402
+from pyro_bbb.nn import BayesianConv2d, BayesianLinear, BayesianLSTM  # noqa: E402
 
 from .models import Regression  # noqa: E402
 
@@ -102,3 +102,29 @@ def test_plain_pyro_model_sites_and_size_warning(monkeypatch):
     monkeypatch.setattr(export, "LARGE_POSTERIOR_BYTES", 10)
     with pytest.warns(UserWarning, match="sites="):
         pyro_bbb.to_inference_data(model, guide, x, num_samples=10)
+
+
+class LastStep(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = BayesianLSTM(3, 5, batch_first=True)
+        self.head = BayesianLinear(5, 2)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0][:, -1])
+
+
+def test_recurrent_layer_weights_of_different_shapes_get_their_own_dims_under_any_guide():
+    from pyro.infer.autoguide import AutoNormal
+
+    bnn = pyro_bbb.BNN(LastStep(), likelihoods.Categorical())
+    x, y = torch.randn(12, 6, 3), torch.randint(0, 2, (12,))
+    for guide in (pyro_bbb.MeanFieldGuide(bnn), AutoNormal(bnn)):
+        pyro.clear_param_store()
+        guide(x, y)
+        idata = pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=4)
+        posterior = idata.posterior
+        assert posterior["net.rnn.weight_ih_l0"].dims[2:] == ("net_rnn_weight_ih_l0_out", "net_rnn_weight_ih_l0_in")
+        assert posterior.sizes["net_rnn_weight_hh_l0_in"] == 5 and posterior.sizes["net_rnn_weight_ih_l0_in"] == 3
+        assert posterior["net.head.weight"].dims[2:] == ("net_head_out", "net_head_in")  # a consistent layer
+        assert idata.log_likelihood["y"].shape == (1, 4, 12)
