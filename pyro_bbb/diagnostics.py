@@ -31,8 +31,8 @@ import torch
 from pyro.distributions.kl import kl_divergence
 
 from .guide import require_site_posteriors, site_loc_scale, site_posterior
-from .nn.module import BayesianModule
-from .priors import _is_real
+from .nn.module import site_owners
+from .priors import is_real_support, prior_std, strip_independent
 
 __all__ = [
     "PosteriorWarning",
@@ -69,40 +69,23 @@ def _require_fitted(guide) -> None:
         raise ValueError("the guide has not seen the model yet: fit it (or run one SVI step) first.")
 
 
-def _layer_names(model: Callable) -> dict[str, str]:
-    """Site name -> name of the Bayesian layer that owns it (``"(root)"`` for a model that is itself a layer)."""
-    owners = {}
-    if isinstance(model, torch.nn.Module):
-        for module in model.modules():
-            if isinstance(module, BayesianModule):
-                layer = module.__dict__.get("_pyro_name") or "(root)"
-                owners.update({site: layer for site in module.initial_values(full_names=True)})
-    return owners
-
-
-def _unwrap(d: dist.Distribution) -> dist.Distribution:
-    while isinstance(d, dist.Independent):
-        d = d.base_dist
-    return d
-
-
 def _full_size_prior(p: dist.Distribution, q: dist.Distribution) -> dist.Distribution | None:
     """The prior over the whole of ``q``: ``p`` itself, or -- for a local latent in a subsampled data plate, whose
     prototype prior covers one minibatch -- the same prior over every datum when it is one distribution repeated
     (``None`` when it differs per datum)."""
     if p.shape() == q.shape():
         return p
-    base = _unwrap(p)
+    base = strip_independent(p)
     params = {k: getattr(base, k) for k in base.arg_constraints if k in base.__dict__}
     if not params or not all(t.numel() == 1 or all(st == 0 for st in t.stride()) for t in params.values()):
         return None
     scalar = type(base)(**{k: t.reshape(-1)[0] for k, t in params.items()})
-    return scalar.expand(_unwrap(q).batch_shape).to_event(q.event_dim)
+    return scalar.expand(strip_independent(q).batch_shape).to_event(q.event_dim)
 
 
 def _kl_per_element(q: dist.Distribution, p: dist.Distribution) -> torch.Tensor:
     """Elementwise ``KL(q_i || p_i)`` of a mean-field site; closed form where registered, else Monte Carlo."""
-    q, p = _unwrap(q), _unwrap(p)
+    q, p = strip_independent(q), strip_independent(p)
     try:
         return kl_divergence(q, p)
     except NotImplementedError:
@@ -116,13 +99,6 @@ def _kl(q: dist.Distribution, p: dist.Distribution) -> torch.Tensor:
     except NotImplementedError:
         draws = q.sample((_MC_DRAWS,))
         return (q.log_prob(draws) - p.log_prob(draws)).mean(0).sum()
-
-
-def _prior_std(p: dist.Distribution) -> torch.Tensor:
-    try:
-        return p.stddev
-    except NotImplementedError:
-        return p.sample((_MC_DRAWS,)).std(0)
 
 
 @torch.no_grad()
@@ -150,7 +126,7 @@ def layer_summary(model: Callable, guide) -> dict[str, dict[str, float]]:
     (0.0, 1.0)
     """
     _require_fitted(guide)
-    owners = _layer_names(model)
+    owners = site_owners(model)
     parts: dict[str, dict[str, Any]] = {}
     for name, site in guide.prototype_trace.iter_stochastic_nodes():
         q = site_posterior(guide, name, site)
@@ -159,24 +135,24 @@ def layer_summary(model: Callable, guide) -> dict[str, dict[str, float]]:
             continue
         part = parts.setdefault(owners.get(name, name), {"kl": 0.0, "num_weights": 0, "elements": []})
         part["num_weights"] += p.shape().numel()
-        if name not in owners or not _is_real(site["fn"].support):
+        if name not in owners or not is_real_support(site["fn"].support):
             part["kl"] += float(_kl(q, p))
             continue
         kl = _kl_per_element(q, p)
         part["kl"] += float(kl.sum())
         scale = site_loc_scale(guide, name)[1]
-        prior_std = _prior_std(_unwrap(p)).expand(scale.shape)
-        part["elements"].append(torch.stack([kl, scale, prior_std]).reshape(3, -1))
+        prior_scale = prior_std(strip_independent(p)).expand(scale.shape)
+        part["elements"].append(torch.stack([kl, scale, prior_scale]).reshape(3, -1))
     summary = {}
     for layer, part in parts.items():
         entry = {"kl": part["kl"], "num_weights": part["num_weights"]}
         entry["kl_per_weight"] = entry["kl"] / entry["num_weights"]
         if part["elements"]:
-            kl, std, prior_std = torch.cat(part["elements"], dim=1).double()
-            ratio = std / prior_std
+            kl, std, prior_scale = torch.cat(part["elements"], dim=1).double()
+            ratio = std / prior_scale
             entry["kl_q99"] = float(torch.quantile(kl, 0.99))
             entry["posterior_std"] = float(std.mean())
-            entry["prior_std"] = float(prior_std.mean())
+            entry["prior_std"] = float(prior_scale.mean())
             entry["std_ratio"] = float(ratio.mean())
             entry["std_ratio_geomean"] = float(ratio.log().mean().exp())
         summary[layer] = entry
@@ -233,7 +209,7 @@ def signal_to_noise(guide) -> dict[str, torch.Tensor]:
     _require_fitted(guide)
     snr = {}
     for name, site in guide.prototype_trace.iter_stochastic_nodes():
-        if _is_real(site["fn"].support):
+        if is_real_support(site["fn"].support):
             loc, scale = site_loc_scale(guide, name)
             snr[name] = loc.abs() / scale
     return snr
@@ -427,10 +403,10 @@ def summary(model: Callable, guide, by: str = "layer"):
     if by == "layer":
         rows = {}
         layers = layer_summary(model, guide)
-        owners = _layer_names(model)
+        owners = site_owners(model)
         groups: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for name, site in guide.prototype_trace.iter_stochastic_nodes():
-            if _is_real(site["fn"].support):
+            if is_real_support(site["fn"].support):
                 groups.setdefault(owners.get(name, name), []).append(site_loc_scale(guide, name))
         for layer, entry in layers.items():
             row = {"num_weights": entry["num_weights"], "kl": entry["kl"], "kl_per_weight": entry["kl_per_weight"]}
@@ -453,7 +429,7 @@ def summary(model: Callable, guide, by: str = "layer"):
         frames = []
         for name, site in guide.prototype_trace.iter_stochastic_nodes():
             loc, scale = (t.detach().double() for t in site_loc_scale(guide, name))
-            if _is_real(site["fn"].support):
+            if is_real_support(site["fn"].support):
                 stats = {"mean": loc, "sd": scale, low: loc - z * scale, high: loc + z * scale}
             else:
                 draws = site_posterior(guide, name, site).sample((4000,)).double()

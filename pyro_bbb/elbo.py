@@ -13,17 +13,18 @@ from typing import Any
 import pyro
 import pyro.poutine as poutine
 import torch
-from pyro.distributions import Independent, Normal
+from pyro.distributions import Normal
 from pyro.distributions.kl import kl_divergence
 from pyro.distributions.util import scale_and_mask
 from pyro.infer import TraceMeanField_ELBO
-from pyro.infer.trace_mean_field_elbo import _check_mean_field_requirement
 from pyro.infer.util import is_validation_enabled, torch_item
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import prune_subsample_sites
 from pyro.util import check_model_guide_match, check_site_shape
 
 from .nn.module import data_plate_named, is_layer_prior
+from .priors import strip_independent
+from .pyro_adapter import check_mean_field_requirement
 from .schedules import Constant
 
 __all__ = ["ELBO", "DataPlateScaleMessenger"]
@@ -257,7 +258,7 @@ class ELBO(TraceMeanField_ELBO):
         guide_trace = prune_subsample_sites(guide_trace)
         model_trace = prune_subsample_sites(model_trace)
         if is_validation_enabled():
-            _check_mean_field_requirement(model_trace, guide_trace)
+            check_mean_field_requirement(model_trace, guide_trace)
         return model_trace, guide_trace
 
     def _get_traces(self, model, guide, args, kwargs):
@@ -388,8 +389,7 @@ def _log_prob_sum(site: dict, max_plate_nesting: float | None = None) -> torch.T
 
 
 def _base_normal(d) -> Normal | None:
-    while isinstance(d, Independent):
-        d = d.base_dist
+    d = strip_independent(d)
     return d if type(d) is Normal else None
 
 

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 import xarray as xr
 
-from .diagnostics import _layer_names
 from .inputs import as_tensor, cast_inputs, model_dtype, targets_like
+from .nn.module import site_owners
 from .prediction import predict_with_draws
 
 __all__ = ["to_inference_data", "LARGE_POSTERIOR_BYTES"]
@@ -49,7 +49,7 @@ def _site_dims(model: Callable, shapes: dict[str, torch.Size]) -> dict[str, list
     """Readable dimension names: ``fc1.weight`` -> ``fc1_out, fc1_in`` (convolutions add ``fc1_k0, ...``). A layer
     whose weights disagree on a size (a recurrent layer's input-to-hidden and hidden-to-hidden weights) names them
     per site instead: ``rnn_weight_ih_l0_out, rnn_weight_ih_l0_in``."""
-    layers = {site: "layer" if owner == "(root)" else _clean(owner) for site, owner in _layer_names(model).items()}
+    layers = {site: "layer" if owner == "(root)" else _clean(owner) for site, owner in site_owners(model).items()}
 
     def named(prefix: str, shape: torch.Size) -> list[str]:
         return ([f"{prefix}_out", f"{prefix}_in"] + [f"{prefix}_k{i}" for i in range(len(shape) - 2)])[: len(shape)]

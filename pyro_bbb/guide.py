@@ -14,11 +14,11 @@ import torch
 from pyro.distributions.transforms import biject_to
 from pyro.infer.autoguide import AutoNormal
 from pyro.infer.autoguide.initialization import init_to_median
-from pyro.nn.module import _is_module_local_param_enabled, _make_name
 from torch.distributions import transform_to
 
 from .nn.module import BayesianModule
-from .priors import _is_real
+from .priors import is_real_support
+from .pyro_adapter import autonormal_loc_and_scale, module_local_params_enabled, site_name
 
 __all__ = [
     "MeanFieldGuide", "DEFAULT_INIT_SCALE", "has_site_posteriors", "require_site_posteriors", "site_loc_scale",
@@ -176,7 +176,7 @@ class MeanFieldGuide(AutoNormal):
     @staticmethod
     def _constrain(normal: dist.Distribution, site: dict) -> dist.Distribution:
         """The Normal itself for a real-valued site, else pushed through ``biject_to(support)``."""
-        if _is_real(site["fn"].support):
+        if is_real_support(site["fn"].support):
             return normal
         return dist.TransformedDistribution(normal, [biject_to(site["fn"].support)])
 
@@ -189,10 +189,10 @@ class MeanFieldGuide(AutoNormal):
         """
         names = self.__dict__.setdefault("_param_names", {}).get(name)
         if names is None:
-            names = self._param_names[name] = tuple(_make_name(self._pyro_name, f"{kind}.{name}")
+            names = self._param_names[name] = tuple(site_name(self._pyro_name, f"{kind}.{name}")
                                                     for kind in ("locs", "scales"))  # fmt: skip
         store = pyro.get_param_store()
-        if _is_module_local_param_enabled() or not all(n in store for n in names):
+        if module_local_params_enabled() or not all(n in store for n in names):
             return super()._get_loc_and_scale(name)
         # event_dim lets a subsampling plate around this call slice the full-size parameters, as AutoNormal's do
         event_dim = self._event_dims[name]
@@ -225,7 +225,7 @@ class MeanFieldGuide(AutoNormal):
         the estimators of :mod:`pyro_bbb.handlers` (replay copies it to the model's site)."""
         loc, scale = self._get_loc_and_scale(name)
         normal = dist.Normal(loc, scale).to_event(self._event_dims[name])
-        if _is_real(site["fn"].support):
+        if is_real_support(site["fn"].support):
             return pyro.sample(name, normal, infer={POSTERIOR_KEY: (loc, scale)})
         return pyro.sample(name, self._constrain(normal, site))
 
@@ -348,7 +348,7 @@ def site_loc_scale(guide, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     require_site_posteriors(guide, "the posterior of a site")
     if isinstance(guide, MeanFieldGuide):
         return guide.posterior_params(name)
-    return guide._get_loc_and_scale(name)  # Pyro's AutoNormal: its (private) accessor, in this one place
+    return autonormal_loc_and_scale(guide, name)
 
 
 def site_posterior(guide, name: str, site: dict) -> dist.Distribution:

@@ -22,10 +22,11 @@ from pathlib import Path
 import torch
 
 from . import metrics
-from .diagnostics import _layer_names, _prior_std, _unwrap, layer_summary
+from .diagnostics import layer_summary
 from .guide import site_loc_scale
+from .nn.module import site_owners
 from .prediction import ClassificationPrediction, RegressionPrediction
-from .priors import _is_real
+from .priors import is_real_support, prior_std, strip_independent
 
 __all__ = ["plot_history", "plot_std_ratio", "plot_reliability", "plot_predictive_band"]
 
@@ -105,13 +106,13 @@ def plot_std_ratio(model: Callable, guide, path: str | Path | None = None, bins:
     1
     """
     plt = _pyplot()
-    owners = _layer_names(model)
+    owners = site_owners(model)
     scales: dict[str, list[torch.Tensor]] = {}
     priors: dict[str, float] = {}
     for name, site in guide.prototype_trace.iter_stochastic_nodes():
-        if name in owners and _is_real(site["fn"].support):
+        if name in owners and is_real_support(site["fn"].support):
             scales.setdefault(owners[name], []).append(site_loc_scale(guide, name)[1].reshape(-1).cpu())
-            priors[owners[name]] = float(_prior_std(_unwrap(site["fn"])).mean())
+            priors[owners[name]] = float(prior_std(strip_independent(site["fn"])).mean())
     if not scales:
         raise ValueError("the model has no Bayesian layers to plot.")
     kl = layer_summary(model, guide)

@@ -28,6 +28,7 @@ from pyro.poutine.messenger import Messenger
 
 from .inputs import as_tensor, cast_inputs, model_dtype, targets_like
 from .nn.module import DATA_PLATE, data_plate_named
+from .priors import strip_independent
 
 __all__ = ["predict", "set_up_guide", "Prediction", "RegressionPrediction", "ClassificationPrediction"]
 
@@ -81,7 +82,7 @@ class Prediction:
 
 
 def _normal_parts(distribution: dist.Distribution) -> tuple[torch.Tensor, torch.Tensor]:
-    base = distribution.base_dist if isinstance(distribution, dist.Independent) else distribution
+    base = strip_independent(distribution)
     return base.loc, base.scale
 
 

@@ -32,6 +32,9 @@ __all__ = [
     "ScaleMixtureNormalDistribution",
     "as_prior",
     "prior_state",
+    "is_real_support",
+    "strip_independent",
+    "prior_std",
 ]
 
 
@@ -305,7 +308,7 @@ class DistributionPrior(Prior):
     def __init__(self, distribution: dist.Distribution):
         if not isinstance(distribution, torch.distributions.Distribution):
             raise TypeError(f"expected a pyro.distributions.Distribution, got {type(distribution).__name__}.")
-        if distribution.support is not constraints.real and not _is_real(distribution.support):
+        if distribution.support is not constraints.real and not is_real_support(distribution.support):
             raise ValueError(
                 f"a weight prior must have real support, but {distribution!r} has support "
                 f"{distribution.support}; use a distribution over all real numbers (e.g. Normal, Laplace, StudentT)."
@@ -360,9 +363,43 @@ def _value_state(value):
     return value
 
 
-def _is_real(support) -> bool:
+def is_real_support(support) -> bool:
+    """Whether a support is the real numbers (also reinterpreted as an event: ``independent(real, n)``).
+
+    Example
+    -------
+    >>> is_real_support(constraints.real), is_real_support(constraints.positive)
+    (True, False)
+    """
     base = getattr(support, "base_constraint", support)
     return base is constraints.real
+
+
+def strip_independent(d: torch.distributions.Distribution) -> torch.distributions.Distribution:
+    """The distribution under any ``Independent`` wrappers (``to_event``).
+
+    Example
+    -------
+    >>> strip_independent(dist.Normal(torch.zeros(3), 1.0).to_event(1))
+    Normal(loc: torch.Size([3]), scale: torch.Size([3]))
+    """
+    while isinstance(d, torch.distributions.Independent):
+        d = d.base_dist
+    return d
+
+
+def prior_std(p: torch.distributions.Distribution, draws: int = 256) -> torch.Tensor:
+    """A distribution's standard deviation: exact where known, else from ``draws`` samples.
+
+    Example
+    -------
+    >>> float(prior_std(dist.Normal(0.0, 2.0)))
+    2.0
+    """
+    try:
+        return p.stddev
+    except NotImplementedError:
+        return p.sample((draws,)).std(0)
 
 
 def _as_pyro_distribution(d: torch.distributions.Distribution) -> dist.Distribution:

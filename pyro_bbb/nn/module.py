@@ -9,14 +9,16 @@ from contextvars import ContextVar
 
 import torch
 from pyro.nn import PyroModule, PyroSample
-from pyro.nn.module import _make_name
 from pyro.poutine.runtime import get_plates
 
 from ..priors import Prior, as_prior, prior_state
+from ..pyro_adapter import site_name
 from .draws import draws_leading, fold_affine_output, folded_draws, unfold_affine_input
 from .functional import bayesian_affine
 
-__all__ = ["BayesianModule", "DATA_PLATE", "data_plate_named", "current_data_plate", "is_layer_prior"]
+__all__ = [
+    "BayesianModule", "DATA_PLATE", "data_plate_named", "current_data_plate", "is_layer_prior", "site_owners",
+]
 
 
 #: The name of the plate over data points unless a model says otherwise (``BNN(data_plate=...)``,
@@ -87,6 +89,26 @@ def is_layer_prior(fn) -> bool:
     (True, False)
     """
     return fn in _LAYER_PRIORS
+
+
+def site_owners(model) -> dict[str, str]:
+    """Site name -> name of the Bayesian layer that owns it (``"(root)"`` for a model that is itself a layer).
+
+    Example
+    -------
+    >>> from pyro.nn import PyroModule
+    >>> from pyro_bbb.nn import BayesianLinear
+    >>> net = PyroModule[torch.nn.Sequential](BayesianLinear(2, 3), BayesianLinear(3, 1))
+    >>> site_owners(net)
+    {'0.weight': '0', '0.bias': '0', '1.weight': '1', '1.bias': '1'}
+    """
+    owners = {}
+    if isinstance(model, torch.nn.Module):
+        for module in model.modules():
+            if isinstance(module, BayesianModule):
+                layer = module.__dict__.get("_pyro_name") or "(root)"
+                owners.update({site: layer for site in module.initial_values(full_names=True)})
+    return owners
 
 
 class BayesianModule(PyroModule):
@@ -170,7 +192,7 @@ class BayesianModule(PyroModule):
         """
         prefix = self.__dict__.get("_pyro_name", "") if full_names else ""
         return {
-            _make_name(prefix, name): prior.scale(self._buffers[f"{name}_init"])
+            site_name(prefix, name): prior.scale(self._buffers[f"{name}_init"])
             for name, (_, prior) in self._bayesian.items()
             if hasattr(prior, "scale") and getattr(prior, "uses_init", False)
         }
@@ -185,7 +207,7 @@ class BayesianModule(PyroModule):
         torch.Size([2, 3])
         """
         prefix = self.__dict__.get("_pyro_name", "") if full_names else ""
-        return {_make_name(prefix, name): getattr(self, f"{name}_init") for name in self._bayesian}
+        return {site_name(prefix, name): getattr(self, f"{name}_init") for name in self._bayesian}
 
     def _affine(self, input: torch.Tensor, apply, feature_dims: int) -> torch.Tensor:
         """``apply(input, weight, bias)`` as the effectful :func:`~pyro_bbb.nn.functional.bayesian_affine`, so that
@@ -214,7 +236,7 @@ class BayesianModule(PyroModule):
                 bias = None if bias is None else bias.expand((num_draws, bias.shape[-1])).unsqueeze(1)
         output = bayesian_affine(
             rows if folded else input, weight, bias, apply=apply, feature_dims=feature_dims,
-            weight_site=_make_name(prefix, "weight"), bias_site=_make_name(prefix, "bias") if has_bias else None,
+            weight_site=site_name(prefix, "weight"), bias_site=site_name(prefix, "bias") if has_bias else None,
         )  # fmt: skip
         return fold_affine_output(output, input, feature_dims) if folded else output
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pyro.nn.module import _make_name
 from torch import nn
 
 from ..priors import Prior
+from ..pyro_adapter import site_name
 from .draws import draws_leading, fold_rows, folded_draws, unfold_rows
 from .functional import batched_linear, bayesian_affine_map, sample_dims
 from .module import BayesianModule
@@ -72,8 +72,8 @@ class _Recurrent(BayesianModule):
             maps.append(bayesian_affine_map(
                 weight, bias,
                 apply=batched_linear, feature_dims=1, example_shape=tuple(example_shape), time_dims=time_dims,
-                weight_site=_make_name(prefix, weight_name),
-                bias_site=_make_name(prefix, bias_name) if has_bias else None,
+                weight_site=site_name(prefix, weight_name),
+                bias_site=site_name(prefix, bias_name) if has_bias else None,
             ))  # fmt: skip
         return maps
 
