@@ -33,6 +33,7 @@ import pyro.poutine as poutine
 import torch
 
 from . import __version__
+from .checks import data_plate_of, require_set_up
 
 __all__ = ["save", "load"]
 
@@ -57,7 +58,7 @@ def _settings(model) -> dict[str, Any]:
     likelihood = getattr(model, "likelihood", None)
     return {
         "model_class": type(model).__name__,
-        "data_plate": getattr(model, "data_plate", "data"),
+        "data_plate": data_plate_of(model),
         "likelihood": type(likelihood).__name__ if likelihood is not None else "",
         "likelihood_repr": repr(likelihood) if likelihood is not None else "",
     }
@@ -99,8 +100,11 @@ def save(path: str | os.PathLike, model, guide) -> None:
     -------
     See the module example.
     """
+    require_set_up(guide, "save")
     if getattr(guide, "prototype_trace", None) is None:
-        raise ValueError("the guide has not been fitted yet; there is nothing to save.")
+        raise ValueError(
+            f"save writes Pyro autoguides (e.g. pyro_bbb.MeanFieldGuide); {type(guide).__name__} is not one."
+        )
     inputs = _example_inputs(guide)
     checkpoint = {
         "format": FORMAT,

@@ -105,7 +105,7 @@ def _make_twin(module: nn.Module, twin: type[BayesianModule], prior: Prior | Non
         new = twin(module.input_size, module.hidden_size, bias=module.bias, **kwargs)
     if from_weights:
         for name, param in module.named_parameters():
-            new._set_initial(name, param)
+            new.set_initial_value(name, param)
     new.train(module.training)
     return new
 

@@ -30,6 +30,7 @@ import pyro.distributions as dist
 import torch
 from pyro.distributions.kl import kl_divergence
 
+from .checks import require_set_up
 from .guide import require_site_posteriors, site_loc_scale, site_posterior
 from .nn.module import site_owners
 from .priors import is_real_support, prior_std, strip_independent
@@ -64,9 +65,8 @@ class PosteriorWarning(UserWarning):
 
 
 def _require_fitted(guide) -> None:
+    require_set_up(guide, "this diagnostic")
     require_site_posteriors(guide, "this diagnostic")
-    if getattr(guide, "prototype_trace", None) is None:
-        raise ValueError("the guide has not seen the model yet: fit it (or run one SVI step) first.")
 
 
 def _full_size_prior(p: dist.Distribution, q: dist.Distribution) -> dist.Distribution | None:
@@ -311,12 +311,12 @@ class PrunedGuide(torch.nn.Module):
         return self.guide.prototype_trace
 
     def forward(self, *args, **kwargs):
-        with self.guide._pruned(self.keep_masks):
+        with self.guide.pruned(self.keep_masks):
             return self.guide(*args, **kwargs)
 
     def site_posteriors(self) -> dict[str, dist.Distribution]:
         """As :meth:`pyro_bbb.MeanFieldGuide.site_posteriors`, with pruned weights at zero."""
-        with self.guide._pruned(self.keep_masks):
+        with self.guide.pruned(self.keep_masks):
             return self.guide.site_posteriors()
 
     def extra_repr(self) -> str:

@@ -125,7 +125,7 @@ def synchronise_parameters(src: int = 0) -> None:
     -------
     ::
 
-        guide._setup_prototype(x_first, y_first)   # create the parameters on every rank
+        set_up_autoguide(guide, x_first, y_first)   # create the parameters on every rank
         synchronise_parameters()                   # then give every rank rank 0's values
     """
     for _, param in _named_parameters():

@@ -7,7 +7,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
-from numbers import Integral, Real
+from numbers import Real
 from typing import Any
 
 import pyro
@@ -22,6 +22,7 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import prune_subsample_sites
 from pyro.util import check_model_guide_match, check_site_shape
 
+from .checks import check_count
 from .nn.module import data_plate_named, is_layer_prior
 from .priors import strip_independent
 from .pyro_adapter import check_mean_field_requirement
@@ -170,8 +171,7 @@ class ELBO(TraceMeanField_ELBO):
         revalidate: bool = False,
         **kwargs: Any,
     ):
-        if num_data is not None and (isinstance(num_data, bool) or not isinstance(num_data, Integral) or num_data < 1):
-            raise ValueError(f"`num_data` must be a positive integer (the training-set size), got {num_data!r}.")
+        check_count("num_data", num_data, optional=True)  # the training-set size
         num_data = None if num_data is None else int(num_data)  # numpy integers too
         super().__init__(num_particles=num_particles, vectorize_particles=vectorize_particles, **kwargs)
         self.num_data = num_data

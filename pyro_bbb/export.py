@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from .checks import check_count
 from .inputs import as_tensor, cast_inputs, model_dtype, targets_like
 from .nn.module import site_owners
 from .prediction import predict_with_draws
@@ -131,8 +132,7 @@ def to_inference_data(
     -------
     See the module example; then ``az.loo(idata, reff=1.0)`` and ``az.plot_ppc(idata)``.
     """
-    if isinstance(num_chains, bool) or not isinstance(num_chains, int) or num_chains < 1:
-        raise ValueError(f"`num_chains` must be a positive integer, got {num_chains!r}.")
+    check_count("num_chains", num_chains)
     x = cast_inputs(x, model_dtype(model))
     prediction, draws, obs = predict_with_draws(model, guide, x, num_samples * num_chains, batch_size)
     if sites is None:

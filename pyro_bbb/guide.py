@@ -16,6 +16,7 @@ from pyro.infer.autoguide import AutoNormal
 from pyro.infer.autoguide.initialization import init_to_median
 from torch.distributions import transform_to
 
+from .checks import require_set_up
 from .nn.module import BayesianModule
 from .priors import is_real_support
 from .pyro_adapter import autonormal_loc_and_scale, module_local_params_enabled, site_name
@@ -207,8 +208,20 @@ class MeanFieldGuide(AutoNormal):
         return loc * mask, torch.where(mask, scale, torch.finfo(scale.dtype).tiny)
 
     @contextmanager
-    def _pruned(self, keep_masks: dict[str, torch.Tensor]):
-        """Within the block, weights where ``keep_masks[site]`` is False are fixed at 0."""
+    def pruned(self, keep_masks: dict[str, torch.Tensor]):
+        """Within the block, weights where ``keep_masks[site]`` is False are fixed at 0 (mean 0, the smallest
+        positive scale); see :func:`pyro_bbb.pruning.prune_by_snr`.
+
+        Example
+        -------
+        >>> from pyro_bbb.nn import BayesianLinear
+        >>> pyro.clear_param_store()
+        >>> guide = MeanFieldGuide(BayesianLinear(2, 1), init_loc=lambda site: torch.ones(site["fn"].shape()))
+        >>> _ = guide(torch.zeros(1, 2))
+        >>> with guide.pruned({"weight": torch.tensor([[True, False]])}):
+        ...     guide.site_posteriors()["weight"].loc
+        tensor([[1., 0.]])
+        """
         previous = self.__dict__.get("_keep_masks")
         self.__dict__["_keep_masks"] = keep_masks
         try:
@@ -243,13 +256,6 @@ class MeanFieldGuide(AutoNormal):
                 result[name] = self._sample(name, site)
         return result
 
-    def _require_setup(self) -> None:
-        if self.prototype_trace is None:
-            raise RuntimeError(
-                "the guide has not seen the model yet: call it once (or run one SVI step) with the model's "
-                "arguments before asking for its posteriors."
-            )
-
     def posterior_params(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The live (differentiable) posterior mean and standard deviation of site ``name``.
 
@@ -264,7 +270,7 @@ class MeanFieldGuide(AutoNormal):
         >>> [t.shape for t in guide.posterior_params("weight")]
         [torch.Size([1, 2]), torch.Size([1, 2])]
         """
-        self._require_setup()
+        require_set_up(self, "the posterior")
         if name not in self._event_dims:
             raise KeyError(f"no latent site named {name!r}; the guide's sites are {sorted(self._event_dims)}.")
         return self._get_loc_and_scale(name)
@@ -285,7 +291,7 @@ class MeanFieldGuide(AutoNormal):
         >>> guide.site_posteriors()["bias"].scale
         tensor([0.0500])
         """
-        self._require_setup()
+        require_set_up(self, "the posterior")
         posteriors = {}
         for name, site in self.prototype_trace.iter_stochastic_nodes():
             loc, scale = (t.detach().clone() for t in self._get_loc_and_scale(name))

@@ -38,8 +38,10 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("pyro_bbb.lightning needs PyTorch Lightning: pip install 'pyro-bbb[lightning]'") from error
 
+from .checks import data_plate_of, is_set_up
 from .distributed import raise_if_any_rank_failed
 from .elbo import ELBO
+from .pyro_adapter import set_up_autoguide
 from .training import _estimator
 
 __all__ = ["BayesianModule"]
@@ -86,16 +88,16 @@ class BayesianModule(pl.LightningModule):
         super().__init__()
         self.model, self.guide = model, guide
         self.elbo = ELBO(num_data=num_data, kl_weight=kl_weight, num_particles=num_particles,
-                         data_plate=getattr(model, "data_plate", "data"))  # fmt: skip
+                         data_plate=data_plate_of(model))  # fmt: skip
         self.estimator = _estimator(estimator)
         self.lr = lr
-        if getattr(guide, "prototype_trace", True) is None:
+        if not is_set_up(guide):
             if example_batch is None:
                 raise ValueError(
                     "the guide has no parameters yet: pass example_batch=(x, y) (a small batch of training data) so "
                     "that they exist before Lightning builds the optimizer."
                 )
-            guide._setup_prototype(*example_batch)
+            set_up_autoguide(guide, *example_batch)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch

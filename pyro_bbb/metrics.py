@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from .checks import check_count
 from .inputs import as_tensor, targets_like
 from .prediction import ClassificationPrediction, Prediction, RegressionPrediction
 
@@ -114,8 +115,7 @@ def expected_calibration_error(
     >>> round(expected_calibration_error(probs, torch.tensor([0, 0, 0, 0, 1])), 6)   # 80% sure, 80% right
     0.0
     """
-    if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
-        raise ValueError(f"`num_bins` must be a positive integer, got {num_bins!r}.")
+    check_count("num_bins", num_bins)
     probs = _class_probs(prediction)
     y = _check_targets(y, probs.shape[:1])
     confidence, predicted = probs.max(-1)

@@ -26,8 +26,9 @@ import pyro.poutine as poutine
 import torch
 from pyro.poutine.messenger import Messenger
 
+from .checks import check_count, data_plate_of, is_set_up
 from .inputs import as_tensor, cast_inputs, model_dtype, targets_like
-from .nn.module import DATA_PLATE, data_plate_named
+from .nn.module import data_plate_named
 from .priors import strip_independent
 
 __all__ = ["predict", "set_up_guide", "Prediction", "RegressionPrediction", "ClassificationPrediction"]
@@ -392,7 +393,7 @@ def set_up_guide(model: Callable, guide: Callable, x: torch.Tensor) -> None:
     >>> sorted(name for name, _ in guide.prototype_trace.iter_stochastic_nodes())
     ['net.bias', 'net.weight']
     """
-    data_plate = getattr(model, "data_plate", DATA_PLATE)
+    data_plate = data_plate_of(model)
     with torch.random.fork_rng(devices=[]), torch.no_grad(), poutine.block():
         trace = poutine.trace(model).get_trace(x)
         observations = [site["value"] for site in trace.nodes.values()
@@ -400,17 +401,10 @@ def set_up_guide(model: Callable, guide: Callable, x: torch.Tensor) -> None:
         guide(x, *observations[:1])  # fmt: skip
 
 
-def _check_count(name: str, value, optional: bool = True) -> None:
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer{' or None' if optional else ''}, got {value!r}.")
-
-
 def _check_predict_args(guide, x, num_samples, batch_size, sample_batch_size) -> None:
-    _check_count("num_samples", num_samples, optional=False)
-    _check_count("batch_size", batch_size)
-    _check_count("sample_batch_size", sample_batch_size)
+    check_count("num_samples", num_samples)
+    check_count("batch_size", batch_size, optional=True)
+    check_count("sample_batch_size", sample_batch_size, optional=True)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}.")
     if x.dim() == 0 or x.shape[0] == 0:
@@ -503,11 +497,11 @@ def predict_with_draws(
     """
     x = cast_inputs(x, model_dtype(model))
     _check_predict_args(guide, x, num_samples, batch_size, sample_batch_size)
-    if getattr(guide, "prototype_trace", True) is None:
+    if not is_set_up(guide):
         set_up_guide(model, guide, x[:1])
     # the joint predictive shares each weight draw across inputs, whatever training estimator is active around us
     if data_plate is None:
-        data_plate = getattr(model, "data_plate", DATA_PLATE)
+        data_plate = data_plate_of(model)
     with poutine.block(hide_types=["bayesian_affine"]), data_plate_named(data_plate):
         return _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate)
 

@@ -14,7 +14,10 @@ from typing import Any
 from pyro.infer.trace_mean_field_elbo import _check_mean_field_requirement
 from pyro.nn.module import _is_module_local_param_enabled, _make_name
 
-__all__ = ["site_name", "module_local_params_enabled", "check_mean_field_requirement", "autonormal_loc_and_scale"]
+__all__ = [
+    "site_name", "module_local_params_enabled", "check_mean_field_requirement", "autonormal_loc_and_scale",
+    "set_up_autoguide",
+]
 
 
 def site_name(prefix: str, name: str) -> str:
@@ -61,3 +64,16 @@ def autonormal_loc_and_scale(guide: Any, name: str):
         loc, scale = autonormal_loc_and_scale(AutoNormal(model), "fc.weight")
     """
     return guide._get_loc_and_scale(name)
+
+
+def set_up_autoguide(guide: Any, *args: Any, **kwargs: Any) -> None:
+    """Create an autoguide's parameters from one run of its model on ``args`` (no draw from the guide), as its
+    first call would.
+
+    Example
+    -------
+    ::
+
+        set_up_autoguide(guide, x_first, y_first)   # e.g. before broadcasting the parameters to other ranks
+    """
+    guide._setup_prototype(*args, **kwargs)

@@ -25,7 +25,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
-from numbers import Real
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ from tqdm.auto import tqdm
 
 from . import distributed as distributed_
 from . import metrics
+from .checks import check_count, check_positive, data_plate_of, is_set_up
 from .diagnostics import layer_summary
 from .elbo import ELBO
 from .guide import MeanFieldGuide, has_site_posteriors
@@ -45,7 +45,8 @@ from .handlers import flipout, local_reparameterization
 from .inputs import as_tensor, cast_inputs, model_dtype
 from .likelihoods import TargetError
 from .optim import Adam as JointAdam
-from .prediction import ClassificationPrediction, RegressionPrediction, _check_count, predict
+from .prediction import ClassificationPrediction, RegressionPrediction, predict
+from .pyro_adapter import set_up_autoguide
 
 __all__ = ["fit", "History", "TrainingDivergedError", "DataError", "ESTIMATORS"]
 
@@ -254,13 +255,6 @@ def _device(model) -> torch.device | None:
 
 
 # -- checks ----------------------------------------------------------------------------------------------------
-def _positive_number(name: str, value: Any, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"`{name}` must be a finite number > 0{' or None' if optional else ''}, got {value!r}.")
-
-
 def _estimator(name: str) -> Callable[[], Any]:
     if name not in ESTIMATORS:
         raise ValueError(f"unknown estimator {name!r}; available: {sorted(ESTIMATORS)}.")
@@ -286,9 +280,9 @@ class _Stepper:
         """Distributed: create the guide's parameters from a first batch, then give every rank rank 0's values."""
         error = None
         try:
-            if getattr(self.guide, "prototype_trace", True) is None:
+            if not is_set_up(self.guide):
                 x, y = next(iter(batches))
-                self.guide._setup_prototype(x, y)
+                set_up_autoguide(self.guide, x, y)
         except (ValueError, TypeError, StopIteration) as caught:
             error = caught
         distributed_.raise_if_any_rank_failed(error)
@@ -504,12 +498,12 @@ def fit(
     -------
     See the module example; ``history.plot("history.png")`` draws the KL and posterior-std traces.
     """
-    _check_count("epochs", epochs, optional=False)
-    _check_count("batch_size", batch_size)
-    _check_count("num_particles", num_particles, optional=False)
-    _check_count("num_validation_samples", num_validation_samples, optional=False)
-    _positive_number("lr", lr)
-    _positive_number("clip_norm", clip_norm, optional=True)
+    check_count("epochs", epochs)
+    check_count("batch_size", batch_size, optional=True)
+    check_count("num_particles", num_particles)
+    check_count("num_validation_samples", num_validation_samples)
+    check_positive("lr", lr)
+    check_positive("clip_norm", clip_norm, optional=True)
     if optimizer is not None and not isinstance(optimizer, PyroOptim):
         raise TypeError(
             f"`optimizer` must be a pyro.optim optimizer such as pyro.optim.Adam({{'lr': 1e-3}}), got "
@@ -558,7 +552,7 @@ def fit(
         pyro.set_rng_seed(seed)
 
     elbo = ELBO(num_data=batches.num_data, kl_weight=kl_weight, num_particles=num_particles,
-                data_plate=getattr(model, "data_plate", "data"))  # fmt: skip
+                data_plate=data_plate_of(model))  # fmt: skip
     stepper = _Stepper(model, guide, elbo, optimizer or JointAdam(lr=lr), clip_norm, estimator_context,
                        distributed=distributed)  # fmt: skip
     if distributed:

@@ -61,7 +61,7 @@ class _BayesianConvNd(BayesianModule):
             device=self.weight_init.device, dtype=self.weight_init.dtype,
         )  # fmt: skip
         for name, param in twin.named_parameters():
-            self._set_initial(name, param)
+            self.set_initial_value(name, param)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         d = self._spatial_dims

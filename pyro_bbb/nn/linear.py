@@ -64,7 +64,7 @@ class BayesianLinear(BayesianModule):
         """Redraw the initial values the way ``nn.Linear.reset_parameters`` does."""
         twin = self._twin("bias" in self._bayesian, self.weight_init.device, self.weight_init.dtype)
         for name, param in twin.named_parameters():
-            self._set_initial(name, param)
+            self.set_initial_value(name, param)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if input.dim() == 0 or input.shape[-1] != self.in_features:

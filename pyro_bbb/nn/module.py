@@ -141,7 +141,17 @@ class BayesianModule(PyroModule):
         self._bayesian[name] = (fan_in, self.prior if prior is None else as_prior(prior))
         setattr(self, name, PyroSample(_SitePrior(name)))
 
-    def _set_initial(self, name: str, value: torch.Tensor) -> None:
+    def set_initial_value(self, name: str, value: torch.Tensor) -> None:
+        """Set the initial value of parameter ``name`` (the guide's starting posterior mean; e.g. trained weights).
+
+        Example
+        -------
+        >>> from pyro_bbb.nn import BayesianLinear
+        >>> layer = BayesianLinear(2, 1)
+        >>> layer.set_initial_value("bias", torch.tensor([0.5]))
+        >>> layer.initial_values()["bias"]
+        tensor([0.5000])
+        """
         getattr(self, f"{name}_init").copy_(value.detach())
 
     def bayesian_parameters(self) -> dict[str, Prior]:
