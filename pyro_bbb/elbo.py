@@ -18,82 +18,17 @@ from pyro.distributions.kl import kl_divergence
 from pyro.distributions.util import scale_and_mask
 from pyro.infer import TraceMeanField_ELBO
 from pyro.infer.util import is_validation_enabled, torch_item
-from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import prune_subsample_sites
 from pyro.util import check_model_guide_match, check_site_shape
 
 from .checks import check_count
-from .nn.module import data_plate_named, is_layer_prior
+from .handlers import DataPlateScaleMessenger, scale_data_plate
+from .nn.module import data_plate_named
 from .priors import strip_independent
 from .pyro_adapter import check_mean_field_requirement
 from .schedules import Constant
 
-__all__ = ["ELBO", "DataPlateScaleMessenger"]
-
-
-class DataPlateScaleMessenger(Messenger):
-    """Scales every sample site inside the plate named ``data_plate`` by ``num_data / B``.
-
-    ``B`` is the plate's size in this call, so a last, partial batch is scaled right. A plate declared with
-    ``pyro.plate(name, size=N, subsample_size=B)`` (or ``subsample=idx``) already carries the ``N / B`` scale;
-    it is left alone, and ``num_data`` must equal ``N``. With ``num_data`` set, an observed site outside the data
-    plate is an error: its likelihood could not be scaled. The messenger records the batch size it saw (and
-    the dataset size a subsampled plate declared) in :attr:`batch_size` and :attr:`declared_num_data`.
-
-    Example
-    -------
-    >>> import pyro, pyro.distributions as dist, pyro.poutine as poutine
-    >>> def model(y):
-    ...     with pyro.plate("data", len(y)):
-    ...         pyro.sample("y", dist.Normal(0.0, 1.0), obs=y)
-    >>> with DataPlateScaleMessenger(num_data=100):
-    ...     tr = poutine.trace(model).get_trace(torch.zeros(4))
-    >>> tr.nodes["y"]["scale"]
-    25.0
-    """
-
-    def __init__(self, num_data: int | None, data_plate: str = "data"):
-        super().__init__()
-        self.num_data = num_data
-        self.data_plate = data_plate
-        self.batch_size: int | None = None
-        self.declared_num_data: int | None = None
-
-    def _pyro_sample(self, msg: dict[str, Any]) -> None:
-        if msg["infer"].get("_deterministic"):
-            return
-        frame = next((f for f in msg["cond_indep_stack"] if f.name == self.data_plate), None)
-        if frame is None:
-            # an observed site outside the plate is a likelihood that cannot be scaled -- unless it is a layer's
-            # global weight the user conditioned on (poutine.condition(model, {"fc1.weight": w}))
-            if msg["is_observed"] and self.num_data is not None and not is_layer_prior(msg["fn"]):
-                raise ValueError(
-                    f"observed site {msg['name']!r} is not inside pyro.plate({self.data_plate!r}, ...), so "
-                    f"pyro_bbb.ELBO(num_data={self.num_data}) cannot scale its likelihood to the full data. Wrap the "
-                    f"likelihood in `with pyro.plate({self.data_plate!r}, x.shape[0]): pyro.sample(..., obs=y)` "
-                    "(or pass the name of your data plate as `data_plate=`)."
-                )
-            return
-        full_size = frame.full_size or frame.size
-        if self.batch_size is None:
-            self.batch_size = frame.size
-        if full_size != frame.size:  # the plate subsamples and already scales by full_size / size
-            self.declared_num_data = full_size
-            if self.num_data is not None and self.num_data != full_size:
-                raise ValueError(
-                    f"num_data={self.num_data} disagrees with pyro.plate({self.data_plate!r}, size={full_size}, "
-                    f"subsample_size={frame.size}) in the model; the plate already scales the likelihood by "
-                    f"{full_size}/{frame.size}. Drop num_data or make it equal to the plate's size."
-                )
-            return
-        if self.num_data is None:
-            return
-        if self.num_data < frame.size:
-            raise ValueError(
-                f"num_data={self.num_data} is smaller than the batch of {frame.size} data in "
-                f"pyro.plate({self.data_plate!r}); num_data must be the size of the whole training set."
-            )
-        msg["scale"] = msg["scale"] * (self.num_data / frame.size)
+__all__ = ["ELBO", "DataPlateScaleMessenger"]  # the messenger lives in pyro_bbb.handlers
 
 
 def _check_kl_weight(kl_weight: float | Callable[[int], float]) -> Callable[[int], float]:
@@ -206,7 +141,7 @@ class ELBO(TraceMeanField_ELBO):
     @contextmanager
     def _recording(self):
         self._call = {"weight": self.current_kl_weight(), "nll": 0.0, "kl": 0.0, "kl_by_site": {},
-                      "loss": 0.0, "scalers": []}  # fmt: skip
+                      "loss": 0.0, "frame": None}  # fmt: skip
         validating = is_validation_enabled()
         skip = validating and self._validated and not self.revalidate
         try:
@@ -223,8 +158,9 @@ class ELBO(TraceMeanField_ELBO):
         values = [call["nll"], call["kl"], *call["kl_by_site"].values()]
         values = [v.detach() if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in values]
         floats = torch.stack([v.to(values[0].device, torch.float64) for v in values]).tolist()
-        batch_size = next((s.batch_size for s in call["scalers"] if s.batch_size is not None), None)
-        declared = next((s.declared_num_data for s in call["scalers"] if s.declared_num_data is not None), None)
+        frame = call["frame"]  # the data plate as the model declared it: the batch, and a subsampled plate's N
+        batch_size = None if frame is None else frame.size
+        declared = None if frame is None or (frame.full_size or frame.size) == frame.size else frame.full_size
         num_data = self.num_data if self.num_data is not None else declared
         loss = float(call["loss"])
         self.last_terms = {
@@ -245,14 +181,14 @@ class ELBO(TraceMeanField_ELBO):
         the ones it needs (observed sites, and latent sites whose KL has no closed form), which saves two full
         passes over every weight tensor per step.
         """
-        scaler = DataPlateScaleMessenger(self.num_data, self.data_plate)
-        if self._call is not None:
-            self._call["scalers"].append(scaler)
         with data_plate_named(self.data_plate):
-            guide_trace = poutine.trace(DataPlateScaleMessenger(self.num_data, self.data_plate)(guide)).get_trace(
+            guide_trace = poutine.trace(scale_data_plate(guide, self.num_data, self.data_plate)).get_trace(
                 *args, **kwargs
             )
-            model_trace = poutine.trace(poutine.replay(scaler(model), trace=guide_trace)).get_trace(*args, **kwargs)
+            model = scale_data_plate(model, self.num_data, self.data_plate)
+            model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(*args, **kwargs)
+        if self._call is not None and self._call["frame"] is None:
+            self._call["frame"] = _data_plate_frame(model_trace, self.data_plate)
         if is_validation_enabled():
             check_model_guide_match(model_trace, guide_trace, self.max_plate_nesting)
         guide_trace = prune_subsample_sites(guide_trace)
@@ -373,6 +309,15 @@ def _particle_matches_alone(vectorized_model, model, guide_trace, max_plate_nest
         ):
             return False
     return True
+
+
+def _data_plate_frame(trace, data_plate: str):
+    """The data plate's frame in a trace (its size this call and the size it declared), or ``None``."""
+    for site in trace.nodes.values():
+        for frame in site.get("cond_indep_stack", ()):
+            if frame.name == data_plate:
+                return frame
+    return None
 
 
 def _detach(value):

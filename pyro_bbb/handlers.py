@@ -23,6 +23,8 @@ Example
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -30,8 +32,13 @@ from pyro.poutine.messenger import Messenger
 
 from .guide import POSTERIOR_KEY
 from .nn.functional import sample_dims, with_time_dims
+from .nn.module import DATA_PLATE, is_layer_prior
 
-__all__ = ["FlipoutMessenger", "LocalReparameterizationMessenger", "flipout", "local_reparameterization"]
+__all__ = [
+    "FlipoutMessenger", "LocalReparameterizationMessenger", "flipout", "local_reparameterization", "ESTIMATORS",
+    "estimator", "DataPlateScaleMessenger", "scale_data_plate", "ObservationPlaceholderMessenger",
+    "observation_placeholder", "SubsampleCoverMessenger", "cover_subsample",
+]
 
 
 class _PosteriorReader(Messenger):
@@ -171,8 +178,9 @@ class LocalReparameterizationMessenger(_PosteriorReader):
         return mean + variance.clamp_min(torch.finfo(variance.dtype).tiny).sqrt() * noise
 
 
-def flipout() -> FlipoutMessenger:
-    """Train with Flipout: ``with pyro_bbb.flipout(): svi.step(x, y)`` (or ``fit(..., estimator="flipout")``).
+def flipout(fn: Callable | None = None) -> FlipoutMessenger | Callable:
+    """Train with Flipout: ``with pyro_bbb.flipout(): svi.step(x, y)``, or ``flipout(model)`` (or
+    ``fit(..., estimator="flipout")``).
 
     Example
     -------
@@ -188,11 +196,13 @@ def flipout() -> FlipoutMessenger:
     >>> bool((out[0] != out[1]).any())                        # yet different perturbations
     True
     """
-    return FlipoutMessenger()
+    messenger = FlipoutMessenger()
+    return messenger(fn) if fn is not None else messenger
 
 
-def local_reparameterization() -> LocalReparameterizationMessenger:
-    """Train with local reparameterization: ``with pyro_bbb.local_reparameterization(): svi.step(x, y)``.
+def local_reparameterization(fn: Callable | None = None) -> LocalReparameterizationMessenger | Callable:
+    """Train with local reparameterization: ``with pyro_bbb.local_reparameterization(): svi.step(x, y)``, or
+    ``local_reparameterization(model)``.
 
     Example
     -------
@@ -208,4 +218,204 @@ def local_reparameterization() -> LocalReparameterizationMessenger:
     >>> out.shape
     torch.Size([4, 2])
     """
-    return LocalReparameterizationMessenger()
+    messenger = LocalReparameterizationMessenger()
+    return messenger(fn) if fn is not None else messenger
+
+
+#: Gradient estimators by name (``fit(estimator=...)``, the Lightning module): name -> a context to train in.
+ESTIMATORS: dict[str, Callable[[], Any]] = {
+    "reparam": nullcontext,
+    "flipout": flipout,
+    "local_reparam": local_reparameterization,
+}
+
+
+def estimator(name: str) -> Callable[[], Any]:
+    """The estimator called ``name`` in :data:`ESTIMATORS` (a factory of the context to train in), or a clear error.
+
+    Example
+    -------
+    >>> type(estimator("flipout")()).__name__
+    'FlipoutMessenger'
+    """
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {name!r}; available: {sorted(ESTIMATORS)}.")
+    return ESTIMATORS[name]
+
+
+# -- the data plate ---------------------------------------------------------------------------------------------
+def _data_plate_frame(msg: dict[str, Any], data_plate: str):
+    return next((f for f in msg["cond_indep_stack"] if f.name == data_plate), None)
+
+
+class DataPlateScaleMessenger(Messenger):
+    """Scales every sample site inside the plate named ``data_plate`` by ``num_data / B``.
+
+    ``B`` is the plate's size in this call, so a last, partial batch is scaled right. A plate declared with
+    ``pyro.plate(name, size=N, subsample_size=B)`` (or ``subsample=idx``) already carries the ``N / B`` scale;
+    it is left alone, and ``num_data`` must equal ``N``. With ``num_data`` set, an observed site outside the data
+    plate is an error (its likelihood could not be scaled) unless it is a Bayesian layer's weight the user
+    conditioned on. :class:`pyro_bbb.ELBO` applies it to the model and the guide.
+
+    Example
+    -------
+    >>> import pyro, pyro.distributions as dist, pyro.poutine as poutine
+    >>> def model(y):
+    ...     with pyro.plate("data", len(y)):
+    ...         pyro.sample("y", dist.Normal(0.0, 1.0), obs=y)
+    >>> with DataPlateScaleMessenger(num_data=100):
+    ...     tr = poutine.trace(model).get_trace(torch.zeros(4))
+    >>> tr.nodes["y"]["scale"]
+    25.0
+    """
+
+    def __init__(self, num_data: int | None, data_plate: str = DATA_PLATE):
+        super().__init__()
+        self.num_data = num_data
+        self.data_plate = data_plate
+
+    def _pyro_sample(self, msg: dict[str, Any]) -> None:
+        if msg["infer"].get("_deterministic"):
+            return
+        frame = _data_plate_frame(msg, self.data_plate)
+        if frame is None:
+            self._check_outside(msg)
+        elif (frame.full_size or frame.size) != frame.size:  # the plate subsamples and already scales by N / B
+            self._check_declared(frame)
+        elif self.num_data is not None:
+            self._check_batch(frame)
+            msg["scale"] = msg["scale"] * (self.num_data / frame.size)
+
+    def _check_outside(self, msg: dict[str, Any]) -> None:
+        # an observed site outside the plate is a likelihood that cannot be scaled -- unless it is a layer's
+        # global weight the user conditioned on (poutine.condition(model, {"fc1.weight": w}))
+        if msg["is_observed"] and self.num_data is not None and not is_layer_prior(msg["fn"]):
+            raise ValueError(
+                f"observed site {msg['name']!r} is not inside pyro.plate({self.data_plate!r}, ...), so "
+                f"pyro_bbb.ELBO(num_data={self.num_data}) cannot scale its likelihood to the full data. Wrap the "
+                f"likelihood in `with pyro.plate({self.data_plate!r}, x.shape[0]): pyro.sample(..., obs=y)` "
+                "(or pass the name of your data plate as `data_plate=`)."
+            )
+
+    def _check_declared(self, frame) -> None:
+        if self.num_data is not None and self.num_data != frame.full_size:
+            raise ValueError(
+                f"num_data={self.num_data} disagrees with pyro.plate({self.data_plate!r}, size={frame.full_size}, "
+                f"subsample_size={frame.size}) in the model; the plate already scales the likelihood by "
+                f"{frame.full_size}/{frame.size}. Drop num_data or make it equal to the plate's size."
+            )
+
+    def _check_batch(self, frame) -> None:
+        if self.num_data < frame.size:
+            raise ValueError(
+                f"num_data={self.num_data} is smaller than the batch of {frame.size} data in "
+                f"pyro.plate({self.data_plate!r}); num_data must be the size of the whole training set."
+            )
+
+
+def scale_data_plate(fn: Callable | None = None, num_data: int | None = None,
+                     data_plate: str = DATA_PLATE) -> DataPlateScaleMessenger | Callable:  # fmt: skip
+    """Scale the data plate of ``fn`` to ``num_data`` data (see :class:`DataPlateScaleMessenger`); without ``fn``
+    the messenger, for ``with scale_data_plate(num_data=N):``.
+
+    Example
+    -------
+    >>> import pyro, pyro.distributions as dist, pyro.poutine as poutine
+    >>> def model(y):
+    ...     with pyro.plate("data", len(y)):
+    ...         pyro.sample("y", dist.Normal(0.0, 1.0), obs=y)
+    >>> poutine.trace(scale_data_plate(model, num_data=10)).get_trace(torch.zeros(5)).nodes["y"]["scale"]
+    2.0
+    """
+    messenger = DataPlateScaleMessenger(num_data, data_plate)
+    return messenger(fn) if fn is not None else messenger
+
+
+class ObservationPlaceholderMessenger(Messenger):
+    """Fills unobserved sites in the data plate with zeros instead of sampling them: a prediction pass reads the
+    observation's distribution, not a draw (no random numbers are used, so every pass, whatever its chunk size,
+    leaves the generator where it was).
+
+    Example
+    -------
+    >>> import pyro, pyro.distributions as dist, pyro.poutine as poutine
+    >>> def model(x):
+    ...     with pyro.plate("data", len(x)):
+    ...         return pyro.sample("y", dist.Normal(x, 1.0))
+    >>> observation_placeholder(model)(torch.ones(3))
+    tensor([0., 0., 0.])
+    """
+
+    def __init__(self, data_plate: str = DATA_PLATE, device: torch.device | None = None):
+        super().__init__()
+        self.data_plate = data_plate
+        self.device = device
+
+    def _pyro_sample(self, msg: dict[str, Any]) -> None:
+        if msg["value"] is None and _data_plate_frame(msg, self.data_plate) is not None:
+            msg["value"] = torch.zeros(msg["fn"].shape(), device=self.device)
+
+
+def observation_placeholder(
+    fn: Callable | None = None, data_plate: str = DATA_PLATE, device: torch.device | None = None
+) -> ObservationPlaceholderMessenger | Callable:
+    """Factory of :class:`ObservationPlaceholderMessenger` (``observation_placeholder(model)`` or a context).
+
+    Example
+    -------
+    >>> with observation_placeholder():
+    ...     pass
+    """
+    messenger = ObservationPlaceholderMessenger(data_plate, device)
+    return messenger(fn) if fn is not None else messenger
+
+
+class SubsampleCoverMessenger(Messenger):
+    """Replaces the random subsample of a subsampling data plate (``pyro.plate(name, n, subsample_size=m)``) by the
+    indices ``piece * m ... piece * m + m - 1`` (wrapping around, also when there are fewer than ``m`` data), so
+    that successive pieces cover every datum once; records ``n`` and ``m`` (:attr:`size`, :attr:`subsample_size`).
+    Plates that do not subsample, or get explicit ``subsample=`` indices, are left alone.
+
+    Example
+    -------
+    >>> import pyro
+    >>> def model():
+    ...     with pyro.plate("data", 5, subsample_size=2) as idx:
+    ...         return idx
+    >>> [SubsampleCoverMessenger("data", piece)(model)().tolist() for piece in range(3)]
+    [[0, 1], [2, 3], [4, 0]]
+    """
+
+    def __init__(self, data_plate: str = DATA_PLATE, piece: int = 0):
+        super().__init__()
+        self.data_plate, self.piece = data_plate, piece
+        self.size: int | None = None
+        self.subsample_size: int | None = None
+
+    def _pyro_sample(self, msg: dict[str, Any]) -> None:
+        fn = msg["fn"]
+        if msg["name"] != self.data_plate or msg["value"] is not None or not hasattr(fn, "subsample_size"):
+            return
+        size, subsample_size = fn.size, fn.subsample_size
+        if subsample_size is None or subsample_size == size:
+            return
+        self.size, self.subsample_size = size, subsample_size
+        start = self.piece * subsample_size
+        msg["value"] = torch.arange(start, start + subsample_size, device=fn.device) % size
+
+
+def cover_subsample(fn: Callable | None = None, data_plate: str = DATA_PLATE,
+                    piece: int = 0) -> SubsampleCoverMessenger | Callable:  # fmt: skip
+    """Factory of :class:`SubsampleCoverMessenger` (``cover_subsample(model, piece=1)`` or a context).
+
+    Example
+    -------
+    >>> import pyro
+    >>> def model():
+    ...     with pyro.plate("data", 5, subsample_size=2) as idx:
+    ...         return idx
+    >>> cover_subsample(model, piece=1)().tolist()
+    [2, 3]
+    """
+    messenger = SubsampleCoverMessenger(data_plate, piece)
+    return messenger(fn) if fn is not None else messenger

@@ -41,8 +41,8 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 from .checks import data_plate_of, is_set_up
 from .distributed import raise_if_any_rank_failed
 from .elbo import ELBO
+from .handlers import estimator as estimator_named
 from .pyro_adapter import set_up_autoguide
-from .training import _estimator
 
 __all__ = ["BayesianModule"]
 
@@ -89,7 +89,7 @@ class BayesianModule(pl.LightningModule):
         self.model, self.guide = model, guide
         self.elbo = ELBO(num_data=num_data, kl_weight=kl_weight, num_particles=num_particles,
                          data_plate=data_plate_of(model))  # fmt: skip
-        self.estimator = _estimator(estimator)
+        self.estimator = estimator_named(estimator)
         self.lr = lr
         if not is_set_up(guide):
             if example_batch is None:

@@ -24,9 +24,9 @@ import pyro
 import pyro.distributions as dist
 import pyro.poutine as poutine
 import torch
-from pyro.poutine.messenger import Messenger
 
 from .checks import check_count, data_plate_of, is_set_up
+from .handlers import ObservationPlaceholderMessenger, SubsampleCoverMessenger
 from .inputs import as_tensor, cast_inputs, model_dtype, targets_like
 from .nn.module import data_plate_named
 from .priors import strip_independent
@@ -248,44 +248,6 @@ def _prediction_for(distribution: dist.Distribution, samples: torch.Tensor) -> P
     return ClassificationPrediction(distribution, samples)
 
 
-class _Placeholder(Messenger):
-    """Fills unobserved sites in the data plate with zeros instead of sampling them (no random numbers are used,
-    so every pass, whatever its chunk size, leaves the generator where it was)."""
-
-    def __init__(self, data_plate: str, device: torch.device):
-        super().__init__()
-        self.data_plate = data_plate
-        self.device = device
-
-    def _pyro_sample(self, msg):
-        if msg["value"] is None and any(f.name == self.data_plate for f in msg["cond_indep_stack"]):
-            msg["value"] = torch.zeros(msg["fn"].shape(), device=self.device)
-
-
-class _SubsampleCover(Messenger):
-    """Replaces the random subsample of a subsampling data plate (``pyro.plate(name, n, subsample_size=m)``) by the
-    indices ``piece * m ... piece * m + m - 1`` (wrapping around, also when a chunk of inputs is smaller than ``m``),
-    so that successive pieces cover every input once; records ``n`` and ``m``. Plates that do not subsample, or get
-    explicit ``subsample=`` indices, are left alone."""
-
-    def __init__(self, data_plate: str, piece: int):
-        super().__init__()
-        self.data_plate, self.piece = data_plate, piece
-        self.size: int | None = None
-        self.subsample_size: int | None = None
-
-    def _pyro_sample(self, msg):
-        fn = msg["fn"]
-        if msg["name"] != self.data_plate or msg["value"] is not None or not hasattr(fn, "subsample_size"):
-            return
-        size, subsample_size = fn.size, fn.subsample_size
-        if subsample_size is None or subsample_size == size:
-            return
-        self.size, self.subsample_size = size, subsample_size
-        start = self.piece * subsample_size
-        msg["value"] = torch.arange(start, start + subsample_size, device=fn.device) % size
-
-
 # -- the passes ------------------------------------------------------------------------------------------------
 def _site_plate_dims(site: dict) -> int:
     dims = [-f.dim for f in site["cond_indep_stack"] if f.vectorized and f.name != SAMPLE_PLATE]
@@ -330,7 +292,7 @@ def _run_draws(model, draws, shapes, x, obs, data_plate: str, nesting: int, bloc
     parts = []
     for start in range(0, num_samples, block or 1):
         stop = min(start + (block or 1), num_samples)
-        placeholder = _Placeholder(data_plate, x.device)
+        placeholder = ObservationPlaceholderMessenger(data_plate, x.device)
         if block is None:
             values = {name: value[start].reshape(shapes[name]) for name, value in draws.items()}
             trace = poutine.trace(placeholder(poutine.condition(model, data=values))).get_trace(x)
@@ -349,7 +311,7 @@ def _run_covering(model, draws, shapes, x, obs, data_plate: str, nesting: int, b
     covered once, in order) and the pieces joined; ``pieces`` limits how many are run."""
     parts, piece = [], 0
     while True:
-        cover = _SubsampleCover(data_plate, piece)
+        cover = SubsampleCoverMessenger(data_plate, piece)
         family, reinterpreted, params = _run_draws(cover(model), draws, shapes, x, obs, data_plate, nesting, block,
                                                    num_samples)  # fmt: skip
         if cover.size is None:
@@ -511,8 +473,8 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
 
     # One plain pass finds the observation site, the plate nesting and each latent site's own shape.
     plain_guide = poutine.trace(guide).get_trace(chunks[0])
-    plain_pass = _SubsampleCover(data_plate, 0)(
-        _Placeholder(data_plate, x.device)(poutine.replay(model, trace=plain_guide))
+    plain_pass = SubsampleCoverMessenger(data_plate, 0)(
+        ObservationPlaceholderMessenger(data_plate, x.device)(poutine.replay(model, trace=plain_guide))
     )
     plain_model = poutine.trace(plain_pass).get_trace(chunks[0])
     obs = _observation_site(plain_model, plain_guide, data_plate)

@@ -24,7 +24,6 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,8 @@ from .checks import check_count, check_positive, data_plate_of, is_set_up
 from .diagnostics import layer_summary
 from .elbo import ELBO
 from .guide import MeanFieldGuide, has_site_posteriors
-from .handlers import flipout, local_reparameterization
+from .handlers import ESTIMATORS
+from .handlers import estimator as estimator_named
 from .inputs import as_tensor, cast_inputs, model_dtype
 from .likelihoods import TargetError
 from .optim import Adam as JointAdam
@@ -49,14 +49,6 @@ from .prediction import ClassificationPrediction, RegressionPrediction, predict
 from .pyro_adapter import set_up_autoguide
 
 __all__ = ["fit", "History", "TrainingDivergedError", "DataError", "ESTIMATORS"]
-
-#: Gradient estimators ``fit(estimator=...)`` knows: name -> a callable returning the context to train in.
-ESTIMATORS: dict[str, Callable[[], Any]] = {
-    "reparam": nullcontext,
-    "flipout": flipout,
-    "local_reparam": local_reparameterization,
-}
-
 
 class DataError(ValueError):
     """A batch that ``fit`` read during training was invalid (NaN, a bad label, not an ``(x, y)`` pair); the
@@ -255,12 +247,6 @@ def _device(model) -> torch.device | None:
 
 
 # -- checks ----------------------------------------------------------------------------------------------------
-def _estimator(name: str) -> Callable[[], Any]:
-    if name not in ESTIMATORS:
-        raise ValueError(f"unknown estimator {name!r}; available: {sorted(ESTIMATORS)}.")
-    return ESTIMATORS[name]
-
-
 # -- one step --------------------------------------------------------------------------------------------------
 class _Stepper:
     """SVI steps with global gradient clipping and a rollback to the last parameters that gave a finite loss."""
@@ -509,7 +495,7 @@ def fit(
             f"`optimizer` must be a pyro.optim optimizer such as pyro.optim.Adam({{'lr': 1e-3}}), got "
             f"{type(optimizer).__name__}."
         )
-    estimator_context = _estimator(estimator)
+    estimator_context = estimator_named(estimator)
     if estimator != "reparam" and not isinstance(guide, MeanFieldGuide):
         raise ValueError(
             f"estimator={estimator!r} reads each weight's posterior mean and scale, which only "
