@@ -1,6 +1,6 @@
 """Vectorized ``pyro_bbb.predict`` against the same function looping over weight draws, side by side.
 
-Both paths use the same S weight draws and give the same numbers (checked here and in tests/test_prediction.py);
+Both paths use the same S weight draws and give the same numbers (checked here and in tests/test_predictive.py);
 the vectorized one runs the network once for all draws inside a sample plate.
 
     python benchmarks/predict.py            # prints medians and ratios
@@ -110,7 +110,7 @@ def main() -> None:
 def sweep_block_sizes(name, model, guide, x, num_samples, repeats, rounds) -> None:
     """Why CPU predictions run in cache-sized blocks of draws: time per block size on the largest network."""
     shapes = {n: s["value"].shape for n, s in guide.prototype_trace.iter_stochastic_nodes()}
-    automatic = pyro_bbb.prediction._draws_per_block(num_samples, x, shapes)
+    automatic = pyro_bbb.predictive.draws_per_block(num_samples, x, shapes)
     print(f"    draws per vectorized call (automatic choice on this device: {automatic}):")
     for block in (1, 4, 8, 16, 32, num_samples):
         times = [median_ms(lambda b=block: pyro_bbb.predict(model, guide, x, num_samples=num_samples,

@@ -19,7 +19,23 @@ torch.Size([5, 3])
 
 __version__ = "0.1.0"
 
-from . import datasets, diagnostics, handlers, inputs, likelihoods, metrics, nn, optim, plots, priors, schedules  # noqa: E402
+from . import (  # noqa: E402,E501
+    checks,
+    datasets,
+    diagnostics,
+    handlers,
+    inputs,
+    likelihoods,
+    metrics,
+    nn,
+    optim,
+    plots,
+    predictive,
+    priors,
+    pruning,
+    pyro_adapter,
+    schedules,
+)
 from .bnn import BNN  # noqa: E402
 from .checkpoint import load, save  # noqa: E402
 from .convert import bayesianize  # noqa: E402
@@ -28,7 +44,8 @@ from .elbo import ELBO, DataPlateScaleMessenger  # noqa: E402
 from .export import to_inference_data  # noqa: E402
 from .guide import DEFAULT_INIT_SCALE, MeanFieldGuide  # noqa: E402
 from .handlers import FlipoutMessenger, LocalReparameterizationMessenger, flipout, local_reparameterization  # noqa: E402
-from .prediction import ClassificationPrediction, Prediction, RegressionPrediction, predict, set_up_guide  # noqa: E402
+from .prediction import ClassificationPrediction, Prediction, RegressionPrediction  # noqa: E402
+from .predictive import predict, set_up_guide  # noqa: E402
 from .training import DataError, History, TrainingDivergedError, fit  # noqa: E402
 
 __all__ = [
@@ -64,6 +81,10 @@ __all__ = [
     "nn",
     "optim",
     "plots",
+    "predictive",
+    "checks",
+    "pruning",
+    "pyro_adapter",
     "priors",
     "schedules",
     "__version__",

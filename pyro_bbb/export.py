@@ -34,7 +34,7 @@ import xarray as xr
 from .checks import check_count
 from .inputs import as_tensor, cast_inputs, model_dtype, targets_like
 from .nn.module import site_owners
-from .prediction import predict_with_draws
+from .predictive import predict_with_draws
 
 __all__ = ["to_inference_data", "LARGE_POSTERIOR_BYTES"]
 

@@ -45,7 +45,8 @@ from .handlers import estimator as estimator_named
 from .inputs import as_tensor, cast_inputs, model_dtype
 from .likelihoods import TargetError
 from .optim import Adam as JointAdam
-from .prediction import ClassificationPrediction, RegressionPrediction, predict
+from .prediction import ClassificationPrediction, RegressionPrediction
+from .predictive import predict
 from .pyro_adapter import set_up_autoguide
 
 __all__ = ["fit", "History", "TrainingDivergedError", "DataError", "ESTIMATORS"]

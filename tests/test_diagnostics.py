@@ -1,6 +1,5 @@
 import warnings
 
-import pyro
 import pytest
 import torch
 from pyro.distributions.kl import kl_divergence
@@ -62,26 +61,6 @@ def test_posterior_to_prior_std_uses_each_layers_prior():
     assert ratios["net.2"] == pytest.approx(0.1 * 5**0.5, rel=1e-4)
 
 
-def test_signal_to_noise_and_pruning():
-    bnn, guide, x, _ = make(init_scale=0.1)
-    snr = diagnostics.signal_to_noise(guide)
-    flat = torch.cat([v.reshape(-1) for v in snr.values()])
-    pruned, achieved = diagnostics.prune_by_snr(guide, 0.3)
-    n = flat.numel()
-    assert achieved == pytest.approx(round(0.3 * n) / n)
-    kept = torch.cat([pruned.keep_masks[name].reshape(-1) for name in snr])
-    assert flat[~kept].max() <= flat[kept].min()  # the lowest signal-to-noise weights went
-    values = pyro.poutine.trace(pruned).get_trace(x).nodes
-    for name, keep in pruned.keep_masks.items():
-        assert torch.all(values[name]["value"][~keep].abs() < 1e-30)
-        assert torch.all(values[name]["value"][keep] != 0)
-    # the original guide is untouched
-    assert all(torch.all(v["value"] != 0) for k, v in pyro.poutine.trace(guide).get_trace(x).nodes.items()
-               if k in snr)  # fmt: skip
-    pred = pyro_bbb.predict(bnn, pruned, x, num_samples=5)
-    assert torch.isfinite(pred.mean).all()
-
-
 def test_check_posterior_needs_a_fitted_guide():
     bnn = make()[0]
     with pytest.raises(ValueError, match="fit"):
@@ -115,18 +94,6 @@ def test_check_posterior_fires_on_an_under_weighted_kl():
 def test_check_posterior_is_silent_on_a_correct_fit():
     status, messages = statuses(1.0, 300)
     assert set(status.values()) == {"ok"} and messages == []
-
-
-@pytest.mark.slow
-def test_pruning_half_the_weights_keeps_the_accuracy():
-    """Blundell et al. 2015, table 2: removing the low signal-to-noise half of the weights costs little."""
-    bnn, guide, _, (_, _, x_test, y_test) = digits_fit(1.0, 300)
-    pyro.set_rng_seed(0)
-    full = pyro_bbb.metrics.accuracy(pyro_bbb.predict(bnn, guide, x_test), y_test)
-    pruned, achieved = diagnostics.prune_by_snr(guide, 0.5)
-    half = pyro_bbb.metrics.accuracy(pyro_bbb.predict(bnn, pruned, x_test), y_test)
-    assert achieved == pytest.approx(0.5, abs=1e-3)
-    assert half >= full - 0.02
 
 
 def test_summary_by_layer_and_by_parameter():
