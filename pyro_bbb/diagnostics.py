@@ -46,6 +46,7 @@ __all__ = [
     "check_posterior",
     "prune_by_snr",
     "summary",
+    "parameter_summary",
 ]
 
 #: Monte Carlo draws for a KL without closed form (e.g. a scale-mixture prior), and for a prior's std.
@@ -258,13 +259,12 @@ HDI_PROB = 0.94
 
 @torch.no_grad()
 def summary(model: Callable, guide, by: str = "layer"):
-    """The posterior as a table (:class:`pandas.DataFrame`), computed from the guide's means and scales.
+    """The posterior per layer as a table (:class:`pandas.DataFrame`), computed from the guide's means and scales.
 
-    ``by="layer"``: one row per layer -- number of weights, mean ``|mu|``, mean and 5/50/95% quantiles of the
-    posterior std ``sigma``, mean prior std, KL, KL per weight, and 5/50/95% quantiles of the signal-to-noise
-    ratio ``|mu|/sigma``. ``by="parameter"``: one row per weight (``fc1.weight[0, 1]``) in ArviZ's summary
-    columns ``mean``, ``sd``, ``hdi_3%``, ``hdi_97%`` -- exact for a Normal posterior, no sampling (a constrained
-    site such as a learned noise scale is summarised from 4000 draws).
+    One row per layer -- number of weights, mean ``|mu|``, mean and 5/50/95% quantiles of the posterior std
+    ``sigma``, mean prior std, KL, KL per weight, and 5/50/95% quantiles of the signal-to-noise ratio ``|mu|/sigma``.
+    The per-weight table is :func:`parameter_summary` (``by="parameter"`` still reaches it, with a
+    ``DeprecationWarning``).
 
     Example
     -------
@@ -278,48 +278,72 @@ def summary(model: Callable, guide, by: str = "layer"):
     >>> summary(layer, guide)[["num_weights", "sigma_mean"]].round(3)
             num_weights  sigma_mean
     (root)            8         0.1
-    >>> list(summary(layer, guide, by="parameter").columns)
+    """
+    if by == "parameter":
+        warnings.warn('summary(by="parameter") is now parameter_summary(model, guide).', DeprecationWarning,
+                      stacklevel=2)  # fmt: skip
+        return parameter_summary(model, guide)
+    if by != "layer":
+        raise ValueError(f'`by` must be "layer" (or use parameter_summary), got {by!r}.')
+    import pandas as pd
+
+    _require_fitted(guide)
+    rows = {}
+    layers = layer_summary(model, guide)
+    owners = site_owners(model)
+    groups: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    for name, site in guide.prototype_trace.iter_stochastic_nodes():
+        if is_real_support(site["fn"].support):
+            groups.setdefault(owners.get(name, name), []).append(site_loc_scale(guide, name))
+    for layer, entry in layers.items():
+        row = {"num_weights": entry["num_weights"], "kl": entry["kl"], "kl_per_weight": entry["kl_per_weight"]}
+        if layer in groups:
+            loc = torch.cat([m.reshape(-1) for m, _ in groups[layer]]).double()
+            scale = torch.cat([s.reshape(-1) for _, s in groups[layer]]).double()
+            snr = loc.abs() / scale
+            q = torch.tensor([0.05, 0.5, 0.95], dtype=torch.double)
+            row |= {"mean_abs_mu": float(loc.abs().mean()), "sigma_mean": float(scale.mean())}
+            row |= dict(zip(("sigma_q05", "sigma_q50", "sigma_q95"), torch.quantile(scale, q).tolist()))
+            row["prior_sigma"] = entry.get("prior_std", math.nan)
+            row |= dict(zip(("snr_q05", "snr_q50", "snr_q95"), torch.quantile(snr, q).tolist()))
+        rows[layer] = row
+    columns = ["num_weights", "mean_abs_mu", "sigma_mean", "sigma_q05", "sigma_q50", "sigma_q95", "prior_sigma",
+               "kl", "kl_per_weight", "snr_q05", "snr_q50", "snr_q95"]  # fmt: skip
+    return pd.DataFrame.from_dict(rows, orient="index").reindex(columns=columns)
+
+
+@torch.no_grad()
+def parameter_summary(model: Callable, guide):
+    """The posterior per weight (``fc1.weight[0, 1]``) in ArviZ's summary columns ``mean``, ``sd``, ``hdi_3%``,
+    ``hdi_97%`` -- exact for a Normal posterior, no sampling (a constrained site such as a learned noise scale is
+    summarised from 4000 draws).
+
+    Example
+    -------
+    >>> import torch, pyro
+    >>> from pyro_bbb import MeanFieldGuide
+    >>> from pyro_bbb.nn import BayesianLinear
+    >>> pyro.clear_param_store()
+    >>> layer = BayesianLinear(3, 2)
+    >>> guide = MeanFieldGuide(layer, init_scale=0.1)
+    >>> _ = guide(torch.randn(4, 3))
+    >>> list(parameter_summary(layer, guide).columns)
     ['mean', 'sd', 'hdi_3%', 'hdi_97%']
     """
     import pandas as pd
 
     _require_fitted(guide)
-    if by == "layer":
-        rows = {}
-        layers = layer_summary(model, guide)
-        owners = site_owners(model)
-        groups: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        for name, site in guide.prototype_trace.iter_stochastic_nodes():
-            if is_real_support(site["fn"].support):
-                groups.setdefault(owners.get(name, name), []).append(site_loc_scale(guide, name))
-        for layer, entry in layers.items():
-            row = {"num_weights": entry["num_weights"], "kl": entry["kl"], "kl_per_weight": entry["kl_per_weight"]}
-            if layer in groups:
-                loc = torch.cat([m.reshape(-1) for m, _ in groups[layer]]).double()
-                scale = torch.cat([s.reshape(-1) for _, s in groups[layer]]).double()
-                snr = loc.abs() / scale
-                q = torch.tensor([0.05, 0.5, 0.95], dtype=torch.double)
-                row |= {"mean_abs_mu": float(loc.abs().mean()), "sigma_mean": float(scale.mean())}
-                row |= dict(zip(("sigma_q05", "sigma_q50", "sigma_q95"), torch.quantile(scale, q).tolist()))
-                row["prior_sigma"] = entry.get("prior_std", math.nan)
-                row |= dict(zip(("snr_q05", "snr_q50", "snr_q95"), torch.quantile(snr, q).tolist()))
-            rows[layer] = row
-        columns = ["num_weights", "mean_abs_mu", "sigma_mean", "sigma_q05", "sigma_q50", "sigma_q95", "prior_sigma",
-                   "kl", "kl_per_weight", "snr_q05", "snr_q50", "snr_q95"]  # fmt: skip
-        return pd.DataFrame.from_dict(rows, orient="index").reindex(columns=columns)
-    if by == "parameter":
-        z = float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(0.5 + HDI_PROB / 2)))
-        low, high = f"hdi_{100 * (1 - HDI_PROB) / 2:g}%", f"hdi_{100 * (1 + HDI_PROB) / 2:g}%"
-        frames = []
-        for name, site in guide.prototype_trace.iter_stochastic_nodes():
-            loc, scale = (t.detach().double() for t in site_loc_scale(guide, name))
-            if is_real_support(site["fn"].support):
-                stats = {"mean": loc, "sd": scale, low: loc - z * scale, high: loc + z * scale}
-            else:
-                draws = site_posterior(guide, name, site).sample((4000,)).double()
-                bounds = torch.quantile(draws, torch.tensor([(1 - HDI_PROB) / 2, (1 + HDI_PROB) / 2]).double(), 0)
-                stats = {"mean": draws.mean(0), "sd": draws.std(0), low: bounds[0], high: bounds[1]}
-            index = [f"{name}[{', '.join(map(str, i))}]" if loc.dim() else name for i in np.ndindex(*loc.shape)]
-            frames.append(pd.DataFrame({k: v.reshape(-1).cpu().numpy() for k, v in stats.items()}, index=index))
-        return pd.concat(frames)
-    raise ValueError(f'`by` must be "layer" or "parameter", got {by!r}.')
+    z = float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(0.5 + HDI_PROB / 2)))
+    low, high = f"hdi_{100 * (1 - HDI_PROB) / 2:g}%", f"hdi_{100 * (1 + HDI_PROB) / 2:g}%"
+    frames = []
+    for name, site in guide.prototype_trace.iter_stochastic_nodes():
+        loc, scale = (t.detach().double() for t in site_loc_scale(guide, name))
+        if is_real_support(site["fn"].support):
+            stats = {"mean": loc, "sd": scale, low: loc - z * scale, high: loc + z * scale}
+        else:
+            draws = site_posterior(guide, name, site).sample((4000,)).double()
+            bounds = torch.quantile(draws, torch.tensor([(1 - HDI_PROB) / 2, (1 + HDI_PROB) / 2]).double(), 0)
+            stats = {"mean": draws.mean(0), "sd": draws.std(0), low: bounds[0], high: bounds[1]}
+        index = [f"{name}[{', '.join(map(str, i))}]" if loc.dim() else name for i in np.ndindex(*loc.shape)]
+        frames.append(pd.DataFrame({k: v.reshape(-1).cpu().numpy() for k, v in stats.items()}, index=index))
+    return pd.concat(frames)

@@ -116,7 +116,7 @@ class ELBO(TraceMeanField_ELBO):
         self.revalidate = revalidate
         self._validated = False
         self.last_terms: dict[str, Any] = {}
-        self._call: dict[str, Any] | None = None
+        self._current_call: dict[str, Any] | None = None
         self._vectorized_ok: bool | None = None  # vectorized particles checked against one particle alone
 
     # -- the schedule -------------------------------------------------------------------------------------------
@@ -140,7 +140,7 @@ class ELBO(TraceMeanField_ELBO):
     # -- one call = one set of terms ----------------------------------------------------------------------------
     @contextmanager
     def _recording(self):
-        self._call = {"weight": self.current_kl_weight(), "nll": 0.0, "kl": 0.0, "kl_by_site": {},
+        self._current_call = {"weight": self.current_kl_weight(), "nll": 0.0, "kl": 0.0, "kl_by_site": {},
                       "loss": 0.0, "frame": None}  # fmt: skip
         validating = is_validation_enabled()
         skip = validating and self._validated and not self.revalidate
@@ -150,10 +150,10 @@ class ELBO(TraceMeanField_ELBO):
             self._finish_call()
             self._validated = self._validated or validating
         finally:
-            self._call = None
+            self._current_call = None
 
     def _finish_call(self) -> None:
-        call = self._call
+        call = self._current_call
         site_names = list(call["kl_by_site"])
         values = [call["nll"], call["kl"], *call["kl_by_site"].values()]
         values = [v.detach() if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in values]
@@ -187,8 +187,8 @@ class ELBO(TraceMeanField_ELBO):
             )
             model = scale_data_plate(model, self.num_data, self.data_plate)
             model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(*args, **kwargs)
-        if self._call is not None and self._call["frame"] is None:
-            self._call["frame"] = _data_plate_frame(model_trace, self.data_plate)
+        if self._current_call is not None and self._current_call["frame"] is None:
+            self._current_call["frame"] = _data_plate_frame(model_trace, self.data_plate)
         if is_validation_enabled():
             check_model_guide_match(model_trace, guide_trace, self.max_plate_nesting)
         guide_trace = prune_subsample_sites(guide_trace)
@@ -242,13 +242,13 @@ class ELBO(TraceMeanField_ELBO):
             if guide_site["type"] == "sample" and name not in model_trace.nodes:
                 kl_by_site[name] = _log_prob_sum(guide_site)
         kl = sum(kl_by_site.values(), torch.zeros(()))
-        weight = self._call["weight"] if self._call is not None else self.current_kl_weight()
+        weight = self._current_call["weight"] if self._current_call is not None else self.current_kl_weight()
         surrogate_loss = nll + weight * kl
         loss = surrogate_loss.detach() if torch._C._get_tracing_state() else torch_item(surrogate_loss)
 
-        if self._call is not None:
+        if self._current_call is not None:
             n = self.num_particles
-            call = self._call
+            call = self._current_call
             call["nll"] = call["nll"] + _detach(nll) / n
             call["kl"] = call["kl"] + kl.detach() / n
             call["loss"] += loss / n

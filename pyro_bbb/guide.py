@@ -181,7 +181,7 @@ class MeanFieldGuide(AutoNormal):
             return normal
         return dist.TransformedDistribution(normal, [biject_to(site["fn"].support)])
 
-    def _fetch(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def _read_loc_and_scale(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The site's (constrained) loc and scale: straight from the param store by full name when they are there.
 
         Same values and the same ``param`` messages as the nested ``PyroModule`` attribute lookup of
@@ -200,7 +200,7 @@ class MeanFieldGuide(AutoNormal):
         return pyro.param(names[0], event_dim=event_dim), pyro.param(names[1], event_dim=event_dim)
 
     def _get_loc_and_scale(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        loc, scale = self._fetch(name)
+        loc, scale = self._read_loc_and_scale(name)
         mask = self.__dict__.get("_keep_masks", {}).get(name)
         if mask is None:
             return loc, scale

@@ -1,4 +1,4 @@
-"""``BayesianModule``: a PyTorch Lightning module that trains a pyro_bbb model and guide (``pip install
+"""``BayesianLightningModule``: a PyTorch Lightning module that trains a pyro_bbb model and guide (``pip install
 pyro-bbb[lightning]``).
 
 Each step computes :class:`pyro_bbb.ELBO` on the batch (likelihood scaled by ``num_data / batch``, KL once) and
@@ -18,7 +18,8 @@ Example
 >>> pyro.clear_param_store()
 >>> x, y = torch.randn(64, 3), torch.randn(64)
 >>> bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5))
->>> module = BayesianModule(bnn, pyro_bbb.MeanFieldGuide(bnn), num_data=64, example_batch=(x[:2], y[:2]), lr=1e-2)
+>>> module = BayesianLightningModule(bnn, pyro_bbb.MeanFieldGuide(bnn), num_data=64, example_batch=(x[:2], y[:2]),
+...                                  lr=1e-2)
 >>> trainer = pl.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
 ...                      enable_progress_bar=False, enable_model_summary=False)
 >>> trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=16))
@@ -28,6 +29,7 @@ Example
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -44,10 +46,10 @@ from .elbo import ELBO
 from .handlers import estimator as estimator_named
 from .pyro_adapter import set_up_autoguide
 
-__all__ = ["BayesianModule"]
+__all__ = ["BayesianLightningModule"]
 
 
-class BayesianModule(pl.LightningModule):
+class BayesianLightningModule(pl.LightningModule):
     """Train ``model`` (e.g. :class:`pyro_bbb.BNN`) and ``guide`` (:class:`pyro_bbb.MeanFieldGuide`) with Lightning.
 
     Parameters
@@ -124,3 +126,11 @@ class BayesianModule(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+
+def __getattr__(name: str):
+    if name == "BayesianModule":  # the old name, which collided with pyro_bbb.nn.BayesianModule
+        warnings.warn("pyro_bbb.lightning.BayesianModule is now BayesianLightningModule.", DeprecationWarning,
+                      stacklevel=2)  # fmt: skip
+        return BayesianLightningModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import pyro_bbb
 from pyro_bbb import likelihoods
-from pyro_bbb.lightning import BayesianModule
+from pyro_bbb.lightning import BayesianLightningModule
 from pyro_bbb.nn import BayesianLinear
 
 
@@ -30,7 +30,7 @@ def main(devices: int, out: str, mode: str = "fit") -> None:
     net = torch.nn.Sequential(BayesianLinear(2, 8), torch.nn.Tanh(), BayesianLinear(8, 1))
     bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.2))
     guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=0.05)
-    module = BayesianModule(bnn, guide, num_data=64, example_batch=(x[:2], y[:2]), lr=0.02)
+    module = BayesianLightningModule(bnn, guide, num_data=64, example_batch=(x[:2], y[:2]), lr=0.02)
     trainer = pl.Trainer(max_epochs=30, accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
                          use_distributed_sampler=False, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=[SameNoise()])  # fmt: skip

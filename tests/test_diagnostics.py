@@ -112,7 +112,9 @@ def test_summary_by_layer_and_by_parameter():
     assert row["prior_sigma"] == pytest.approx(0.7, rel=1e-5)
     assert row["kl"] == pytest.approx(diagnostics.kl_by_layer(bnn, guide)["net.0"], rel=1e-6)
     assert row["snr_q50"] == pytest.approx(float((loc.abs() / scale).median()), rel=0.2)
-    per_weight = diagnostics.summary(bnn, guide, by="parameter")
+    per_weight = diagnostics.parameter_summary(bnn, guide)
+    with pytest.warns(DeprecationWarning, match="parameter_summary"):
+        assert diagnostics.summary(bnn, guide, by="parameter").equals(per_weight)
     entry = per_weight.loc["net.0.weight[1, 2]"]
     z = stats.norm.ppf(0.97)
     m, s = float(w0.loc[1, 2]), float(w0.scale[1, 2])

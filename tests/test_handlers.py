@@ -192,3 +192,34 @@ def test_outside_a_handler_the_layers_are_unchanged():
     value = {"weight": torch.randn(2, 3), "bias": torch.randn(2)}
     out = poutine.condition(layer, data=value)(x)
     torch.testing.assert_close(out, F.linear(x, value["weight"], value["bias"]))
+
+
+def test_handlers_work_as_poutine_factories_on_a_function_and_as_contexts():
+    from pyro_bbb.handlers import cover_subsample, estimator, observation_placeholder, scale_data_plate
+
+    layer = BayesianLinear(3, 2)
+    guide = pyro_bbb.MeanFieldGuide(layer, init_scale=0.5)
+    x = torch.ones(4, 3)
+    guide_trace = pyro.poutine.trace(guide).get_trace(x)
+    for factory in (pyro_bbb.flipout, pyro_bbb.local_reparameterization):
+        pyro.set_rng_seed(0)
+        wrapped = factory(pyro.poutine.replay(layer, trace=guide_trace))(x)
+        pyro.set_rng_seed(0)
+        with factory():
+            in_context = pyro.poutine.replay(layer, trace=guide_trace)(x)
+        torch.testing.assert_close(wrapped, in_context)
+    with pytest.raises(ValueError, match="unknown estimator"):
+        estimator("dropout")
+
+    def model(y=None):
+        with pyro.plate("data", 4):
+            return pyro.sample("y", pyro.distributions.Normal(0.0, 1.0), obs=y)
+
+    assert pyro.poutine.trace(scale_data_plate(model, num_data=8)).get_trace(torch.zeros(4)).nodes["y"]["scale"] == 2
+    assert observation_placeholder(model)().eq(0).all()
+
+    def subsampled():
+        with pyro.plate("data", 5, subsample_size=3) as idx:
+            return idx
+
+    assert cover_subsample(subsampled, piece=1)().tolist() == [3, 4, 0]

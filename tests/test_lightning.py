@@ -49,3 +49,10 @@ def test_lightning_ddp_nan_on_one_rank_stops_every_rank_with_its_message(tmp_pat
                             text=True, timeout=300, cwd=SCRIPT.parent.parent)  # fmt: skip
     assert result.returncode != 0
     assert "rank 1 failed" in result.stderr and "nan" in result.stderr.lower(), result.stderr[-3000:]
+
+
+def test_the_old_class_name_still_works_with_a_deprecation_warning():
+    from pyro_bbb import lightning
+
+    with pytest.warns(DeprecationWarning, match="BayesianLightningModule"):
+        assert lightning.BayesianModule is lightning.BayesianLightningModule

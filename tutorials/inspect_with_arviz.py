@@ -51,7 +51,7 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
 
     with pd.option_context(*[item for pair in with_pandas_width.items() for item in pair]):
         print(pyro_bbb.summary(bnn, guide).round(3))
-        print(pyro_bbb.summary(bnn, guide, by="parameter").head(6).round(3))
+        print(pyro_bbb.diagnostics.parameter_summary(bnn, guide).head(6).round(3))
         print(az.summary(idata, var_names=["net.2.bias", "likelihood.scale"], kind="stats").round(3))
 
     # %% Leave-one-out: reff=1.0 because the draws are independent.
