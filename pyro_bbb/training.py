@@ -485,6 +485,25 @@ def fit(
     -------
     See the module example; ``history.plot("history.png")`` draws the KL and posterior-std traces.
     """
+    _check_settings(epochs, batch_size, num_particles, num_validation_samples, lr, clip_norm, optimizer)
+    estimator_context, per_layer = _check_guide(model, guide, estimator)
+    batches, rank = _training_batches(model, data, batch_size, distributed, seed)
+    validation_data = _validation_batch(model, validation_data)
+    if seed is not None:
+        pyro.set_rng_seed(seed)
+
+    elbo = ELBO(num_data=batches.num_data, kl_weight=kl_weight, num_particles=num_particles,
+                data_plate=data_plate_of(model))  # fmt: skip
+    stepper = _Stepper(model, guide, elbo, optimizer or JointAdam(lr=lr), clip_norm, estimator_context,
+                       distributed=distributed)  # fmt: skip
+    if distributed:
+        stepper.set_up_everywhere(batches)
+    record = _EpochRecorder(model, guide, elbo, batches.num_data, per_layer, validation_data, num_validation_samples)
+    return _train(stepper, batches, record, epochs, list(callbacks), progress and rank == 0, distributed)
+
+
+# -- fit's chapters ---------------------------------------------------------------------------------------------
+def _check_settings(epochs, batch_size, num_particles, num_validation_samples, lr, clip_norm, optimizer) -> None:
     check_count("epochs", epochs)
     check_count("batch_size", batch_size, optional=True)
     check_count("num_particles", num_particles)
@@ -496,6 +515,10 @@ def fit(
             f"`optimizer` must be a pyro.optim optimizer such as pyro.optim.Adam({{'lr': 1e-3}}), got "
             f"{type(optimizer).__name__}."
         )
+
+
+def _check_guide(model, guide, estimator: str) -> tuple[Callable[[], Any], bool]:
+    """The estimator's context, and whether the History can have per-layer columns -- decided before any step."""
     estimator_context = estimator_named(estimator)
     if estimator != "reparam" and not isinstance(guide, MeanFieldGuide):
         raise ValueError(
@@ -510,43 +533,49 @@ def fit(
             f"{type(guide).__name__} has no Normal posterior per weight: the History records the loss, NLL and KL "
             "but no per-layer KL or posterior std, and summary/check_posterior will not apply (they need "
             "pyro_bbb.MeanFieldGuide or AutoNormal).",
-            stacklevel=2,
+            stacklevel=3,
         )
-    likelihood = getattr(model, "likelihood", None)
-    likelihood = likelihood if hasattr(likelihood, "check_targets") else None
-    device = _device(model)
-    rank = 0
-    if distributed:
-        rank, world = distributed_.require_process_group()
-        error = None
-        try:  # a rank whose data fails the checks must not leave the others waiting in a collective
-            batches = _Batches(data, batch_size, likelihood, device, model_dtype(model))
-        except (ValueError, TypeError) as caught:
-            error = caught
-        distributed_.raise_if_any_rank_failed(error)
-        if batches.loader is None:
-            batches = distributed_.ShardedBatches(batches.x, batches.y, batch_size or -(-batches.num_data // world),
-                                                  rank, world, seed or 0, device)  # fmt: skip
-    else:
-        batches = _Batches(data, batch_size, likelihood, device, model_dtype(model))
-    if validation_data is not None:
-        if not isinstance(validation_data, Sequence) or len(validation_data) != 2:
-            raise TypeError("validation_data must be an (x, y) pair of tensors.")
-        x_val, y_val = _check_batch(*validation_data, likelihood, what="validation_data", dtype=model_dtype(model))
-        validation_data = (x_val.to(device) if device else x_val, y_val)
-    callbacks = list(callbacks)
-    if seed is not None:
-        pyro.set_rng_seed(seed)
+    return estimator_context, per_layer
 
-    elbo = ELBO(num_data=batches.num_data, kl_weight=kl_weight, num_particles=num_particles,
-                data_plate=data_plate_of(model))  # fmt: skip
-    stepper = _Stepper(model, guide, elbo, optimizer or JointAdam(lr=lr), clip_norm, estimator_context,
-                       distributed=distributed)  # fmt: skip
-    if distributed:
-        stepper.set_up_everywhere(batches)
+
+def _likelihood_of(model):
+    likelihood = getattr(model, "likelihood", None)
+    return likelihood if hasattr(likelihood, "check_targets") else None
+
+
+def _training_batches(model, data, batch_size, distributed: bool, seed):
+    """The epoch's batches (checked), and this process's rank."""
+    device, dtype, likelihood = _device(model), model_dtype(model), _likelihood_of(model)
+    if not distributed:
+        return _Batches(data, batch_size, likelihood, device, dtype), 0
+    rank, world = distributed_.require_process_group()
+    error = None
+    try:  # a rank whose data fails the checks must not leave the others waiting in a collective
+        batches = _Batches(data, batch_size, likelihood, device, dtype)
+    except (ValueError, TypeError) as caught:
+        error = caught
+    distributed_.raise_if_any_rank_failed(error)
+    if batches.loader is None:
+        batches = distributed_.ShardedBatches(batches.x, batches.y, batch_size or -(-batches.num_data // world),
+                                              rank, world, seed or 0, device)  # fmt: skip
+    return batches, rank
+
+
+def _validation_batch(model, validation_data):
+    if validation_data is None:
+        return None
+    if not isinstance(validation_data, Sequence) or len(validation_data) != 2:
+        raise TypeError("validation_data must be an (x, y) pair of tensors.")
+    x, y = _check_batch(*validation_data, _likelihood_of(model), what="validation_data", dtype=model_dtype(model))
+    device = _device(model)
+    return (x.to(device) if device else x), y
+
+
+def _train(stepper: _Stepper, batches, record, epochs: int, callbacks, progress: bool, distributed: bool) -> History:
+    """The epochs: steps, one record per epoch, callbacks; a bad batch, a NaN or Ctrl-C end it cleanly."""
     history = History()
-    bar = tqdm(range(1, epochs + 1), desc="fit", unit="epoch", disable=not progress or rank != 0,
-               dynamic_ncols=True, mininterval=0.5)  # fmt: skip
+    bar = tqdm(range(1, epochs + 1), desc="fit", unit="epoch", disable=not progress, dynamic_ncols=True,
+               mininterval=0.5)  # fmt: skip
     stop = _StopAfterStep(enabled=not distributed)  # Ctrl-C ends the current step, then fit returns
     try:
         with stop:
@@ -555,25 +584,20 @@ def fit(
                 totals = {"loss": 0.0, "nll": 0.0, "kl": 0.0, "seen": 0}
                 for x, y in stepper.guarded(batches):
                     stepper(x, y)
-                    terms, b = elbo.last_terms, x.shape[0]
-                    step_loss = stepper.global_loss / batches.num_data if distributed else terms["loss_per_datum"]
-                    history.step_loss.append(step_loss)
+                    terms, b = stepper.elbo.last_terms, x.shape[0]
+                    history.step_loss.append(stepper.global_loss / batches.num_data if distributed
+                                             else terms["loss_per_datum"])  # fmt: skip
                     if b:
-                        totals["loss"] += b * terms["loss"]
-                        totals["nll"] += b * terms["nll"]
-                        totals["kl"] += b * terms["kl"]
+                        for key in ("loss", "nll", "kl"):
+                            totals[key] += b * terms[key]
                         totals["seen"] += b
                     if stop.requested:
                         break
                 if distributed:  # every rank's share, weighted by its data: the global batch's averages
                     totals = distributed_.all_reduce_sum(totals)
                 if totals["seen"]:
-                    record = _epoch_record(epoch, totals, elbo, batches.num_data, model, guide, per_layer,
-                                           validation_data, num_validation_samples, start)  # fmt: skip
-                    if stop.requested:
-                        record["interrupted"] = True
-                    history.append(record)
-                    bar.set_postfix(_postfix(record), refresh=False)
+                    history.append(record(epoch, totals, start, interrupted=stop.requested))
+                    bar.set_postfix(_postfix(history.last), refresh=False)
                 if stop.requested:
                     history.interrupted = True
                     break
@@ -590,22 +614,33 @@ def fit(
     return history
 
 
-def _epoch_record(epoch, totals, elbo, num_data, model, guide, per_layer, validation_data, num_validation_samples,
-                  start) -> dict[str, Any]:  # fmt: skip
-    seen = totals.pop("seen")
-    record = {"epoch": epoch, **{key: value / seen for key, value in totals.items()}}
-    record["loss_per_datum"] = record["loss"] / num_data
-    record["kl_weight"] = elbo.last_terms["kl_weight"]
-    record["num_data"] = num_data
-    if per_layer:
-        summary = layer_summary(model, guide)
-        record["kl_by_layer"] = {layer: entry["kl"] for layer, entry in summary.items()}
-        record["posterior_std"] = {k: e["posterior_std"] for k, e in summary.items() if "posterior_std" in e}
-        record["std_ratio"] = {k: e["std_ratio"] for k, e in summary.items() if "std_ratio" in e}
-    if validation_data is not None:
-        record.update(_validation_metrics(model, guide, validation_data, num_validation_samples))
-    record["seconds"] = time.perf_counter() - start
-    return record
+class _EpochRecorder:
+    """One History record per epoch: the averaged terms, the per-layer KL and widths, the validation metrics."""
+
+    def __init__(self, model, guide, elbo: ELBO, num_data: int, per_layer: bool, validation_data,
+                 num_validation_samples: int):  # fmt: skip
+        self.model, self.guide, self.elbo, self.num_data = model, guide, elbo, num_data
+        self.per_layer, self.validation_data = per_layer, validation_data
+        self.num_validation_samples = num_validation_samples
+
+    def __call__(self, epoch: int, totals: dict[str, float], start: float, interrupted: bool) -> dict[str, Any]:
+        seen = totals.pop("seen")
+        record = {"epoch": epoch, **{key: value / seen for key, value in totals.items()}}
+        record["loss_per_datum"] = record["loss"] / self.num_data
+        record["kl_weight"] = self.elbo.last_terms["kl_weight"]
+        record["num_data"] = self.num_data
+        if self.per_layer:
+            summary = layer_summary(self.model, self.guide)
+            record["kl_by_layer"] = {layer: entry["kl"] for layer, entry in summary.items()}
+            record["posterior_std"] = {k: e["posterior_std"] for k, e in summary.items() if "posterior_std" in e}
+            record["std_ratio"] = {k: e["std_ratio"] for k, e in summary.items() if "std_ratio" in e}
+        if self.validation_data is not None:
+            record.update(_validation_metrics(self.model, self.guide, self.validation_data,
+                                              self.num_validation_samples))  # fmt: skip
+        record["seconds"] = time.perf_counter() - start
+        if interrupted:
+            record["interrupted"] = True
+        return record
 
 
 def _postfix(record: dict[str, Any]) -> dict[str, str]:
