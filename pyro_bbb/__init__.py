@@ -4,11 +4,6 @@ The three-line happy path (``model -> guide -> fit -> predict``):
 
 Example
 -------
->>> import torch, pyro
->>> import pyro_bbb
->>> from pyro_bbb import likelihoods
->>> from pyro_bbb.nn import BayesianLinear
->>> pyro.clear_param_store()
 >>> x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
 >>> bnn = pyro_bbb.BNN(BayesianLinear(4, 3), likelihood=likelihoods.Categorical())
 >>> guide = pyro_bbb.MeanFieldGuide(bnn)

@@ -39,14 +39,10 @@ class BNN(PyroModule):
 
     Example
     -------
-    >>> import torch
-    >>> from pyro_bbb import likelihoods
-    >>> from pyro_bbb.nn import BayesianLinear
     >>> net = torch.nn.Sequential(BayesianLinear(4, 16), torch.nn.ReLU(), BayesianLinear(16, 3))
     >>> bnn = BNN(net, likelihoods.Categorical())
     >>> bnn(torch.randn(5, 4)).shape                 # without a guide: a prior predictive draw
     torch.Size([5])
-    >>> import pyro.poutine as poutine
     >>> trace = poutine.trace(bnn).get_trace(torch.randn(5, 4))
     >>> [name for name, site in trace.iter_stochastic_nodes() if name != "data"]   # "data" is the plate
     ['net.0.weight', 'net.0.bias', 'net.2.weight', 'net.2.bias', 'y']

@@ -8,9 +8,6 @@ predict (likelihood, data plate).
 Example
 -------
 >>> import os, tempfile, torch, pyro
->>> import pyro_bbb
->>> from pyro_bbb import likelihoods
->>> from pyro_bbb.nn import BayesianLinear
 >>> pyro.clear_param_store()
 >>> bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.1))
 >>> guide = pyro_bbb.MeanFieldGuide(bnn)

@@ -88,8 +88,6 @@ def require_set_up(guide: Any, what: str) -> None:
 
     Example
     -------
-    >>> from pyro_bbb import MeanFieldGuide
-    >>> from pyro_bbb.nn import BayesianLinear
     >>> require_set_up(MeanFieldGuide(BayesianLinear(2, 1)), "summary")
     Traceback (most recent call last):
     ...

@@ -2,8 +2,6 @@
 
 Example
 -------
->>> import torch
->>> from pyro_bbb import priors
 >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
 >>> bayesianize(net, prior=priors.Normal(0.0, 0.5), last_layer_only=True)
 PyroSequential(

@@ -6,10 +6,6 @@ of the prior's has collapsed to a point estimate.
 
 Example
 -------
->>> import torch, pyro
->>> from pyro_bbb import BNN, MeanFieldGuide, likelihoods
->>> from pyro_bbb.nn import BayesianLinear
->>> pyro.clear_param_store()
 >>> bnn = BNN(torch.nn.Sequential(BayesianLinear(2, 4), torch.nn.Tanh(), BayesianLinear(4, 1)),
 ...           likelihoods.Gaussian(scale=0.1))
 >>> guide = MeanFieldGuide(bnn, init_scale=0.5)
@@ -116,10 +112,6 @@ def layer_summary(model: Callable, guide) -> dict[str, dict[str, float]]:
 
     Example
     -------
-    >>> import torch, pyro
-    >>> from pyro_bbb import MeanFieldGuide
-    >>> from pyro_bbb.nn import BayesianLinear
-    >>> pyro.clear_param_store()
     >>> layer = BayesianLinear(3, 2)
     >>> guide = MeanFieldGuide(layer, init_scale=1.0, init_loc=lambda site: torch.zeros(site["fn"].shape()))
     >>> _ = guide(torch.randn(4, 3))
@@ -166,10 +158,6 @@ def kl_by_layer(model: Callable, guide) -> dict[str, float]:
 
     Example
     -------
-    >>> import torch, pyro
-    >>> from pyro_bbb import MeanFieldGuide
-    >>> from pyro_bbb.nn import BayesianLinear
-    >>> pyro.clear_param_store()
     >>> layer = BayesianLinear(3, 2)
     >>> guide = MeanFieldGuide(layer, init_loc=lambda site: torch.zeros(site["fn"].shape()))
     >>> _ = guide(torch.randn(4, 3))
@@ -213,8 +201,6 @@ def check_posterior(
     Example
     -------
     >>> import torch, pyro, warnings
-    >>> from pyro_bbb import MeanFieldGuide
-    >>> from pyro_bbb.nn import BayesianLinear
     >>> pyro.clear_param_store()
     >>> layer = BayesianLinear(3, 2)
     >>> guide = MeanFieldGuide(layer, init_scale=1e-5)
@@ -268,10 +254,6 @@ def summary(model: Callable, guide, by: str = "layer"):
 
     Example
     -------
-    >>> import torch, pyro
-    >>> from pyro_bbb import MeanFieldGuide
-    >>> from pyro_bbb.nn import BayesianLinear
-    >>> pyro.clear_param_store()
     >>> layer = BayesianLinear(3, 2)
     >>> guide = MeanFieldGuide(layer, init_scale=0.1)
     >>> _ = guide(torch.randn(4, 3))
@@ -320,10 +302,6 @@ def parameter_summary(model: Callable, guide):
 
     Example
     -------
-    >>> import torch, pyro
-    >>> from pyro_bbb import MeanFieldGuide
-    >>> from pyro_bbb.nn import BayesianLinear
-    >>> pyro.clear_param_store()
     >>> layer = BayesianLinear(3, 2)
     >>> guide = MeanFieldGuide(layer, init_scale=0.1)
     >>> _ = guide(torch.randn(4, 3))

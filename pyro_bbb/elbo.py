@@ -75,10 +75,7 @@ class ELBO(TraceMeanField_ELBO):
 
     Example
     -------
-    >>> import torch, pyro, pyro.distributions as dist
     >>> from pyro.nn import PyroModule
-    >>> from pyro_bbb import MeanFieldGuide
-    >>> from pyro_bbb.nn import BayesianLinear
     >>> class Regression(PyroModule):
     ...     def __init__(self):
     ...         super().__init__()

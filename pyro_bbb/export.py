@@ -5,11 +5,6 @@ installed ArviZ: an ``az.InferenceData`` for ArviZ 0.x (Python 3.11), an ``xarra
 
 Example
 -------
->>> import torch, pyro
->>> import pyro_bbb
->>> from pyro_bbb import likelihoods
->>> from pyro_bbb.nn import BayesianLinear
->>> pyro.clear_param_store()
 >>> x, y = torch.randn(30, 2), torch.randn(30)
 >>> bnn = pyro_bbb.BNN(BayesianLinear(2, 1), likelihoods.Gaussian(scale=0.5))
 >>> guide = pyro_bbb.MeanFieldGuide(bnn)

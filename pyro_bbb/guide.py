@@ -102,9 +102,6 @@ class MeanFieldGuide(AutoNormal):
 
     Example
     -------
-    >>> import torch, pyro
-    >>> from pyro_bbb.nn import BayesianLinear
-    >>> pyro.clear_param_store()   # guides keep their parameters in Pyro's param store
     >>> layer = BayesianLinear(3, 1)
     >>> guide = MeanFieldGuide(layer)
     >>> _ = guide(torch.randn(5, 3))
@@ -214,8 +211,6 @@ class MeanFieldGuide(AutoNormal):
 
         Example
         -------
-        >>> from pyro_bbb.nn import BayesianLinear
-        >>> pyro.clear_param_store()
         >>> guide = MeanFieldGuide(BayesianLinear(2, 1), init_loc=lambda site: torch.ones(site["fn"].shape()))
         >>> _ = guide(torch.zeros(1, 2))
         >>> with guide.pruned({"weight": torch.tensor([[True, False]])}):
@@ -263,8 +258,6 @@ class MeanFieldGuide(AutoNormal):
 
         Example
         -------
-        >>> from pyro_bbb.nn import BayesianLinear
-        >>> pyro.clear_param_store()
         >>> guide = MeanFieldGuide(BayesianLinear(2, 1))
         >>> _ = guide(torch.zeros(1, 2))
         >>> [t.shape for t in guide.posterior_params("weight")]
@@ -284,8 +277,6 @@ class MeanFieldGuide(AutoNormal):
 
         Example
         -------
-        >>> from pyro_bbb.nn import BayesianLinear
-        >>> pyro.clear_param_store()
         >>> guide = MeanFieldGuide(BayesianLinear(2, 1), init_scale=0.05)
         >>> _ = guide(torch.zeros(1, 2))
         >>> guide.site_posteriors()["bias"].scale
@@ -310,7 +301,6 @@ def has_site_posteriors(guide) -> bool:
     Example
     -------
     >>> from pyro.infer.autoguide import AutoDelta
-    >>> from pyro_bbb.nn import BayesianLinear
     >>> layer = BayesianLinear(2, 1)
     >>> has_site_posteriors(MeanFieldGuide(layer)), has_site_posteriors(AutoDelta(layer))
     (True, False)
@@ -324,7 +314,6 @@ def require_site_posteriors(guide, what: str) -> None:
     Example
     -------
     >>> from pyro.infer.autoguide import AutoDelta
-    >>> from pyro_bbb.nn import BayesianLinear
     >>> require_site_posteriors(AutoDelta(BayesianLinear(2, 1)), "summary")
     Traceback (most recent call last):
     ...
@@ -344,7 +333,6 @@ def site_loc_scale(guide, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     Example
     -------
     >>> from pyro.infer.autoguide import AutoNormal
-    >>> from pyro_bbb.nn import BayesianLinear
     >>> pyro.clear_param_store()
     >>> guide = AutoNormal(BayesianLinear(2, 1), init_scale=0.05)
     >>> _ = guide(torch.zeros(1, 2))
@@ -363,8 +351,6 @@ def site_posterior(guide, name: str, site: dict) -> dist.Distribution:
 
     Example
     -------
-    >>> from pyro_bbb.nn import BayesianLinear
-    >>> pyro.clear_param_store()
     >>> guide = MeanFieldGuide(BayesianLinear(2, 1))
     >>> _ = guide(torch.zeros(1, 2))
     >>> site_posterior(guide, "weight", guide.prototype_trace.nodes["weight"]).event_shape

@@ -9,11 +9,6 @@ Outside a handler the layers are unchanged, and the KL term is never touched.
 
 Example
 -------
->>> import torch, pyro
->>> import pyro_bbb
->>> from pyro_bbb import likelihoods
->>> from pyro_bbb.nn import BayesianLinear
->>> pyro.clear_param_store()
 >>> bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.1))
 >>> guide = pyro_bbb.MeanFieldGuide(bnn)
 >>> svi = pyro.infer.SVI(bnn, guide, pyro.optim.Adam({"lr": 1e-2}), pyro_bbb.ELBO(num_data=100))
@@ -184,10 +179,6 @@ def flipout(fn: Callable | None = None) -> FlipoutMessenger | Callable:
 
     Example
     -------
-    >>> import torch, pyro
-    >>> from pyro_bbb import MeanFieldGuide
-    >>> from pyro_bbb.nn import BayesianLinear
-    >>> pyro.clear_param_store()
     >>> layer = BayesianLinear(3, 2)
     >>> guide = MeanFieldGuide(layer, init_scale=0.5)
     >>> x = torch.ones(2, 3)                                  # two identical examples
@@ -206,10 +197,6 @@ def local_reparameterization(fn: Callable | None = None) -> LocalReparameterizat
 
     Example
     -------
-    >>> import torch, pyro
-    >>> from pyro_bbb import MeanFieldGuide
-    >>> from pyro_bbb.nn import BayesianLinear
-    >>> pyro.clear_param_store()
     >>> layer = BayesianLinear(3, 2)
     >>> guide = MeanFieldGuide(layer, init_scale=0.5)
     >>> x = torch.ones(4, 3)
@@ -259,7 +246,6 @@ class DataPlateScaleMessenger(Messenger):
 
     Example
     -------
-    >>> import pyro, pyro.distributions as dist, pyro.poutine as poutine
     >>> def model(y):
     ...     with pyro.plate("data", len(y)):
     ...         pyro.sample("y", dist.Normal(0.0, 1.0), obs=y)
@@ -320,7 +306,6 @@ def scale_data_plate(fn: Callable | None = None, num_data: int | None = None,
 
     Example
     -------
-    >>> import pyro, pyro.distributions as dist, pyro.poutine as poutine
     >>> def model(y):
     ...     with pyro.plate("data", len(y)):
     ...         pyro.sample("y", dist.Normal(0.0, 1.0), obs=y)
@@ -338,7 +323,6 @@ class ObservationPlaceholderMessenger(Messenger):
 
     Example
     -------
-    >>> import pyro, pyro.distributions as dist, pyro.poutine as poutine
     >>> def model(x):
     ...     with pyro.plate("data", len(x)):
     ...         return pyro.sample("y", dist.Normal(x, 1.0))
@@ -378,7 +362,6 @@ class SubsampleCoverMessenger(Messenger):
 
     Example
     -------
-    >>> import pyro
     >>> def model():
     ...     with pyro.plate("data", 5, subsample_size=2) as idx:
     ...         return idx
@@ -410,7 +393,6 @@ def cover_subsample(fn: Callable | None = None, data_plate: str = DATA_PLATE,
 
     Example
     -------
-    >>> import pyro
     >>> def model():
     ...     with pyro.plate("data", 5, subsample_size=2) as idx:
     ...         return idx

@@ -9,11 +9,7 @@ exactly the gradient of ``N / G * NLL(global batch) + KL`` (the per-rank losses 
 
 Example
 -------
->>> import torch, pyro
 >>> import lightning.pytorch as pl
->>> import pyro_bbb
->>> from pyro_bbb import likelihoods
->>> from pyro_bbb.nn import BayesianLinear
 >>> from torch.utils.data import DataLoader, TensorDataset
 >>> pyro.clear_param_store()
 >>> x, y = torch.randn(64, 3), torch.randn(64)

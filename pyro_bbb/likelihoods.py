@@ -9,7 +9,6 @@ The network's output always keeps its feature dimension: ``(*sample_dims, batch,
 
 Example
 -------
->>> import torch, pyro.poutine as poutine
 >>> likelihood = Categorical()
 >>> trace = poutine.trace(likelihood).get_trace(torch.randn(4, 3), torch.tensor([0, 2, 1, 1]))
 >>> trace.nodes["y"]["fn"].batch_shape, trace.nodes["y"]["cond_indep_stack"][0].name

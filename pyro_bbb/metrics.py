@@ -5,7 +5,6 @@ it needs (predictive means, class probabilities) and the targets, and returns a 
 
 Example
 -------
->>> import torch
 >>> probs = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]])
 >>> y = torch.tensor([0, 1, 1])
 >>> round(accuracy(probs, y), 3), round(brier_score(probs, y), 3)
@@ -58,7 +57,6 @@ def log_likelihood(prediction: Prediction, y: torch.Tensor, reduction: str = "me
 
     Example
     -------
-    >>> import pyro.distributions as dist
     >>> p = Prediction(dist.Normal(torch.zeros(2, 3), 1.0), torch.zeros(2, 3))
     >>> round(log_likelihood(p, torch.zeros(3)), 4)     # log N(0 | 0, 1)
     -0.9189

@@ -7,7 +7,6 @@ exactly the same updates. Use it wherever a :class:`pyro.optim.PyroOptim` goes (
 
 Example
 -------
->>> import torch
 >>> p = torch.nn.Parameter(torch.zeros(3))
 >>> p.grad = torch.ones(3)
 >>> optimizer = Adam(lr=0.1)
@@ -39,7 +38,6 @@ class Adam(PyroOptim):
 
     Example
     -------
-    >>> import pyro
     >>> Adam(lr=1e-2)
     Adam(lr=0.01, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0)
     """

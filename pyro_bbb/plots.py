@@ -8,7 +8,6 @@ Example
 -------
 >>> import matplotlib
 >>> matplotlib.use("Agg")
->>> import torch, pyro.distributions as dist
 >>> from pyro_bbb.prediction import ClassificationPrediction
 >>> pred = ClassificationPrediction(dist.Categorical(logits=torch.randn(20, 50, 3)), torch.zeros(20, 50))
 >>> fig = plot_reliability(pred, torch.randint(0, 3, (50,)))
@@ -95,10 +94,6 @@ def plot_std_ratio(model: Callable, guide, path: str | Path | None = None, bins:
 
     Example
     -------
-    >>> import torch, pyro
-    >>> from pyro_bbb import MeanFieldGuide
-    >>> from pyro_bbb.nn import BayesianLinear
-    >>> pyro.clear_param_store()
     >>> layer = BayesianLinear(3, 2)
     >>> guide = MeanFieldGuide(layer, init_scale=0.1)
     >>> _ = guide(torch.randn(4, 3))
@@ -174,7 +169,6 @@ def plot_predictive_band(
 
     Example
     -------
-    >>> import torch, pyro.distributions as dist
     >>> from pyro_bbb.prediction import RegressionPrediction
     >>> grid = torch.linspace(-1, 1, 20).unsqueeze(-1)
     >>> pred = RegressionPrediction(dist.Normal(torch.randn(30, 20), 0.1), torch.zeros(30, 20))

@@ -4,7 +4,6 @@ makes them.
 
 Example
 -------
->>> import torch, pyro.distributions as dist
 >>> p = RegressionPrediction(dist.Normal(torch.tensor([[0.0], [2.0]]), 1.0), torch.zeros(2, 1))
 >>> p.mean, p.epistemic_std
 (tensor([1.]), tensor([1.]))

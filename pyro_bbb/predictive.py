@@ -6,10 +6,6 @@ run alone, and the per-draw likelihoods are stacked into a :mod:`pyro_bbb.predic
 
 Example
 -------
->>> import torch, pyro
->>> from pyro_bbb import BNN, MeanFieldGuide, likelihoods
->>> from pyro_bbb.nn import BayesianLinear
->>> pyro.clear_param_store()
 >>> bnn = BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.1))
 >>> guide = MeanFieldGuide(bnn)
 >>> _ = guide(torch.randn(8, 3), torch.randn(8))   # normally done by pyro_bbb.fit
@@ -185,10 +181,6 @@ def set_up_guide(model: Callable, guide: Callable, x: torch.Tensor) -> None:
 
     Example
     -------
-    >>> import pyro
-    >>> from pyro_bbb import BNN, MeanFieldGuide, likelihoods
-    >>> from pyro_bbb.nn import BayesianLinear
-    >>> pyro.clear_param_store()
     >>> bnn = BNN(BayesianLinear(3, 2), likelihoods.Categorical())
     >>> guide = MeanFieldGuide(bnn)
     >>> set_up_guide(bnn, guide, torch.randn(1, 3))
@@ -264,10 +256,6 @@ def predict(
 
     Example
     -------
-    >>> import pyro
-    >>> from pyro_bbb import BNN, MeanFieldGuide, likelihoods
-    >>> from pyro_bbb.nn import BayesianLinear
-    >>> pyro.clear_param_store()
     >>> bnn = BNN(BayesianLinear(4, 3), likelihoods.Categorical())
     >>> guide = MeanFieldGuide(bnn)
     >>> _ = guide(torch.randn(8, 4), torch.randint(0, 3, (8,)))
@@ -286,10 +274,6 @@ def predict_with_draws(
 
     Example
     -------
-    >>> import pyro
-    >>> from pyro_bbb import BNN, MeanFieldGuide, likelihoods
-    >>> from pyro_bbb.nn import BayesianLinear
-    >>> pyro.clear_param_store()
     >>> bnn = BNN(BayesianLinear(2, 1), likelihoods.Gaussian(scale=0.1))
     >>> guide = MeanFieldGuide(bnn)
     >>> _ = guide(torch.zeros(3, 2), torch.zeros(3))

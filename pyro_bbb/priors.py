@@ -6,7 +6,6 @@ Any :class:`pyro.distributions.Distribution` is accepted where a prior is expect
 
 Example
 -------
->>> from pyro_bbb import priors
 >>> d = priors.Normal(0.0, 0.5).distribution((3, 2), fan_in=2)
 >>> d.event_shape
 torch.Size([3, 2])

@@ -3,10 +3,6 @@
 
 Example
 -------
->>> import torch, pyro
->>> from pyro_bbb import MeanFieldGuide
->>> from pyro_bbb.nn import BayesianLinear
->>> pyro.clear_param_store()
 >>> guide = MeanFieldGuide(BayesianLinear(3, 2), init_scale=0.1)
 >>> _ = guide(torch.randn(4, 3))
 >>> pruned, fraction = prune_by_snr(guide, 0.5)
@@ -37,10 +33,6 @@ def signal_to_noise(guide) -> dict[str, torch.Tensor]:
 
     Example
     -------
-    >>> import torch, pyro
-    >>> from pyro_bbb import MeanFieldGuide
-    >>> from pyro_bbb.nn import BayesianLinear
-    >>> pyro.clear_param_store()
     >>> guide = MeanFieldGuide(BayesianLinear(3, 2), init_scale=0.1, init_loc=lambda s: torch.ones(s["fn"].shape()))
     >>> _ = guide(torch.randn(4, 3))
     >>> guide_snr = signal_to_noise(guide)
@@ -112,10 +104,6 @@ def prune_by_snr(guide, fraction: float) -> tuple[PrunedGuide, float]:
 
     Example
     -------
-    >>> import torch, pyro
-    >>> from pyro_bbb import MeanFieldGuide
-    >>> from pyro_bbb.nn import BayesianLinear
-    >>> pyro.clear_param_store()
     >>> guide = MeanFieldGuide(BayesianLinear(10, 10), init_scale=0.1)
     >>> _ = guide(torch.randn(4, 10))
     >>> pruned, achieved = prune_by_snr(guide, 0.5)

@@ -2,12 +2,6 @@
 
 Example
 -------
->>> import torch
->>> import pyro_bbb
->>> from pyro_bbb import likelihoods
->>> from pyro_bbb.nn import BayesianLinear
->>> import pyro
->>> pyro.clear_param_store()
 >>> x, y = torch.randn(100, 3), torch.randn(100)
 >>> bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian())
 >>> guide = pyro_bbb.MeanFieldGuide(bnn)

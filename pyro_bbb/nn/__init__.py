@@ -2,9 +2,7 @@
 
 Example
 -------
->>> import torch
 >>> from pyro.nn import PyroModule
->>> from pyro_bbb.nn import BayesianLinear
 >>> class Net(PyroModule):
 ...     def __init__(self):
 ...         super().__init__()

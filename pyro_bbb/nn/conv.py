@@ -119,7 +119,6 @@ class BayesianConv2d(_BayesianConvNd):
 
     Example
     -------
-    >>> from pyro_bbb import priors
     >>> conv = BayesianConv2d(3, 6, kernel_size=3, padding=1, prior=priors.FanInNormal())
     >>> conv
     BayesianConv2d(3, 6, kernel_size=(3, 3), stride=(1, 1), padding=(1, 1), prior=FanInNormal(gain=1.0))

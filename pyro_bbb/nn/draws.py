@@ -10,8 +10,6 @@ Everything between the Bayesian layers sees a plain ``(S * B, ...)`` batch.
 
 Example
 -------
->>> import pyro
->>> from pyro_bbb.nn import BayesianLinear
 >>> layer = BayesianLinear(3, 2)
 >>> x = torch.randn(5, 3)
 >>> with pyro.plate("draws", 4, dim=-2):                  # four weight draws

@@ -31,8 +31,6 @@ class BayesianLinear(BayesianModule):
 
     Example
     -------
-    >>> import torch
-    >>> from pyro_bbb import priors
     >>> layer = BayesianLinear(3, 2, prior=priors.Normal(0.0, 0.5))
     >>> layer
     BayesianLinear(in_features=3, out_features=2, bias=True, prior=Normal(loc=0.0, scale=0.5))

@@ -83,7 +83,6 @@ def is_layer_prior(fn) -> bool:
 
     Example
     -------
-    >>> from pyro_bbb.nn import BayesianLinear
     >>> layer = BayesianLinear(2, 1)
     >>> is_layer_prior(layer.prior_distribution("weight")), is_layer_prior(torch.distributions.Normal(0.0, 1.0))
     (True, False)
@@ -97,7 +96,6 @@ def site_owners(model) -> dict[str, str]:
     Example
     -------
     >>> from pyro.nn import PyroModule
-    >>> from pyro_bbb.nn import BayesianLinear
     >>> net = PyroModule[torch.nn.Sequential](BayesianLinear(2, 3), BayesianLinear(3, 1))
     >>> site_owners(net)
     {'0.weight': '0', '0.bias': '0', '1.weight': '1', '1.bias': '1'}
@@ -121,7 +119,6 @@ class BayesianModule(PyroModule):
 
     Example
     -------
-    >>> from pyro_bbb.nn import BayesianLinear
     >>> layer = BayesianLinear(3, 2)
     >>> sorted(layer.initial_values())
     ['bias', 'weight']
@@ -146,7 +143,6 @@ class BayesianModule(PyroModule):
 
         Example
         -------
-        >>> from pyro_bbb.nn import BayesianLinear
         >>> layer = BayesianLinear(2, 1)
         >>> layer.set_initial_value("bias", torch.tensor([0.5]))
         >>> layer.initial_values()["bias"]
@@ -159,7 +155,6 @@ class BayesianModule(PyroModule):
 
         Example
         -------
-        >>> from pyro_bbb.nn import BayesianLinear
         >>> BayesianLinear(3, 2, bias=False).bayesian_parameters()
         {'weight': Normal(loc=0.0, scale=1.0)}
         """
@@ -170,7 +165,6 @@ class BayesianModule(PyroModule):
 
         Example
         -------
-        >>> from pyro_bbb.nn import BayesianLinear
         >>> BayesianLinear(3, 2).prior_distribution("weight").event_shape
         torch.Size([2, 3])
         """
@@ -194,8 +188,6 @@ class BayesianModule(PyroModule):
 
         Example
         -------
-        >>> from pyro_bbb import priors
-        >>> from pyro_bbb.nn import BayesianLinear
         >>> layer = BayesianLinear(3, 2, prior=priors.Moped(delta=0.1))
         >>> torch.allclose(layer.initial_scales()["weight"], (0.1 * layer.weight_init.abs()).clamp_min(1e-3))
         True
@@ -212,7 +204,6 @@ class BayesianModule(PyroModule):
 
         Example
         -------
-        >>> from pyro_bbb.nn import BayesianLinear
         >>> BayesianLinear(3, 2).initial_values()["weight"].shape
         torch.Size([2, 3])
         """

@@ -8,7 +8,6 @@ example and shared by every time step.
 
 Example
 -------
->>> import torch
 >>> lstm = BayesianLSTM(7, 4, batch_first=True)
 >>> output, (h_n, c_n) = lstm(torch.randn(2, 12, 7))
 >>> output.shape, h_n.shape, c_n.shape
@@ -317,7 +316,6 @@ class BayesianLSTM(_RecurrentLayer):
 
     Example
     -------
-    >>> from pyro_bbb import priors
     >>> BayesianLSTM(7, 4, num_layers=2, bidirectional=True, recurrent_prior=priors.Normal(0.0, 0.5))
     BayesianLSTM(7, 4, num_layers=2, bidirectional=True, prior=Normal(loc=0.0, scale=1.0), \
 weight_hh_l0_prior=Normal(loc=0.0, scale=0.5), weight_hh_l0_reverse_prior=Normal(loc=0.0, scale=0.5), \
