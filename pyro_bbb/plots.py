@@ -27,7 +27,7 @@ from .nn.module import site_owners
 from .prediction import ClassificationPrediction, RegressionPrediction
 from .priors import is_real_support, prior_std, strip_independent
 
-__all__ = ["plot_history", "plot_std_ratio", "plot_reliability", "plot_predictive_band"]
+__all__ = ["plot_history", "plot_std_ratio", "plot_reliability", "plot_predictive_band", "save_figure"]
 
 
 def _pyplot():
@@ -36,6 +36,27 @@ def _pyplot():
     except ImportError as error:  # pragma: no cover - depends on the environment
         raise ImportError("pyro_bbb.plots needs matplotlib: pip install matplotlib") from error
     return plt
+
+
+def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
+    """Lay ``fig`` out, write it to ``path`` as PNG (creating the folder) and close it; returns the path.
+
+    Example
+    -------
+    >>> import tempfile, matplotlib
+    >>> matplotlib.use("Agg")
+    >>> import matplotlib.pyplot as plt
+    >>> fig, ax = plt.subplots()
+    >>> save_figure(fig, Path(tempfile.mkdtemp()) / "figures" / "empty.png").name
+    'empty.png'
+    """
+    plt = _pyplot()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
 
 
 def _finish(fig, path: str | Path | None):

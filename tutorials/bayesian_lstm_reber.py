@@ -27,7 +27,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import pyro_bbb  # noqa: E402
-from pyro_bbb import likelihoods  # noqa: E402
+from pyro_bbb import likelihoods, plots  # noqa: E402
 from pyro_bbb.datasets import embedded_reber  # noqa: E402
 from pyro_bbb.nn import BayesianLinear, BayesianLSTM  # noqa: E402
 
@@ -89,10 +89,7 @@ def main(epochs: int, num_train: int, out_dir: Path, progress: bool = True) -> d
     axes[1].set(xlabel="epoch", ylabel="nats", title="KL(q || p)", yscale="log")
     for ax in axes:
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_dir / "reber_curves.png", dpi=110)
-    plt.close(fig)
+    plots.save_figure(fig, out_dir / "reber_curves.png", dpi=110)
     print(f"figure -> {out_dir / 'reber_curves.png'}")
     return results
 

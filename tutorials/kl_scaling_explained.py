@@ -36,7 +36,7 @@ import pyro  # noqa: E402
 import torch  # noqa: E402
 
 import pyro_bbb  # noqa: E402
-from pyro_bbb import likelihoods, metrics, priors, schedules  # noqa: E402
+from pyro_bbb import likelihoods, metrics, plots, priors, schedules  # noqa: E402
 from pyro_bbb.datasets import digits  # noqa: E402
 from pyro_bbb.nn import BayesianLinear  # noqa: E402
 
@@ -112,10 +112,7 @@ def main(regression_epochs: int, digits_epochs: int, out_dir: Path) -> dict[str,
     axes[1].set(ylim=(0, 1), ylabel="test accuracy", title="digits, 64-100-10 Bayesian MLP")
     for ax in axes:
         ax.tick_params(axis="x", labelrotation=25, labelsize=8)
-    fig.tight_layout()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_dir / "kl_scaling.png", dpi=110)
-    plt.close(fig)
+    plots.save_figure(fig, out_dir / "kl_scaling.png", dpi=110)
     print(f"figure -> {out_dir / 'kl_scaling.png'}")
     return {"std_ratio": ratios, "accuracy": accuracies}
 

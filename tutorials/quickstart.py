@@ -63,8 +63,7 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     fig = plots.plot_predictive_band(band, grid, x_train=x_train, y_train=y_train, truth=lambda g: torch.sin(3 * g),
                                      level=0.95)  # fmt: skip
     fig.axes[0].set(title="pyro_bbb quickstart: Bayes-by-Backprop regression", ylim=(-3, 3))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_dir / "quickstart_band.png", dpi=120)
+    plots.save_figure(fig, out_dir / "quickstart_band.png", dpi=120)
     history.plot(out_dir / "quickstart_history.png")
     plt.close("all")
     print(f"figures          ->  {out_dir / 'quickstart_band.png'}, {out_dir / 'quickstart_history.png'}")

@@ -28,7 +28,7 @@ import pyro  # noqa: E402
 import torch  # noqa: E402
 
 import pyro_bbb  # noqa: E402
-from pyro_bbb import diagnostics, likelihoods, metrics, schedules  # noqa: E402
+from pyro_bbb import diagnostics, likelihoods, metrics, plots, schedules  # noqa: E402
 from pyro_bbb.datasets import digits  # noqa: E402
 from pyro_bbb.nn import BayesianLinear  # noqa: E402
 
@@ -80,10 +80,7 @@ def main(epochs: int, out_dir: Path) -> dict[str, dict[str, object]]:
             ax.legend(fontsize=7)
     for ax in axes[-1]:
         ax.set_xlabel("epoch")
-    fig.tight_layout()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_dir / "why_is_my_kl_flat.png", dpi=100)
-    plt.close(fig)
+    plots.save_figure(fig, out_dir / "why_is_my_kl_flat.png", dpi=100)
     print(f"\nfigure -> {out_dir / 'why_is_my_kl_flat.png'}")
     return results
 
