@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 __all__ = [
     "ShardedBatches", "synchronise_parameters", "synchronise_buffers", "combine_gradients",
-    "raise_if_any_rank_failed", "collective_device",
+    "raise_if_any_rank_failed", "collective_device", "all_reduce_sum", "require_process_group",
 ]
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "FanInNormal",
     "Moped",
     "ScaleMixtureNormalDistribution",
+    "DistributionPrior",
     "as_prior",
     "prior_state",
     "is_real_support",
