@@ -11,7 +11,7 @@ from pyro.poutine.runtime import get_plates
 
 from .likelihoods import Likelihood
 from .nn.draws import fold_draws
-from .nn.module import data_plate_named
+from .nn.module import DATA_PLATE, data_plate_named
 
 __all__ = ["BNN"]
 
@@ -48,7 +48,7 @@ class BNN(PyroModule):
     ['net.0.weight', 'net.0.bias', 'net.2.weight', 'net.2.bias', 'y']
     """
 
-    def __init__(self, net: torch.nn.Module, likelihood: Likelihood, data_plate: str = "data"):
+    def __init__(self, net: torch.nn.Module, likelihood: Likelihood, data_plate: str = DATA_PLATE):
         super().__init__()
         if not isinstance(net, torch.nn.Module):
             raise TypeError(f"`net` must be a torch.nn.Module, got {type(net).__name__}.")

@@ -92,11 +92,7 @@ def _kl_per_element(q: dist.Distribution, p: dist.Distribution) -> torch.Tensor:
 
 
 def _kl(q: dist.Distribution, p: dist.Distribution) -> torch.Tensor:
-    try:
-        return kl_divergence(q, p).sum()
-    except NotImplementedError:
-        draws = q.sample((_MC_DRAWS,))
-        return (q.log_prob(draws) - p.log_prob(draws)).mean(0).sum()
+    return _kl_per_element(q, p).sum()
 
 
 @torch.no_grad()

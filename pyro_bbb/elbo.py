@@ -23,7 +23,7 @@ from pyro.util import check_model_guide_match, check_site_shape
 
 from .checks import check_count
 from .handlers import DataPlateScaleMessenger, scale_data_plate
-from .nn.module import data_plate_named
+from .nn.module import DATA_PLATE, data_plate_named
 from .priors import strip_independent
 from .pyro_adapter import check_mean_field_requirement
 from .schedules import Constant
@@ -99,7 +99,7 @@ class ELBO(TraceMeanField_ELBO):
         kl_weight: float | Callable[[int], float] = 1.0,
         num_particles: int = 1,
         vectorize_particles: bool = False,
-        data_plate: str = "data",
+        data_plate: str = DATA_PLATE,
         revalidate: bool = False,
         **kwargs: Any,
     ):

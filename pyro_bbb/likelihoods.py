@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from pyro.nn import PyroModule, PyroSample
 
 from .inputs import as_tensor, targets_like
+from .nn.module import DATA_PLATE
 from .prediction import ClassificationPrediction, Prediction, RegressionPrediction
 
 __all__ = ["TargetError", "Likelihood", "Gaussian", "HeteroscedasticGaussian", "Categorical", "Bernoulli"]
@@ -85,7 +86,8 @@ class Likelihood(PyroModule):
         """Summarise ``distribution`` (batch ``(S, batch)``: one member per weight draw) and predictive samples."""
         raise NotImplementedError
 
-    def forward(self, output: torch.Tensor, y: torch.Tensor | None = None, data_plate: str = "data") -> torch.Tensor:
+    def forward(self, output: torch.Tensor, y: torch.Tensor | None = None,
+                data_plate: str = DATA_PLATE) -> torch.Tensor:  # fmt: skip
         fn = self.distribution(output)
         num_data = fn.batch_shape[-1] if fn.batch_shape else 1
         if y is not None:

@@ -135,7 +135,7 @@ class History:
 
 
 # -- data ------------------------------------------------------------------------------------------------------
-def _check_batch(x: Any, y: Any, likelihood, what: str = "data",
+def _check_batch(x: Any, y: Any, likelihood, what: str = "the data",
                  dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``(x, y)`` as tensors (numpy arrays converted, floating ``x`` cast to the model's ``dtype``), checked."""
     try:
