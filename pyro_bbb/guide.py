@@ -19,7 +19,7 @@ from torch.distributions import transform_to
 from .checks import require_set_up
 from .nn.module import BayesianModule
 from .priors import is_real_support
-from .pyro_adapter import autonormal_loc_and_scale, module_local_params_enabled, site_name
+from .pyro_adapter import autonormal_event_dim, autonormal_loc_and_scale, module_local_params_enabled, site_name
 
 __all__ = [
     "MeanFieldGuide", "DEFAULT_INIT_SCALE", "has_site_posteriors", "require_site_posteriors", "site_loc_scale",
@@ -357,5 +357,5 @@ def site_posterior(guide, name: str, site: dict) -> dist.Distribution:
     torch.Size([1, 2])
     """
     loc, scale = site_loc_scale(guide, name)
-    normal = dist.Normal(loc, scale).to_event(guide._event_dims[name])
+    normal = dist.Normal(loc, scale).to_event(autonormal_event_dim(guide, name))
     return MeanFieldGuide._constrain(normal, site)

@@ -16,7 +16,7 @@ from pyro.nn.module import _is_module_local_param_enabled, _make_name
 
 __all__ = [
     "site_name", "module_local_params_enabled", "check_mean_field_requirement", "autonormal_loc_and_scale",
-    "set_up_autoguide",
+    "set_up_autoguide", "autonormal_event_dim",
 ]
 
 
@@ -77,3 +77,15 @@ def set_up_autoguide(guide: Any, *args: Any, **kwargs: Any) -> None:
         set_up_autoguide(guide, x_first, y_first)   # e.g. before broadcasting the parameters to other ranks
     """
     guide._setup_prototype(*args, **kwargs)
+
+
+def autonormal_event_dim(guide: Any, name: str) -> int:
+    """How many rightmost dimensions of site ``name`` an ``AutoNormal`` treats as one event.
+
+    Example
+    -------
+    ::
+
+        normal = dist.Normal(loc, scale).to_event(autonormal_event_dim(guide, "fc.weight"))
+    """
+    return guide._event_dims[name]
