@@ -1,4 +1,5 @@
-"""Look inside a fitted posterior: KL per layer, posterior width against the prior, signal-to-noise, pruning.
+"""Look inside a fitted posterior: KL per layer, posterior width against the prior, the per-layer and per-weight
+tables (signal-to-noise pruning lives in :mod:`pyro_bbb.pruning`).
 
 These answer "my KL does not change" and "is my network Bayesian at all": a layer whose KL per weight is
 near zero sits on its prior (the data is ignored); a layer whose posterior standard deviation is a tiny fraction
