@@ -297,9 +297,8 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
 
     # One plain pass finds the observation site, the plate nesting and each latent site's own shape.
     plain_guide = poutine.trace(guide).get_trace(chunks[0])
-    plain_pass = SubsampleCoverMessenger(data_plate, 0)(
-        ObservationPlaceholderMessenger(data_plate, x.device)(poutine.replay(model, trace=plain_guide))
-    )
+    cover = SubsampleCoverMessenger(data_plate, 0)
+    plain_pass = cover(ObservationPlaceholderMessenger(data_plate, x.device)(poutine.replay(model, trace=plain_guide)))
     plain_model = poutine.trace(plain_pass).get_trace(chunks[0])
     obs = _observation_site(plain_model, plain_guide, data_plate)
     nesting = max((_site_plate_dims(site) for _, site in plain_model.iter_stochastic_nodes()), default=0)
@@ -317,6 +316,8 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
              for name, value in draws.items()}  # fmt: skip
     shapes = {name: site["value"].shape for name, site in latent.items()}
     alone = {k: v.unsqueeze(0) for k, v in _params(plain_model.nodes[obs]["fn"], plain_model.nodes[obs], 0)[2].items()}
+    if cover.size is not None:  # piece 0 of a subsampling plate: only its first min(m, n) entries are distinct data
+        alone = {k: v[:, : min(cover.size, cover.subsample_size)] for k, v in alone.items()}
 
     block = sample_batch_size or draws_per_block(num_samples, chunks[0], shapes)
     results = None

@@ -236,7 +236,9 @@ def test_subsampling_data_plate_covers_every_input_in_order(vectorize, batch_siz
     model = Subsampled(subsample_size=40)
     guide = fitted_guide(model, x, y, init_scale=0.3)
     pyro.set_rng_seed(3)
-    pred = pyro_bbb.predict(model, guide, x, num_samples=7, vectorize=vectorize, batch_size=batch_size)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # vectorized without falling back, also for chunks smaller than the subsample
+        pred = pyro_bbb.predict(model, guide, x, num_samples=7, vectorize=vectorize, batch_size=batch_size)
     assert len(pred) == 60
     model.subsample_size = None  # the same guide and draws, without subsampling: the reference
     pyro.set_rng_seed(3)
