@@ -27,7 +27,7 @@ import torch
 import xarray as xr
 
 from .checks import check_count
-from .inputs import as_tensor, cast_inputs, model_dtype, targets_like
+from .inputs import cast_inputs, model_dtype, targets_of_shape
 from .nn.module import site_owners
 from .predictive import predict_with_draws
 
@@ -162,12 +162,7 @@ def to_inference_data(
         ),
     }
     if y is not None:
-        y = targets_like(as_tensor(y, "y").to(prediction.samples.device), prediction.samples.shape[1:])
-        if y.shape != prediction.samples.shape[1:]:
-            raise ValueError(
-                f"x has {x.shape[0]} rows and the model's observation needs targets of shape "
-                f"{tuple(prediction.samples.shape[1:])}, but y has shape {tuple(y.shape)}."
-            )
+        y = targets_of_shape(y, prediction.samples.shape[1:]).to(prediction.samples.device)
         likelihood = getattr(model, "likelihood", None)
         if likelihood is not None and hasattr(likelihood, "check_targets"):
             y = likelihood.check_targets(y)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
-from numbers import Real
 from operator import attrgetter
 
 import pyro
@@ -16,7 +14,7 @@ from pyro.infer.autoguide import AutoNormal
 from pyro.infer.autoguide.initialization import init_to_median
 from torch.distributions import transform_to
 
-from .checks import require_set_up
+from .checks import check_positive, require_set_up
 from .nn.module import BayesianModule
 from .priors import is_real_support
 from .pyro_adapter import autonormal_event_dim, autonormal_loc_and_scale, module_local_params_enabled, site_name
@@ -127,8 +125,7 @@ class MeanFieldGuide(AutoNormal):
             init_loc = init_loc_fn
         if init_scale is None:
             init_scale = DEFAULT_INIT_SCALE
-        if isinstance(init_scale, bool) or not isinstance(init_scale, Real) or not 0 < init_scale < math.inf:
-            raise ValueError(f"`init_scale` must be a finite number > 0, got {init_scale!r}.")
+        check_positive("init_scale", init_scale)
         if init_loc == "module":
             init_loc_fn = _InitFromModules(model)
         elif callable(init_loc):

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["as_tensor", "targets_like", "model_dtype", "cast_inputs"]
+__all__ = ["as_tensor", "targets_like", "targets_of_shape", "model_dtype", "cast_inputs"]
 
 
 def as_tensor(value: Any, name: str) -> torch.Tensor:
@@ -51,6 +51,29 @@ def targets_like(y: torch.Tensor, shape: torch.Size | tuple[int, ...]) -> torch.
     """
     if tuple(y.shape) == (*shape, 1):
         return y.reshape(shape)
+    return y
+
+
+def targets_of_shape(y: Any, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
+    """Targets for predictions of ``shape``: a tensor (numpy converted), ``(N, 1)`` read as ``(N,)``, or a
+    ``ValueError`` naming both shapes.
+
+    Example
+    -------
+    >>> targets_of_shape(np.zeros((3, 1)), (3,)).shape
+    torch.Size([3])
+    >>> targets_of_shape(torch.zeros(4), (3,))
+    Traceback (most recent call last):
+    ...
+    ValueError: the prediction covers 3 inputs and needs targets of shape (3,), but y has shape (4,).
+    """
+    shape = tuple(shape)
+    y = targets_like(as_tensor(y, "y"), shape)
+    if tuple(y.shape) != shape:
+        raise ValueError(
+            f"the prediction covers {shape[0]} inputs and needs targets of shape {shape}, but y has shape "
+            f"{tuple(y.shape)}."
+        )
     return y
 
 

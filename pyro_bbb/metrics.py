@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from .checks import check_count
-from .inputs import as_tensor, targets_like
+from .inputs import targets_of_shape
 from .prediction import ClassificationPrediction, Prediction, RegressionPrediction
 
 __all__ = [
@@ -27,17 +27,6 @@ __all__ = [
     "brier_score",
     "interval_coverage",
 ]
-
-
-def _check_targets(y, shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
-    """The targets as a tensor of ``shape`` (the predictions' shape; ``(N, 1)`` is read as ``(N,)``), or an error."""
-    y = targets_like(as_tensor(y, "y"), tuple(shape))
-    if tuple(y.shape) != tuple(shape):
-        raise ValueError(
-            f"the prediction covers {shape[0]} inputs and needs targets of shape {tuple(shape)}, but y has shape "
-            f"{tuple(y.shape)}."
-        )
-    return y
 
 
 def _class_probs(prediction: ClassificationPrediction | torch.Tensor) -> torch.Tensor:
@@ -63,7 +52,7 @@ def log_likelihood(prediction: Prediction, y: torch.Tensor, reduction: str = "me
     """
     if not isinstance(prediction, Prediction):
         raise TypeError(f"log_likelihood needs a Prediction from pyro_bbb.predict, got {type(prediction).__name__}.")
-    y = _check_targets(y, prediction.samples.shape[1:])
+    y = targets_of_shape(y, prediction.samples.shape[1:])
     per_datum = prediction.log_likelihood(y)
     if reduction == "none":
         return per_datum
@@ -83,7 +72,7 @@ def rmse(prediction: RegressionPrediction | torch.Tensor, y: torch.Tensor) -> fl
     0.7071067690849304
     """
     mean = prediction.mean if isinstance(prediction, RegressionPrediction) else prediction
-    y = _check_targets(y, mean.shape)
+    y = targets_of_shape(y, mean.shape)
     return float((mean - y).pow(2).mean().sqrt())
 
 
@@ -96,7 +85,7 @@ def accuracy(prediction: ClassificationPrediction | torch.Tensor, y: torch.Tenso
     0.5
     """
     probs = _class_probs(prediction)
-    y = _check_targets(y, probs.shape[:1])
+    y = targets_of_shape(y, probs.shape[:1])
     return float((probs.argmax(-1) == y.long()).float().mean())
 
 
@@ -115,7 +104,7 @@ def expected_calibration_error(
     """
     check_count("num_bins", num_bins)
     probs = _class_probs(prediction)
-    y = _check_targets(y, probs.shape[:1])
+    y = targets_of_shape(y, probs.shape[:1])
     confidence, predicted = probs.max(-1)
     correct = (predicted == y.long()).to(probs.dtype)
     bins = (confidence * num_bins).long().clamp(max=num_bins - 1)
@@ -133,7 +122,7 @@ def brier_score(prediction: ClassificationPrediction | torch.Tensor, y: torch.Te
     2.0
     """
     probs = _class_probs(prediction)
-    y = _check_targets(y, probs.shape[:1])
+    y = targets_of_shape(y, probs.shape[:1])
     one_hot = torch.nn.functional.one_hot(y.long(), probs.shape[-1]).to(probs.dtype)
     return float((probs - one_hot).pow(2).sum(-1).mean())
 
@@ -154,5 +143,5 @@ def interval_coverage(
         lower, upper = prediction.interval(level)
     else:
         lower, upper = prediction
-    y = _check_targets(y, lower.shape)
+    y = targets_of_shape(y, lower.shape)
     return float(((y >= lower) & (y <= upper)).float().mean())

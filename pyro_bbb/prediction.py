@@ -16,7 +16,7 @@ import math
 import pyro.distributions as dist
 import torch
 
-from .inputs import as_tensor, targets_like
+from .inputs import targets_of_shape
 from .priors import strip_independent
 
 __all__ = ["Prediction", "RegressionPrediction", "ClassificationPrediction", "prediction_for"]
@@ -54,11 +54,7 @@ class Prediction:
     def log_prob(self, y: torch.Tensor) -> torch.Tensor:
         """``log p(y | x, w_s)`` for every draw s and datum: shape ``(S, batch)`` (``(batch, 1)`` targets of scalar
         predictions are read as ``(batch,)``)."""
-        y = targets_like(as_tensor(y, "y").to(self.samples.device), self.samples.shape[1:])
-        if y.shape != self.samples.shape[1:]:
-            raise ValueError(f"the prediction needs targets of shape {tuple(self.samples.shape[1:])}, but y has "
-                             f"shape {tuple(y.shape)}.")  # fmt: skip
-        return self.distribution.log_prob(y)
+        return self.distribution.log_prob(targets_of_shape(y, self.samples.shape[1:]).to(self.samples.device))
 
     def log_likelihood(self, y: torch.Tensor) -> torch.Tensor:
         """Log posterior predictive density per datum: ``log mean_s p(y | x, w_s)``, shape ``(batch,)``."""

@@ -142,9 +142,9 @@ def _run_draws(model, draws, shapes, x, obs, data_plate: str, nesting: int, bloc
     return family, reinterpreted, {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
-def _run_covering(model, draws, shapes, x, obs, data_plate: str, nesting: int, block, num_samples: int, pieces=None):
+def _run_covering(model, draws, shapes, x, obs, data_plate: str, nesting: int, block, num_samples: int):
     """:func:`_run_draws` over every input: a data plate that subsamples is run piece by piece (its full size
-    covered once, in order) and the pieces joined; ``pieces`` limits how many are run."""
+    covered once, in order) and the pieces joined."""
     parts, piece = [], 0
     while True:
         cover = SubsampleCoverMessenger(data_plate, piece)
@@ -155,7 +155,7 @@ def _run_covering(model, draws, shapes, x, obs, data_plate: str, nesting: int, b
         keep = min(cover.subsample_size, cover.size - piece * cover.subsample_size)
         parts.append({name: value[:, :keep] for name, value in params.items()})
         piece += 1
-        if piece * cover.subsample_size >= cover.size or (pieces is not None and piece >= pieces):
+        if piece * cover.subsample_size >= cover.size:
             return family, reinterpreted, {name: torch.cat([p[name] for p in parts], 1) for name in parts[0]}
 
 
