@@ -93,6 +93,10 @@ class _Recurrent(BayesianModule):
             weight = draws_leading(weight, 2, num_draws)
         return sample_dims(weight, feature_dims=1)
 
+    def _map_state(self, state, fn):
+        """``fn`` on a recurrent state: each of an LSTM's ``(h, c)``, a GRU's ``h``."""
+        return tuple(fn(h) for h in state) if self._mode == "LSTM" else fn(state)
+
     def _unfolds(self) -> int | None:
         """The number of draws folded into the batch when this layer's weights carry them, else ``None``."""
         num_draws = folded_draws()
@@ -128,6 +132,15 @@ class _RecurrentCell(_Recurrent):
             cached = self.__dict__["_maps"] = (weights, example_shape, self._map("", example_shape))
         return cached[2]
 
+    def _run_folding(self, input: torch.Tensor, hx):
+        """``_run``, with folded rows (see :mod:`pyro_bbb.nn.draws`) unfolded into ``(S, B)`` and folded back."""
+        num_draws = self._unfolds()
+        if num_draws is None:
+            return self._run(input, hx)
+        state = None if hx is None else self._map_state(hx, lambda h: unfold_rows(h, num_draws, h.dim() - 2))
+        state = self._run(unfold_rows(input, num_draws, input.dim() - 2), state)
+        return self._map_state(state, lambda h: fold_rows(h, h.dim() - 3))
+
     def _zeros(self, input: torch.Tensor) -> torch.Tensor:
         shape = torch.broadcast_shapes(input.shape[:-1], self._sample_shape("")) + (self.hidden_size,)
         return input.new_zeros(shape)
@@ -160,12 +173,7 @@ class BayesianLSTMCell(_RecurrentCell):
 
     def forward(self, input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None):
         self._check_input(input, self.input_size, "an input")
-        num_draws = self._unfolds()
-        if num_draws is not None:  # folded rows: draw s on block s (see pyro_bbb.nn.draws)
-            state = None if hx is None else tuple(unfold_rows(h, num_draws, h.dim() - 2) for h in hx)
-            h, c = self._run(unfold_rows(input, num_draws, input.dim() - 2), state)
-            return fold_rows(h, h.dim() - 3), fold_rows(c, c.dim() - 3)
-        return self._run(input, hx)
+        return self._run_folding(input, hx)
 
     def _run(self, input, hx):
         if hx is None:
@@ -187,12 +195,7 @@ class BayesianGRUCell(_RecurrentCell):
 
     def forward(self, input: torch.Tensor, hx: torch.Tensor | None = None) -> torch.Tensor:
         self._check_input(input, self.input_size, "an input")
-        num_draws = self._unfolds()
-        if num_draws is not None:  # folded rows: draw s on block s (see pyro_bbb.nn.draws)
-            state = None if hx is None else unfold_rows(hx, num_draws, hx.dim() - 2)
-            h = self._run(unfold_rows(input, num_draws, input.dim() - 2), state)
-            return fold_rows(h, h.dim() - 3)
-        return self._run(input, hx)
+        return self._run_folding(input, hx)
 
     def _run(self, input, hx):
         if hx is None:
@@ -240,9 +243,6 @@ class _RecurrentLayer(_Recurrent):
         output, state = self._run(sequence, state)
         output = fold_rows(output.movedim(0, batch_dim), batch_dim)
         return output, self._map_state(state, lambda h: fold_rows(h.movedim(0, h.dim() - 3), h.dim() - 3))
-
-    def _map_state(self, state, fn):
-        return tuple(fn(h) for h in state) if self._mode == "LSTM" else fn(state)
 
     def _run(self, input: torch.Tensor, hx):
         sequence_in = input if self.batch_first else input.movedim(-3, -2)  # (..., B, T, features)
