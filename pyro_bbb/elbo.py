@@ -22,7 +22,7 @@ from pyro.poutine.util import prune_subsample_sites
 from pyro.util import check_model_guide_match, check_site_shape
 
 from .checks import check_count
-from .handlers import DataPlateScaleMessenger, scale_data_plate
+from .handlers import DataPlateScaleMessenger, data_plate_frame, scale_data_plate
 from .nn.module import DATA_PLATE, data_plate_named
 from .priors import strip_independent
 from .pyro_adapter import check_mean_field_requirement
@@ -310,11 +310,7 @@ def _particle_matches_alone(vectorized_model, model, guide_trace, max_plate_nest
 
 def _data_plate_frame(trace, data_plate: str):
     """The data plate's frame in a trace (its size this call and the size it declared), or ``None``."""
-    for site in trace.nodes.values():
-        for frame in site.get("cond_indep_stack", ()):
-            if frame.name == data_plate:
-                return frame
-    return None
+    return next((f for f in (data_plate_frame(site, data_plate) for site in trace.nodes.values()) if f), None)
 
 
 def _detach(value):

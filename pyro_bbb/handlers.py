@@ -31,7 +31,7 @@ from .nn.module import DATA_PLATE, is_layer_prior
 
 __all__ = [
     "FlipoutMessenger", "LocalReparameterizationMessenger", "flipout", "local_reparameterization", "ESTIMATORS",
-    "estimator", "DataPlateScaleMessenger", "scale_data_plate", "ObservationPlaceholderMessenger",
+    "estimator", "data_plate_frame", "DataPlateScaleMessenger", "scale_data_plate", "ObservationPlaceholderMessenger",
     "observation_placeholder", "SubsampleCoverMessenger", "cover_subsample",
 ]
 
@@ -231,8 +231,20 @@ def estimator(name: str) -> Callable[[], Any]:
 
 
 # -- the data plate ---------------------------------------------------------------------------------------------
-def _data_plate_frame(msg: dict[str, Any], data_plate: str):
-    return next((f for f in msg["cond_indep_stack"] if f.name == data_plate), None)
+def data_plate_frame(site: dict[str, Any], data_plate: str = DATA_PLATE):
+    """The frame of the plate called ``data_plate`` around a message or trace site (its size this call and the size
+    it declared), or ``None`` when the site is not inside it.
+
+    Example
+    -------
+    >>> def model():
+    ...     with pyro.plate("data", 10, subsample_size=4):
+    ...         pyro.sample("y", dist.Normal(0.0, 1.0))
+    >>> frame = data_plate_frame(poutine.trace(model).get_trace().nodes["y"])
+    >>> frame.size, frame.full_size
+    (4, 10)
+    """
+    return next((f for f in site.get("cond_indep_stack", ()) if f.name == data_plate), None)
 
 
 class DataPlateScaleMessenger(Messenger):
@@ -263,7 +275,7 @@ class DataPlateScaleMessenger(Messenger):
     def _pyro_sample(self, msg: dict[str, Any]) -> None:
         if msg["infer"].get("_deterministic"):
             return
-        frame = _data_plate_frame(msg, self.data_plate)
+        frame = data_plate_frame(msg, self.data_plate)
         if frame is None:
             self._check_outside(msg)
         elif (frame.full_size or frame.size) != frame.size:  # the plate subsamples and already scales by N / B
@@ -336,7 +348,7 @@ class ObservationPlaceholderMessenger(Messenger):
         self.device = device
 
     def _pyro_sample(self, msg: dict[str, Any]) -> None:
-        if msg["value"] is None and _data_plate_frame(msg, self.data_plate) is not None:
+        if msg["value"] is None and data_plate_frame(msg, self.data_plate) is not None:
             msg["value"] = torch.zeros(msg["fn"].shape(), device=self.device)
 
 

@@ -25,7 +25,7 @@ import pyro.poutine as poutine
 import torch
 
 from .checks import check_count, data_plate_of, is_set_up
-from .handlers import ObservationPlaceholderMessenger, SubsampleCoverMessenger
+from .handlers import ObservationPlaceholderMessenger, SubsampleCoverMessenger, data_plate_frame
 from .inputs import cast_inputs, model_dtype
 from .nn.module import data_plate_named
 from .prediction import Prediction, prediction_for
@@ -88,7 +88,7 @@ def _observation_site(model_trace, guide_trace, data_plate: str) -> str:
     names = [
         name
         for name, site in model_trace.iter_stochastic_nodes()
-        if name not in guide_trace.nodes and any(f.name == data_plate for f in site["cond_indep_stack"])
+        if name not in guide_trace.nodes and data_plate_frame(site, data_plate) is not None
     ]
     if len(names) != 1:
         raise ValueError(
@@ -191,7 +191,7 @@ def set_up_guide(model: Callable, guide: Callable, x: torch.Tensor) -> None:
     with torch.random.fork_rng(devices=[]), torch.no_grad(), poutine.block():
         trace = poutine.trace(model).get_trace(x)
         observations = [site["value"] for site in trace.nodes.values()
-                        if site["type"] == "sample" and any(f.name == data_plate for f in site["cond_indep_stack"])]
+                        if site["type"] == "sample" and data_plate_frame(site, data_plate) is not None]
         guide(x, *observations[:1])  # fmt: skip
 
 
@@ -303,7 +303,7 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
     obs = _observation_site(plain_model, plain_guide, data_plate)
     nesting = max((_site_plate_dims(site) for _, site in plain_model.iter_stochastic_nodes()), default=0)
     latent = {name: site for name, site in plain_guide.iter_stochastic_nodes()}
-    local = [name for name, site in latent.items() if any(f.name == data_plate for f in site["cond_indep_stack"])]
+    local = [name for name, site in latent.items() if data_plate_frame(site, data_plate) is not None]
     if local:
         raise ValueError(f"predict draws global weights only; the guide samples {local} inside the data plate.")
 
