@@ -26,6 +26,9 @@ from .nn import (
     BayesianConv1d,
     BayesianConv2d,
     BayesianConv3d,
+    BayesianConvTranspose1d,
+    BayesianConvTranspose2d,
+    BayesianConvTranspose3d,
     BayesianGRU,
     BayesianGRUCell,
     BayesianLinear,
@@ -43,6 +46,9 @@ SUPPORTED: dict[type[nn.Module], type[BayesianModule]] = {
     nn.Conv1d: BayesianConv1d,
     nn.Conv2d: BayesianConv2d,
     nn.Conv3d: BayesianConv3d,
+    nn.ConvTranspose1d: BayesianConvTranspose1d,
+    nn.ConvTranspose2d: BayesianConvTranspose2d,
+    nn.ConvTranspose3d: BayesianConvTranspose3d,
     nn.LSTM: BayesianLSTM,
     nn.GRU: BayesianGRU,
     nn.LSTMCell: BayesianLSTMCell,
@@ -89,6 +95,11 @@ def _make_twin(module: nn.Module, twin: type[BayesianModule], prior: Prior | Non
     kwargs = {"prior": prior, "device": weight.device, "dtype": weight.dtype}
     if isinstance(module, nn.Linear):
         new = twin(module.in_features, module.out_features, bias=module.bias is not None, **kwargs)
+    elif isinstance(module, nn.modules.conv._ConvTransposeNd):
+        new = twin(module.in_channels, module.out_channels, module.kernel_size, stride=module.stride,
+                   padding=module.padding, output_padding=module.output_padding, groups=module.groups,
+                   bias=module.bias is not None, dilation=module.dilation, padding_mode=module.padding_mode,
+                   **kwargs)  # fmt: skip
     elif isinstance(module, nn.modules.conv._ConvNd):
         new = twin(module.in_channels, module.out_channels, module.kernel_size, stride=module.stride,
                    padding=module.padding, dilation=module.dilation, groups=module.groups,
@@ -122,7 +133,7 @@ def bayesianize(
 ) -> PyroModule:
     """A copy of ``module`` with the chosen layers replaced by their Bayesian twins; the original is untouched.
 
-    Layers are chosen by type (``isinstance`` against :data:`SUPPORTED`: ``nn.Linear``, ``nn.Conv1d/2d/3d``,
+    Layers are chosen by type (``isinstance`` against :data:`SUPPORTED`: ``nn.Linear``, ``nn.Conv1d/2d/3d``, ``nn.ConvTranspose1d/2d/3d``,
     ``nn.LSTM``, ``nn.GRU`` and their cells), then
     narrowed by module name (``fnmatch`` patterns such as ``"head.*"``) or a predicate ``(name, module) -> bool``.
     Everything else (normalisation, dropout, activations, embeddings, attention, custom modules) stays

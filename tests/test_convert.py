@@ -167,3 +167,35 @@ def test_attention_is_left_alone_and_unsupported_requests_are_errors():
         pyro_bbb.bayesianize(SmallCNN(), include=["norm", "head"])
     with pytest.raises(ValueError, match=r"drop \(Dropout\)"):
         pyro_bbb.bayesianize(nn.ModuleDict({"drop": nn.Dropout(0.1), "fc": nn.Linear(2, 3)}), include=["drop"])
+
+
+class ConvAutoencoder(nn.Module):
+    """8x8 images -> 4 channels at 4x4 -> 8x8 reconstructions (flattened for the Gaussian likelihood)."""
+
+    def __init__(self):
+        super().__init__()
+        self.encode = nn.Conv2d(1, 4, 3, stride=2, padding=1)
+        self.decode = nn.ConvTranspose2d(4, 1, 3, stride=2, padding=1, output_padding=1)
+
+    def forward(self, x):
+        return self.decode(torch.relu(self.encode(x)), output_size=x.shape[-2:]).flatten(1)
+
+
+@pytest.mark.parametrize("estimator", ["reparam", "flipout", "local_reparam"])
+def test_a_converted_convolutional_autoencoder_trains(estimator):
+    x, _ = images(n=160)
+    net = pyro_bbb.bayesianize(ConvAutoencoder())
+    assert type(net.decode).__name__ == "BayesianConvTranspose2d" and net.decode.output_padding == (1, 1)
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.3))
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    targets = x.flatten(1)
+    baseline = float(((targets - targets.mean(0)) ** 2).mean())  # predicting the mean image
+    pyro_bbb.fit(bnn, guide, (x, targets), epochs=60, batch_size=32, lr=0.02, estimator=estimator,
+                 progress=False, seed=0)  # fmt: skip
+    pyro.set_rng_seed(1)
+    fast = pyro_bbb.predict(bnn, guide, x, num_samples=8, vectorize=True)
+    pyro.set_rng_seed(1)
+    loop = pyro_bbb.predict(bnn, guide, x, num_samples=8, vectorize=False)
+    torch.testing.assert_close(fast.mean, loop.mean, atol=1e-4, rtol=1e-4)  # the same draws, batched over draws
+    error = float(((fast.mean - targets) ** 2).mean())
+    assert error < 0.75 * baseline, (error, baseline)

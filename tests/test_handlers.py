@@ -11,7 +11,15 @@ from scipy import stats
 
 import pyro_bbb
 from pyro_bbb import likelihoods
-from pyro_bbb.nn import BayesianConv1d, BayesianConv2d, BayesianConv3d, BayesianLinear
+from pyro_bbb.nn import (
+    BayesianConv1d,
+    BayesianConv2d,
+    BayesianConv3d,
+    BayesianConvTranspose1d,
+    BayesianConvTranspose2d,
+    BayesianConvTranspose3d,
+    BayesianLinear,
+)
 
 ESTIMATORS = {"reparam": nullcontext, "flipout": pyro_bbb.flipout, "local_reparam": pyro_bbb.local_reparameterization}
 
@@ -41,6 +49,8 @@ def closed_form(layer, guide, x, conv=None):
     if conv is None:
         return F.linear(x, w.loc, b.loc), F.linear(x**2, w.scale**2, b.scale**2)
     kwargs = {"padding": layer.padding, "stride": layer.stride}
+    if hasattr(layer, "output_padding"):  # transposed
+        kwargs["output_padding"] = layer.output_padding
     return conv(x, w.loc, b.loc, **kwargs), conv(x**2, w.scale**2, b.scale**2, **kwargs)
 
 
@@ -49,6 +59,9 @@ LAYERS = {
     "conv1d": (lambda: BayesianConv1d(2, 3, 3, padding=1), (2, 2, 5), F.conv1d),
     "conv2d": (lambda: BayesianConv2d(2, 3, 3, stride=2), (2, 2, 5, 5), F.conv2d),
     "conv3d": (lambda: BayesianConv3d(1, 2, 2), (1, 1, 3, 3, 3), F.conv3d),
+    "convT1d": (lambda: BayesianConvTranspose1d(2, 3, 3, stride=2, output_padding=1), (2, 2, 4), F.conv_transpose1d),
+    "convT2d": (lambda: BayesianConvTranspose2d(2, 2, 3, stride=2, padding=1), (2, 2, 3, 3), F.conv_transpose2d),
+    "convT3d": (lambda: BayesianConvTranspose3d(1, 2, 2, stride=2), (1, 1, 2, 2, 2), F.conv_transpose3d),
 }
 
 

@@ -14,6 +14,9 @@ from pyro_bbb.nn import (
     BayesianConv1d,
     BayesianConv2d,
     BayesianConv3d,
+    BayesianConvTranspose1d,
+    BayesianConvTranspose2d,
+    BayesianConvTranspose3d,
     BayesianLinear,
     batched_conv,
     batched_linear,
@@ -167,3 +170,68 @@ def test_calling_a_layer_inside_the_data_plate_is_an_error():
 
     with pytest.raises(ValueError, match=r"inside pyro.plate\('data'\).*run the network before entering"):
         model(torch.randn(4, 3), torch.randn(4))
+
+
+TRANSPOSED = {1: (BayesianConvTranspose1d, nn.ConvTranspose1d, F.conv_transpose1d),
+              2: (BayesianConvTranspose2d, nn.ConvTranspose2d, F.conv_transpose2d),
+              3: (BayesianConvTranspose3d, nn.ConvTranspose3d, F.conv_transpose3d)}  # fmt: skip
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(), dict(stride=2, padding=1, output_padding=1, groups=2), dict(stride=3, dilation=2, bias=False),
+     dict(stride=2, output_padding=1, dilation=2, groups=2)],  # fmt: skip
+    ids=["plain", "strided-grouped-outpad", "dilated-nobias", "all"],
+)
+def test_conv_transpose_is_twin_of_torch(d, kwargs):
+    bayes_cls, torch_cls, _ = TRANSPOSED[d]
+    torch.manual_seed(1)
+    twin = torch_cls(4, 6, 3, **kwargs)
+    torch.manual_seed(1)
+    layer = bayes_cls(4, 6, 3, **kwargs)
+    assert torch.equal(layer.weight_init, twin.weight) and layer.weight_init.shape == (4, 6 // twin.groups, *[3] * d)
+    assert repr(layer).replace("BayesianConvTranspose", "ConvTranspose").startswith(repr(twin)[:-1])
+    x = torch.randn(2, 4, *([5] * d))
+    cond = {"weight": layer.weight_init}
+    if twin.bias is not None:
+        cond["bias"] = layer.bias_init
+    with torch.no_grad():
+        expected = twin(x)
+        # output_size in forward, as torch computes the output padding from it
+        size = [n - p + (s > 1) for n, p, s in zip(expected.shape[-d:], twin.output_padding, twin.stride)]
+        expected_sized = twin(x, output_size=size)
+    got = poutine.condition(layer, data=cond)(x)
+    assert got.shape == expected.shape and torch.allclose(got, expected, atol=1e-5)
+    got_sized = poutine.condition(layer, data=cond)(x, output_size=size)
+    assert got_sized.shape == expected_sized.shape and torch.allclose(got_sized, expected_sized, atol=1e-5)
+
+
+def test_conv_transpose_output_size_errors_like_torch():
+    up = BayesianConvTranspose2d(2, 2, 3, stride=2)
+    with pytest.raises(ValueError, match=r"valid sizes .* range from 9 to 10"):
+        up(torch.randn(1, 2, 4, 4), output_size=[12, 12])
+    with pytest.raises(ValueError, match="output_size must have 2 or 4 elements"):
+        up(torch.randn(1, 2, 4, 4), output_size=[9])
+    with pytest.raises(ValueError, match="output padding must be smaller"):
+        BayesianConvTranspose2d(2, 2, 3, stride=1, output_padding=1)
+    with pytest.raises(ValueError, match=r"in_channels=2\) expects input of shape"):
+        up(torch.randn(1, 3, 4, 4))
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+@pytest.mark.parametrize("input_batch", [(6,), (4, 6), (4, 1, 6)])
+def test_batched_conv_transpose_equals_loop(d, input_batch):
+    _, _, conv = TRANSPOSED[d]
+    w = torch.randn(4, 1, 4, 3, *([3] * d))  # 4 draws, in_channels=4, groups=2, out_channels=6
+    b = torch.randn(4, 1, 6)
+    x = torch.randn(*input_batch, 4, *([4] * d))
+    kw = dict(stride=(2,) * d, padding=(1,) * d, dilation=(1,) * d, groups=2)
+    got = batched_conv(x, w, b, spatial_dims=d, transposed=True, output_padding=(1,) * d, **kw)
+    full = torch.broadcast_shapes(w.shape[:2], input_batch)
+    xe = x.expand(*full, *x.shape[-(d + 1) :])
+    we, be = w.expand(*full, *w.shape[2:]), b.expand(*full, 6)
+    for idx in itertools.product(*map(range, full)):
+        expected = conv(xe[idx].unsqueeze(0), we[idx], be[idx], output_padding=(1,) * d, **kw)[0]
+        assert torch.allclose(got[idx], expected, atol=1e-5), idx
+    assert got.shape == full + (6,) + (8,) * d

@@ -15,7 +15,14 @@ Example
 torch.Size([5, 1])
 """
 
-from .conv import BayesianConv1d, BayesianConv2d, BayesianConv3d
+from .conv import (
+    BayesianConv1d,
+    BayesianConv2d,
+    BayesianConv3d,
+    BayesianConvTranspose1d,
+    BayesianConvTranspose2d,
+    BayesianConvTranspose3d,
+)
 from .functional import batched_conv, batched_linear
 from .linear import BayesianLinear
 from .module import BayesianModule
@@ -27,6 +34,9 @@ __all__ = [
     "BayesianConv1d",
     "BayesianConv2d",
     "BayesianConv3d",
+    "BayesianConvTranspose1d",
+    "BayesianConvTranspose2d",
+    "BayesianConvTranspose3d",
     "BayesianLSTMCell",
     "BayesianGRUCell",
     "BayesianLSTM",

@@ -1,8 +1,10 @@
-"""``BayesianConv1d/2d/3d``: the Bayes-by-Backprop twins of :class:`torch.nn.Conv1d/2d/3d`."""
+"""``BayesianConv1d/2d/3d`` and ``BayesianConvTranspose1d/2d/3d``: the Bayes-by-Backprop twins of
+:class:`torch.nn.Conv1d/2d/3d` and :class:`torch.nn.ConvTranspose1d/2d/3d`."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import partial
 
 import torch
@@ -13,9 +15,38 @@ from ..priors import Prior
 from .functional import batched_conv
 from .module import BayesianModule
 
-__all__ = ["BayesianConv1d", "BayesianConv2d", "BayesianConv3d"]
+__all__ = [
+    "BayesianConv1d", "BayesianConv2d", "BayesianConv3d",
+    "BayesianConvTranspose1d", "BayesianConvTranspose2d", "BayesianConvTranspose3d",
+]
 
 _Size = int | tuple[int, ...]
+
+
+def _check_channels(layer: BayesianModule, input: torch.Tensor) -> None:
+    d = layer._spatial_dims
+    if input.dim() < d + 1 or input.shape[-(d + 1)] != layer.in_channels:
+        raise ValueError(
+            f"{type(layer).__name__}(in_channels={layer.in_channels}) expects input of shape "
+            f"(*batch, {layer.in_channels}, {', '.join('L' + str(i) for i in range(d))}), "
+            f"got {tuple(input.shape)}."
+        )
+
+
+def _conv_repr(layer: BayesianModule) -> str:
+    """torch's repr of a (transposed) convolution's settings (non-defaults only), then the prior."""
+    d = layer._spatial_dims
+    s = f"{layer.in_channels}, {layer.out_channels}, kernel_size={layer.kernel_size}, stride={layer.stride}"
+    defaults = {"padding": (0,) * d, "dilation": (1,) * d, "output_padding": (0,) * d, "groups": 1}
+    for name, default in defaults.items():
+        value = getattr(layer, name, default)
+        if value != default:
+            s += f", {name}={value}"
+    if "bias" not in layer._bayesian:
+        s += ", bias=False"
+    if layer.padding_mode != "zeros":
+        s += f", padding_mode={layer.padding_mode!r}"
+    return f"{s}, {layer._prior_repr()}"
 
 
 class _BayesianConvNd(BayesianModule):
@@ -65,12 +96,7 @@ class _BayesianConvNd(BayesianModule):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         d = self._spatial_dims
-        if input.dim() < d + 1 or input.shape[-(d + 1)] != self.in_channels:
-            raise ValueError(
-                f"{type(self).__name__}(in_channels={self.in_channels}) expects input of shape "
-                f"(*batch, {self.in_channels}, {', '.join('L' + str(i) for i in range(d))}), "
-                f"got {tuple(input.shape)}."
-            )
+        _check_channels(self, input)
         padding = self.padding
         if self.padding_mode != "zeros":
             features = input.shape[-(d + 1) :]
@@ -82,18 +108,7 @@ class _BayesianConvNd(BayesianModule):
         return self._affine(input, apply, feature_dims=d + 1)
 
     def extra_repr(self) -> str:
-        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
-        if self.padding != (0,) * self._spatial_dims:
-            s += f", padding={self.padding}"
-        if self.dilation != (1,) * self._spatial_dims:
-            s += f", dilation={self.dilation}"
-        if self.groups != 1:
-            s += f", groups={self.groups}"
-        if "bias" not in self._bayesian:
-            s += ", bias=False"
-        if self.padding_mode != "zeros":
-            s += f", padding_mode={self.padding_mode!r}"
-        return f"{s}, {self._prior_repr()}"
+        return _conv_repr(self)
 
 
 class BayesianConv1d(_BayesianConvNd):
@@ -140,4 +155,151 @@ class BayesianConv3d(_BayesianConvNd):
     """
 
     _twin_class = nn.Conv3d
+    _spatial_dims = 3
+
+
+class _BayesianConvTransposeNd(BayesianModule):
+    """Shared implementation of the N-d Bayesian transposed convolutions (see :class:`BayesianConvTranspose2d`)."""
+
+    _twin_class: type[nn.modules.conv._ConvTransposeNd]
+    _spatial_dims: int
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: _Size,
+        stride: _Size = 1,
+        padding: _Size = 0,
+        output_padding: _Size = 0,
+        groups: int = 1,
+        bias: bool = True,
+        dilation: _Size = 1,
+        padding_mode: str = "zeros",
+        prior: Prior | None = None,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__(prior)
+        # The torch twin validates the arguments (e.g. only zero padding) and draws the initial values.
+        twin = self._twin_class(
+            in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, bias, dilation,
+            padding_mode, device=device, dtype=dtype,
+        )  # fmt: skip
+        if any(p >= max(s, d) for p, s, d in zip(twin.output_padding, twin.stride, twin.dilation)):
+            # torch only finds out at the first forward
+            raise ValueError(
+                f"output padding must be smaller than either stride or dilation, got output_padding="
+                f"{twin.output_padding}, stride={twin.stride}, dilation={twin.dilation}."
+            )
+        for attr in ("in_channels", "out_channels", "kernel_size", "stride", "padding", "output_padding", "groups",
+                     "dilation", "padding_mode"):  # fmt: skip
+            setattr(self, attr, getattr(twin, attr))
+        # Each output position sums in_channels/groups * prod(kernel) / prod(stride) weighted inputs on average.
+        fan_in = max(1, round(in_channels // groups * math.prod(self.kernel_size) / math.prod(self.stride)))
+        self._declare_bayesian("weight", twin.weight, fan_in=fan_in)
+        self._declare_bayesian("bias", twin.bias, fan_in=fan_in)
+
+    def reset_parameters(self) -> None:
+        """Redraw the initial values the way the torch twin's ``reset_parameters`` does."""
+        twin = self._twin_class(
+            self.in_channels, self.out_channels, self.kernel_size, self.stride, self.padding, self.output_padding,
+            self.groups, "bias" in self._bayesian, self.dilation, self.padding_mode,
+            device=self.weight_init.device, dtype=self.weight_init.dtype,
+        )  # fmt: skip
+        for name, param in twin.named_parameters():
+            self.set_initial_value(name, param)
+
+    def output_padding_for(self, input: torch.Tensor, output_size: Sequence[int] | None) -> tuple[int, ...]:
+        """The ``output_padding`` that gives the requested ``output_size`` (its last ``spatial_dims`` entries are
+        the spatial sizes), as ``torch.nn.ConvTranspose*d`` computes it; the layer's own without ``output_size``.
+
+        Example
+        -------
+        >>> up = BayesianConvTranspose1d(2, 2, 3, stride=2)
+        >>> up.output_padding_for(torch.zeros(1, 2, 5), output_size=[12])
+        (1,)
+        """
+        if output_size is None:
+            return self.output_padding
+        d = self._spatial_dims
+        output_size = [int(s) for s in output_size][-d:]
+        if len(output_size) != d:
+            raise ValueError(f"output_size must have {d} or {d + 2} elements (got {len(output_size)}).")
+        padding = []
+        for i, size in enumerate(output_size):
+            length = input.shape[-d + i]
+            smallest = (length - 1) * self.stride[i] - 2 * self.padding[i] + self.dilation[i] * (self.kernel_size[i] - 1) + 1
+            largest = smallest + self.stride[i] - 1
+            if not smallest <= size <= largest:
+                raise ValueError(
+                    f"requested an output size of {output_size}, but valid sizes for an input of spatial size "
+                    f"{tuple(input.shape[-d:])} range from {smallest} to {largest} in dimension {i} "
+                    f"(for an input of shape {tuple(input.shape)})."
+                )
+            padding.append(size - smallest)
+        return tuple(padding)
+
+    def forward(self, input: torch.Tensor, output_size: Sequence[int] | None = None) -> torch.Tensor:
+        _check_channels(self, input)
+        apply = partial(batched_conv, spatial_dims=self._spatial_dims, stride=self.stride, padding=self.padding,
+                        dilation=self.dilation, groups=self.groups, transposed=True,
+                        output_padding=self.output_padding_for(input, output_size))  # fmt: skip
+        return self._affine(input, apply, feature_dims=self._spatial_dims + 1)
+
+    def extra_repr(self) -> str:
+        return _conv_repr(self)
+
+
+class BayesianConvTranspose1d(_BayesianConvTransposeNd):
+    """Bayesian twin of :class:`torch.nn.ConvTranspose1d`; see :class:`BayesianConvTranspose2d`.
+
+    Example
+    -------
+    >>> BayesianConvTranspose1d(4, 2, 3, stride=2)(torch.randn(2, 4, 10)).shape
+    torch.Size([2, 2, 21])
+    """
+
+    _twin_class = nn.ConvTranspose1d
+    _spatial_dims = 1
+
+
+class BayesianConvTranspose2d(_BayesianConvTransposeNd):
+    """A 2-d transposed convolution whose ``weight`` and ``bias`` are sample sites with a prior.
+
+    Same constructor (plus ``prior``), weight shape ``(in, out/groups, kH, kW)``, forward (including
+    ``output_size``) and output as :class:`torch.nn.ConvTranspose2d`. Weights with leading sample dimensions run as
+    one grouped transposed convolution over all draws; Flipout and local reparameterization apply unchanged (a
+    transposed convolution is linear in its weight, and each weight meets an output position at most once, so
+    local reparameterization's per-position marginals are exact). The prior's fan-in (for
+    :class:`~pyro_bbb.priors.FanInNormal`) is the average number of weighted inputs of an output position,
+    ``in/groups * kH * kW / (sH * sW)``.
+
+    Example
+    -------
+    >>> up = BayesianConvTranspose2d(8, 3, kernel_size=3, stride=2, padding=1, output_padding=1)
+    >>> up
+    BayesianConvTranspose2d(8, 3, kernel_size=(3, 3), stride=(2, 2), padding=(1, 1), output_padding=(1, 1), \
+prior=Normal(loc=0.0, scale=1.0))
+    >>> up(torch.randn(2, 8, 4, 4)).shape
+    torch.Size([2, 3, 8, 8])
+    >>> up(torch.randn(2, 8, 4, 4), output_size=[7, 7]).shape
+    torch.Size([2, 3, 7, 7])
+    """
+
+    _twin_class = nn.ConvTranspose2d
+    _spatial_dims = 2
+
+
+class BayesianConvTranspose3d(_BayesianConvTransposeNd):
+    """Bayesian twin of :class:`torch.nn.ConvTranspose3d`; see :class:`BayesianConvTranspose2d`.
+
+    Example
+    -------
+    >>> BayesianConvTranspose3d(2, 1, 2, stride=2)(torch.randn(1, 2, 3, 3, 3)).shape
+    torch.Size([1, 1, 6, 6, 6])
+    """
+
+    _twin_class = nn.ConvTranspose3d
     _spatial_dims = 3

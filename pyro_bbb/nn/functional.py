@@ -26,6 +26,7 @@ from pyro.poutine.runtime import effectful
 __all__ = ["batched_linear", "batched_conv", "bayesian_affine", "bayesian_affine_map"]
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 
 def _global(param: torch.Tensor | None, param_dims: int) -> torch.Tensor | None:
@@ -70,11 +71,15 @@ def batched_conv(
     padding: Sequence[int] | str,
     dilation: Sequence[int],
     groups: int,
+    transposed: bool = False,
+    output_padding: Sequence[int] = 0,
 ) -> torch.Tensor:
-    """``F.conv{1,2,3}d`` where ``weight`` (``(*S, out, in/groups, *kernel)``) may carry sample dims.
+    """``F.conv{1,2,3}d`` (or, with ``transposed=True``, ``F.conv_transpose{1,2,3}d``) where ``weight`` may carry
+    sample dims: ``(*S, out, in/groups, *kernel)`` (transposed: ``(*S, in, out/groups, *kernel)``).
 
     The input is ``(*batch, C, *spatial)``; weight sample dims broadcast against ``batch`` right-aligned.
-    The S draws are folded into the channel dimension and run as one grouped convolution.
+    The S draws are folded into the channel dimension and run as one grouped convolution (a transposed
+    convolution's groups split its input channels the same way, so the same folding applies).
 
     Example
     -------
@@ -82,21 +87,36 @@ def batched_conv(
     >>> w = torch.randn(5, 1, 6, 3, 3, 3)
     >>> batched_conv(x, w, None, spatial_dims=2, stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1).shape
     torch.Size([5, 8, 6, 16, 16])
+    >>> w = torch.randn(5, 1, 3, 6, 2, 2)                     # transposed: (S, 1, in, out, kH, kW)
+    >>> batched_conv(x, w, None, spatial_dims=2, stride=(2, 2), padding=(0, 0), dilation=(1, 1), groups=1,
+    ...              transposed=True).shape
+    torch.Size([5, 8, 6, 32, 32])
     """
-    conv = _CONV[spatial_dims]
+    if transposed:
+        transpose = _CONV_TRANSPOSE[spatial_dims]
+
+        def conv(x, w, b, groups_):
+            return transpose(x, w, b, stride, padding, output_padding, groups_, dilation)
+    else:
+        plain = _CONV[spatial_dims]
+
+        def conv(x, w, b, groups_):
+            return plain(x, w, b, stride, padding, dilation, groups_)
+
     kernel_dims = spatial_dims + 2
     weight, bias = _global(weight, kernel_dims), _global(bias, 1)
     if bias is not None and bias.dim() > 1:  # bias draws: added after the convolution, broadcast over positions
         out = batched_conv(input, weight, None, spatial_dims=spatial_dims, stride=stride, padding=padding,
-                           dilation=dilation, groups=groups)  # fmt: skip
+                           dilation=dilation, groups=groups, transposed=transposed,
+                           output_padding=output_padding)  # fmt: skip
         return out + bias.reshape(bias.shape + (1,) * spatial_dims)
     if weight.dim() == kernel_dims and (bias is None or bias.dim() == 1):
         if input.dim() <= spatial_dims + 2:
-            return conv(input, weight, bias, stride, padding, dilation, groups)
+            return conv(input, weight, bias, groups)
         # plain weights, extra leading batch dims on the input: fold them into the batch.
         lead = input.shape[: -(spatial_dims + 1)]
         flat = input.reshape((-1,) + input.shape[-(spatial_dims + 1) :])
-        out = conv(flat, weight, bias, stride, padding, dilation, groups)
+        out = conv(flat, weight, bias, groups)
         return out.reshape(lead + out.shape[1:])
 
     weight_batch = weight.shape[:-kernel_dims]
@@ -105,11 +125,11 @@ def batched_conv(
             and input_batch[0] == weight_batch[0] and (bias is None or bias.dim() == 1):  # fmt: skip
         # one draw per block of examples (folded draws, Flipout's perturbation): on a CPU one convolution per draw,
         # written into one output, is 1.5-2.5x faster than the grouped convolution below (benchmarks/predict.py)
-        first = conv(input[0], weight[0, 0], bias, stride, padding, dilation, groups)
+        first = conv(input[0], weight[0, 0], bias, groups)
         out = first.new_empty((input_batch[0], *first.shape))
         out[0] = first
         for s in range(1, input_batch[0]):
-            out[s] = conv(input[s], weight[s, 0], bias, stride, padding, dilation, groups)
+            out[s] = conv(input[s], weight[s, 0], bias, groups)
         return out
 
     full = torch.broadcast_shapes(weight_batch, input_batch)
@@ -119,17 +139,16 @@ def batched_conv(
     shared_dims = [d for d in range(n) if w_batch[d] == 1]
     num_groups = math.prod(full[d] for d in group_dims)
     channels = input.shape[-(spatial_dims + 1)]
-    out_channels = weight.shape[-kernel_dims]
 
     feature_shape = tuple(input.shape[-(spatial_dims + 1) :])
     x = input.reshape((1,) * (n - len(input_batch)) + tuple(input.shape)).expand(tuple(full) + feature_shape)
     feature_axes = list(range(n, n + spatial_dims + 1))
     x = x.permute(shared_dims + group_dims + feature_axes)
     x = x.reshape((-1, num_groups * channels) + tuple(input.shape[-spatial_dims:]))
-    w = weight.reshape((num_groups * out_channels,) + tuple(weight.shape[-(kernel_dims - 1) :]))
+    w = weight.reshape((num_groups * weight.shape[-kernel_dims],) + tuple(weight.shape[-(kernel_dims - 1) :]))
     b = None if bias is None else bias.repeat(num_groups)  # here a bias has no draws of its own
-    y = conv(x, w, b, stride, padding, dilation, groups * num_groups)
-    out_spatial = tuple(y.shape[2:])
+    y = conv(x, w, b, groups * num_groups)
+    out_channels, out_spatial = y.shape[1] // num_groups, tuple(y.shape[2:])
     y = y.reshape([full[d] for d in shared_dims] + [full[d] for d in group_dims] + [out_channels, *out_spatial])
     inverse = [0] * n
     for position, d in enumerate(shared_dims + group_dims):
