@@ -133,8 +133,8 @@ def bayesianize(
 ) -> PyroModule:
     """A copy of ``module`` with the chosen layers replaced by their Bayesian twins; the original is untouched.
 
-    Layers are chosen by type (``isinstance`` against :data:`SUPPORTED`: ``nn.Linear``, ``nn.Conv1d/2d/3d``, ``nn.ConvTranspose1d/2d/3d``,
-    ``nn.LSTM``, ``nn.GRU`` and their cells), then
+    Layers are chosen by type (``isinstance`` against :data:`SUPPORTED`: ``nn.Linear``, ``nn.Conv1d/2d/3d``,
+    ``nn.ConvTranspose1d/2d/3d``, ``nn.LSTM``, ``nn.GRU`` and their cells), then
     narrowed by module name (``fnmatch`` patterns such as ``"head.*"``) or a predicate ``(name, module) -> bool``.
     Everything else (normalisation, dropout, activations, embeddings, attention, custom modules) stays
     deterministic; the copy is converted to :class:`~pyro.nn.PyroModule` so those parameters are trained as point

@@ -230,7 +230,8 @@ class _BayesianConvTransposeNd(BayesianModule):
         padding = []
         for i, size in enumerate(output_size):
             length = input.shape[-d + i]
-            smallest = (length - 1) * self.stride[i] - 2 * self.padding[i] + self.dilation[i] * (self.kernel_size[i] - 1) + 1
+            span = self.dilation[i] * (self.kernel_size[i] - 1) + 1
+            smallest = (length - 1) * self.stride[i] - 2 * self.padding[i] + span
             largest = smallest + self.stride[i] - 1
             if not smallest <= size <= largest:
                 raise ValueError(
