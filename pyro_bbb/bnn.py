@@ -3,17 +3,68 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from pyro.nn import PyroModule
 from pyro.nn.module import to_pyro_module_
 from pyro.poutine.runtime import get_plates
 
+from .inputs import Inputs, map_inputs, num_rows
 from .likelihoods import Likelihood
 from .nn.draws import fold_draws
 from .nn.module import DATA_PLATE, data_plate_named
 
-__all__ = ["BNN"]
+__all__ = ["BNN", "net_output", "call_net"]
+
+
+def net_output(output: Any) -> torch.Tensor:
+    """The default output adapter of :class:`BNN`: the tensor a net's output holds for the likelihood.
+
+    A tensor is returned as it is; an object or mapping with ``logits`` (a transformers ``ModelOutput`` such as
+    ``SequenceClassifierOutput``) gives its logits; a tuple or list gives its first element (``nn.LSTM``'s
+    ``(output, (h, c))``, a transformers model with ``return_dict=False``). Anything else is a ``TypeError`` that
+    says how to pass an adapter of your own (``BNN(net, likelihood, output_adapter=lambda out: out.my_field)``).
+
+    Example
+    -------
+    >>> from types import SimpleNamespace
+    >>> net_output(SimpleNamespace(logits=torch.zeros(2, 3), hidden_states=None)).shape
+    torch.Size([2, 3])
+    >>> net_output((torch.zeros(2, 1), "state")).shape
+    torch.Size([2, 1])
+    """
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise TypeError(
+        f"the net returned a {type(output).__name__}; BNN needs a tensor for the likelihood. Pass "
+        "output_adapter=... to BNN, a function from the net's output to that tensor "
+        "(e.g. `lambda out: out.prediction`)."
+    )
+
+
+def call_net(net: Callable, x: Inputs) -> Any:
+    """Call ``net`` on inputs the way :class:`BNN` does: ``net(x)`` for a tensor, ``net(*x)`` for a tuple or list,
+    ``net(**x)`` for a mapping (a transformers ``BatchEncoding``).
+
+    Example
+    -------
+    >>> call_net(lambda a, b: a + b, (torch.ones(2), torch.ones(2)))
+    tensor([2., 2.])
+    >>> call_net(lambda input_ids: input_ids.shape, {"input_ids": torch.zeros(3, 5)})
+    torch.Size([3, 5])
+    """
+    if isinstance(x, Mapping):
+        return net(**x)
+    if isinstance(x, tuple | list):
+        return net(*x)
+    return net(x)
 
 
 class BNN(PyroModule):
@@ -31,11 +82,15 @@ class BNN(PyroModule):
         Maps a batch of inputs ``(batch, ...)`` to outputs ``(batch, features)``. It always sees ordinary batches:
         S weight draws (a vectorized ``predict`` or vectorized particles) arrive as ``S * batch`` rows, block ``s``
         belonging to draw ``s`` (see :mod:`pyro_bbb.nn.draws`), so indexing, ``view``, ``cat``, ``nn.Flatten`` and
-        pooling behave as without pyro_bbb.
+        pooling behave as without pyro_bbb. Inputs that are a tuple of tensors are passed as ``net(*x)``, a dict
+        of tensors (a transformers ``BatchEncoding``) as ``net(**x)`` (see :func:`call_net`).
     likelihood : Likelihood
         E.g. :class:`pyro_bbb.likelihoods.Gaussian`, ``Categorical``.
     data_plate : str
         Name of the plate over data points.
+    output_adapter : callable, optional
+        Maps the net's output to the tensor the likelihood reads; default :func:`net_output` (a tensor as it is, a
+        transformers output's ``logits``, a tuple's first element).
 
     Example
     -------
@@ -46,9 +101,21 @@ class BNN(PyroModule):
     >>> trace = poutine.trace(bnn).get_trace(torch.randn(5, 4))
     >>> [name for name, site in trace.iter_stochastic_nodes() if name != "data"]   # "data" is the plate
     ['net.0.weight', 'net.0.bias', 'net.2.weight', 'net.2.bias', 'y']
+
+    Several inputs: a tuple goes to ``net(*x)``, a dict to ``net(**x)``.
+
+    >>> class TwoInputs(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.fc = BayesianLinear(3, 1)
+    ...     def forward(self, features, mask):
+    ...         return self.fc(features * mask)
+    >>> BNN(TwoInputs(), likelihoods.Gaussian(0.1))({"features": torch.randn(5, 3), "mask": torch.ones(5, 3)}).shape
+    torch.Size([5])
     """
 
-    def __init__(self, net: torch.nn.Module, likelihood: Likelihood, data_plate: str = DATA_PLATE):
+    def __init__(self, net: torch.nn.Module, likelihood: Likelihood, data_plate: str = DATA_PLATE,
+                 output_adapter: Callable[[Any], torch.Tensor] | None = None):  # fmt: skip
         super().__init__()
         if not isinstance(net, torch.nn.Module):
             raise TypeError(f"`net` must be a torch.nn.Module, got {type(net).__name__}.")
@@ -61,36 +128,43 @@ class BNN(PyroModule):
         self.net = net
         self.likelihood = likelihood
         self.data_plate = data_plate
+        if output_adapter is not None and not callable(output_adapter):
+            raise TypeError(f"output_adapter must be callable, got {type(output_adapter).__name__}.")
+        self.output_adapter = output_adapter or net_output
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}.")
-        if y is not None and y.shape[:1] != x.shape[:1]:
+    def forward(self, x: Inputs, y: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(x, torch.Tensor) and x.dim() == 0:
+            raise ValueError("x is a 0-d tensor; BNN needs inputs with a first dimension over the data.")
+        rows = num_rows(x)  # also: a clear TypeError for anything but tensors, tuples and dicts of tensors
+        if y is not None and (y.dim() == 0 or y.shape[0] != rows):
             raise ValueError(
-                f"x has {x.shape[0] if x.dim() else 0} rows but y has {y.shape[0] if y.dim() else 0}; every input "
-                "needs exactly one target."
+                f"x has {rows} rows but y has {y.shape[0] if y.dim() else 0}; every input needs exactly one target."
             )
         with data_plate_named(self.data_plate):
             output = self._run_net(x)
         return self.likelihood(output, y, data_plate=self.data_plate)
 
-    def _run_net(self, x: torch.Tensor) -> torch.Tensor:
+    def _run_net(self, x: Inputs) -> torch.Tensor:
         """The net on an ordinary batch: S weight draws (from the sample plates around this call) are folded into
         ``S * B`` rows, and the output is unfolded to ``(*draw_shape, B, ...)`` for the likelihood."""
         draw_shape = _draw_shape(self.data_plate)
         num_draws = math.prod(draw_shape)
-        if not draw_shape or x.dim() == 0:
-            return self.net(x)
-        folded = x.unsqueeze(0).expand(num_draws, *x.shape).reshape(num_draws * x.shape[0], *x.shape[1:])
+        if not draw_shape:
+            return self.output_adapter(call_net(self.net, x))
+        rows = num_rows(x)
+
+        def fold(t: torch.Tensor) -> torch.Tensor:
+            return t.unsqueeze(0).expand(num_draws, *t.shape).reshape(num_draws * rows, *t.shape[1:])
+
         with fold_draws(num_draws):
-            output = self.net(folded)
-        if not isinstance(output, torch.Tensor) or output.dim() == 0 or output.shape[0] != folded.shape[0]:
+            output = self.output_adapter(call_net(self.net, map_inputs(fold, x)))
+        if not isinstance(output, torch.Tensor) or output.dim() == 0 or output.shape[0] != num_draws * rows:
             shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
             raise ValueError(
-                f"the net returned {shape} for a batch of {folded.shape[0]} rows; BNN needs one output row per input "
+                f"the net returned {shape} for a batch of {num_draws * rows} rows; BNN needs one output row per input "
                 "row (the batch dimension first)."
             )
-        return output.reshape(*draw_shape, x.shape[0], *output.shape[1:])
+        return output.reshape(*draw_shape, rows, *output.shape[1:])
 
 
 def _draw_shape(data_plate: str) -> tuple[int, ...]:

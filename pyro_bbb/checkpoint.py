@@ -31,6 +31,7 @@ import torch
 
 from . import __version__
 from .checks import data_plate_of, require_set_up
+from .inputs import Inputs, cast_inputs, input_tensors, inputs_to, map_inputs
 
 __all__ = ["save", "load"]
 
@@ -38,16 +39,22 @@ FORMAT = "pyro_bbb.checkpoint"
 FORMAT_VERSION = 1
 
 
-def _example_inputs(guide) -> list[torch.Tensor | None]:
-    """The first row of every argument the guide was set up with (enough to rebuild its sites)."""
+def _example_inputs(guide) -> list[Inputs | None]:
+    """The first row of every argument the guide was set up with (enough to rebuild its sites); an argument may be
+    a tensor, or a tuple or dict of tensors."""
     inputs = guide.prototype_trace.nodes["_INPUT"]
     if inputs["kwargs"]:
-        raise ValueError("save supports models called with positional tensor arguments only, e.g. model(x, y).")
+        raise ValueError("save supports models called with positional arguments only, e.g. model(x, y).")
     rows = []
     for arg in inputs["args"]:
-        if arg is not None and not isinstance(arg, torch.Tensor):
-            raise ValueError(f"save supports tensor arguments only; the model was called with a {type(arg).__name__}.")
-        rows.append(None if arg is None else arg[:1].detach().cpu().clone())
+        try:
+            first = None if arg is None else map_inputs(lambda t: t[:1].detach().cpu().clone(), cast_inputs(arg, None))
+        except TypeError:
+            raise ValueError(
+                f"save supports tensor arguments (or tuples and dicts of tensors) only; the model was called with a "
+                f"{type(arg).__name__}."
+            ) from None
+        rows.append(first)
     return rows
 
 
@@ -156,6 +163,11 @@ def _read(path: str | os.PathLike, device: torch.device) -> dict[str, Any]:
     damaged = [key for key, kind in _PARTS.items() if not isinstance(checkpoint.get(key), kind)]
     if damaged:
         raise ValueError(f"{where} is a damaged pyro_bbb checkpoint: {', '.join(damaged)} missing or malformed.")
+    for value in checkpoint["example_inputs"]:
+        try:
+            value is None or input_tensors(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where} is a damaged pyro_bbb checkpoint: example_inputs are not tensors.") from None
     for part in ("model_state", "guide_state", "param_store"):
         for name, value in checkpoint[part].items():
             if not isinstance(value, torch.Tensor):
@@ -187,7 +199,7 @@ def load(path: str | os.PathLike, model, guide):
                 f"the checkpoint was saved with {key} {saved[key]!r} but this model has {current[key]!r}; build the "
                 "model the way it was built when saved."
             )
-    inputs = [None if t is None else t.to(device) for t in checkpoint["example_inputs"]]
+    inputs = [None if t is None else inputs_to(t, device) for t in checkpoint["example_inputs"]]
     if getattr(guide, "prototype_trace", None) is None:
         with torch.no_grad(), poutine.block():
             guide(*inputs)

@@ -24,6 +24,8 @@ import pyro
 import torch
 import torch.distributed as dist
 
+from .inputs import inputs_to, num_rows, select_rows
+
 __all__ = [
     "ShardedBatches", "synchronise_parameters", "synchronise_buffers", "combine_gradients",
     "raise_if_any_rank_failed", "collective_device", "all_reduce_sum", "require_process_group",
@@ -66,7 +68,7 @@ class ShardedBatches:
                  device):  # fmt: skip
         self.x, self.y, self.batch_size, self.rank, self.world = x, y, batch_size, rank, world
         self.seed, self.device, self.epoch = seed, device, 0
-        self.num_data = x.shape[0]
+        self.num_data = num_rows(x)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
@@ -74,7 +76,7 @@ class ShardedBatches:
         order = torch.randperm(self.num_data, generator=generator)
         for global_batch in order.split(self.batch_size * self.world):
             idx = global_batch[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
-            yield self.x[idx].to(self.device), self.y[idx].to(self.device)
+            yield inputs_to(select_rows(self.x, idx), self.device), self.y[idx].to(self.device)
 
 
 def _named_parameters() -> list[tuple[str, torch.Tensor]]:

@@ -27,7 +27,7 @@ import torch
 import xarray as xr
 
 from .checks import check_count
-from .inputs import cast_inputs, model_dtype, targets_of_shape
+from .inputs import Inputs, cast_inputs, input_tensors, model_dtype, num_rows, targets_of_shape
 from .nn.module import site_owners
 from .predictive import predict_with_draws
 
@@ -73,6 +73,16 @@ def _by_chain(value: torch.Tensor, num_chains: int) -> np.ndarray:
     return array.reshape((num_chains, array.shape[0] // num_chains) + array.shape[1:])
 
 
+def _input_variables(x: Inputs) -> dict[str, tuple[list[str], np.ndarray]]:
+    """``constant_data``'s variables: ``x`` for one tensor; ``x_0``, ``x_1`` or ``x_<key>`` for a tuple or dict."""
+    variables = {}
+    for label, tensor in input_tensors(x).items():
+        name = "x" if label == "x" else _clean(label.replace("'", "").replace("[", "_").rstrip("]"))
+        dims = ["obs_id"] + [f"{name}_{i}" for i in range(tensor.dim() - 1)]
+        variables[name] = (dims, tensor.detach().cpu().numpy())
+    return variables
+
+
 def _wrap(groups: dict[str, xr.Dataset]):
     """``az.InferenceData`` on ArviZ 0.x; an ``xarray.DataTree`` (what ArviZ 1.x works with) otherwise."""
     import arviz as az
@@ -85,7 +95,7 @@ def _wrap(groups: dict[str, xr.Dataset]):
 def to_inference_data(
     model: Callable,
     guide: Callable,
-    x: torch.Tensor,
+    x: Inputs,
     y: torch.Tensor | None = None,
     num_samples: int = 500,
     sites: Sequence[str] | None = None,
@@ -102,14 +112,15 @@ def to_inference_data(
       ``fc1_in``);
     * ``posterior_predictive``: one predictive draw of the targets per weight draw;
     * ``log_likelihood`` (with ``y``): ``log p(y_i | x_i, w_s)`` per datum, unscaled, for ``az.loo`` / ``az.waic``;
-    * ``observed_data`` (with ``y``) and ``constant_data`` (``x``); the data dimension is ``obs_id``.
+    * ``observed_data`` (with ``y``) and ``constant_data`` (``x``; a tuple or dict of inputs gives one variable per
+      tensor: ``x_0``, ``x_1`` or ``x_input_ids``, ``x_attention_mask``); the data dimension is ``obs_id``.
 
     Parameters
     ----------
     model, guide :
         A model with its observation in the data plate (e.g. :class:`pyro_bbb.BNN`) and a fitted guide.
     x, y : Tensor
-        Inputs, and optionally the observed targets.
+        Inputs (a tensor, or a tuple or dict of tensors), and optionally the observed targets.
     num_samples : int
         Draws per chain.
     sites : sequence of str, optional
@@ -145,7 +156,7 @@ def to_inference_data(
     shapes = {s: draws[s].shape[1:] for s in sites}
     dims = _site_dims(model, shapes)
     chain_draw = ["chain", "draw"]
-    coords = {"chain": np.arange(num_chains), "draw": np.arange(num_samples), "obs_id": np.arange(x.shape[0])}
+    coords = {"chain": np.arange(num_chains), "draw": np.arange(num_samples), "obs_id": np.arange(num_rows(x))}
 
     def dataset(variables: dict[str, tuple[list[str], np.ndarray]]) -> xr.Dataset:
         used = {d for dims_, _ in variables.values() for d in dims_}
@@ -157,9 +168,7 @@ def to_inference_data(
         "posterior_predictive": dataset(
             {obs: (chain_draw + ["obs_id"] + event_dims, _by_chain(prediction.samples, num_chains))}
         ),
-        "constant_data": dataset(
-            {"x": (["obs_id"] + [f"x_{i}" for i in range(x.dim() - 1)], x.detach().cpu().numpy())}
-        ),
+        "constant_data": dataset(_input_variables(x)),
     }
     if y is not None:
         y = targets_of_shape(y, prediction.samples.shape[1:]).to(prediction.samples.device)

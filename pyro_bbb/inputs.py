@@ -1,8 +1,14 @@
-"""What users naturally pass, normalised in one place: numpy arrays, float64 inputs, ``(N, 1)`` regression targets.
+"""What users naturally pass, normalised in one place: numpy arrays, float64 inputs, ``(N, 1)`` regression targets,
+and inputs that are more than one tensor.
 
 ``fit``, ``predict``, the metrics and the ArviZ export all read their inputs through these helpers, so that a numpy
 array works everywhere (or nowhere), a float64 input meets a float32 model as float32, and targets shaped like
 torch's ``MSELoss`` convention (``(N, 1)`` for an ``(N, 1)`` output) mean what they mean.
+
+**Inputs** ``x`` are a tensor, a tuple (or list) of tensors, or a mapping from names to tensors (a ``dict``, a
+transformers ``BatchEncoding``), every tensor with the same first dimension: the data. :func:`map_inputs`,
+:func:`num_rows`, :func:`select_rows` and :func:`split_rows` treat all three alike; :class:`pyro_bbb.BNN` calls
+its net as ``net(x)``, ``net(*x)`` or ``net(**x)``.
 
 Example
 -------
@@ -11,16 +17,159 @@ Example
 torch.Size([2, 3])
 >>> targets_like(torch.zeros(5, 1), torch.Size([5])).shape
 torch.Size([5])
+>>> x = {"input_ids": torch.zeros(4, 7, dtype=torch.long), "attention_mask": torch.ones(4, 7)}
+>>> num_rows(x), select_rows(x, torch.tensor([0, 2]))["input_ids"].shape
+(4, torch.Size([2, 7]))
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
 
-__all__ = ["as_tensor", "targets_like", "targets_of_shape", "model_dtype", "cast_inputs"]
+__all__ = [
+    "Inputs", "as_tensor", "targets_like", "targets_of_shape", "model_dtype", "cast_inputs", "map_inputs",
+    "input_tensors", "num_rows", "select_rows", "split_rows", "first_tensor", "inputs_to",
+    "check_finite_inputs",
+]
+
+#: What ``x`` may be: one tensor, a tuple/list of tensors, or a mapping from names to tensors.
+Inputs: TypeAlias = torch.Tensor | tuple[torch.Tensor, ...] | list[torch.Tensor] | Mapping[str, torch.Tensor]
+
+
+def map_inputs(fn: Callable[[Any], Any], x: Any) -> Any:
+    """``fn`` applied to every tensor of ``x`` (a tensor, a tuple/list, or a mapping -- returned as a ``dict``).
+
+    Example
+    -------
+    >>> map_inputs(lambda t: t * 2, (torch.ones(2), torch.zeros(2)))
+    (tensor([2., 2.]), tensor([0., 0.]))
+    """
+    if isinstance(x, Mapping):
+        return {key: fn(value) for key, value in x.items()}
+    if isinstance(x, tuple | list):
+        return type(x)(fn(value) for value in x)
+    return fn(x)
+
+
+def input_tensors(x: Any, name: str = "x") -> dict[str, torch.Tensor]:
+    """Every tensor of ``x`` by a readable name (``x``, ``x[0]``, ``x['input_ids']``); anything that is not a tensor
+    or a numpy array is a ``TypeError`` naming it.
+
+    Example
+    -------
+    >>> list(input_tensors({"ids": torch.zeros(2), "mask": torch.ones(2)}))
+    ["x['ids']", "x['mask']"]
+    """
+    if isinstance(x, Mapping):
+        items = [(f"{name}[{key!r}]", value) for key, value in x.items()]
+    elif isinstance(x, tuple | list):
+        items = [(f"{name}[{i}]", value) for i, value in enumerate(x)]
+    else:
+        return {name: as_tensor(x, name)}
+    if not items:
+        raise ValueError(f"{name} is an empty {type(x).__name__}; it needs at least one tensor.")
+    tensors = {}
+    for label, value in items:
+        if not isinstance(value, torch.Tensor | np.ndarray | np.generic):
+            raise TypeError(
+                f"{label} is a {type(value).__name__}; inputs must be a tensor, a tuple of tensors, or a dict of "
+                "tensors (numpy arrays are converted)."
+            )
+        tensors[label] = as_tensor(value, label)
+    return tensors
+
+
+def num_rows(x: Any, name: str = "x") -> int:
+    """The number of data in ``x``: the common first dimension of its tensors, or a ``ValueError`` naming them.
+
+    Example
+    -------
+    >>> num_rows((torch.zeros(3, 2), torch.zeros(4)))
+    Traceback (most recent call last):
+    ...
+    ValueError: the tensors of x must share their first dimension (the data), got x[0]: (3, 2), x[1]: (4,).
+    """
+    tensors = input_tensors(x, name)
+    shapes = {label: tuple(t.shape) for label, t in tensors.items()}
+    if any(len(shape) == 0 for shape in shapes.values()):
+        raise ValueError(
+            f"{name} needs a first dimension over the data; got "
+            + ", ".join(f"{label}: {shape}" for label, shape in shapes.items())
+            + "."
+        )
+    rows = {shape[0] for shape in shapes.values()}
+    if len(rows) != 1:
+        raise ValueError(
+            f"the tensors of {name} must share their first dimension (the data), got "
+            + ", ".join(f"{label}: {shape}" for label, shape in shapes.items())
+            + "."
+        )
+    return rows.pop()
+
+
+def select_rows(x: Any, index: Any) -> Any:
+    """The rows ``index`` (an index tensor, a slice) of every tensor of ``x``.
+
+    Example
+    -------
+    >>> select_rows((torch.arange(4), torch.arange(4) * 10), slice(1, 3))
+    (tensor([1, 2]), tensor([10, 20]))
+    """
+    return map_inputs(lambda t: t[index], x)
+
+
+def split_rows(x: Any, size: int) -> list[Any]:
+    """``x`` in consecutive chunks of ``size`` rows (the last may be smaller), like ``Tensor.split``.
+
+    Example
+    -------
+    >>> [chunk["a"].tolist() for chunk in split_rows({"a": torch.arange(5)}, 2)]
+    [[0, 1], [2, 3], [4]]
+    """
+    total = num_rows(x)
+    return [select_rows(x, slice(start, start + size)) for start in range(0, total, size)]
+
+
+def inputs_to(x: Any, device: torch.device | str | None) -> Any:
+    """Every tensor of ``x`` moved to ``device`` (``None``: left where it is).
+
+    Example
+    -------
+    >>> inputs_to((torch.zeros(1),), "cpu")[0].device
+    device(type='cpu')
+    """
+    return x if device is None else map_inputs(lambda t: t.to(device), x)
+
+
+def check_finite_inputs(x: Any, what: str = "x") -> None:
+    """A ``ValueError`` naming the tensor of ``x`` that holds NaN or infinite values, and how many.
+
+    Example
+    -------
+    >>> check_finite_inputs((torch.zeros(2), torch.tensor([1.0, float("nan")])), "the data")
+    Traceback (most recent call last):
+    ...
+    ValueError: the data: x[1] contains 1 NaN or infinite value(s).
+    """
+    for name, tensor in input_tensors(x).items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            count = int((~torch.isfinite(tensor)).sum())
+            raise ValueError(f"{what}: {name} contains {count} NaN or infinite value(s).")
+
+
+def first_tensor(x: Any) -> torch.Tensor:
+    """The first tensor of ``x`` (its device is the inputs' device).
+
+    Example
+    -------
+    >>> first_tensor({"ids": torch.zeros(2, dtype=torch.long)}).dtype
+    torch.int64
+    """
+    return next(iter(input_tensors(x).values()))
 
 
 def as_tensor(value: Any, name: str) -> torch.Tensor:
@@ -92,16 +241,24 @@ def model_dtype(model: Any) -> torch.dtype | None:
     return None
 
 
-def cast_inputs(x: Any, dtype: torch.dtype | None, name: str = "x") -> torch.Tensor:
-    """``x`` as a tensor; floating inputs in another floating dtype than the model's are cast to it (integer inputs
-    stay integers: they may be token ids or labels).
+def cast_inputs(x: Any, dtype: torch.dtype | None, name: str = "x") -> Inputs:
+    """``x`` with every part a tensor (numpy converted); floating tensors in another floating dtype than the
+    model's are cast to it (integer inputs stay integers: they may be token ids or labels). A tuple stays a tuple
+    (a list a list), a mapping becomes a ``dict``.
 
     Example
     -------
     >>> cast_inputs(np.zeros(3), torch.float32).dtype
     torch.float32
+    >>> cast_inputs({"ids": np.zeros(2, dtype=np.int64)}, torch.float32)["ids"].dtype
+    torch.int64
     """
-    x = as_tensor(x, name)
-    if dtype is not None and x.is_floating_point() and x.dtype != dtype:
-        return x.to(dtype)
-    return x
+    tensors = iter(input_tensors(x, name).values())  # converted and checked, in the order map_inputs visits
+
+    def cast(_: Any) -> torch.Tensor:
+        tensor = next(tensors)
+        if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
+            return tensor.to(dtype)
+        return tensor
+
+    return map_inputs(cast, x)

@@ -40,6 +40,7 @@ from .checks import data_plate_of, is_set_up
 from .distributed import raise_if_any_rank_failed
 from .elbo import ELBO
 from .handlers import estimator as estimator_named
+from .inputs import num_rows
 from .pyro_adapter import set_up_autoguide
 
 __all__ = ["BayesianLightningModule"]
@@ -117,7 +118,7 @@ class BayesianLightningModule(pl.LightningModule):
         self.elbo.step += 1
         terms = self.elbo.last_terms
         self.log_dict({"nll": terms["nll"], "kl": terms["kl"], "kl_weight": terms["kl_weight"]},
-                      on_step=True, on_epoch=True, batch_size=x.shape[0], sync_dist=True)  # fmt: skip
+                      on_step=True, on_epoch=True, batch_size=num_rows(x), sync_dist=True)  # fmt: skip
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:

@@ -26,7 +26,17 @@ import torch
 
 from .checks import check_count, data_plate_of, is_set_up
 from .handlers import ObservationPlaceholderMessenger, SubsampleCoverMessenger, data_plate_frame
-from .inputs import cast_inputs, model_dtype
+from .inputs import (
+    Inputs,
+    cast_inputs,
+    check_finite_inputs,
+    first_tensor,
+    input_tensors,
+    model_dtype,
+    num_rows,
+    select_rows,
+    split_rows,
+)
 from .nn.module import data_plate_named
 from .prediction import Prediction, prediction_for
 
@@ -104,22 +114,32 @@ def _observation_site(model_trace, guide_trace, data_plate: str) -> str:
 CPU_BLOCK_ELEMENTS = 2**21
 
 
-def draws_per_block(num_samples: int, x: torch.Tensor, shapes: dict[str, torch.Size]) -> int:
+def _positions(tensor: torch.Tensor) -> int:
+    """Positions per input: an integer sequence's tokens, an image's pixels (``x[0].numel() / channels``), else 1."""
+    if not tensor.is_floating_point() and tensor.dim() >= 2:
+        return tensor[0].numel()
+    return tensor[0].numel() // tensor.shape[1] if tensor.dim() > 2 else 1
+
+
+def draws_per_block(num_samples: int, x: Inputs, shapes: dict[str, torch.Size]) -> int:
     """How many weight draws to run together: all of them on an accelerator; cache-sized blocks on a CPU.
 
-    The activations per input and draw are estimated from the weights: a linear layer's output features, a
-    convolution's output channels times the input's positions (``x[0].numel() / channels``).
+    The activations per input and draw are estimated from the weights: a linear layer's output features (times the
+    tokens of an integer sequence input), a convolution's output channels times the input's positions
+    (``x[0].numel() / channels``).
 
     Example
     -------
     >>> draws_per_block(100, torch.zeros(500, 32), {"fc.weight": torch.Size([256, 32])})
     16
     """
-    if x.device.type != "cpu":
+    if first_tensor(x).device.type != "cpu":
         return num_samples
-    positions = x[0].numel() // x.shape[1] if x.dim() > 2 else 1
-    width = sum(shape[0] * (positions if len(shape) > 2 else 1) for shape in shapes.values() if len(shape) >= 2)
-    return max(1, min(num_samples, CPU_BLOCK_ELEMENTS // (x.shape[0] * (width or 1))))
+    tensors = input_tensors(x).values()
+    positions = max(_positions(t) for t in tensors)
+    tokens = max((_positions(t) for t in tensors if not t.is_floating_point()), default=1)
+    width = sum(shape[0] * (positions if len(shape) > 2 else tokens) for shape in shapes.values() if len(shape) >= 2)
+    return max(1, min(num_samples, CPU_BLOCK_ELEMENTS // (num_rows(x) * (width or 1))))
 
 
 def _run_draws(model, draws, shapes, x, obs, data_plate: str, nesting: int, block: int | None, num_samples: int):
@@ -128,7 +148,7 @@ def _run_draws(model, draws, shapes, x, obs, data_plate: str, nesting: int, bloc
     parts = []
     for start in range(0, num_samples, block or 1):
         stop = min(start + (block or 1), num_samples)
-        placeholder = ObservationPlaceholderMessenger(data_plate, x.device)
+        placeholder = ObservationPlaceholderMessenger(data_plate, first_tensor(x).device)
         if block is None:
             values = {name: value[start].reshape(shapes[name]) for name, value in draws.items()}
             trace = poutine.trace(placeholder(poutine.condition(model, data=values))).get_trace(x)
@@ -174,7 +194,7 @@ def _vectorized_mismatch(result, alone: dict[str, torch.Tensor]) -> str | None:
     return None
 
 
-def set_up_guide(model: Callable, guide: Callable, x: torch.Tensor) -> None:
+def set_up_guide(model: Callable, guide: Callable, x: Inputs) -> None:
     """Set up an autoguide that has not seen the model yet (e.g. a converted or MOPED-initialised model before any
     VI) from inputs alone: the observation is given a placeholder value drawn from the model (so that Pyro does not
     take it for a latent variable), and the user's random stream is left where it was.
@@ -199,19 +219,17 @@ def _check_predict_args(guide, x, num_samples, batch_size, sample_batch_size) ->
     check_count("num_samples", num_samples)
     check_count("batch_size", batch_size, optional=True)
     check_count("sample_batch_size", sample_batch_size, optional=True)
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}.")
-    if x.dim() == 0 or x.shape[0] == 0:
-        raise ValueError(f"x must hold at least one input along its first dimension, got shape {tuple(x.shape)}.")
-    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
-        raise ValueError("x contains NaN or infinite values; predictions for them would be NaN.")
+    if num_rows(x) == 0:
+        shapes = ", ".join(f"{name}: {tuple(t.shape)}" for name, t in input_tensors(x).items())
+        raise ValueError(f"x must hold at least one input along its first dimension, got {shapes}.")
+    check_finite_inputs(x, "x holds values whose predictions would be NaN")
 
 
 @torch.no_grad()
 def predict(
     model: Callable,
     guide: Callable,
-    x: torch.Tensor,
+    x: Inputs,
     num_samples: int = 100,
     batch_size: int | None = None,
     *,
@@ -234,8 +252,9 @@ def predict(
         :class:`pyro_bbb.BNN`.
     guide : callable
         A fitted guide such as :class:`pyro_bbb.MeanFieldGuide`.
-    x : Tensor
-        Inputs, first dimension the batch.
+    x : Tensor, tuple of Tensor or dict of Tensor
+        Inputs, first dimension the batch (a tuple or dict: every tensor's first dimension; e.g. a transformers
+        ``BatchEncoding``).
     num_samples : int
         Number of weight draws S.
     batch_size : int, optional
@@ -284,7 +303,7 @@ def predict_with_draws(
     x = cast_inputs(x, model_dtype(model))
     _check_predict_args(guide, x, num_samples, batch_size, sample_batch_size)
     if not is_set_up(guide):
-        set_up_guide(model, guide, x[:1])
+        set_up_guide(model, guide, select_rows(x, slice(0, 1)))
     # the joint predictive shares each weight draw across inputs, whatever training estimator is active around us
     if data_plate is None:
         data_plate = data_plate_of(model)
@@ -293,12 +312,13 @@ def predict_with_draws(
 
 
 def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate):
-    chunks = list(x.split(batch_size)) if batch_size else [x]
+    chunks = split_rows(x, batch_size) if batch_size else [x]
 
     # One plain pass finds the observation site, the plate nesting and each latent site's own shape.
     plain_guide = poutine.trace(guide).get_trace(chunks[0])
     cover = SubsampleCoverMessenger(data_plate, 0)
-    plain_pass = cover(ObservationPlaceholderMessenger(data_plate, x.device)(poutine.replay(model, trace=plain_guide)))
+    placeholder = ObservationPlaceholderMessenger(data_plate, first_tensor(x).device)
+    plain_pass = cover(placeholder(poutine.replay(model, trace=plain_guide)))
     plain_model = poutine.trace(plain_pass).get_trace(chunks[0])
     obs = _observation_site(plain_model, plain_guide, data_plate)
     nesting = max((_site_plate_dims(site) for _, site in plain_model.iter_stochastic_nodes()), default=0)

@@ -36,7 +36,17 @@ from .elbo import ELBO
 from .guide import MeanFieldGuide, has_site_posteriors
 from .handlers import ESTIMATORS
 from .handlers import estimator as estimator_named
-from .inputs import as_tensor, cast_inputs, model_dtype
+from .inputs import (
+    Inputs,
+    as_tensor,
+    cast_inputs,
+    check_finite_inputs,
+    input_tensors,
+    inputs_to,
+    model_dtype,
+    num_rows,
+    select_rows,
+)
 from .likelihoods import TargetError
 from .optim import Adam as JointAdam
 from .prediction import ClassificationPrediction, RegressionPrediction
@@ -136,22 +146,28 @@ class History:
 
 # -- data ------------------------------------------------------------------------------------------------------
 def _check_batch(x: Any, y: Any, likelihood, what: str = "the data",
-                 dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """``(x, y)`` as tensors (numpy arrays converted, floating ``x`` cast to the model's ``dtype``), checked."""
+                 dtype: torch.dtype | None = None) -> tuple[Inputs, torch.Tensor]:  # fmt: skip
+    """``(x, y)`` as tensors (numpy arrays converted, floating ``x`` cast to the model's ``dtype``), checked; ``x``
+    may be a tuple or dict of tensors with a common first dimension."""
     try:
         x, y = cast_inputs(x, dtype), as_tensor(y, "y")
-    except TypeError:
+    except TypeError as error:
         raise TypeError(
-            f"{what} must be a pair of tensors or numpy arrays (x, y), got ({type(x).__name__}, {type(y).__name__})."
+            f"{what} must be a pair (x, y) of tensors or numpy arrays (x may be a tuple or dict of tensors), got "
+            f"({type(x).__name__}, {type(y).__name__}): {error}"
         ) from None
-    if x.dim() == 0 or x.shape[0] == 0:
-        raise ValueError(f"{what} is empty: x has shape {tuple(x.shape)}; fit needs at least one datum.")
-    if y.dim() == 0 or y.shape[0] != x.shape[0]:
+    try:
+        rows = num_rows(x)
+    except ValueError as error:
+        raise ValueError(f"{what}: {error}") from None
+    if rows == 0:
+        shapes = ", ".join(f"{name}: {tuple(t.shape)}" for name, t in input_tensors(x).items())
+        raise ValueError(f"{what} is empty ({shapes}); fit needs at least one datum.")
+    if y.dim() == 0 or y.shape[0] != rows:
         raise ValueError(
-            f"{what}: x has {x.shape[0]} rows but y has shape {tuple(y.shape)}; x and y need the same number of rows."
+            f"{what}: x has {rows} rows but y has shape {tuple(y.shape)}; x and y need the same number of rows."
         )
-    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{what}: x contains {int((~torch.isfinite(x)).sum())} NaN or infinite value(s).")
+    check_finite_inputs(x, what)
     if likelihood is not None:
         y = likelihood.check_targets(y)
     elif y.is_floating_point() and not bool(torch.isfinite(y).all()):
@@ -214,7 +230,7 @@ class _Batches:
         elif isinstance(data, Sequence) and len(data) == 2:
             x, y = data
             self.x, self.y = _check_batch(x, y, likelihood, dtype=dtype)
-            self.loader, self.num_data = None, self.x.shape[0]
+            self.loader, self.num_data = None, num_rows(self.x)
             self.batch_size = batch_size or self.num_data
         else:
             raise TypeError(f"data must be an (x, y) pair of tensors or a DataLoader, got {type(data).__name__}.")
@@ -222,7 +238,7 @@ class _Batches:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self.loader is None:
             for idx in torch.randperm(self.num_data).split(self.batch_size):
-                yield self.x[idx].to(self.device), self.y[idx].to(self.device)
+                yield inputs_to(select_rows(self.x, idx), self.device), self.y[idx].to(self.device)
             return
         for number, batch in enumerate(self.loader, 1):
             if not isinstance(batch, Sequence) or len(batch) != 2:
@@ -231,7 +247,7 @@ class _Batches:
                 x, y = _check_batch(*batch, self.likelihood, what=f"DataLoader batch {number}", dtype=self.dtype)
             except (ValueError, TypeError) as error:
                 raise DataError(str(error)) from error
-            yield x.to(self.device), y.to(self.device)
+            yield inputs_to(x, self.device), y.to(self.device)
 
 
 def _device(model) -> torch.device | None:
@@ -307,7 +323,7 @@ class _Stepper:
         """Local loss and gradients, then (collectively) failures, the weighted gradient sum, one update."""
         error, loss = self._error, 0.0
         self._error = None
-        if error is None and x.shape[0] > 0:
+        if error is None and num_rows(x) > 0:
             try:
                 with self.estimator():
                     loss = self.elbo.loss_and_grads(self.model, self.guide, x, y)
@@ -319,7 +335,7 @@ class _Stepper:
                 for _ in range(self.elbo.num_particles):
                     self.guide(x, y)
         distributed_.raise_if_any_rank_failed(error)
-        self.global_loss, _ = distributed_.combine_gradients(x.shape[0], loss if math.isfinite(loss) else math.inf)
+        self.global_loss, _ = distributed_.combine_gradients(num_rows(x), loss if math.isfinite(loss) else math.inf)
         params = {p for _, p in pyro.get_param_store().named_parameters()}
         loss = self._apply(params, self.global_loss)
         if isinstance(self.model, torch.nn.Module):  # running statistics follow rank 0, as under DDP
@@ -562,7 +578,7 @@ def _validation_batch(model, validation_data):
         raise TypeError("validation_data must be an (x, y) pair of tensors.")
     x, y = _check_batch(*validation_data, _likelihood_of(model), what="validation_data", dtype=model_dtype(model))
     device = _device(model)
-    return (x.to(device) if device else x), y
+    return inputs_to(x, device), y
 
 
 def _train(stepper: _Stepper, batches, record, epochs: int, callbacks, progress: bool, distributed: bool) -> History:
@@ -578,7 +594,7 @@ def _train(stepper: _Stepper, batches, record, epochs: int, callbacks, progress:
                 totals = {"loss": 0.0, "nll": 0.0, "kl": 0.0, "seen": 0}
                 for x, y in stepper.guarded(batches):
                     stepper(x, y)
-                    terms, b = stepper.elbo.last_terms, x.shape[0]
+                    terms, b = stepper.elbo.last_terms, num_rows(x)
                     history.step_loss.append(stepper.global_loss / batches.num_data if distributed
                                              else terms["loss_per_datum"])  # fmt: skip
                     if b:

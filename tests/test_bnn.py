@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 import pyro
 import pyro.poutine as poutine
 import pytest
@@ -64,3 +66,49 @@ def test_custom_data_plate_name():
     elbo = pyro_bbb.ELBO(num_data=40, data_plate="obs")
     elbo.loss(bnn, pyro_bbb.MeanFieldGuide(bnn), torch.randn(4, 3), torch.randn(4))
     assert (elbo.last_terms["num_data"], elbo.last_terms["batch_size"]) == (40, 4)
+
+
+class Wrapped(torch.nn.Module):
+    """A net whose output is not a tensor: like a transformers model (``.logits``), an RNN (a tuple), or neither."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.fc = BayesianLinear(3, 2)
+
+    def forward(self, x):
+        out = self.fc(x)
+        if self.kind == "object":
+            return SimpleNamespace(logits=out, hidden_states=None)
+        if self.kind == "dict":
+            return {"loss": None, "logits": out}
+        if self.kind == "tuple":
+            return out, torch.zeros(())
+        return {"prediction": out}
+
+
+@pytest.mark.parametrize("kind", ["object", "dict", "tuple"])
+def test_the_output_adapter_finds_the_logits(kind):
+    bnn = pyro_bbb.BNN(Wrapped(kind), likelihoods.Categorical())
+    x, y = torch.randn(6, 3), torch.randint(0, 2, (6,))
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=2, progress=False, seed=0)
+    pyro.set_rng_seed(0)
+    prediction = pyro_bbb.predict(bnn, guide, x, num_samples=5, vectorize=True)  # adapted on folded draws too
+    assert prediction.probs.shape == (6, 2)
+    # the likelihood reads the net's logits under the same draws
+    draws = poutine.trace(guide).get_trace(x)
+    trace = poutine.trace(poutine.replay(bnn, trace=draws)).get_trace(x)
+    logits = trace.nodes["y"]["fn"].logits
+    w, b = draws.nodes["net.fc.weight"]["value"], draws.nodes["net.fc.bias"]["value"]
+    torch.testing.assert_close(logits, torch.log_softmax(x @ w.T + b, -1))
+
+
+def test_an_output_without_a_tensor_needs_an_adapter():
+    bnn = pyro_bbb.BNN(Wrapped("other"), likelihoods.Categorical())
+    with pytest.raises(TypeError, match="the net returned a dict; .* output_adapter="):
+        bnn(torch.randn(4, 3))
+    adapted = pyro_bbb.BNN(Wrapped("other"), likelihoods.Categorical(), output_adapter=lambda out: out["prediction"])
+    assert adapted(torch.randn(4, 3)).shape == (4,)
+    with pytest.raises(TypeError, match="output_adapter must be callable"):
+        pyro_bbb.BNN(Wrapped("other"), likelihoods.Categorical(), output_adapter="prediction")

@@ -11,7 +11,7 @@ from pyro.nn import PyroModule
 
 import pyro_bbb
 from pyro_bbb import likelihoods, metrics
-from pyro_bbb.inputs import as_tensor, cast_inputs, targets_like
+from pyro_bbb.inputs import as_tensor, cast_inputs, num_rows, select_rows, split_rows, targets_like
 from pyro_bbb.nn import BayesianLinear
 
 
@@ -180,3 +180,113 @@ def test_helpers():
     assert targets_like(torch.zeros(3, 1), (3,)).shape == (3,)
     assert targets_like(torch.zeros(3, 2), (3,)).shape == (3, 2)
     assert cast_inputs(torch.zeros(2, dtype=torch.long), torch.float32).dtype == torch.long
+
+
+# -- inputs beyond one tensor (issue 18) -------------------------------------------------------------------------
+class Concatenated(torch.nn.Module):
+    """The same Bayesian layer read from one tensor, from a tuple (net(a, b)) or from a dict (net(a=..., b=...))."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = BayesianLinear(3, 1)
+
+    def forward(self, a, b=None):
+        return self.fc(a if b is None else torch.cat([a, b.unsqueeze(-1)], -1))
+
+
+def split_inputs(x, kind):
+    if kind == "tensor":
+        return x
+    a, b = x[:, :2], x[:, 2]
+    return (a, b) if kind == "tuple" else {"a": a, "b": b}
+
+
+def run_everything(kind, x, y, tmp_path):
+    """fit (shuffled minibatches), predict (chunks, vectorized and looped), export and save/load on one input kind."""
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    model = pyro_bbb.BNN(Concatenated(), likelihoods.Gaussian(scale=0.3))
+    guide = pyro_bbb.MeanFieldGuide(model)
+    inputs = split_inputs(x, kind)
+    history = pyro_bbb.fit(model, guide, (inputs, y), epochs=4, batch_size=16, progress=False, seed=0,
+                           validation_data=(inputs, y))  # fmt: skip
+    pyro.set_rng_seed(1)
+    vectorized = pyro_bbb.predict(model, guide, inputs, num_samples=30, batch_size=7, vectorize=True)
+    pyro.set_rng_seed(1)
+    looped = pyro_bbb.predict(model, guide, inputs, num_samples=30, batch_size=7, vectorize=False)
+    torch.testing.assert_close(vectorized.mean, looped.mean)
+    idata = pyro_bbb.to_inference_data(model, guide, inputs, y, num_samples=10)
+    path = tmp_path / f"{kind}.pt"
+    pyro_bbb.save(path, model, guide)
+    pyro.clear_param_store()
+    fresh_model = pyro_bbb.BNN(Concatenated(), likelihoods.Gaussian(scale=0.3))
+    fresh = pyro_bbb.load(path, fresh_model, pyro_bbb.MeanFieldGuide(fresh_model))
+    return history, vectorized, idata, fresh.site_posteriors()["net.fc.weight"].loc
+
+
+def test_tuple_and_dict_inputs_give_what_one_tensor_gives(tmp_path):
+    x, y = torch.randn(45, 3), torch.randn(45)
+    reference = run_everything("tensor", x, y, tmp_path)
+    for kind in ("tuple", "dict"):
+        history, prediction, idata, loaded = run_everything(kind, x, y, tmp_path)
+        assert history["loss"] == reference[0]["loss"]
+        assert history["val_log_likelihood"] == reference[0]["val_log_likelihood"]
+        torch.testing.assert_close(prediction.mean, reference[1].mean)
+        torch.testing.assert_close(loaded, reference[3])
+        np.testing.assert_allclose(idata.log_likelihood["y"].values, reference[2].log_likelihood["y"].values, rtol=1e-5)
+        names = {"tuple": ["x_0", "x_1"], "dict": ["x_a", "x_b"]}[kind]
+        assert sorted(idata.constant_data.data_vars) == names
+        assert idata.constant_data[names[0]].dims == ("obs_id", f"{names[0]}_0")
+
+
+def test_a_dataloader_of_dict_inputs_trains():
+    class Pairs(torch.utils.data.Dataset):
+        def __init__(self, x, y):
+            self.x, self.y = x, y
+
+        def __len__(self):
+            return len(self.y)
+
+        def __getitem__(self, i):
+            return {"a": self.x[i, :2], "b": self.x[i, 2]}, self.y[i]
+
+    x = torch.randn(64, 3)
+    y = x @ torch.tensor([1.0, -1.0, 0.5]) + 0.1 * torch.randn(64)
+    model = pyro_bbb.BNN(Concatenated(), likelihoods.Gaussian(scale=0.1))
+    guide = pyro_bbb.MeanFieldGuide(model)
+    loader = torch.utils.data.DataLoader(Pairs(x, y), batch_size=16, shuffle=True)
+    history = pyro_bbb.fit(model, guide, loader, epochs=30, lr=0.05, progress=False, seed=0)
+    assert history.last["num_data"] == 64
+    assert history["nll"][-1] < 0.2 * history["nll"][0]
+
+
+def test_structured_inputs_errors_name_the_tensor_and_change_nothing():
+    model = pyro_bbb.BNN(Concatenated(), likelihoods.Gaussian(scale=0.3))
+    guide = pyro_bbb.MeanFieldGuide(model)
+    y = torch.randn(10)
+    with pytest.raises(ValueError, match=r"share their first dimension.*x\['a'\]: \(10, 2\), x\['b'\]: \(9,\)"):
+        pyro_bbb.fit(model, guide, ({"a": torch.randn(10, 2), "b": torch.randn(9)}, y), epochs=1, progress=False)
+    with pytest.raises(TypeError, match=r"x\['b'\] is a str"):
+        pyro_bbb.fit(model, guide, ({"a": torch.randn(10, 2), "b": "text"}, y), epochs=1, progress=False)
+    bad = torch.randn(10)
+    bad[3] = float("nan")
+    with pytest.raises(ValueError, match=r"x\[1\] contains 1 NaN"):
+        pyro_bbb.fit(model, guide, ((torch.randn(10, 2), bad), y), epochs=1, progress=False)
+    assert not pyro.get_param_store().keys()  # nothing was set up or changed
+    with pytest.raises(ValueError, match=r"x has 10 rows but y has shape \(9,\)"):
+        pyro_bbb.fit(model, guide, ((torch.randn(10, 2), torch.randn(10)), y[:9]), epochs=1, progress=False)
+    with pytest.raises(ValueError, match="share their first dimension"):
+        pyro_bbb.predict(model, guide, (torch.randn(4, 2), torch.randn(3)), num_samples=2)
+    with pytest.raises(ValueError, match="empty tuple"):
+        pyro_bbb.predict(model, guide, (), num_samples=2)
+
+
+def test_structured_input_helpers():
+    x = {"ids": np.arange(6).reshape(3, 2), "mask": torch.ones(3, 2, dtype=torch.float64)}
+    cast = cast_inputs(x, torch.float32)
+    assert cast["ids"].dtype == torch.int64 and cast["mask"].dtype == torch.float32  # token ids are never cast
+    assert [chunk["ids"].shape[0] for chunk in split_rows(cast, 2)] == [2, 1]
+    assert num_rows([torch.zeros(5), torch.zeros(5, 3)]) == 5
+    assert isinstance(select_rows([torch.zeros(5)], slice(0, 2)), list)
+    with pytest.raises(ValueError, match="first dimension over the data"):
+        num_rows((torch.zeros(3), torch.tensor(1.0)))
