@@ -150,7 +150,9 @@ def bayesianize(
         layers get ``Normal(0, 1)``); or ``(name, module) -> prior``. :class:`pyro_bbb.priors.Moped` centres each
         weight's prior on its trained value.
     include : list of patterns or predicate, optional
-        Convert only these layers. A layer named here that cannot be converted is an error.
+        Convert only these layers (a container stands for the layers inside it). A layer named exactly that cannot
+        be converted is an error; the normalisation, dropout or activation modules that a wildcard
+        (``"encoder.layer.1.*"``) or a predicate also matches are left deterministic.
     exclude : list of patterns or predicate, optional
         Never convert these.
     last_layer_only : bool
@@ -185,9 +187,11 @@ def bayesianize(
         direct = [(n, m) for n, m in named if _matches(include, n, m)]
         if not direct:
             raise ValueError(f"include={include!r} matched no module; the module names are {[n for n, _ in named]}.")
-        # a matched container (children, no parameters of its own) stands for the layers inside it
+        # a matched container (children, no parameters of its own) stands for the layers inside it; a module named
+        # exactly that cannot be converted is an error, one that a wildcard or a predicate swept up is passed over
+        named_exactly = set() if callable(include) else {p for p in include if not any(c in p for c in "*?[")}
         unsupported = [f"{n} ({type(m).__name__})" for n, m in direct
-                       if (_twin_type(m) is None or inside(n, opaque))
+                       if n in named_exactly and (_twin_type(m) is None or inside(n, opaque))
                        and not (list(m.children()) and not list(m.parameters(recurse=False)))]  # fmt: skip
         if unsupported:
             raise ValueError(
@@ -204,7 +208,8 @@ def bayesianize(
     if last_layer_only:
         candidates = candidates[-1:]
     if not candidates:
-        raise ValueError(f"no layer to convert: the model has no {_supported_names()} outside attention blocks.")
+        where = "" if include is None else f" among the modules include={include!r} selects"
+        raise ValueError(f"no layer to convert: no {_supported_names()} outside attention blocks{where}.")
 
     for name, layer in candidates:
         parent_name, _, child = name.rpartition(".")

@@ -1,7 +1,10 @@
 """``to_inference_data``: the posterior, the predictive and the pointwise log-likelihood, for ArviZ.
 
 Everything ArviZ-specific lives here. The groups are built as :class:`xarray.Dataset` objects and wrapped for the
-installed ArviZ: an ``az.InferenceData`` for ArviZ 0.x (Python 3.11), an ``xarray.DataTree`` for ArviZ 1.x.
+installed ArviZ: an ``az.InferenceData`` for ArviZ 0.x (``arviz`` 0.23 on Python 3.11), an ``xarray.DataTree``
+for ArviZ 1.x (``arviz`` >= 1, or ``arviz-base`` / ``arviz-stats`` beside 0.x: ask with
+``container="DataTree"``). Both carry the same groups, variables and dimensions, so ``az.loo`` on the one and
+``arviz_stats.loo`` on the other give the same numbers.
 
 Example
 -------
@@ -31,7 +34,7 @@ from .inputs import Inputs, cast_inputs, input_tensors, model_dtype, num_rows, t
 from .nn.module import site_owners
 from .predictive import predict_with_draws
 
-__all__ = ["to_inference_data", "LARGE_POSTERIOR_BYTES"]
+__all__ = ["to_inference_data", "LARGE_POSTERIOR_BYTES", "CONTAINERS"]
 
 #: A posterior group larger than this (in bytes) triggers a warning with its size and the ``sites=`` fix.
 LARGE_POSTERIOR_BYTES = 200 * 2**20
@@ -83,13 +86,36 @@ def _input_variables(x: Inputs) -> dict[str, tuple[list[str], np.ndarray]]:
     return variables
 
 
-def _wrap(groups: dict[str, xr.Dataset]):
-    """``az.InferenceData`` on ArviZ 0.x; an ``xarray.DataTree`` (what ArviZ 1.x works with) otherwise."""
+#: The containers :func:`to_inference_data` can return (``container=``): ``"auto"`` picks ``"InferenceData"``
+#: under ArviZ 0.x and ``"DataTree"`` under ArviZ 1.x (or without the ``arviz`` package).
+CONTAINERS = ("auto", "InferenceData", "DataTree")
+
+
+def _arviz_major() -> int | None:
+    try:
+        import arviz as az
+    except ImportError:
+        return None
+    return int(az.__version__.split(".")[0])
+
+
+def _wrap(groups: dict[str, xr.Dataset], container: str):
+    """``az.InferenceData`` or an ``xarray.DataTree`` (what ArviZ 1.x works with) holding ``groups``."""
+    if container == "auto":
+        major = _arviz_major()
+        container = "InferenceData" if major is not None and major < 1 else "DataTree"
+    if container == "DataTree":
+        return xr.DataTree.from_dict({f"/{name}": dataset for name, dataset in groups.items()})
+    major = _arviz_major()
+    if major is None or major >= 1:
+        raise ValueError(
+            'container="InferenceData" needs ArviZ 0.x (pip install "arviz<1"); '
+            + ("ArviZ is not installed" if major is None else "ArviZ 1.x works with xarray.DataTree")
+            + ': use container="DataTree".'
+        )
     import arviz as az
 
-    if int(az.__version__.split(".")[0]) < 1:
-        return az.InferenceData(**groups)
-    return xr.DataTree.from_dict({f"/{name}": dataset for name, dataset in groups.items()})  # pragma: no cover
+    return az.InferenceData(**groups)
 
 
 def to_inference_data(
@@ -102,6 +128,7 @@ def to_inference_data(
     num_chains: int = 1,
     *,
     batch_size: int | None = None,
+    container: str = "auto",
 ):
     """Export one set of posterior draws, and everything computed from them, to ArviZ.
 
@@ -129,6 +156,8 @@ def to_inference_data(
         Number of chains to split the draws into.
     batch_size : int, optional
         Inputs per model call (as in :func:`pyro_bbb.predict`).
+    container : {"auto", "InferenceData", "DataTree"}
+        What to return (see :data:`CONTAINERS`): by default what the installed ArviZ works with.
 
     Returns
     -------
@@ -136,8 +165,21 @@ def to_inference_data(
 
     Example
     -------
-    See the module example; then ``az.loo(idata, reff=1.0)`` and ``az.plot_ppc(idata)``.
+    See the module example; then ``az.loo(idata, reff=1.0)`` and ``az.plot_ppc(idata)``. For ArviZ 1.x
+    (``arviz-base`` and ``arviz-stats``):
+
+    >>> x, y = torch.randn(30, 2), torch.randn(30)
+    >>> bnn = pyro_bbb.BNN(BayesianLinear(2, 1), likelihoods.Gaussian(scale=0.5))
+    >>> guide = pyro_bbb.MeanFieldGuide(bnn)
+    >>> _ = guide(x, y)
+    >>> tree = to_inference_data(bnn, guide, x, y, num_samples=100, container="DataTree")
+    >>> sorted(tree.children)
+    ['constant_data', 'log_likelihood', 'observed_data', 'posterior', 'posterior_predictive']
+    >>> tree["log_likelihood"]["y"].dims
+    ('chain', 'draw', 'obs_id')
     """
+    if container not in CONTAINERS:
+        raise ValueError(f"container must be one of {CONTAINERS}, got {container!r}.")
     check_count("num_chains", num_chains)
     x = cast_inputs(x, model_dtype(model))
     prediction, draws, obs = predict_with_draws(model, guide, x, num_samples * num_chains, batch_size)
@@ -178,4 +220,4 @@ def to_inference_data(
         log_lik = prediction.log_prob(y)
         groups["log_likelihood"] = dataset({obs: (chain_draw + ["obs_id"], _by_chain(log_lik, num_chains))})
         groups["observed_data"] = dataset({obs: (["obs_id"] + event_dims, y.detach().cpu().numpy())})
-    return _wrap(groups)
+    return _wrap(groups, container)

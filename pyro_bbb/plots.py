@@ -145,9 +145,12 @@ def plot_std_ratio(model: Callable, guide, path: str | Path | None = None, bins:
     return _finish(fig, path)
 
 
-def plot_reliability(prediction: ClassificationPrediction, y: torch.Tensor, num_bins: int = 10,
-                     path: str | Path | None = None):  # fmt: skip
+def plot_reliability(prediction: ClassificationPrediction | torch.Tensor, y: torch.Tensor, num_bins: int = 10,
+                     path: str | Path | None = None, *, ax=None, title: str = "reliability"):  # fmt: skip
     """Reliability diagram: accuracy against confidence in equal-width bins, with counts and the ECE.
+
+    ``prediction`` may also be a tensor of class probabilities (a deterministic model's, to compare); ``ax`` draws
+    into an existing matplotlib axes (side-by-side comparisons) and ``title`` heads it (the ECE is appended).
 
     Example
     -------
@@ -160,7 +163,10 @@ def plot_reliability(prediction: ClassificationPrediction, y: torch.Tensor, num_
     confidence, predicted = probs.max(-1)
     correct = (predicted == y.long()).float()
     bins = (confidence * num_bins).long().clamp(max=num_bins - 1)
-    fig, ax = plt.subplots(figsize=(4.5, 4))
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(4.5, 4))
+    else:
+        fig = ax.figure
     for b in range(num_bins):
         inside = bins == b
         if inside.any():
@@ -171,7 +177,7 @@ def plot_reliability(prediction: ClassificationPrediction, y: torch.Tensor, num_
     ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
     ax.plot([], [], "o", color="C3", ms=4, label="(mean confidence, accuracy)")
     ece = metrics.expected_calibration_error(probs, y, num_bins)
-    ax.set(xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1.1), title=f"reliability (ECE {ece:.3f})")
+    ax.set(xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1.1), title=f"{title} (ECE {ece:.3f})")
     ax.legend(fontsize=7, loc="upper left")
     return _finish(fig, path)
 

@@ -8,6 +8,7 @@ import numpy as np  # noqa: E402
 import pyro  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import xarray as xr  # noqa: E402
 
 import pyro_bbb  # noqa: E402
 from pyro_bbb import export, likelihoods  # noqa: E402
@@ -128,3 +129,36 @@ def test_recurrent_layer_weights_of_different_shapes_get_their_own_dims_under_an
         assert posterior.sizes["net_rnn_weight_hh_l0_in"] == 5 and posterior.sizes["net_rnn_weight_ih_l0_in"] == 3
         assert posterior["net.head.weight"].dims[2:] == ("net_head_out", "net_head_in")  # a consistent layer
         assert idata.log_likelihood["y"].shape == (1, 4, 12)
+
+
+# -- ArviZ 1.x: arviz-base / arviz-stats on an xarray.DataTree ------------------------------------------------------
+def test_datatree_for_arviz_1_gives_the_numbers_of_arviz_0(fitted):
+    arviz_stats = pytest.importorskip("arviz_stats")
+    bnn, guide, x, y = fitted
+    pyro.set_rng_seed(3)
+    idata = pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=300, num_chains=2, container="InferenceData")
+    pyro.set_rng_seed(3)
+    tree = pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=300, num_chains=2, container="DataTree")
+    assert isinstance(tree, xr.DataTree) and set(tree.children) == set(idata.groups())
+    for group in idata.groups():  # the same draws, variables and dimensions in both containers
+        xr.testing.assert_identical(tree[group].to_dataset(), idata[group])
+    new, old = arviz_stats.loo(tree), az.loo(idata)
+    # the same PSIS-LOO (0.x sums in the draws' float32, 1.x in float64: equal to ~1e-6 relative)
+    assert abs(new.elpd - old.elpd_loo) < 1e-3 and abs(new.p - old.p_loo) < 1e-3 and abs(new.se - old.se) < 1e-3
+    # Pareto k: arviz-stats estimates the tail shape its own way (values differ by ~0.03), the verdict agrees
+    assert np.asarray(new.pareto_k).max() < 0.7 and np.asarray(old.pareto_k).max() < 0.7
+    table_new = arviz_stats.summary(tree, var_names=["net.weight", "net.bias"], kind="stats")
+    table_old = az.summary(idata, var_names=["net.weight", "net.bias"], kind="stats")
+    np.testing.assert_allclose(table_new["mean"].astype(float), table_old["mean"].astype(float), atol=0.011)
+    np.testing.assert_allclose(table_new["sd"].astype(float), table_old["sd"].astype(float), atol=0.011)
+
+
+def test_the_container_follows_the_installed_arviz(fitted, monkeypatch):
+    bnn, guide, x, y = fitted
+    assert isinstance(pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=5), az.InferenceData)  # ArviZ 0.x
+    monkeypatch.setattr(az, "__version__", "1.0.0")
+    assert isinstance(pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=5), xr.DataTree)
+    with pytest.raises(ValueError, match='needs ArviZ 0.x .* use container="DataTree"'):
+        pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=5, container="InferenceData")
+    with pytest.raises(ValueError, match="container must be one of"):
+        pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=5, container="netcdf")
