@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install quickstart test test-fast lint benchmarks
+.PHONY: install quickstart test test-fast lint benchmarks docs figures
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,13 +20,22 @@ quickstart: install
 
 test: install
 	$(PY) -m pytest -q --durations=10
-	$(VENV)/bin/ruff check pyro_bbb tests tutorials benchmarks
+	$(VENV)/bin/ruff check pyro_bbb tests tutorials benchmarks docs
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
 
 lint: install
-	$(VENV)/bin/ruff check pyro_bbb tests tutorials benchmarks
+	$(VENV)/bin/ruff check pyro_bbb tests tutorials benchmarks docs
+
+# HTML documentation in docs/_build/html: the README, the tutorials with their figures (docs/figures, written by
+# `make figures`), an API page per module. Warnings are errors: a broken docstring fails the build.
+docs: install
+	$(PY) -m sphinx -b html -W --keep-going -q docs docs/_build/html
+
+# Run every tutorial at its default settings, writing the figures the documentation shows (takes a while).
+figures: install
+	for t in tutorials/*.py; do $(PY) $$t --out-dir docs/figures || exit 1; done
 
 benchmarks: install
 	$(PY) benchmarks/step_time.py

@@ -2,8 +2,8 @@
 
 The three-line happy path (``model -> guide -> fit -> predict``):
 
-Example
--------
+Examples
+--------
 >>> x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
 >>> bnn = pyro_bbb.BNN(BayesianLinear(4, 3), likelihood=likelihoods.Categorical())
 >>> guide = pyro_bbb.MeanFieldGuide(bnn)

@@ -27,8 +27,8 @@ def net_output(output: Any) -> torch.Tensor:
     ``(output, (h, c))``, a transformers model with ``return_dict=False``). Anything else is a ``TypeError`` that
     says how to pass an adapter of your own (``BNN(net, likelihood, output_adapter=lambda out: out.my_field)``).
 
-    Example
-    -------
+    Examples
+    --------
     >>> from types import SimpleNamespace
     >>> net_output(SimpleNamespace(logits=torch.zeros(2, 3), hidden_states=None)).shape
     torch.Size([2, 3])
@@ -53,8 +53,8 @@ def call_net(net: Callable, x: Inputs) -> Any:
     """Call ``net`` on inputs the way :class:`BNN` does: ``net(x)`` for a tensor, ``net(*x)`` for a tuple or list,
     ``net(**x)`` for a mapping (a transformers ``BatchEncoding``).
 
-    Example
-    -------
+    Examples
+    --------
     >>> call_net(lambda a, b: a + b, (torch.ones(2), torch.ones(2)))
     tensor([2., 2.])
     >>> call_net(lambda input_ids: input_ids.shape, {"input_ids": torch.zeros(3, 5)})
@@ -92,8 +92,8 @@ class BNN(PyroModule):
         Maps the net's output to the tensor the likelihood reads; default :func:`net_output` (a tensor as it is, a
         transformers output's ``logits``, a tuple's first element).
 
-    Example
-    -------
+    Examples
+    --------
     >>> net = torch.nn.Sequential(BayesianLinear(4, 16), torch.nn.ReLU(), BayesianLinear(16, 3))
     >>> bnn = BNN(net, likelihoods.Categorical())
     >>> bnn(torch.randn(5, 4)).shape                 # without a guide: a prior predictive draw

@@ -5,8 +5,8 @@ checkpoint from a stranger cannot run code. It stores the guide's variational pa
 deterministic parameters and buffers, one example input (to rebuild the guide's sites) and the settings needed to
 predict (likelihood, data plate).
 
-Example
--------
+Examples
+--------
 >>> import os, tempfile, torch, pyro
 >>> pyro.clear_param_store()
 >>> bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.1))
@@ -100,8 +100,8 @@ def save(path: str | os.PathLike, model, guide) -> None:
     guide : MeanFieldGuide
         The fitted guide (any Pyro autoguide).
 
-    Example
-    -------
+    Examples
+    --------
     See the module example.
     """
     require_set_up(guide, "save")
@@ -186,8 +186,8 @@ def load(path: str | os.PathLike, model, guide):
     same likelihood with other settings), a missing ``pyro.module`` / ``pyro.param`` parameter, or a damaged file
     raises ``ValueError`` listing the differences. Tensors are placed on the model's device.
 
-    Example
-    -------
+    Examples
+    --------
     See the module example.
     """
     device = next((t.device for t in (*model.buffers(), *model.parameters())), torch.device("cpu"))

@@ -1,7 +1,7 @@
 """Argument checks shared by the package, each with one meaning and one message.
 
-Example
--------
+Examples
+--------
 >>> check_count("epochs", 3)
 >>> check_count("batch_size", None, optional=True)
 >>> check_positive("lr", 0.0)
@@ -25,8 +25,8 @@ class GuideNotSetUpError(ValueError, RuntimeError):
     """A guide that has not seen the model yet was asked for what only a fitted guide has (a ``ValueError``, and a
     ``RuntimeError`` as :meth:`pyro_bbb.MeanFieldGuide.site_posteriors` raised before).
 
-    Example
-    -------
+    Examples
+    --------
     >>> issubclass(GuideNotSetUpError, ValueError) and issubclass(GuideNotSetUpError, RuntimeError)
     True
     """
@@ -35,8 +35,8 @@ class GuideNotSetUpError(ValueError, RuntimeError):
 def check_count(name: str, value: Any, optional: bool = False) -> None:
     """A positive integer (numpy integers too, ``bool`` not), or ``None`` when ``optional``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> check_count("num_samples", 0)
     Traceback (most recent call last):
     ...
@@ -51,8 +51,8 @@ def check_count(name: str, value: Any, optional: bool = False) -> None:
 def check_positive(name: str, value: Any, optional: bool = False) -> None:
     """A finite number > 0 (not ``bool``), or ``None`` when ``optional``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> check_positive("clip_norm", None, optional=True)
     """
     if optional and value is None:
@@ -64,8 +64,8 @@ def check_positive(name: str, value: Any, optional: bool = False) -> None:
 def data_plate_of(model: Any) -> str:
     """The name of a model's data plate: its ``data_plate`` attribute, else :data:`~pyro_bbb.nn.module.DATA_PLATE`.
 
-    Example
-    -------
+    Examples
+    --------
     >>> data_plate_of(lambda x: x)
     'data'
     """
@@ -75,8 +75,8 @@ def data_plate_of(model: Any) -> str:
 def is_set_up(guide: Any) -> bool:
     """Whether a guide has its parameters: an autoguide after its first call; a hand-written guide always.
 
-    Example
-    -------
+    Examples
+    --------
     >>> is_set_up(lambda x, y=None: None)
     True
     """
@@ -86,8 +86,8 @@ def is_set_up(guide: Any) -> bool:
 def require_set_up(guide: Any, what: str) -> None:
     """A :class:`GuideNotSetUpError` saying that ``what`` needs a guide that has seen the model, and how to get one.
 
-    Example
-    -------
+    Examples
+    --------
     >>> require_set_up(MeanFieldGuide(BayesianLinear(2, 1)), "summary")
     Traceback (most recent call last):
     ...

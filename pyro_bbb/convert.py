@@ -1,7 +1,7 @@
 """``bayesianize``: an existing PyTorch model, whole or in part, as a Bayes-by-Backprop model.
 
-Example
--------
+Examples
+--------
 >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
 >>> bayesianize(net, prior=priors.Normal(0.0, 0.5), last_layer_only=True)
 PyroSequential(
@@ -166,8 +166,8 @@ def bayesianize(
     PyroModule
         Wrap it as ``pyro_bbb.BNN(converted, likelihood)``.
 
-    Example
-    -------
+    Examples
+    --------
     See the module example.
     """
     if not isinstance(module, nn.Module):

@@ -1,7 +1,7 @@
 """Generated data sets for tutorials, tests and benchmarks (nothing is downloaded).
 
-Example
--------
+Examples
+--------
 >>> x, y = toy_regression(100, seed=0)
 >>> x.shape, y.shape
 (torch.Size([100, 1]), torch.Size([100]))
@@ -52,8 +52,8 @@ def toy_regression(n: int, seed: int = 0, noise: float = 0.1, gap: bool = True) 
     x : Tensor of shape ``(n, 1)``
     y : Tensor of shape ``(n,)``
 
-    Example
-    -------
+    Examples
+    --------
     >>> x, _ = toy_regression(10, gap=True)
     >>> bool(((x.abs() >= 0.5) & (x.abs() <= 2)).all())
     True
@@ -71,8 +71,8 @@ def toy_regression(n: int, seed: int = 0, noise: float = 0.1, gap: bool = True) 
 def heteroscedastic_noise_std(x: torch.Tensor) -> torch.Tensor:
     """The noise standard deviation of :func:`heteroscedastic_regression` at ``x``: ``0.1 + 0.2 |x|``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> heteroscedastic_noise_std(torch.tensor([0.0, -2.0]))
     tensor([0.1000, 0.5000])
     """
@@ -89,8 +89,8 @@ def heteroscedastic_regression(
     x : Tensor of shape ``(n, 1)``
     y : Tensor of shape ``(n,)``
 
-    Example
-    -------
+    Examples
+    --------
     >>> x, y = heteroscedastic_regression(5000, seed=0)
     >>> resid = y - torch.sin(2 * x.squeeze(-1))
     >>> round(float(resid[x.squeeze(-1).abs() < 0.2].std()), 1), round(float(resid[x.squeeze(-1).abs() > 1.8].std()), 1)
@@ -114,8 +114,8 @@ def digits(test_fraction: float = 0.25, seed: int = 0) -> tuple[torch.Tensor, ..
     x_train, y_train, x_test, y_test
         Inputs of shape ``(n, 64)`` (float32) and integer labels.
 
-    Example
-    -------
+    Examples
+    --------
     >>> x_train, y_train, x_test, y_test = digits()
     >>> x_train.shape, x_test.shape, int(y_train.max())
     (torch.Size([1348, 64]), torch.Size([449, 64]), 9)
@@ -148,8 +148,8 @@ def is_reber(string: str) -> bool:
 
     ``1 -T-> 2, 1 -P-> 3, 2 -S-> 2, 2 -X-> 4, 3 -T-> 3, 3 -V-> 5, 4 -X-> 3, 4 -S-> end, 5 -P-> 4, 5 -V-> end``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> is_reber("BTXSE"), is_reber("BPVVE"), is_reber("BTXXE")
     (True, True, False)
     """
@@ -169,8 +169,8 @@ def is_embedded_reber(string: str) -> bool:
     Remembering the second symbol until the second-to-last is the long-range dependency that makes the grammar a
     classic test of recurrent nets.
 
-    Example
-    -------
+    Examples
+    --------
     >>> is_embedded_reber("BTBTXSETE"), is_embedded_reber("BTBTXSEPE")
     (True, False)
     """
@@ -220,8 +220,8 @@ def embedded_reber(n: int, max_len: int = 12, seed: int = 0, return_strings: boo
     y : Tensor ``(n,)``, long, 1 for grammatical strings
     strings : list of str (only with ``return_strings=True``)
 
-    Example
-    -------
+    Examples
+    --------
     >>> x, y, strings = embedded_reber(6, seed=0, return_strings=True)
     >>> x.shape, int(y.sum())
     (torch.Size([6, 12, 7]), 3)

@@ -5,8 +5,8 @@ These answer "my KL does not change" and "is my network Bayesian at all": a laye
 near zero sits on its prior (the data is ignored); a layer whose posterior standard deviation is a tiny fraction
 of the prior's has collapsed to a point estimate.
 
-Example
--------
+Examples
+--------
 >>> bnn = BNN(torch.nn.Sequential(BayesianLinear(2, 4), torch.nn.Tanh(), BayesianLinear(4, 1)),
 ...           likelihoods.Gaussian(scale=0.1))
 >>> guide = MeanFieldGuide(bnn, init_scale=0.5)
@@ -53,8 +53,8 @@ _MC_DRAWS = 256
 class PosteriorWarning(UserWarning):
     """A posterior that sits on its prior, or has collapsed to a point estimate.
 
-    Example
-    -------
+    Examples
+    --------
     >>> import warnings
     >>> with warnings.catch_warnings():
     ...     warnings.simplefilter("error", PosteriorWarning)   # a pipeline that stops on a bad posterior
@@ -107,8 +107,8 @@ def layer_summary(model: Callable, guide) -> dict[str, dict[str, float]]:
     layers (e.g. a learned noise scale) are their own "layer" and report only the KL. KLs are closed-form where
     registered, else 256-draw Monte Carlo estimates.
 
-    Example
-    -------
+    Examples
+    --------
     >>> layer = BayesianLinear(3, 2)
     >>> guide = MeanFieldGuide(layer, init_scale=1.0, init_loc=lambda site: torch.zeros(site["fn"].shape()))
     >>> _ = guide(torch.randn(4, 3))
@@ -153,8 +153,8 @@ def layer_summary(model: Callable, guide) -> dict[str, dict[str, float]]:
 def kl_by_layer(model: Callable, guide) -> dict[str, float]:
     """``KL(q || p)`` of each layer, in nats.
 
-    Example
-    -------
+    Examples
+    --------
     >>> layer = BayesianLinear(3, 2)
     >>> guide = MeanFieldGuide(layer, init_loc=lambda site: torch.zeros(site["fn"].shape()))
     >>> _ = guide(torch.randn(4, 3))
@@ -169,8 +169,8 @@ def posterior_to_prior_std(model: Callable, guide) -> dict[str, float]:
 
     Near 1: the layer sits on its prior. Near 0: it has collapsed to a point estimate.
 
-    Example
-    -------
+    Examples
+    --------
     See the module example: ``{'net.0': 0.5, 'net.2': 0.5}`` for a guide that starts at half the prior's width.
     """
     return {layer: e["std_ratio"] for layer, e in layer_summary(model, guide).items() if "std_ratio" in e}
@@ -195,8 +195,8 @@ def check_posterior(
 
     Returns :func:`layer_summary` with a ``"status"`` per layer (``"ok"``, ``"on prior"``, ``"collapsed"``).
 
-    Example
-    -------
+    Examples
+    --------
     >>> import torch, pyro, warnings
     >>> pyro.clear_param_store()
     >>> layer = BayesianLinear(3, 2)
@@ -249,8 +249,8 @@ def summary(model: Callable, guide, by: str = "layer"):
     The per-weight table is :func:`parameter_summary` (``by="parameter"`` still reaches it, with a
     ``DeprecationWarning``).
 
-    Example
-    -------
+    Examples
+    --------
     >>> layer = BayesianLinear(3, 2)
     >>> guide = MeanFieldGuide(layer, init_scale=0.1)
     >>> _ = guide(torch.randn(4, 3))
@@ -297,8 +297,8 @@ def parameter_summary(model: Callable, guide):
     ``hdi_97%`` -- exact for a Normal posterior, no sampling (a constrained site such as a learned noise scale is
     summarised from 4000 draws).
 
-    Example
-    -------
+    Examples
+    --------
     >>> layer = BayesianLinear(3, 2)
     >>> guide = MeanFieldGuide(layer, init_scale=0.1)
     >>> _ = guide(torch.randn(4, 3))

@@ -8,8 +8,8 @@ whatever the shard sizes (a ragged last batch, an empty shard). Parameters are s
 0, so every rank holds the same guide; a failure on any rank (bad data, a NaN) is raised on every rank with the
 failing rank's message, so no rank hangs in a collective.
 
-Example
--------
+Examples
+--------
 Launch ``torchrun --nproc_per_node=4 train.py`` with::
 
     torch.distributed.init_process_group("gloo")       # "nccl" on GPUs
@@ -35,8 +35,8 @@ __all__ = [
 def require_process_group() -> tuple[int, int]:
     """``(rank, world size)`` of the initialised process group, or a clear error.
 
-    Example
-    -------
+    Examples
+    --------
     >>> require_process_group()
     Traceback (most recent call last):
     ...
@@ -55,8 +55,8 @@ class ShardedBatches:
     epoch), global batches of ``batch_size * world`` cut into ``world`` contiguous parts. Every rank takes the same
     number of steps; a rank whose part of the last global batch is empty gets an empty batch.
 
-    Example
-    -------
+    Examples
+    --------
     ::
 
         for x, y in ShardedBatches(x_all, y_all, batch_size=32, rank=dist.get_rank(),
@@ -87,8 +87,8 @@ def collective_device() -> torch.device:
     """Where the tensors of a collective live: the parameters' device, and a CUDA device under NCCL (which reduces
     CUDA tensors only).
 
-    Example
-    -------
+    Examples
+    --------
     ::
 
         flag = torch.zeros(1, device=collective_device())
@@ -105,8 +105,8 @@ def collective_device() -> torch.device:
 def synchronise_buffers(module: torch.nn.Module, src: int = 0) -> None:
     """Broadcast every buffer of ``module`` (e.g. BatchNorm's running statistics) from rank ``src``, as DDP does.
 
-    Example
-    -------
+    Examples
+    --------
     ::
 
         synchronise_buffers(model)   # every rank now holds rank 0's running means and variances
@@ -123,8 +123,8 @@ def synchronise_buffers(module: torch.nn.Module, src: int = 0) -> None:
 def synchronise_parameters(src: int = 0) -> None:
     """Broadcast every parameter in Pyro's param store from rank ``src`` (same order on every rank: by name).
 
-    Example
-    -------
+    Examples
+    --------
     ::
 
         set_up_autoguide(guide, x_first, y_first)   # create the parameters on every rank
@@ -138,8 +138,8 @@ def raise_if_any_rank_failed(error: BaseException | None) -> None:
     """Collective: if any rank failed, raise on every rank (the failing rank's own exception there; elsewhere a
     ValueError carrying its message). Ranks that did not fail pass ``None``.
 
-    Example
-    -------
+    Examples
+    --------
     ::
 
         error = None
@@ -165,8 +165,8 @@ def combine_gradients(local_batch: int, loss: float) -> tuple[float, int]:
     """Collective: replace each gradient by ``sum_r (b_r / G) grad_r``; returns the global loss ``sum_r (b_r / G)
     loss_r`` and ``G``. Parameters without a gradient on this rank contribute zeros.
 
-    Example
-    -------
+    Examples
+    --------
     ::
 
         loss = elbo.loss_and_grads(model, guide, x, y)       # pyro_bbb.ELBO(num_data=N) on this rank's batch
@@ -191,8 +191,8 @@ def combine_gradients(local_batch: int, loss: float) -> tuple[float, int]:
 def all_reduce_sum(values: dict[str, float]) -> dict[str, float]:
     """Collective: the sum over ranks of each value (a fixed key order on every rank).
 
-    Example
-    -------
+    Examples
+    --------
     ::
 
         totals = all_reduce_sum({"nll": batch * nll, "seen": batch})   # then totals["nll"] / totals["seen"]

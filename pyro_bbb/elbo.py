@@ -73,8 +73,8 @@ class ELBO(TraceMeanField_ELBO):
         log-likelihood scaled to the full data), ``kl`` (total, unweighted), ``kl_by_site``, ``kl_weight``,
         ``num_data``, ``batch_size``, ``loss`` and ``loss_per_datum`` (all averaged over particles).
 
-    Example
-    -------
+    Examples
+    --------
     >>> from pyro.nn import PyroModule
     >>> class Regression(PyroModule):
     ...     def __init__(self):
@@ -120,8 +120,8 @@ class ELBO(TraceMeanField_ELBO):
     def current_kl_weight(self) -> float:
         """The KL weight at the current :attr:`step`.
 
-        Example
-        -------
+        Examples
+        --------
         >>> from pyro_bbb.schedules import LinearWarmup
         >>> ELBO(num_data=10, kl_weight=LinearWarmup(4)).current_kl_weight()
         0.0

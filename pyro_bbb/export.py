@@ -6,8 +6,8 @@ for ArviZ 1.x (``arviz`` >= 1, or ``arviz-base`` / ``arviz-stats`` beside 0.x: a
 ``container="DataTree"``). Both carry the same groups, variables and dimensions, so ``az.loo`` on the one and
 ``arviz_stats.loo`` on the other give the same numbers.
 
-Example
--------
+Examples
+--------
 >>> x, y = torch.randn(30, 2), torch.randn(30)
 >>> bnn = pyro_bbb.BNN(BayesianLinear(2, 1), likelihoods.Gaussian(scale=0.5))
 >>> guide = pyro_bbb.MeanFieldGuide(bnn)
@@ -163,8 +163,8 @@ def to_inference_data(
     -------
     arviz.InferenceData (ArviZ 0.x) or xarray.DataTree (ArviZ 1.x)
 
-    Example
-    -------
+    Examples
+    --------
     See the module example; then ``az.loo(idata, reff=1.0)`` and ``az.plot_ppc(idata)``. For ArviZ 1.x
     (``arviz-base`` and ``arviz-stats``):
 

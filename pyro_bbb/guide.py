@@ -98,8 +98,8 @@ class MeanFieldGuide(AutoNormal):
     ``AutoNormal`` replaced by this class (AutoNormal's defaults), every test passes except ``test_scores``, which
     asserts the ``Delta``'s zero log-density.
 
-    Example
-    -------
+    Examples
+    --------
     >>> layer = BayesianLinear(3, 1)
     >>> guide = MeanFieldGuide(layer)
     >>> _ = guide(torch.randn(5, 3))
@@ -206,8 +206,8 @@ class MeanFieldGuide(AutoNormal):
         """Within the block, weights where ``keep_masks[site]`` is False are fixed at 0 (mean 0, the smallest
         positive scale); see :func:`pyro_bbb.pruning.prune_by_snr`.
 
-        Example
-        -------
+        Examples
+        --------
         >>> guide = MeanFieldGuide(BayesianLinear(2, 1), init_loc=lambda site: torch.ones(site["fn"].shape()))
         >>> _ = guide(torch.zeros(1, 2))
         >>> with guide.pruned({"weight": torch.tensor([[True, False]])}):
@@ -253,8 +253,8 @@ class MeanFieldGuide(AutoNormal):
 
         For a constrained site these are the parameters of the Normal in unconstrained space.
 
-        Example
-        -------
+        Examples
+        --------
         >>> guide = MeanFieldGuide(BayesianLinear(2, 1))
         >>> _ = guide(torch.zeros(1, 2))
         >>> [t.shape for t in guide.posterior_params("weight")]
@@ -272,8 +272,8 @@ class MeanFieldGuide(AutoNormal):
         Real-valued sites (all weights and biases) give a :class:`pyro.distributions.Normal`; a constrained site
         gives the :class:`~pyro.distributions.TransformedDistribution` of its unconstrained Normal.
 
-        Example
-        -------
+        Examples
+        --------
         >>> guide = MeanFieldGuide(BayesianLinear(2, 1), init_scale=0.05)
         >>> _ = guide(torch.zeros(1, 2))
         >>> guide.site_posteriors()["bias"].scale
@@ -295,8 +295,8 @@ def has_site_posteriors(guide) -> bool:
     hand-written guides do not. Per-layer summaries, ``check_posterior`` and the per-layer columns of
     :class:`pyro_bbb.History` need them.
 
-    Example
-    -------
+    Examples
+    --------
     >>> from pyro.infer.autoguide import AutoDelta
     >>> layer = BayesianLinear(2, 1)
     >>> has_site_posteriors(MeanFieldGuide(layer)), has_site_posteriors(AutoDelta(layer))
@@ -308,8 +308,8 @@ def has_site_posteriors(guide) -> bool:
 def require_site_posteriors(guide, what: str) -> None:
     """Raise a ``ValueError`` naming ``what`` needs per-site Normal posteriors when ``guide`` has none.
 
-    Example
-    -------
+    Examples
+    --------
     >>> from pyro.infer.autoguide import AutoDelta
     >>> require_site_posteriors(AutoDelta(BayesianLinear(2, 1)), "summary")
     Traceback (most recent call last):
@@ -327,8 +327,8 @@ def require_site_posteriors(guide, what: str) -> None:
 def site_loc_scale(guide, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The live posterior mean and standard deviation (unconstrained space) of site ``name``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> from pyro.infer.autoguide import AutoNormal
     >>> pyro.clear_param_store()
     >>> guide = AutoNormal(BayesianLinear(2, 1), init_scale=0.05)
@@ -346,8 +346,8 @@ def site_posterior(guide, name: str, site: dict) -> dist.Distribution:
     """The posterior distribution over site ``name`` (``site`` is its prototype-trace entry): the Normal of
     :func:`site_loc_scale` over the whole tensor, pushed through ``biject_to(support)`` for a constrained site.
 
-    Example
-    -------
+    Examples
+    --------
     >>> guide = MeanFieldGuide(BayesianLinear(2, 1))
     >>> _ = guide(torch.zeros(1, 2))
     >>> site_posterior(guide, "weight", guide.prototype_trace.nodes["weight"]).event_shape

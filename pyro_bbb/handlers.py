@@ -7,8 +7,8 @@ the objective's expectation. Every Bayesian layer runs its linear map through th
 :class:`pyro_bbb.MeanFieldGuide` attached to the weight's site, and computes the layer's output its own way.
 Outside a handler the layers are unchanged, and the KL term is never touched.
 
-Example
--------
+Examples
+--------
 >>> bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.1))
 >>> guide = pyro_bbb.MeanFieldGuide(bnn)
 >>> svi = pyro.infer.SVI(bnn, guide, pyro.optim.Adam({"lr": 1e-2}), pyro_bbb.ELBO(num_data=100))
@@ -103,8 +103,8 @@ class FlipoutMessenger(_PosteriorReader):
     the examples of a batch become uncorrelated. ``dW`` is the guide's own draw, so gradients reach the
     posterior mean (through ``mu``) and scale (through ``dW``). Costs about two forward passes per layer.
 
-    Example
-    -------
+    Examples
+    --------
     See :func:`flipout`.
     """
 
@@ -156,8 +156,8 @@ class LocalReparameterizationMessenger(_PosteriorReader):
     which changes the objective when later layers mix positions -- prefer :func:`flipout` for convolutional nets.
     The guide still draws the weights (for the KL); their values are not used by the layer.
 
-    Example
-    -------
+    Examples
+    --------
     See :func:`local_reparameterization`.
     """
 
@@ -177,8 +177,8 @@ def flipout(fn: Callable | None = None) -> FlipoutMessenger | Callable:
     """Train with Flipout: ``with pyro_bbb.flipout(): svi.step(x, y)``, or ``flipout(model)`` (or
     ``fit(..., estimator="flipout")``).
 
-    Example
-    -------
+    Examples
+    --------
     >>> layer = BayesianLinear(3, 2)
     >>> guide = MeanFieldGuide(layer, init_scale=0.5)
     >>> x = torch.ones(2, 3)                                  # two identical examples
@@ -195,8 +195,8 @@ def local_reparameterization(fn: Callable | None = None) -> LocalReparameterizat
     """Train with local reparameterization: ``with pyro_bbb.local_reparameterization(): svi.step(x, y)``, or
     ``local_reparameterization(model)``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> layer = BayesianLinear(3, 2)
     >>> guide = MeanFieldGuide(layer, init_scale=0.5)
     >>> x = torch.ones(4, 3)
@@ -220,8 +220,8 @@ ESTIMATORS: dict[str, Callable[[], Any]] = {
 def estimator(name: str) -> Callable[[], Any]:
     """The estimator called ``name`` in :data:`ESTIMATORS` (a factory of the context to train in), or a clear error.
 
-    Example
-    -------
+    Examples
+    --------
     >>> type(estimator("flipout")()).__name__
     'FlipoutMessenger'
     """
@@ -235,8 +235,8 @@ def data_plate_frame(site: dict[str, Any], data_plate: str = DATA_PLATE):
     """The frame of the plate called ``data_plate`` around a message or trace site (its size this call and the size
     it declared), or ``None`` when the site is not inside it.
 
-    Example
-    -------
+    Examples
+    --------
     >>> def model():
     ...     with pyro.plate("data", 10, subsample_size=4):
     ...         pyro.sample("y", dist.Normal(0.0, 1.0))
@@ -256,8 +256,8 @@ class DataPlateScaleMessenger(Messenger):
     plate is an error (its likelihood could not be scaled) unless it is a Bayesian layer's weight the user
     conditioned on. :class:`pyro_bbb.ELBO` applies it to the model and the guide.
 
-    Example
-    -------
+    Examples
+    --------
     >>> def model(y):
     ...     with pyro.plate("data", len(y)):
     ...         pyro.sample("y", dist.Normal(0.0, 1.0), obs=y)
@@ -316,8 +316,8 @@ def scale_data_plate(fn: Callable | None = None, num_data: int | None = None,
     """Scale the data plate of ``fn`` to ``num_data`` data (see :class:`DataPlateScaleMessenger`); without ``fn``
     the messenger, for ``with scale_data_plate(num_data=N):``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> def model(y):
     ...     with pyro.plate("data", len(y)):
     ...         pyro.sample("y", dist.Normal(0.0, 1.0), obs=y)
@@ -333,8 +333,8 @@ class ObservationPlaceholderMessenger(Messenger):
     observation's distribution, not a draw (no random numbers are used, so every pass, whatever its chunk size,
     leaves the generator where it was).
 
-    Example
-    -------
+    Examples
+    --------
     >>> def model(x):
     ...     with pyro.plate("data", len(x)):
     ...         return pyro.sample("y", dist.Normal(x, 1.0))
@@ -357,8 +357,8 @@ def observation_placeholder(
 ) -> ObservationPlaceholderMessenger | Callable:
     """Factory of :class:`ObservationPlaceholderMessenger` (``observation_placeholder(model)`` or a context).
 
-    Example
-    -------
+    Examples
+    --------
     >>> with observation_placeholder():
     ...     pass
     """
@@ -372,8 +372,8 @@ class SubsampleCoverMessenger(Messenger):
     that successive pieces cover every datum once; records ``n`` and ``m`` (:attr:`size`, :attr:`subsample_size`).
     Plates that do not subsample, or get explicit ``subsample=`` indices, are left alone.
 
-    Example
-    -------
+    Examples
+    --------
     >>> def model():
     ...     with pyro.plate("data", 5, subsample_size=2) as idx:
     ...         return idx
@@ -403,8 +403,8 @@ def cover_subsample(fn: Callable | None = None, data_plate: str = DATA_PLATE,
                     piece: int = 0) -> SubsampleCoverMessenger | Callable:  # fmt: skip
     """Factory of :class:`SubsampleCoverMessenger` (``cover_subsample(model, piece=1)`` or a context).
 
-    Example
-    -------
+    Examples
+    --------
     >>> def model():
     ...     with pyro.plate("data", 5, subsample_size=2) as idx:
     ...         return idx

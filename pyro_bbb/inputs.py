@@ -10,8 +10,8 @@ transformers ``BatchEncoding``), every tensor with the same first dimension: the
 :func:`num_rows`, :func:`select_rows` and :func:`split_rows` treat all three alike; :class:`pyro_bbb.BNN` calls
 its net as ``net(x)``, ``net(*x)`` or ``net(**x)``.
 
-Example
--------
+Examples
+--------
 >>> import numpy as np
 >>> as_tensor(np.zeros((2, 3)), "x").shape
 torch.Size([2, 3])
@@ -43,8 +43,8 @@ Inputs: TypeAlias = torch.Tensor | tuple[torch.Tensor, ...] | list[torch.Tensor]
 def map_inputs(fn: Callable[[Any], Any], x: Any) -> Any:
     """``fn`` applied to every tensor of ``x`` (a tensor, a tuple/list, or a mapping -- returned as a ``dict``).
 
-    Example
-    -------
+    Examples
+    --------
     >>> map_inputs(lambda t: t * 2, (torch.ones(2), torch.zeros(2)))
     (tensor([2., 2.]), tensor([0., 0.]))
     """
@@ -59,8 +59,8 @@ def input_tensors(x: Any, name: str = "x") -> dict[str, torch.Tensor]:
     """Every tensor of ``x`` by a readable name (``x``, ``x[0]``, ``x['input_ids']``); anything that is not a tensor
     or a numpy array is a ``TypeError`` naming it.
 
-    Example
-    -------
+    Examples
+    --------
     >>> list(input_tensors({"ids": torch.zeros(2), "mask": torch.ones(2)}))
     ["x['ids']", "x['mask']"]
     """
@@ -86,8 +86,8 @@ def input_tensors(x: Any, name: str = "x") -> dict[str, torch.Tensor]:
 def num_rows(x: Any, name: str = "x") -> int:
     """The number of data in ``x``: the common first dimension of its tensors, or a ``ValueError`` naming them.
 
-    Example
-    -------
+    Examples
+    --------
     >>> num_rows((torch.zeros(3, 2), torch.zeros(4)))
     Traceback (most recent call last):
     ...
@@ -114,8 +114,8 @@ def num_rows(x: Any, name: str = "x") -> int:
 def select_rows(x: Any, index: Any) -> Any:
     """The rows ``index`` (an index tensor, a slice) of every tensor of ``x``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> select_rows((torch.arange(4), torch.arange(4) * 10), slice(1, 3))
     (tensor([1, 2]), tensor([10, 20]))
     """
@@ -125,8 +125,8 @@ def select_rows(x: Any, index: Any) -> Any:
 def split_rows(x: Any, size: int) -> list[Any]:
     """``x`` in consecutive chunks of ``size`` rows (the last may be smaller), like ``Tensor.split``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> [chunk["a"].tolist() for chunk in split_rows({"a": torch.arange(5)}, 2)]
     [[0, 1], [2, 3], [4]]
     """
@@ -137,8 +137,8 @@ def split_rows(x: Any, size: int) -> list[Any]:
 def inputs_to(x: Any, device: torch.device | str | None) -> Any:
     """Every tensor of ``x`` moved to ``device`` (``None``: left where it is).
 
-    Example
-    -------
+    Examples
+    --------
     >>> inputs_to((torch.zeros(1),), "cpu")[0].device
     device(type='cpu')
     """
@@ -148,8 +148,8 @@ def inputs_to(x: Any, device: torch.device | str | None) -> Any:
 def check_finite_inputs(x: Any, what: str = "x") -> None:
     """A ``ValueError`` naming the tensor of ``x`` that holds NaN or infinite values, and how many.
 
-    Example
-    -------
+    Examples
+    --------
     >>> check_finite_inputs((torch.zeros(2), torch.tensor([1.0, float("nan")])), "the data")
     Traceback (most recent call last):
     ...
@@ -164,8 +164,8 @@ def check_finite_inputs(x: Any, what: str = "x") -> None:
 def first_tensor(x: Any) -> torch.Tensor:
     """The first tensor of ``x`` (its device is the inputs' device).
 
-    Example
-    -------
+    Examples
+    --------
     >>> first_tensor({"ids": torch.zeros(2, dtype=torch.long)}).dtype
     torch.int64
     """
@@ -175,8 +175,8 @@ def first_tensor(x: Any) -> torch.Tensor:
 def as_tensor(value: Any, name: str) -> torch.Tensor:
     """A tensor as it is, a numpy array (or numpy scalar) as a tensor; anything else is a ``TypeError`` naming it.
 
-    Example
-    -------
+    Examples
+    --------
     >>> as_tensor([1, 2], "x")
     Traceback (most recent call last):
     ...
@@ -193,8 +193,8 @@ def targets_like(y: torch.Tensor, shape: torch.Size | tuple[int, ...]) -> torch.
     """``y`` reshaped to ``shape`` when it only adds a trailing dimension of 1 (``(N, 1)`` targets for ``(N,)``
     predictions); otherwise unchanged, for the caller's own shape check.
 
-    Example
-    -------
+    Examples
+    --------
     >>> targets_like(torch.zeros(4, 1), (4,)).shape, targets_like(torch.zeros(4, 2), (4,)).shape
     (torch.Size([4]), torch.Size([4, 2]))
     """
@@ -207,8 +207,8 @@ def targets_of_shape(y: Any, shape: torch.Size | tuple[int, ...]) -> torch.Tenso
     """Targets for predictions of ``shape``: a tensor (numpy converted), ``(N, 1)`` read as ``(N,)``, or a
     ``ValueError`` naming both shapes.
 
-    Example
-    -------
+    Examples
+    --------
     >>> targets_of_shape(np.zeros((3, 1)), (3,)).shape
     torch.Size([3])
     >>> targets_of_shape(torch.zeros(4), (3,))
@@ -229,8 +229,8 @@ def targets_of_shape(y: Any, shape: torch.Size | tuple[int, ...]) -> torch.Tenso
 def model_dtype(model: Any) -> torch.dtype | None:
     """The floating dtype of a model's first floating parameter or buffer (``None`` for a plain function).
 
-    Example
-    -------
+    Examples
+    --------
     >>> model_dtype(torch.nn.Linear(2, 1).double())
     torch.float64
     """
@@ -246,8 +246,8 @@ def cast_inputs(x: Any, dtype: torch.dtype | None, name: str = "x") -> Inputs:
     model's are cast to it (integer inputs stay integers: they may be token ids or labels). A tuple stays a tuple
     (a list a list), a mapping becomes a ``dict``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> cast_inputs(np.zeros(3), torch.float32).dtype
     torch.float32
     >>> cast_inputs({"ids": np.zeros(2, dtype=np.int64)}, torch.float32)["ids"].dtype

@@ -7,8 +7,8 @@ Lightning's ``DistributedSampler`` gives every rank an equal share and DDP avera
 exactly the gradient of ``N / G * NLL(global batch) + KL`` (the per-rank losses are ``N / b * NLL_r + KL`` and
 ``b = G / ranks``). Logs ``nll``, ``kl`` and ``kl_weight`` every step.
 
-Example
--------
+Examples
+--------
 >>> import lightning.pytorch as pl
 >>> from torch.utils.data import DataLoader, TensorDataset
 >>> pyro.clear_param_store()
@@ -68,8 +68,8 @@ class BayesianLightningModule(pl.LightningModule):
     num_particles : int
         Weight draws per step.
 
-    Example
-    -------
+    Examples
+    --------
     See the module example; ``Trainer(accelerator="gpu", devices=4, strategy="ddp")`` scales it out.
     """
 

@@ -7,8 +7,8 @@ also knows how to summarise predictive samples (:meth:`Likelihood.prediction`).
 
 The network's output always keeps its feature dimension: ``(*sample_dims, batch, features)``.
 
-Example
--------
+Examples
+--------
 >>> likelihood = Categorical()
 >>> trace = poutine.trace(likelihood).get_trace(torch.randn(4, 3), torch.tensor([0, 2, 1, 1]))
 >>> trace.nodes["y"]["fn"].batch_shape, trace.nodes["y"]["cond_indep_stack"][0].name
@@ -43,8 +43,8 @@ class TargetError(ValueError):
     """The targets do not fit the likelihood or the network's output (raised inside the model, so that
     :func:`pyro_bbb.fit` can tell a bad batch from a failing model and restore the parameters).
 
-    Example
-    -------
+    Examples
+    --------
     >>> issubclass(TargetError, ValueError)
     True
     """
@@ -59,8 +59,8 @@ class Likelihood(PyroModule):
     name : str
         Name of the observation site (``"y"``).
 
-    Example
-    -------
+    Examples
+    --------
     >>> class Poisson(Likelihood):
     ...     def distribution(self, output):
     ...         return dist.Poisson(output.squeeze(-1).exp())
@@ -136,8 +136,8 @@ class Gaussian(Likelihood):
     prior_median : float
         Median of the learned scale's prior (``1.0`` suits standardised targets).
 
-    Example
-    -------
+    Examples
+    --------
     >>> Gaussian(scale=0.1)
     Gaussian(site='y', scale=0.1)
     >>> Gaussian().distribution(torch.zeros(5, 1)).batch_shape
@@ -182,8 +182,8 @@ class HeteroscedasticGaussian(Likelihood):
     min_scale : float
         Floor on the noise standard deviation (keeps the likelihood finite when the net pushes the scale to 0).
 
-    Example
-    -------
+    Examples
+    --------
     >>> fn = HeteroscedasticGaussian().distribution(torch.tensor([[1.0, 0.0]]))
     >>> round(float(fn.loc), 3), round(float(fn.scale), 3)
     (1.0, 0.694)
@@ -221,8 +221,8 @@ class Categorical(Likelihood):
     """``y ~ Categorical(logits=output)``: the network outputs ``(batch, num_classes)`` logits; ``y`` holds integer
     labels in ``[0, num_classes)``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> Categorical().distribution(torch.zeros(4, 10)).batch_shape
     torch.Size([4])
     >>> Categorical().check_targets(torch.tensor([0.0, 1.0]))
@@ -260,8 +260,8 @@ class Categorical(Likelihood):
 class Bernoulli(Likelihood):
     """``y ~ Bernoulli(logits=output)``: the network outputs ``(batch, 1)`` logits; ``y`` holds 0/1 (or bool).
 
-    Example
-    -------
+    Examples
+    --------
     >>> Bernoulli().check_targets(torch.tensor([0, 1, 1]))
     tensor([0., 1., 1.])
     """

@@ -3,8 +3,8 @@
 Each metric takes a :class:`~pyro_bbb.prediction.Prediction` (from :func:`pyro_bbb.predict`) or the plain tensor
 it needs (predictive means, class probabilities) and the targets, and returns a Python float.
 
-Example
--------
+Examples
+--------
 >>> probs = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]])
 >>> y = torch.tensor([0, 1, 1])
 >>> round(accuracy(probs, y), 3), round(brier_score(probs, y), 3)
@@ -44,8 +44,8 @@ def log_likelihood(prediction: Prediction, y: torch.Tensor, reduction: str = "me
 
     ``reduction="none"`` returns the per-datum tensor, ``"sum"`` the total.
 
-    Example
-    -------
+    Examples
+    --------
     >>> p = Prediction(dist.Normal(torch.zeros(2, 3), 1.0), torch.zeros(2, 3))
     >>> round(log_likelihood(p, torch.zeros(3)), 4)     # log N(0 | 0, 1)
     -0.9189
@@ -66,8 +66,8 @@ def log_likelihood(prediction: Prediction, y: torch.Tensor, reduction: str = "me
 def rmse(prediction: RegressionPrediction | torch.Tensor, y: torch.Tensor) -> float:
     """Root mean squared error of the predictive mean.
 
-    Example
-    -------
+    Examples
+    --------
     >>> rmse(torch.tensor([1.0, 3.0]), torch.tensor([0.0, 3.0]))
     0.7071067690849304
     """
@@ -79,8 +79,8 @@ def rmse(prediction: RegressionPrediction | torch.Tensor, y: torch.Tensor) -> fl
 def accuracy(prediction: ClassificationPrediction | torch.Tensor, y: torch.Tensor) -> float:
     """Fraction of inputs whose most probable class is the label.
 
-    Example
-    -------
+    Examples
+    --------
     >>> accuracy(torch.tensor([0.9, 0.2]), torch.tensor([1, 1]))    # binary: P(y = 1)
     0.5
     """
@@ -96,8 +96,8 @@ def expected_calibration_error(
 
     ``ECE = sum_b |B_b| / n * |accuracy(B_b) - confidence(B_b)|`` where the confidence is the top class probability.
 
-    Example
-    -------
+    Examples
+    --------
     >>> probs = torch.tensor([[0.8, 0.2]] * 5)
     >>> round(expected_calibration_error(probs, torch.tensor([0, 0, 0, 0, 1])), 6)   # 80% sure, 80% right
     0.0
@@ -116,8 +116,8 @@ def expected_calibration_error(
 def brier_score(prediction: ClassificationPrediction | torch.Tensor, y: torch.Tensor) -> float:
     """Mean over inputs of ``sum_c (p_c - 1[y = c])^2`` (0 is perfect, 2 is worst).
 
-    Example
-    -------
+    Examples
+    --------
     >>> brier_score(torch.tensor([[1.0, 0.0]]), torch.tensor([1]))
     2.0
     """
@@ -134,8 +134,8 @@ def interval_coverage(
 
     ``prediction`` is a :class:`~pyro_bbb.prediction.RegressionPrediction` or a ``(lower, upper)`` pair.
 
-    Example
-    -------
+    Examples
+    --------
     >>> interval_coverage((torch.zeros(4), torch.ones(4)), torch.tensor([0.5, 0.2, 2.0, -1.0]))
     0.5
     """

@@ -5,8 +5,8 @@ for a Bayesian network (a mean and a scale per weight tensor) that per-call over
 network's step (``benchmarks/step_time.py``). Adam is elementwise, so one optimizer over all parameters makes
 exactly the same updates. Use it wherever a :class:`pyro.optim.PyroOptim` goes (``SVI``, :func:`pyro_bbb.fit`).
 
-Example
--------
+Examples
+--------
 >>> p = torch.nn.Parameter(torch.zeros(3))
 >>> p.grad = torch.ones(3)
 >>> optimizer = Adam(lr=0.1)
@@ -36,8 +36,8 @@ class Adam(PyroOptim):
     lr, betas, eps, weight_decay :
         As in :class:`torch.optim.Adam`.
 
-    Example
-    -------
+    Examples
+    --------
     >>> Adam(lr=1e-2)
     Adam(lr=0.01, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0)
     """

@@ -4,8 +4,8 @@ Every function returns its matplotlib figure and, given ``path``, saves it (PNG 
 (``pip install matplotlib``). ArviZ's own plots (``plot_posterior``, ``plot_forest``, ``plot_ppc``,
 ``plot_loo_pit``) work on :func:`pyro_bbb.to_inference_data`'s export.
 
-Example
--------
+Examples
+--------
 >>> import matplotlib
 >>> matplotlib.use("Agg")
 >>> from pyro_bbb.prediction import ClassificationPrediction
@@ -41,8 +41,8 @@ def _pyplot():
 def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
     """Lay ``fig`` out, write it to ``path`` as PNG (creating the folder) and close it; returns the path.
 
-    Example
-    -------
+    Examples
+    --------
     >>> import tempfile, matplotlib
     >>> matplotlib.use("Agg")
     >>> import matplotlib.pyplot as plt
@@ -71,8 +71,8 @@ def plot_history(history, path: str | Path | None = None):
     """Training traces from :class:`pyro_bbb.History`: loss and NLL per datum (and validation NLL), KL per layer,
     the KL weight, and posterior std / prior std per layer, against the epoch.
 
-    Example
-    -------
+    Examples
+    --------
     >>> from pyro_bbb.training import History
     >>> h = History()
     >>> for e in (1, 2):
@@ -113,8 +113,8 @@ def plot_std_ratio(model: Callable, guide, path: str | Path | None = None, bins:
     Mass at the prior line: weights the data does not inform (prunable). Mass far below it: weights the data pins
     down. All of it near zero: a collapsed posterior; all of it at the line: one that ignores the data.
 
-    Example
-    -------
+    Examples
+    --------
     >>> layer = BayesianLinear(3, 2)
     >>> guide = MeanFieldGuide(layer, init_scale=0.1)
     >>> _ = guide(torch.randn(4, 3))
@@ -152,8 +152,8 @@ def plot_reliability(prediction: ClassificationPrediction | torch.Tensor, y: tor
     ``prediction`` may also be a tensor of class probabilities (a deterministic model's, to compare); ``ax`` draws
     into an existing matplotlib axes (side-by-side comparisons) and ``title`` heads it (the ECE is appended).
 
-    Example
-    -------
+    Examples
+    --------
     See the module example.
     """
     plt = _pyplot()
@@ -194,8 +194,8 @@ def plot_predictive_band(
 ):
     """1-D regression: predictive mean, the ``level`` predictive interval and the ±2 sd epistemic band.
 
-    Example
-    -------
+    Examples
+    --------
     >>> from pyro_bbb.prediction import RegressionPrediction
     >>> grid = torch.linspace(-1, 1, 20).unsqueeze(-1)
     >>> pred = RegressionPrediction(dist.Normal(torch.randn(30, 20), 0.1), torch.zeros(30, 20))

@@ -2,8 +2,8 @@
 intervals, the entropy decomposition of uncertainty). :func:`pyro_bbb.predict` (in :mod:`pyro_bbb.predictive`)
 makes them.
 
-Example
--------
+Examples
+--------
 >>> p = RegressionPrediction(dist.Normal(torch.tensor([[0.0], [2.0]]), 1.0), torch.zeros(2, 1))
 >>> p.mean, p.epistemic_std
 (tensor([1.]), tensor([1.]))
@@ -32,8 +32,8 @@ class Prediction:
     samples : Tensor
         One predictive draw of the targets per weight draw, shape ``(S, batch, *event)``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> p = Prediction(dist.Normal(torch.zeros(4, 2), 1.0), torch.zeros(4, 2))
     >>> p.num_samples, len(p)
     (4, 2)
@@ -72,8 +72,8 @@ def _normal_parts(distribution: dist.Distribution) -> tuple[torch.Tensor, torch.
 class RegressionPrediction(Prediction):
     """Prediction under a Gaussian likelihood: moments and intervals of the Gaussian mixture over weight draws.
 
-    Example
-    -------
+    Examples
+    --------
     >>> loc = torch.tensor([[0.0], [2.0]])              # two weight draws, one input
     >>> p = RegressionPrediction(dist.Normal(loc, 1.0), loc)
     >>> p.mean, p.epistemic_std, p.aleatoric_std
@@ -135,8 +135,8 @@ class ClassificationPrediction(Prediction):
 
     ``predictive_entropy = expected_entropy (aleatoric) + mutual_information (epistemic)``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> logits = torch.tensor([[[2.0, -2.0]], [[-2.0, 2.0]]])   # two draws that disagree about one input
     >>> p = ClassificationPrediction(dist.Categorical(logits=logits), torch.zeros(2, 1))
     >>> p.probs
@@ -184,8 +184,8 @@ def prediction_for(distribution: dist.Distribution, samples: torch.Tensor) -> Pr
     """The result kind for a stacked likelihood: :class:`RegressionPrediction` for a Normal, else
     :class:`ClassificationPrediction`.
 
-    Example
-    -------
+    Examples
+    --------
     >>> type(prediction_for(dist.Categorical(logits=torch.zeros(2, 3, 4)), torch.zeros(2, 3))).__name__
     'ClassificationPrediction'
     """

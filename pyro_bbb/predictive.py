@@ -4,8 +4,8 @@ The predictive engine: the guide is drawn once, the model runs many draws per ca
 :class:`pyro_bbb.BNN` the network sees them folded into ordinary batches), draw 0 is checked against the same draw
 run alone, and the per-draw likelihoods are stacked into a :mod:`pyro_bbb.prediction` result.
 
-Example
--------
+Examples
+--------
 >>> bnn = BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.1))
 >>> guide = MeanFieldGuide(bnn)
 >>> _ = guide(torch.randn(8, 3), torch.randn(8))   # normally done by pyro_bbb.fit
@@ -128,8 +128,8 @@ def draws_per_block(num_samples: int, x: Inputs, shapes: dict[str, torch.Size]) 
     tokens of an integer sequence input), a convolution's output channels times the input's positions
     (``x[0].numel() / channels``).
 
-    Example
-    -------
+    Examples
+    --------
     >>> draws_per_block(100, torch.zeros(500, 32), {"fc.weight": torch.Size([256, 32])})
     16
     """
@@ -199,8 +199,8 @@ def set_up_guide(model: Callable, guide: Callable, x: Inputs) -> None:
     VI) from inputs alone: the observation is given a placeholder value drawn from the model (so that Pyro does not
     take it for a latent variable), and the user's random stream is left where it was.
 
-    Example
-    -------
+    Examples
+    --------
     >>> bnn = BNN(BayesianLinear(3, 2), likelihoods.Categorical())
     >>> guide = MeanFieldGuide(bnn)
     >>> set_up_guide(bnn, guide, torch.randn(1, 3))
@@ -273,8 +273,8 @@ def predict(
         ``aleatoric_std``, ``epistemic_std``, ``interval``) or :class:`ClassificationPrediction` (``probs``,
         ``predictive_entropy``, ``expected_entropy``, ``mutual_information``, ``predicted_class``).
 
-    Example
-    -------
+    Examples
+    --------
     >>> bnn = BNN(BayesianLinear(4, 3), likelihoods.Categorical())
     >>> guide = MeanFieldGuide(bnn)
     >>> _ = guide(torch.randn(8, 4), torch.randint(0, 3, (8,)))
@@ -291,8 +291,8 @@ def predict_with_draws(
     """:func:`predict`, also returning the weight draws it used (``{site: (S, *site shape)}``) and the name of
     the observation site -- so that an export can show the very draws behind the predictive.
 
-    Example
-    -------
+    Examples
+    --------
     >>> bnn = BNN(BayesianLinear(2, 1), likelihoods.Gaussian(scale=0.1))
     >>> guide = MeanFieldGuide(bnn)
     >>> _ = guide(torch.zeros(3, 2), torch.zeros(3))

@@ -4,8 +4,8 @@ A prior turns the shape and fan-in of one layer parameter into a Pyro distributi
 (every element independent, reinterpreted with ``to_event`` so that one sample site covers the tensor).
 Any :class:`pyro.distributions.Distribution` is accepted where a prior is expected, see :func:`as_prior`.
 
-Example
--------
+Examples
+--------
 >>> d = priors.Normal(0.0, 0.5).distribution((3, 2), fan_in=2)
 >>> d.event_shape
 torch.Size([3, 2])
@@ -61,8 +61,8 @@ class Prior:
     Subclasses implement :meth:`distribution`. Priors are small immutable value objects; their
     ``repr`` is what layers show.
 
-    Example
-    -------
+    Examples
+    --------
     >>> class Cauchy(Prior):
     ...     def distribution(self, shape, fan_in, *, device=None, dtype=None):
     ...         zero = torch.zeros((), device=device, dtype=dtype)
@@ -115,8 +115,8 @@ class _LocScalePrior(Prior):
 class Normal(_LocScalePrior):
     """Independent ``Normal(loc, scale)`` on every weight (closed-form KL to a Normal posterior).
 
-    Example
-    -------
+    Examples
+    --------
     >>> Normal(0.0, 0.1)
     Normal(loc=0.0, scale=0.1)
     """
@@ -127,8 +127,8 @@ class Normal(_LocScalePrior):
 class Laplace(_LocScalePrior):
     """Independent ``Laplace(loc, scale)`` on every weight (sparsity-inducing; closed-form KL to a Normal).
 
-    Example
-    -------
+    Examples
+    --------
     >>> Laplace(scale=0.5)
     Laplace(loc=0.0, scale=0.5)
     """
@@ -142,8 +142,8 @@ class FanInNormal(Prior):
     ``fan_in`` is ``in_features`` for a linear layer and ``in_channels / groups * prod(kernel_size)``
     for a convolution; the bias uses the fan-in of its layer.
 
-    Example
-    -------
+    Examples
+    --------
     >>> FanInNormal(gain=2.0).distribution((4, 16), fan_in=16).base_dist.scale.unique()
     tensor([0.5000])
     """
@@ -176,8 +176,8 @@ class Moped(Prior):
     min_scale : float
         Floor on that std (weights that are exactly 0 still get a proper prior).
 
-    Example
-    -------
+    Examples
+    --------
     >>> d = Moped(delta=0.1).distribution((2,), fan_in=1, init=torch.tensor([1.0, -3.0]))
     >>> d.base_dist.loc, d.base_dist.scale
     (tensor([ 1., -3.]), tensor([0.1000, 0.3000]))
@@ -209,8 +209,8 @@ class ScaleMixtureNormalDistribution(TorchDistribution):
     Its KL divergence to a Normal posterior has no closed form, so :class:`pyro_bbb.ELBO` estimates it by
     Monte Carlo from the guide's draw.
 
-    Example
-    -------
+    Examples
+    --------
     >>> d = ScaleMixtureNormalDistribution(torch.tensor(0.5), torch.tensor(1.0), torch.tensor(0.01))
     >>> d.log_prob(torch.zeros(3)).shape
     torch.Size([3])
@@ -270,8 +270,8 @@ class ScaleMixtureNormal(Prior):
     ``sigma2`` tiny so that most weights are pulled to zero while a few stay large. The KL term is estimated
     by Monte Carlo.
 
-    Example
-    -------
+    Examples
+    --------
     >>> ScaleMixtureNormal(pi=0.25, sigma1=1.0, sigma2=0.001)
     ScaleMixtureNormal(pi=0.25, sigma1=1.0, sigma2=0.001)
     """
@@ -299,8 +299,8 @@ class DistributionPrior(Prior):
     batch or event shape equals the parameter's shape is used as it is. Its parameters stay on the device the
     user created them on.
 
-    Example
-    -------
+    Examples
+    --------
     >>> DistributionPrior(dist.StudentT(3.0, 0.0, 1.0)).distribution((2, 3), fan_in=3).event_shape
     torch.Size([2, 3])
     """
@@ -339,8 +339,8 @@ def prior_state(prior: Prior) -> tuple:
     """A hashable summary of a prior's current values (tensors by identity and in-place version), so that a cache
     of its distributions can tell when the prior has changed.
 
-    Example
-    -------
+    Examples
+    --------
     >>> p = Normal(0.0, 1.0)
     >>> before = prior_state(p)
     >>> p.scale = 0.5
@@ -366,8 +366,8 @@ def _value_state(value):
 def is_real_support(support) -> bool:
     """Whether a support is the real numbers (also reinterpreted as an event: ``independent(real, n)``).
 
-    Example
-    -------
+    Examples
+    --------
     >>> is_real_support(constraints.real), is_real_support(constraints.positive)
     (True, False)
     """
@@ -378,8 +378,8 @@ def is_real_support(support) -> bool:
 def strip_independent(d: torch.distributions.Distribution) -> torch.distributions.Distribution:
     """The distribution under any ``Independent`` wrappers (``to_event``).
 
-    Example
-    -------
+    Examples
+    --------
     >>> strip_independent(dist.Normal(torch.zeros(3), 1.0).to_event(1))
     Normal(loc: torch.Size([3]), scale: torch.Size([3]))
     """
@@ -391,8 +391,8 @@ def strip_independent(d: torch.distributions.Distribution) -> torch.distribution
 def prior_std(p: torch.distributions.Distribution, draws: int = 256) -> torch.Tensor:
     """A distribution's standard deviation: exact where known, else from ``draws`` samples.
 
-    Example
-    -------
+    Examples
+    --------
     >>> float(prior_std(dist.Normal(0.0, 2.0)))
     2.0
     """
@@ -421,8 +421,8 @@ def _as_pyro_distribution(d: torch.distributions.Distribution) -> dist.Distribut
 def as_prior(prior: Prior | dist.Distribution | None) -> Prior:
     """Normalise what a user passed as ``prior=``: ``None`` gives ``Normal(0, 1)``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> as_prior(None)
     Normal(loc=0.0, scale=1.0)
     >>> as_prior(dist.Normal(0.0, 2.0))

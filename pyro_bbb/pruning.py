@@ -1,8 +1,8 @@
 """Pruning by signal-to-noise: most weights of a Bayes-by-Backprop network can be set to zero with little loss
 (Blundell et al. 2015, section 5.1).
 
-Example
--------
+Examples
+--------
 >>> guide = MeanFieldGuide(BayesianLinear(3, 2), init_scale=0.1)
 >>> _ = guide(torch.randn(4, 3))
 >>> pruned, fraction = prune_by_snr(guide, 0.5)
@@ -31,8 +31,8 @@ def _require_fitted(guide) -> None:
 def signal_to_noise(guide) -> dict[str, torch.Tensor]:
     """``|mu| / sigma`` of every weight of every real-valued site (Blundell et al. 2015, section 5.1).
 
-    Example
-    -------
+    Examples
+    --------
     >>> guide = MeanFieldGuide(BayesianLinear(3, 2), init_scale=0.1, init_loc=lambda s: torch.ones(s["fn"].shape()))
     >>> _ = guide(torch.randn(4, 3))
     >>> guide_snr = signal_to_noise(guide)
@@ -55,8 +55,8 @@ class PrunedGuide(torch.nn.Module):
     Made by :func:`prune_by_snr`. Use it for prediction (``pyro_bbb.predict(model, pruned, x)``); the wrapped
     guide and its parameters are unchanged.
 
-    Example
-    -------
+    Examples
+    --------
     See :func:`prune_by_snr`; then ``pyro_bbb.predict(model, pruned, x)``.
 
     Attributes
@@ -102,8 +102,8 @@ def prune_by_snr(guide, fraction: float) -> tuple[PrunedGuide, float]:
     little loss of accuracy. Ranks all real-valued sites together and removes ``round(fraction * n)`` of the ``n``
     weights (ties at the threshold broken in site order); returns the pruned guide and the achieved fraction.
 
-    Example
-    -------
+    Examples
+    --------
     >>> guide = MeanFieldGuide(BayesianLinear(10, 10), init_scale=0.1)
     >>> _ = guide(torch.randn(4, 10))
     >>> pruned, achieved = prune_by_snr(guide, 0.5)

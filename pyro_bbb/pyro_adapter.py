@@ -1,8 +1,8 @@
 """The few private Pyro helpers pyro_bbb relies on, behind one small adapter: a Pyro release that moves one of them
 breaks this module only.
 
-Example
--------
+Examples
+--------
 >>> site_name("net.0", "weight")
 'net.0.weight'
 """
@@ -23,8 +23,8 @@ __all__ = [
 def site_name(prefix: str, name: str) -> str:
     """The Pyro site (or parameter) name of attribute ``name`` of a ``PyroModule`` named ``prefix``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> site_name("", "weight")
     'weight'
     """
@@ -34,8 +34,8 @@ def site_name(prefix: str, name: str) -> str:
 def module_local_params_enabled() -> bool:
     """Whether ``pyro.settings`` keeps ``PyroModule`` parameters local to the module (not in the global store).
 
-    Example
-    -------
+    Examples
+    --------
     >>> module_local_params_enabled()
     False
     """
@@ -45,8 +45,8 @@ def module_local_params_enabled() -> bool:
 def check_mean_field_requirement(model_trace: Any, guide_trace: Any) -> None:
     """Pyro's warning for guides whose sites are not in the model's order (what ``TraceMeanField_ELBO`` checks).
 
-    Example
-    -------
+    Examples
+    --------
     ::
 
         check_mean_field_requirement(model_trace, guide_trace)
@@ -57,8 +57,8 @@ def check_mean_field_requirement(model_trace: Any, guide_trace: Any) -> None:
 def autonormal_loc_and_scale(guide: Any, name: str):
     """The live ``(loc, scale)`` of Pyro's ``AutoNormal`` at site ``name`` (its private accessor).
 
-    Example
-    -------
+    Examples
+    --------
     ::
 
         loc, scale = autonormal_loc_and_scale(AutoNormal(model), "fc.weight")
@@ -70,8 +70,8 @@ def set_up_autoguide(guide: Any, *args: Any, **kwargs: Any) -> None:
     """Create an autoguide's parameters from one run of its model on ``args`` (no draw from the guide), as its
     first call would.
 
-    Example
-    -------
+    Examples
+    --------
     ::
 
         set_up_autoguide(guide, x_first, y_first)   # e.g. before broadcasting the parameters to other ranks
@@ -82,8 +82,8 @@ def set_up_autoguide(guide: Any, *args: Any, **kwargs: Any) -> None:
 def autonormal_event_dim(guide: Any, name: str) -> int:
     """How many rightmost dimensions of site ``name`` an ``AutoNormal`` treats as one event.
 
-    Example
-    -------
+    Examples
+    --------
     ::
 
         normal = dist.Normal(loc, scale).to_event(autonormal_event_dim(guide, "fc.weight"))

@@ -4,8 +4,8 @@ Pass one as ``pyro_bbb.ELBO(num_data=N, kl_weight=schedule)``; the ELBO's step c
 ``loss_and_grads`` (that is, once per ``SVI.step``). A weight of 1 is the true ELBO; smaller weights during a
 warm-up let the network fit the data before the KL pulls the posterior towards the prior.
 
-Example
--------
+Examples
+--------
 >>> w = LinearWarmup(warmup_steps=4)
 >>> [w(step) for step in range(6)]
 [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
@@ -34,8 +34,8 @@ def _check_steps(name: str, value: int) -> int:
 class Schedule:
     """Base class of KL-weight schedules: ``schedule(step) -> float``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> class Halving(Schedule):
     ...     def __call__(self, step):
     ...         return 0.5 ** step
@@ -54,8 +54,8 @@ class Schedule:
 class Constant(Schedule):
     """The same weight at every step.
 
-    Example
-    -------
+    Examples
+    --------
     >>> Constant(0.1)(1000)
     0.1
     """
@@ -70,8 +70,8 @@ class Constant(Schedule):
 class LinearWarmup(Schedule):
     """Linear ramp from ``start`` to ``end`` over ``warmup_steps`` steps, then ``end``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> LinearWarmup(10, start=0.5)(5)
     0.75
     """
@@ -90,8 +90,8 @@ class Cyclical(Schedule):
     """Cyclical annealing (Fu et al. 2019): in each cycle of ``period`` steps the weight rises linearly from 0
     to 1 over the first ``ratio * period`` steps and stays at 1 for the rest.
 
-    Example
-    -------
+    Examples
+    --------
     >>> c = Cyclical(period=4, ratio=0.5)
     >>> [c(step) for step in range(8)]
     [0.0, 0.5, 1.0, 1.0, 0.0, 0.5, 1.0, 1.0]

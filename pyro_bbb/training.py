@@ -1,7 +1,7 @@
 """``fit``: minibatch Bayes-by-Backprop with the KL scaled for you, a progress bar, and a per-layer history.
 
-Example
--------
+Examples
+--------
 >>> x, y = torch.randn(100, 3), torch.randn(100)
 >>> bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian())
 >>> guide = pyro_bbb.MeanFieldGuide(bnn)
@@ -59,8 +59,8 @@ class DataError(ValueError):
     """A batch that ``fit`` read during training was invalid (NaN, a bad label, not an ``(x, y)`` pair); the
     parameters were restored to their state at the start of ``fit``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> issubclass(DataError, ValueError)
     True
     """
@@ -70,8 +70,8 @@ class TrainingDivergedError(FloatingPointError):
     """The loss (or a gradient) became NaN or infinite; the parameters were restored to the last finite state.
     Its ``history`` attribute holds the :class:`History` up to the failing step.
 
-    Example
-    -------
+    Examples
+    --------
     >>> issubclass(TrainingDivergedError, FloatingPointError)   # ``except FloatingPointError`` catches it
     True
     """
@@ -85,8 +85,8 @@ class History:
     std), ``seconds``, and ``val_*`` metrics when validation data was given. ``history["kl"]`` is the list over
     epochs; ``history["kl_by_layer"]`` a dict of lists.
 
-    Example
-    -------
+    Examples
+    --------
     >>> h = History()
     >>> h.append({"epoch": 1, "loss": 3.0, "kl_by_layer": {"fc": 1.0}})
     >>> h.append({"epoch": 2, "loss": 2.0, "kl_by_layer": {"fc": 1.5}})
@@ -491,8 +491,8 @@ def fit(
         A NaN or infinite loss or gradient; the parameters are restored to the last finite state and the error's
         ``history`` holds the epochs so far.
 
-    Example
-    -------
+    Examples
+    --------
     See the module example; ``history.plot("history.png")`` draws the KL and posterior-std traces.
     """
     _check_settings(epochs, batch_size, num_particles, num_validation_samples, lr, clip_norm, optimizer)

@@ -60,3 +60,11 @@ def test_kl_scaling_explained(tmp_path):
 def test_why_is_my_kl_flat(tmp_path):
     results = load("why_is_my_kl_flat").main(epochs=2, out_dir=tmp_path)
     assert len(results) == 3 and (tmp_path / "why_is_my_kl_flat.png").exists()
+
+
+@pytest.mark.slow
+def test_bayesian_transformer_head(tmp_path):
+    pytest.importorskip("transformers")
+    results = load("bayesian_transformer_head").main(epochs=2, out_dir=tmp_path, progress=False, seeds=1)
+    assert set(results) == {"deterministic", "Bayesian head", "Bayesian last block + head"}
+    assert (tmp_path / "transformer_calibration.png").stat().st_size > 10_000

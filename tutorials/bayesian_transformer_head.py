@@ -4,13 +4,29 @@
 # A 2-layer BERT (hidden size 32) built from a config -- nothing is downloaded -- classifies token sequences:
 # label 1 when token 5 occurs, with 20% of the labels flipped and only 120 training sequences, so that a
 # deterministic fine-tune memorises the noise and becomes overconfident. The same architecture is trained three
-# ways for the same number of epochs: deterministic (plain PyTorch, cross-entropy), with a Bayesian
-# classification head (`bayesianize(include=["classifier"])`), and with the last encoder block, the pooler and the
-# head Bayesian. The inputs are a transformers `BatchEncoding` (input ids and attention mask) passed straight to
+# ways for the same number of epochs, each from three seeds: deterministic (plain PyTorch, cross-entropy), with a
+# Bayesian classification head (`bayesianize(include=["classifier"])`), and with the last encoder block, the pooler
+# and the head Bayesian. The inputs are a transformers `BatchEncoding` (input ids and attention mask) passed straight to
 # `fit` and `predict`; `BNN` reads the `logits` of the model's output. Prints accuracy, expected calibration error
-# and test log-likelihood; plots reliability diagrams side by side and the epistemic uncertainty (mutual
-# information) on test sequences against sequences of tokens never seen in training.
+# and test log-likelihood per approach (mean and range over the seeds); plots reliability diagrams side by side
+# (test predictions of all seeds pooled) and the epistemic uncertainty (mutual information) on test sequences
+# against sequences of tokens never seen in training.
 # Writes `tutorials/figures/transformer_calibration.png`.
+#
+# Measured (150 epochs, 3 seeds, 2-core CPU, ~9 minutes; mean and range over the seeds):
+#
+# | model | accuracy | ECE | test log-likelihood |
+# |---|---|---|---|
+# | deterministic | 0.728 (0.699-0.771) | 0.206 (0.087-0.288) | -1.226 (-1.978 to -0.587) |
+# | Bayesian head | 0.738 (0.704-0.785) | 0.200 (0.135-0.234) | -0.881 (-1.062 to -0.623) |
+# | Bayesian last block + head | 0.726 (0.692-0.760) | 0.070 (0.055-0.081) | -0.603 (-0.619 to -0.588) |
+#
+# The deterministic fine-tune memorises the flipped labels and is overconfident on most seeds; a Bayesian head
+# alone changes little, because the deterministic body beneath it still memorises them; with the last block
+# Bayesian as well, every seed is calibrated (the best attainable log-likelihood with 20% label noise is -0.500).
+# What this model does *not* do: flag sequences of unseen tokens by their mutual information (0.125 nats against
+# 0.128 on test sequences): the token embeddings are deterministic, and an unseen token's embedding is simply its
+# random initial value -- make the embeddings Bayesian too (they are not converted) to ask that question.
 #
 # The posteriors start at `init_scale=0.05`: at the library default (1e-4) a few hundred steps cannot widen
 # them, and the "Bayesian" model would be a point estimate (see `History`'s posterior/prior std ratio).
@@ -57,10 +73,10 @@ def token_task(n: int, seed: int, noise: float = 0.2, tokens: tuple[int, int] = 
     return transformers.BatchEncoding({"input_ids": ids * mask, "attention_mask": mask}), y
 
 
-def train_deterministic(x, y, epochs: int, lr: float, batch_size: int) -> torch.Tensor:
-    model = tiny_bert()
+def train_deterministic(x, y, epochs: int, lr: float, batch_size: int, seed: int):
+    model = tiny_bert(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     for _ in range(epochs):
         for idx in torch.randperm(len(y)).split(batch_size):
             loss = torch.nn.functional.cross_entropy(model(**{k: v[idx] for k, v in x.items()}).logits, y[idx])
@@ -70,61 +86,72 @@ def train_deterministic(x, y, epochs: int, lr: float, batch_size: int) -> torch.
     return model.eval()
 
 
-def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, dict[str, float]]:
+BAYESIAN = {"Bayesian head": ["classifier"],
+            "Bayesian last block + head": ["bert.encoder.layer.1", "bert.pooler", "classifier"]}  # fmt: skip
+
+
+def train_bayesian(include, x, y, epochs: int, lr: float, batch_size: int, seed: int, progress: bool):
+    pyro.clear_param_store()
+    # the three lines: convert, wrap with a likelihood, fit (the BatchEncoding is the x)
+    net = pyro_bbb.bayesianize(tiny_bert(seed), include=include)
+    bnn = pyro_bbb.BNN(net, likelihoods.Categorical())
+    guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=0.05)
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=batch_size, lr=lr, progress=progress,
+                           seed=seed)  # fmt: skip
+    net.eval()
+    return bnn, guide, history
+
+
+def main(epochs: int, out_dir: Path, progress: bool = True, seeds: int = 3) -> dict[str, dict[str, float]]:
     out_dir.mkdir(parents=True, exist_ok=True)
     x, y = token_task(120, seed=0)
     x_test, y_test = token_task(2000, seed=1)
     unseen, _ = token_task(500, seed=2, tokens=(2, 5))  # tokens 2-4 never occur in training
     lr, batch_size = 3e-3, 32
 
-    deterministic = train_deterministic(x, y, epochs, lr, batch_size)
-    with torch.no_grad():
-        probs = {"deterministic": deterministic(**x_test).logits.softmax(-1)}
-    predictions = {}
-    for label, include in (("Bayesian head", ["classifier"]),
-                           ("Bayesian last block + head", ["bert.encoder.layer.1", "bert.pooler", "classifier"])):
-        pyro.clear_param_store()
-        # the three lines: convert, wrap with a likelihood, fit (the BatchEncoding is the x)
-        net = pyro_bbb.bayesianize(tiny_bert(), include=include)
-        bnn = pyro_bbb.BNN(net, likelihoods.Categorical())
-        guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=0.05)
-        history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=batch_size, lr=lr, progress=progress,
-                               seed=0)  # fmt: skip
-        net.eval()
-        predictions[label] = (pyro_bbb.predict(bnn, guide, x_test, num_samples=100),
-                              pyro_bbb.predict(bnn, guide, unseen, num_samples=100))  # fmt: skip
-        probs[label] = predictions[label][0].probs
-        ratio = torch.tensor(list(history.last["std_ratio"].values())).median()
-        print(f"[transformer] {label}: {sum(isinstance(m, pyro_bbb.nn.BayesianModule) for m in net.modules())} "
-              f"Bayesian layers, median posterior/prior std {float(ratio):.2f}")  # fmt: skip
+    probs = {label: [] for label in ("deterministic", *BAYESIAN)}  # test probabilities, one tensor per seed
+    information = {label: ([], []) for label in BAYESIAN}  # mutual information: test / unseen tokens
+    for seed in range(seeds):
+        deterministic = train_deterministic(x, y, epochs, lr, batch_size, seed)
+        with torch.no_grad():
+            probs["deterministic"].append(deterministic(**x_test).logits.softmax(-1))
+        for label, include in BAYESIAN.items():
+            bnn, guide, history = train_bayesian(include, x, y, epochs, lr, batch_size, seed, progress)
+            inside = pyro_bbb.predict(bnn, guide, x_test, num_samples=100)
+            outside = pyro_bbb.predict(bnn, guide, unseen, num_samples=100)
+            probs[label].append(inside.probs)
+            information[label][0].append(inside.mutual_information)
+            information[label][1].append(outside.mutual_information)
+            ratio = float(torch.tensor(list(history.last["std_ratio"].values())).median())
+            print(f"[transformer] seed {seed} {label}: median posterior/prior std {ratio:.2f}")
 
     results = {}
-    for label, p in probs.items():
-        results[label] = {
-            "accuracy": metrics.accuracy(p, y_test),
-            "ece": metrics.expected_calibration_error(p, y_test),
-            "log_likelihood": float(p[torch.arange(len(y_test)), y_test].clamp_min(1e-12).log().mean()),
-        }
-        r = results[label]
-        print(f"[transformer] {label:28s} accuracy {r['accuracy']:.3f}  ECE {r['ece']:.3f}  "
-              f"test log-lik {r['log_likelihood']:.3f}")  # fmt: skip
+    for label, per_seed in probs.items():
+        scores = torch.tensor([[metrics.accuracy(p, y_test), metrics.expected_calibration_error(p, y_test),
+                                float(p[torch.arange(len(y_test)), y_test].clamp_min(1e-12).log().mean())]
+                               for p in per_seed])  # fmt: skip
+        results[label] = dict(zip(("accuracy", "ece", "log_likelihood"), scores.mean(0).tolist()))
+        results[label]["worst_ece"] = float(scores[:, 1].max())
+        cells = "  ".join(f"{name} {m:.3f} ({lo:.3f}-{hi:.3f})" for name, m, lo, hi in
+                          zip(("accuracy", "ECE", "test log-lik"), scores.mean(0), scores.min(0).values,
+                              scores.max(0).values))  # fmt: skip
+        print(f"[transformer] {label:28s} over {seeds} seeds, mean (min-max): {cells}")
 
     fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
-    for ax, (label, p) in zip(axes, probs.items()):
-        plots.plot_reliability(p, y_test, ax=ax, title=label)
+    y_pooled = y_test.repeat(seeds)
+    for ax, (label, per_seed) in zip(axes, probs.items()):
+        plots.plot_reliability(torch.cat(per_seed), y_pooled, ax=ax, title=f"{label}, {seeds} seeds")
     ax = axes[3]
-    for i, (label, (inside, outside)) in enumerate(predictions.items()):
-        ax.hist(inside.mutual_information, bins=40, alpha=0.5, density=True, color=f"C{2 * i}",
-                label=f"{label}: test")  # fmt: skip
-        ax.hist(outside.mutual_information, bins=40, alpha=0.5, density=True, color=f"C{2 * i + 1}",
-                label=f"{label}: unseen tokens")  # fmt: skip
-        results[label]["mi_test"] = float(inside.mutual_information.mean())
-        results[label]["mi_unseen"] = float(outside.mutual_information.mean())
+    for i, (label, (inside, outside)) in enumerate(information.items()):
+        inside, outside = torch.cat(inside), torch.cat(outside)
+        bins = torch.linspace(0, float(max(inside.max(), outside.max())) + 1e-6, 40)
+        ax.hist(inside, bins=bins, alpha=0.5, density=True, color=f"C{2 * i}", label=f"{label}: test")
+        ax.hist(outside, bins=bins, alpha=0.5, density=True, color=f"C{2 * i + 1}", label=f"{label}: unseen tokens")
+        results[label]["mi_test"], results[label]["mi_unseen"] = float(inside.mean()), float(outside.mean())
         print(f"[transformer] {label}: mean mutual information {results[label]['mi_test']:.3f} on test sequences, "
               f"{results[label]['mi_unseen']:.3f} on sequences of unseen tokens")  # fmt: skip
     ax.set(xlabel="mutual information (nats)", ylabel="density", title="epistemic uncertainty")
     ax.legend(fontsize=7)
-    fig.tight_layout()
     plots.save_figure(fig, out_dir / "transformer_calibration.png")
     plt.close("all")
     return results
@@ -134,6 +161,7 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, dict[st
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--epochs", type=int, default=150)
+    parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--out-dir", type=Path, default=Path("tutorials/figures"))
     args = parser.parse_args()
-    main(args.epochs, args.out_dir)
+    main(args.epochs, args.out_dir, seeds=args.seeds)

@@ -1,7 +1,7 @@
 """Bayesian layers: ``PyroModule`` twins of ``torch.nn`` layers whose weights are sample sites.
 
-Example
--------
+Examples
+--------
 >>> from pyro.nn import PyroModule
 >>> class Net(PyroModule):
 ...     def __init__(self):

@@ -114,8 +114,8 @@ class _BayesianConvNd(BayesianModule):
 class BayesianConv1d(_BayesianConvNd):
     """Bayesian twin of :class:`torch.nn.Conv1d`; see :class:`BayesianConv2d`.
 
-    Example
-    -------
+    Examples
+    --------
     >>> BayesianConv1d(4, 8, 3, padding=1)(torch.randn(2, 4, 10)).shape
     torch.Size([2, 8, 10])
     """
@@ -132,8 +132,8 @@ class BayesianConv2d(_BayesianConvNd):
     output gets the sample dimensions in front: input ``(N, C, H, W)`` and weight ``(S, 1, ...)`` give
     ``(S, N, out, H', W')``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> conv = BayesianConv2d(3, 6, kernel_size=3, padding=1, prior=priors.FanInNormal())
     >>> conv
     BayesianConv2d(3, 6, kernel_size=(3, 3), stride=(1, 1), padding=(1, 1), prior=FanInNormal(gain=1.0))
@@ -148,8 +148,8 @@ class BayesianConv2d(_BayesianConvNd):
 class BayesianConv3d(_BayesianConvNd):
     """Bayesian twin of :class:`torch.nn.Conv3d`; see :class:`BayesianConv2d`.
 
-    Example
-    -------
+    Examples
+    --------
     >>> BayesianConv3d(1, 2, 3)(torch.randn(1, 1, 5, 5, 5)).shape
     torch.Size([1, 2, 3, 3, 3])
     """
@@ -215,8 +215,8 @@ class _BayesianConvTransposeNd(BayesianModule):
         """The ``output_padding`` that gives the requested ``output_size`` (its last ``spatial_dims`` entries are
         the spatial sizes), as ``torch.nn.ConvTranspose*d`` computes it; the layer's own without ``output_size``.
 
-        Example
-        -------
+        Examples
+        --------
         >>> up = BayesianConvTranspose1d(2, 2, 3, stride=2)
         >>> up.output_padding_for(torch.zeros(1, 2, 5), output_size=[12])
         (1,)
@@ -256,8 +256,8 @@ class _BayesianConvTransposeNd(BayesianModule):
 class BayesianConvTranspose1d(_BayesianConvTransposeNd):
     """Bayesian twin of :class:`torch.nn.ConvTranspose1d`; see :class:`BayesianConvTranspose2d`.
 
-    Example
-    -------
+    Examples
+    --------
     >>> BayesianConvTranspose1d(4, 2, 3, stride=2)(torch.randn(2, 4, 10)).shape
     torch.Size([2, 2, 21])
     """
@@ -277,8 +277,8 @@ class BayesianConvTranspose2d(_BayesianConvTransposeNd):
     :class:`~pyro_bbb.priors.FanInNormal`) is the average number of weighted inputs of an output position,
     ``in/groups * kH * kW / (sH * sW)``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> up = BayesianConvTranspose2d(8, 3, kernel_size=3, stride=2, padding=1, output_padding=1)
     >>> up
     BayesianConvTranspose2d(8, 3, kernel_size=(3, 3), stride=(2, 2), padding=(1, 1), output_padding=(1, 1), \
@@ -296,8 +296,8 @@ prior=Normal(loc=0.0, scale=1.0))
 class BayesianConvTranspose3d(_BayesianConvTransposeNd):
     """Bayesian twin of :class:`torch.nn.ConvTranspose3d`; see :class:`BayesianConvTranspose2d`.
 
-    Example
-    -------
+    Examples
+    --------
     >>> BayesianConvTranspose3d(2, 1, 2, stride=2)(torch.randn(1, 2, 3, 3, 3)).shape
     torch.Size([1, 1, 6, 6, 6])
     """

@@ -8,8 +8,8 @@ repeats the batch S times -- ``S * B`` rows, the block of rows ``s * B ... (s + 
 rows (one batched product, no per-row weights are materialised), and the likelihood unfolds the output again.
 Everything between the Bayesian layers sees a plain ``(S * B, ...)`` batch.
 
-Example
--------
+Examples
+--------
 >>> layer = BayesianLinear(3, 2)
 >>> x = torch.randn(5, 3)
 >>> with pyro.plate("draws", 4, dim=-2):                  # four weight draws
@@ -41,8 +41,8 @@ def fold_draws(num_draws: int) -> Iterator[None]:
     """Within the block, Bayesian layers read the first dimension of their input as ``num_draws`` blocks of rows,
     block ``s`` belonging to weight draw ``s``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> with fold_draws(8):
     ...     folded_draws()
     8
@@ -59,8 +59,8 @@ def fold_draws(num_draws: int) -> Iterator[None]:
 def folded_draws() -> int | None:
     """The number of draws folded into the batch here, or ``None`` outside :func:`fold_draws`.
 
-    Example
-    -------
+    Examples
+    --------
     >>> folded_draws() is None
     True
     """
@@ -70,8 +70,8 @@ def folded_draws() -> int | None:
 def fold_rows(t: torch.Tensor, dim: int = 0) -> torch.Tensor:
     """``(S, B, ...)`` -> ``(S * B, ...)`` (at ``dim``).
 
-    Example
-    -------
+    Examples
+    --------
     >>> fold_rows(torch.zeros(3, 4, 2)).shape
     torch.Size([12, 2])
     """
@@ -81,8 +81,8 @@ def fold_rows(t: torch.Tensor, dim: int = 0) -> torch.Tensor:
 def unfold_rows(t: torch.Tensor, num_draws: int, dim: int = 0) -> torch.Tensor:
     """``(S * B, ...)`` -> ``(S, B, ...)`` (at ``dim``); a clear error when the rows are not a multiple of S.
 
-    Example
-    -------
+    Examples
+    --------
     >>> unfold_rows(torch.zeros(12, 2), 3).shape
     torch.Size([3, 4, 2])
     """
@@ -100,8 +100,8 @@ def draws_leading(param: torch.Tensor | None, param_dims: int, num_draws: int) -
     """A parameter's draws as ``(S, *param_shape)``; a parameter without draws (a point estimate, the same for every
     row) keeps its plain shape.
 
-    Example
-    -------
+    Examples
+    --------
     >>> draws_leading(torch.zeros(5, 1, 4, 3), 2, 5).shape, draws_leading(torch.zeros(4, 3), 2, 5).shape
     (torch.Size([5, 4, 3]), torch.Size([4, 3]))
     """
@@ -123,8 +123,8 @@ def unfold_affine_input(input: torch.Tensor, num_draws: int, feature_dims: int) 
     """Folded rows ``(S * B, *mid, *features)`` as ``(S, B * mid, *features)``: the shape a batched affine map
     with weights ``(S, 1, *param)`` takes.
 
-    Example
-    -------
+    Examples
+    --------
     >>> unfold_affine_input(torch.zeros(6, 5, 3), 2, feature_dims=1).shape
     torch.Size([2, 15, 3])
     """
@@ -140,8 +140,8 @@ def unfold_affine_input(input: torch.Tensor, num_draws: int, feature_dims: int) 
 def fold_affine_output(output: torch.Tensor, input: torch.Tensor, feature_dims: int) -> torch.Tensor:
     """The inverse of :func:`unfold_affine_input` for the output: ``(S, B * mid, *out)`` -> ``(S * B, *mid, *out)``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> fold_affine_output(torch.zeros(2, 15, 4), torch.zeros(6, 5, 3), feature_dims=1).shape
     torch.Size([6, 5, 4])
     """

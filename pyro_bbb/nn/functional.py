@@ -7,8 +7,8 @@ a weight of shape ``(S, 1, out, in)`` applied to an input of shape ``(B, in)`` g
 global, so their sample dimensions never line up with the data dimension: a weight of shape ``(S, out, in)`` is
 read as ``(S, 1, out, in)``. All S draws are computed in one batched kernel call; nothing loops over samples.
 
-Example
--------
+Examples
+--------
 >>> w = torch.randn(10, 1, 4, 3)
 >>> batched_linear(torch.randn(32, 3), w).shape
 torch.Size([10, 32, 4])
@@ -39,8 +39,8 @@ def _global(param: torch.Tensor | None, param_dims: int) -> torch.Tensor | None:
 def batched_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` where ``weight`` (``(*S, out, in)``) and ``bias`` (``(*S, out)``) may carry sample dims.
 
-    Example
-    -------
+    Examples
+    --------
     >>> batched_linear(torch.randn(5, 3), torch.randn(2, 1, 4, 3), torch.randn(2, 1, 4)).shape
     torch.Size([2, 5, 4])
     """
@@ -81,8 +81,8 @@ def batched_conv(
     The S draws are folded into the channel dimension and run as one grouped convolution (a transposed
     convolution's groups split its input channels the same way, so the same folding applies).
 
-    Example
-    -------
+    Examples
+    --------
     >>> x = torch.randn(8, 3, 16, 16)
     >>> w = torch.randn(5, 1, 6, 3, 3, 3)
     >>> batched_conv(x, w, None, spatial_dims=2, stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1).shape
@@ -180,8 +180,8 @@ bayesian_affine = effectful(_affine, type="bayesian_affine")
 def sample_dims(weight: torch.Tensor, feature_dims: int) -> torch.Size:
     """The leading sample dimensions of a weight, read with the global-weight rule (``(S, *p)`` -> ``(S, 1)``).
 
-    Example
-    -------
+    Examples
+    --------
     >>> sample_dims(torch.zeros(7, 4, 3), feature_dims=1), sample_dims(torch.zeros(4, 3), feature_dims=1)
     (torch.Size([7, 1]), torch.Size([]))
     """
@@ -193,8 +193,8 @@ def with_time_dims(param: torch.Tensor | None, param_dims: int, time_dims: int) 
     """A parameter with draw dimensions, given ``time_dims`` more singleton batch dimensions on the right, so that
     it applies to inputs with extra per-example dimensions (time steps): ``(S, 1, out, in)`` -> ``(S, 1, 1, out, in)``.
 
-    Example
-    -------
+    Examples
+    --------
     >>> with_time_dims(torch.zeros(5, 1, 4, 3), param_dims=2, time_dims=1).shape
     torch.Size([5, 1, 1, 4, 3])
     """

@@ -29,8 +29,8 @@ class BayesianLinear(BayesianModule):
     prior : Prior or Distribution, optional
         Prior over every weight and bias element.
 
-    Example
-    -------
+    Examples
+    --------
     >>> layer = BayesianLinear(3, 2, prior=priors.Normal(0.0, 0.5))
     >>> layer
     BayesianLinear(in_features=3, out_features=2, bias=True, prior=Normal(loc=0.0, scale=0.5))

@@ -32,8 +32,8 @@ _CURRENT_DATA_PLATE: ContextVar[str] = ContextVar("pyro_bbb_data_plate", default
 def data_plate_named(name: str) -> Iterator[None]:
     """Within the block, the plate called ``name`` is the data plate (the one weights must not be drawn in).
 
-    Example
-    -------
+    Examples
+    --------
     >>> with data_plate_named("batch"):
     ...     current_data_plate()
     'batch'
@@ -48,8 +48,8 @@ def data_plate_named(name: str) -> Iterator[None]:
 def current_data_plate() -> str:
     """The data plate's name here (see :func:`data_plate_named`); ``"data"`` by default.
 
-    Example
-    -------
+    Examples
+    --------
     >>> current_data_plate()
     'data'
     """
@@ -81,8 +81,8 @@ _LAYER_PRIORS: weakref.WeakSet = weakref.WeakSet()
 def is_layer_prior(fn) -> bool:
     """Whether ``fn`` is the prior distribution of a Bayesian layer's weight or bias (a global site).
 
-    Example
-    -------
+    Examples
+    --------
     >>> layer = BayesianLinear(2, 1)
     >>> is_layer_prior(layer.prior_distribution("weight")), is_layer_prior(torch.distributions.Normal(0.0, 1.0))
     (True, False)
@@ -93,8 +93,8 @@ def is_layer_prior(fn) -> bool:
 def site_owners(model) -> dict[str, str]:
     """Site name -> name of the Bayesian layer that owns it (``"(root)"`` for a model that is itself a layer).
 
-    Example
-    -------
+    Examples
+    --------
     >>> from pyro.nn import PyroModule
     >>> net = PyroModule[torch.nn.Sequential](BayesianLinear(2, 3), BayesianLinear(3, 1))
     >>> site_owners(net)
@@ -117,8 +117,8 @@ class BayesianModule(PyroModule):
     layer keeps the initial value of every parameter (non-persistent buffers ``<name>_init`` that follow
     ``.to(device)``), which :class:`pyro_bbb.MeanFieldGuide` uses as the starting posterior mean.
 
-    Example
-    -------
+    Examples
+    --------
     >>> layer = BayesianLinear(3, 2)
     >>> sorted(layer.initial_values())
     ['bias', 'weight']
@@ -141,8 +141,8 @@ class BayesianModule(PyroModule):
     def set_initial_value(self, name: str, value: torch.Tensor) -> None:
         """Set the initial value of parameter ``name`` (the guide's starting posterior mean; e.g. trained weights).
 
-        Example
-        -------
+        Examples
+        --------
         >>> layer = BayesianLinear(2, 1)
         >>> layer.set_initial_value("bias", torch.tensor([0.5]))
         >>> layer.initial_values()["bias"]
@@ -153,8 +153,8 @@ class BayesianModule(PyroModule):
     def bayesian_parameters(self) -> dict[str, Prior]:
         """The names of this layer's sampled parameters and their priors.
 
-        Example
-        -------
+        Examples
+        --------
         >>> BayesianLinear(3, 2, bias=False).bayesian_parameters()
         {'weight': Normal(loc=0.0, scale=1.0)}
         """
@@ -163,8 +163,8 @@ class BayesianModule(PyroModule):
     def prior_distribution(self, name: str):
         """The prior distribution of parameter ``name`` (a distribution over the whole tensor).
 
-        Example
-        -------
+        Examples
+        --------
         >>> BayesianLinear(3, 2).prior_distribution("weight").event_shape
         torch.Size([2, 3])
         """
@@ -186,8 +186,8 @@ class BayesianModule(PyroModule):
         """Initial posterior standard deviations that a prior asks for (e.g. :class:`~pyro_bbb.priors.Moped`'s
         ``delta * |w|``); parameters whose prior does not are absent (the guide's ``init_scale`` applies).
 
-        Example
-        -------
+        Examples
+        --------
         >>> layer = BayesianLinear(3, 2, prior=priors.Moped(delta=0.1))
         >>> torch.allclose(layer.initial_scales()["weight"], (0.1 * layer.weight_init.abs()).clamp_min(1e-3))
         True
@@ -202,8 +202,8 @@ class BayesianModule(PyroModule):
     def initial_values(self, full_names: bool = False) -> dict[str, torch.Tensor]:
         """The initial value of every sampled parameter, keyed by name (or by Pyro site name).
 
-        Example
-        -------
+        Examples
+        --------
         >>> BayesianLinear(3, 2).initial_values()["weight"].shape
         torch.Size([2, 3])
         """

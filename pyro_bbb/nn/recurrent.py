@@ -6,8 +6,8 @@ step): the layer reads each site once, turns it into a map with :func:`~pyro_bbb
 and runs the time loop on plain tensors. Under :func:`pyro_bbb.flipout` those maps carry sign vectors drawn once per
 example and shared by every time step.
 
-Example
--------
+Examples
+--------
 >>> lstm = BayesianLSTM(7, 4, batch_first=True)
 >>> output, (h_n, c_n) = lstm(torch.randn(2, 12, 7))
 >>> output.shape, h_n.shape, c_n.shape
@@ -161,8 +161,8 @@ class BayesianLSTMCell(_RecurrentCell):
     recurrent_prior : Prior, optional
         A different prior for the hidden-to-hidden weights.
 
-    Example
-    -------
+    Examples
+    --------
     >>> cell = BayesianLSTMCell(3, 5)
     >>> h, c = cell(torch.randn(2, 3))
     >>> h.shape, c.shape
@@ -185,8 +185,8 @@ class BayesianGRUCell(_RecurrentCell):
     """Bayesian twin of :class:`torch.nn.GRUCell`: ``h_1 = cell(input, h_0)``; ``prior`` / ``recurrent_prior`` as
     in :class:`BayesianLSTMCell`.
 
-    Example
-    -------
+    Examples
+    --------
     >>> BayesianGRUCell(3, 5)(torch.randn(2, 3)).shape
     torch.Size([2, 5])
     """
@@ -314,8 +314,8 @@ class BayesianLSTM(_RecurrentLayer):
     recurrent_prior : Prior, optional
         A different prior for the hidden-to-hidden weights.
 
-    Example
-    -------
+    Examples
+    --------
     >>> BayesianLSTM(7, 4, num_layers=2, bidirectional=True, recurrent_prior=priors.Normal(0.0, 0.5))
     BayesianLSTM(7, 4, num_layers=2, bidirectional=True, prior=Normal(loc=0.0, scale=1.0), \
 weight_hh_l0_prior=Normal(loc=0.0, scale=0.5), weight_hh_l0_reverse_prior=Normal(loc=0.0, scale=0.5), \
@@ -329,8 +329,8 @@ class BayesianGRU(_RecurrentLayer):
     """Bayesian twin of :class:`torch.nn.GRU`: same arguments, shapes and ``(output, h_n)``; see
     :class:`BayesianLSTM`.
 
-    Example
-    -------
+    Examples
+    --------
     >>> output, h_n = BayesianGRU(3, 5, num_layers=2)(torch.randn(6, 2, 3))
     >>> output.shape, h_n.shape
     (torch.Size([6, 2, 5]), torch.Size([2, 2, 5]))
