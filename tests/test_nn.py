@@ -205,6 +205,11 @@ def test_conv_transpose_is_twin_of_torch(d, kwargs):
     assert got.shape == expected.shape and torch.allclose(got, expected, atol=1e-5)
     got_sized = poutine.condition(layer, data=cond)(x, output_size=size)
     assert got_sized.shape == expected_sized.shape and torch.allclose(got_sized, expected_sized, atol=1e-5)
+    torch.manual_seed(5)
+    layer.reset_parameters()
+    torch.manual_seed(5)
+    twin.reset_parameters()
+    assert torch.equal(layer.weight_init, twin.weight)
 
 
 def test_conv_transpose_output_size_errors_like_torch():

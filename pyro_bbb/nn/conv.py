@@ -23,33 +23,49 @@ __all__ = [
 _Size = int | tuple[int, ...]
 
 
-def _check_channels(layer: BayesianModule, input: torch.Tensor) -> None:
-    d = layer._spatial_dims
-    if input.dim() < d + 1 or input.shape[-(d + 1)] != layer.in_channels:
-        raise ValueError(
-            f"{type(layer).__name__}(in_channels={layer.in_channels}) expects input of shape "
-            f"(*batch, {layer.in_channels}, {', '.join('L' + str(i) for i in range(d))}), "
-            f"got {tuple(input.shape)}."
-        )
+class _ConvLayer(BayesianModule):
+    """What the (transposed) convolutions share: the input check, torch's repr, and ``reset_parameters`` through
+    the torch twin (built from :meth:`_twin_arguments`)."""
+
+    _twin_class: type[nn.modules.conv._ConvNd]
+    _spatial_dims: int
+
+    def _twin_arguments(self) -> tuple:
+        """The twin's positional constructor arguments for this layer's settings."""
+        raise NotImplementedError
+
+    def reset_parameters(self) -> None:
+        """Redraw the initial values the way the torch twin's ``reset_parameters`` does."""
+        twin = self._twin_class(*self._twin_arguments(), device=self.weight_init.device, dtype=self.weight_init.dtype)
+        for name, param in twin.named_parameters():
+            self.set_initial_value(name, param)
+
+    def _check_channels(self, input: torch.Tensor) -> None:
+        d = self._spatial_dims
+        if input.dim() < d + 1 or input.shape[-(d + 1)] != self.in_channels:
+            raise ValueError(
+                f"{type(self).__name__}(in_channels={self.in_channels}) expects input of shape "
+                f"(*batch, {self.in_channels}, {', '.join('L' + str(i) for i in range(d))}), "
+                f"got {tuple(input.shape)}."
+            )
+
+    def extra_repr(self) -> str:
+        """torch's repr of the settings (non-defaults only), then the prior."""
+        d = self._spatial_dims
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        defaults = {"padding": (0,) * d, "dilation": (1,) * d, "output_padding": (0,) * d, "groups": 1}
+        for name, default in defaults.items():
+            value = getattr(self, name, default)
+            if value != default:
+                s += f", {name}={value}"
+        if "bias" not in self._bayesian:
+            s += ", bias=False"
+        if self.padding_mode != "zeros":
+            s += f", padding_mode={self.padding_mode!r}"
+        return f"{s}, {self._prior_repr()}"
 
 
-def _conv_repr(layer: BayesianModule) -> str:
-    """torch's repr of a (transposed) convolution's settings (non-defaults only), then the prior."""
-    d = layer._spatial_dims
-    s = f"{layer.in_channels}, {layer.out_channels}, kernel_size={layer.kernel_size}, stride={layer.stride}"
-    defaults = {"padding": (0,) * d, "dilation": (1,) * d, "output_padding": (0,) * d, "groups": 1}
-    for name, default in defaults.items():
-        value = getattr(layer, name, default)
-        if value != default:
-            s += f", {name}={value}"
-    if "bias" not in layer._bayesian:
-        s += ", bias=False"
-    if layer.padding_mode != "zeros":
-        s += f", padding_mode={layer.padding_mode!r}"
-    return f"{s}, {layer._prior_repr()}"
-
-
-class _BayesianConvNd(BayesianModule):
+class _BayesianConvNd(_ConvLayer):
     """Shared implementation of the N-d Bayesian convolutions (see :class:`BayesianConv2d`)."""
 
     _twin_class: type[nn.modules.conv._ConvNd]
@@ -84,19 +100,13 @@ class _BayesianConvNd(BayesianModule):
         self._declare_bayesian("weight", twin.weight, fan_in=fan_in)
         self._declare_bayesian("bias", twin.bias, fan_in=fan_in)
 
-    def reset_parameters(self) -> None:
-        """Redraw the initial values the way the torch twin's ``reset_parameters`` does."""
-        twin = self._twin_class(
-            self.in_channels, self.out_channels, self.kernel_size, self.stride, self.padding, self.dilation,
-            self.groups, "bias" in self._bayesian, self.padding_mode,
-            device=self.weight_init.device, dtype=self.weight_init.dtype,
-        )  # fmt: skip
-        for name, param in twin.named_parameters():
-            self.set_initial_value(name, param)
+    def _twin_arguments(self) -> tuple:
+        return (self.in_channels, self.out_channels, self.kernel_size, self.stride, self.padding, self.dilation,
+                self.groups, "bias" in self._bayesian, self.padding_mode)  # fmt: skip
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         d = self._spatial_dims
-        _check_channels(self, input)
+        self._check_channels(input)
         padding = self.padding
         if self.padding_mode != "zeros":
             features = input.shape[-(d + 1) :]
@@ -106,10 +116,6 @@ class _BayesianConvNd(BayesianModule):
         apply = partial(batched_conv, spatial_dims=d, stride=self.stride, padding=padding, dilation=self.dilation,
                         groups=self.groups)  # fmt: skip
         return self._affine(input, apply, feature_dims=d + 1)
-
-    def extra_repr(self) -> str:
-        return _conv_repr(self)
-
 
 class BayesianConv1d(_BayesianConvNd):
     """Bayesian twin of :class:`torch.nn.Conv1d`; see :class:`BayesianConv2d`.
@@ -158,7 +164,7 @@ class BayesianConv3d(_BayesianConvNd):
     _spatial_dims = 3
 
 
-class _BayesianConvTransposeNd(BayesianModule):
+class _BayesianConvTransposeNd(_ConvLayer):
     """Shared implementation of the N-d Bayesian transposed convolutions (see :class:`BayesianConvTranspose2d`)."""
 
     _twin_class: type[nn.modules.conv._ConvTransposeNd]
@@ -201,15 +207,9 @@ class _BayesianConvTransposeNd(BayesianModule):
         self._declare_bayesian("weight", twin.weight, fan_in=fan_in)
         self._declare_bayesian("bias", twin.bias, fan_in=fan_in)
 
-    def reset_parameters(self) -> None:
-        """Redraw the initial values the way the torch twin's ``reset_parameters`` does."""
-        twin = self._twin_class(
-            self.in_channels, self.out_channels, self.kernel_size, self.stride, self.padding, self.output_padding,
-            self.groups, "bias" in self._bayesian, self.dilation, self.padding_mode,
-            device=self.weight_init.device, dtype=self.weight_init.dtype,
-        )  # fmt: skip
-        for name, param in twin.named_parameters():
-            self.set_initial_value(name, param)
+    def _twin_arguments(self) -> tuple:
+        return (self.in_channels, self.out_channels, self.kernel_size, self.stride, self.padding, self.output_padding,
+                self.groups, "bias" in self._bayesian, self.dilation, self.padding_mode)  # fmt: skip
 
     def output_padding_for(self, input: torch.Tensor, output_size: Sequence[int] | None) -> tuple[int, ...]:
         """The ``output_padding`` that gives the requested ``output_size`` (its last ``spatial_dims`` entries are
@@ -243,15 +243,11 @@ class _BayesianConvTransposeNd(BayesianModule):
         return tuple(padding)
 
     def forward(self, input: torch.Tensor, output_size: Sequence[int] | None = None) -> torch.Tensor:
-        _check_channels(self, input)
+        self._check_channels(input)
         apply = partial(batched_conv, spatial_dims=self._spatial_dims, stride=self.stride, padding=self.padding,
                         dilation=self.dilation, groups=self.groups, transposed=True,
                         output_padding=self.output_padding_for(input, output_size))  # fmt: skip
         return self._affine(input, apply, feature_dims=self._spatial_dims + 1)
-
-    def extra_repr(self) -> str:
-        return _conv_repr(self)
-
 
 class BayesianConvTranspose1d(_BayesianConvTransposeNd):
     """Bayesian twin of :class:`torch.nn.ConvTranspose1d`; see :class:`BayesianConvTranspose2d`.
