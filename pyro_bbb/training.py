@@ -446,6 +446,8 @@ def fit(
         E.g. :class:`pyro_bbb.BNN` and :class:`pyro_bbb.MeanFieldGuide`; called as ``model(x, y)``.
     data : (x, y) or DataLoader
         Training data; a pair is reshuffled into batches of ``batch_size`` every epoch (``None``: full batch).
+        ``x`` may be a tensor, a tuple of tensors or a dict of tensors (a transformers ``BatchEncoding``) with a
+        common first dimension (see :mod:`pyro_bbb.inputs`); a DataLoader yields ``(x, y)`` pairs of those.
     epochs : int
         Passes over the data.
     optimizer : pyro.optim.PyroOptim, optional
