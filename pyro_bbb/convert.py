@@ -106,7 +106,7 @@ def _make_twin(module: nn.Module, twin: type[BayesianModule], prior: Prior | Non
                    bias=module.bias is not None, padding_mode=module.padding_mode, **kwargs)  # fmt: skip
     elif isinstance(module, nn.RNNBase):
         if getattr(module, "proj_size", 0):
-            raise ValueError(f"cannot convert {module}: LSTMs with proj_size are not supported.")
+            kwargs["proj_size"] = module.proj_size
         new = twin(module.input_size, module.hidden_size, num_layers=module.num_layers, bias=module.bias,
                    batch_first=module.batch_first, dropout=module.dropout, bidirectional=module.bidirectional,
                    **kwargs)  # fmt: skip

@@ -134,8 +134,6 @@ def test_bayesianize_converts_recurrent_layers_from_their_weights():
     assert isinstance(converted["lstm"], BayesianLSTM) and isinstance(converted["gru"], BayesianGRUCell)
     for name, param in model["lstm"].named_parameters():
         torch.testing.assert_close(getattr(converted["lstm"], f"{name}_init"), param.detach())
-    with pytest.raises(ValueError, match="proj_size"):
-        pyro_bbb.bayesianize(nn.LSTM(3, 4, proj_size=2))
 
 
 @pytest.mark.slow
@@ -167,3 +165,142 @@ def test_embedded_reber_bayesian_lstm_matches_the_deterministic_one():
             best[name] = max(best[name], *history["val_accuracy"])
     assert best["bayesian"] >= 0.85
     assert best["bayesian"] >= best["deterministic"] - 0.03
+
+
+# -- torch's fused kernel, packed sequences, projections (issue 15) --------------------------------------------------
+LAYER = {"LSTM": BayesianLSTM, "GRU": BayesianGRU}
+SETTINGS = [
+    {}, {"num_layers": 2, "bidirectional": True, "batch_first": True}, {"bias": False},
+    {"proj_size": 2, "num_layers": 2}, {"proj_size": 3, "bidirectional": True, "batch_first": True},
+]  # fmt: skip
+
+
+def settings_for(mode):
+    return [k for k in SETTINGS if mode == "LSTM" or "proj_size" not in k]
+
+
+def run_both_paths(layer, twin, x, hx=None):
+    """The layer at the twin's weights: once with plain weights (torch's fused kernel), once with a draw dimension
+    of size 1 (the layer's own time loop; a draw dimension of size 1 lines up with the batch, as Pyro's would)."""
+    plain = {name: p.detach() for name, p in twin.named_parameters()}
+    fused = poutine.condition(layer, data=plain)(x, hx)
+    looped = poutine.condition(layer, data={k: v.unsqueeze(0) for k, v in plain.items()})(x, hx)
+    return fused, looped
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_fused_kernel_and_time_loop_equal_torch(mode):
+    for kwargs in settings_for(mode):
+        torch.manual_seed(0)
+        twin = getattr(nn, mode)(3, 5, **kwargs)
+        layer = LAYER[mode](3, 5, **kwargs)
+        x = torch.randn(4, 6, 3)
+        expected_out, expected_state = twin(x)
+        fused, looped = run_both_paths(layer, twin, x)
+        assert fused[0].shape == expected_out.shape == looped[0].shape
+        for out, state in (fused, looped):
+            torch.testing.assert_close(out.reshape(expected_out.shape), expected_out, rtol=1e-5, atol=1e-6)
+            pairs = zip(state, expected_state) if mode == "LSTM" else [(state, expected_state)]
+            for got, want in pairs:
+                torch.testing.assert_close(got.reshape(want.shape), want, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_kernel_gradients_equal_the_time_loop():
+    torch.manual_seed(0)
+    layer = BayesianLSTM(3, 4, num_layers=2, proj_size=2)
+    twin = nn.LSTM(3, 4, num_layers=2, proj_size=2)
+    x = torch.randn(5, 2, 3)
+    grads = []
+    for lead in ((), (1,)):
+        weights = {k: p.detach().reshape(lead + p.shape).requires_grad_() for k, p in twin.named_parameters()}
+        out, _ = poutine.condition(layer, data=weights)(x)
+        (out**2).sum().backward()
+        grads.append({k: w.grad.reshape(w.shape[len(lead):]) for k, w in weights.items()})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-6)
+
+
+def packed_batch(batch_first, lengths=(6, 2, 4, 1, 5), features=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    sequences = [torch.randn(n, features, generator=g) for n in lengths]
+    padded = nn.utils.rnn.pad_sequence(sequences, batch_first=batch_first)
+    packed = nn.utils.rnn.pack_padded_sequence(padded, torch.tensor(lengths), batch_first=batch_first,
+                                               enforce_sorted=False)  # fmt: skip
+    return sequences, packed
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_packed_batch_equals_each_sequence_alone_on_both_paths(mode):
+    for kwargs in settings_for(mode):
+        torch.manual_seed(1)
+        twin = getattr(nn, mode)(3, 5, **kwargs)
+        layer = LAYER[mode](3, 5, **kwargs)
+        batch_first = kwargs.get("batch_first", False)
+        sequences, packed = packed_batch(batch_first)
+        expected_out, expected_state = twin(packed)  # torch's own answer on the packed batch
+        for draw_dims in ((), (1,)):
+            weights = {k: p.detach().reshape(draw_dims + p.shape) for k, p in twin.named_parameters()}
+            out, state = poutine.condition(layer, data=weights)(packed)
+            assert isinstance(out, nn.utils.rnn.PackedSequence)
+            assert torch.equal(out.batch_sizes, expected_out.batch_sizes)
+            assert torch.equal(out.sorted_indices, expected_out.sorted_indices)
+            torch.testing.assert_close(out.data, expected_out.data, rtol=1e-5, atol=1e-6)
+            h_n = state[0] if mode == "LSTM" else state
+            want_h = expected_state[0] if mode == "LSTM" else expected_state
+            torch.testing.assert_close(h_n.reshape(want_h.shape), want_h, rtol=1e-5, atol=1e-6)
+            # and each sequence run alone, with the same weights
+            padded, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=batch_first)
+            for i, sequence in enumerate(sequences):
+                alone = sequence.unsqueeze(0 if batch_first else 1)
+                alone_out, _ = poutine.condition(layer, data=weights)(alone)
+                alone_out = alone_out.reshape(alone_out.shape[-3:])
+                mine = padded[i, : len(sequence)] if batch_first else padded[: len(sequence), i]
+                torch.testing.assert_close(mine, alone_out.squeeze(0 if batch_first else 1), rtol=1e-5, atol=1e-6)
+
+
+def test_flipout_through_a_packed_batch_masks_what_lies_beyond_each_length():
+    torch.manual_seed(0)
+    layer = BayesianLSTM(3, 4, batch_first=True)
+    guide = pyro_bbb.MeanFieldGuide(layer, init_scale=0.3)
+    sequences, packed = packed_batch(batch_first=True)
+    padded, lengths = nn.utils.rnn.pad_packed_sequence(packed, batch_first=True)
+    garbage = padded + 10 * (torch.arange(padded.shape[1]).unsqueeze(-1) >= lengths).T.unsqueeze(-1)  # beyond ends
+    trace = poutine.trace(guide).get_trace(padded)
+    results = []
+    for inputs in (packed, garbage):
+        pyro.set_rng_seed(7)  # the same sign draws for both
+        with pyro_bbb.flipout():
+            results.append(poutine.replay(layer, trace=trace)(inputs))
+    (packed_out, (h_n, _)), (padded_out, _) = results
+    unpacked, _ = nn.utils.rnn.pad_packed_sequence(packed_out, batch_first=True)
+    for i, n in enumerate(lengths.tolist()):
+        torch.testing.assert_close(unpacked[i, :n], padded_out[i, :n])  # causal: the garbage comes later
+        torch.testing.assert_close(h_n[0, i], padded_out[i, n - 1])  # the final state is the state at the length
+        assert not unpacked[i, n:].any()
+
+
+def test_projection_is_converted_and_vectorized():
+    torch.manual_seed(0)
+    original = nn.LSTM(3, 6, proj_size=2, batch_first=True)
+    converted = pyro_bbb.bayesianize(original)
+    assert isinstance(converted, BayesianLSTM) and converted.proj_size == 2
+    assert "weight_hr_l0" in converted.bayesian_parameters()
+    assert repr(converted).startswith("BayesianLSTM(3, 6, batch_first=True, proj_size=2")
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.out = converted, nn.Linear(2, 1)
+
+        def forward(self, x):
+            return self.out(self.rnn(x)[0][:, -1])
+
+    bnn = pyro_bbb.BNN(Head(), likelihoods.Gaussian(scale=0.5))
+    guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=0.1)
+    x, y = torch.randn(10, 7, 3), torch.randn(10)
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=2, progress=False, seed=0)
+    pyro.set_rng_seed(0)
+    fast = pyro_bbb.predict(bnn, guide, x, num_samples=6, vectorize=True)
+    pyro.set_rng_seed(0)
+    slow = pyro_bbb.predict(bnn, guide, x, num_samples=6, vectorize=False)
+    torch.testing.assert_close(fast.mean, slow.mean, rtol=1e-5, atol=1e-6)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from pyro.poutine.runtime import effectful
 
-__all__ = ["batched_linear", "batched_conv", "bayesian_affine", "bayesian_affine_map"]
+__all__ = ["batched_linear", "batched_conv", "bayesian_affine", "bayesian_affine_map", "AffineMap"]
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
@@ -204,6 +204,28 @@ def with_time_dims(param: torch.Tensor | None, param_dims: int, time_dims: int) 
     return param.reshape(param.shape[:-param_dims] + (1,) * time_dims + param.shape[-param_dims:])
 
 
+class AffineMap:
+    """The plain map ``input -> apply(input, weight, bias)`` that :data:`bayesian_affine_map` returns when no
+    estimator intercepts it. It keeps the ``weight`` and ``bias`` it was made from, so that a recurrent layer whose
+    maps are all plain (reparameterization, one draw) can hand them to torch's fused kernel instead.
+
+    Examples
+    --------
+    >>> m = AffineMap(torch.eye(2), None, apply=batched_linear)
+    >>> m(torch.ones(3, 2)).shape, m.weight.shape
+    (torch.Size([3, 2]), torch.Size([2, 2]))
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *,
+                 apply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
+                 param_dims: int = 2, time_dims: int = 0):  # fmt: skip
+        self.weight, self.bias, self.apply = weight, bias, apply
+        self._weight, self._bias = with_time_dims(weight, param_dims, time_dims), with_time_dims(bias, 1, time_dims)
+
+    def __call__(self, input: torch.Tensor) -> torch.Tensor:
+        return self.apply(input, self._weight, self._bias)
+
+
 def _affine_map(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
@@ -215,8 +237,7 @@ def _affine_map(
     weight_site: str | None = None,
     bias_site: str | None = None,
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    weight, bias = with_time_dims(weight, feature_dims + 1, time_dims), with_time_dims(bias, 1, time_dims)
-    return lambda input: apply(input, weight, bias)
+    return AffineMap(weight, bias, apply=apply, param_dims=feature_dims + 1, time_dims=time_dims)
 
 
 #: The operation a recurrent layer runs once per sequence: it returns the map ``input -> apply(input, weight,

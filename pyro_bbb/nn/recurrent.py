@@ -16,14 +16,18 @@ Examples
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from ..priors import Prior
 from ..pyro_adapter import site_name
 from .draws import draws_leading, fold_rows, folded_draws, unfold_rows
-from .functional import batched_linear, bayesian_affine_map, sample_dims
+from .functional import AffineMap, batched_linear, bayesian_affine_map, sample_dims
 from .module import BayesianModule
 
 __all__ = ["BayesianLSTMCell", "BayesianGRUCell", "BayesianLSTM", "BayesianGRU"]
@@ -43,6 +47,13 @@ def _gru_step(input_part: torch.Tensor, hidden_part: torch.Tensor, h: torch.Tens
     return (1 - z) * n + z * h
 
 
+def _hold(new, old, alive: torch.Tensor):
+    """The new state where ``alive``, the old one elsewhere (an LSTM's ``(h, c)`` or a GRU's ``h``)."""
+    if isinstance(new, tuple):
+        return tuple(torch.where(alive, n, o) for n, o in zip(new, old))
+    return torch.where(alive, new, old)
+
+
 class _Recurrent(BayesianModule):
     """Shared machinery: sites named like ``torch.nn``'s, one map per weight per sequence, the gate arithmetic."""
 
@@ -54,12 +65,13 @@ class _Recurrent(BayesianModule):
             recurrent = name.startswith("weight_hh")
             self._declare_bayesian(name, param, fan_in[name], recurrent_prior if recurrent else None)
 
-    def _map(self, suffix: str, example_shape: torch.Size, sequence: bool = False):
-        """``x -> W_ih x + b_ih`` and ``h -> W_hh h + b_hh`` for one layer/direction, drawn once. With ``sequence``
-        the input map takes a whole sequence ``(..., B, T, features)`` at once (one matrix product for all steps)."""
+    def _map(self, suffix: str, example_shape: torch.Size, sequence: bool = False, projection: bool = False):
+        """``x -> W_ih x + b_ih`` and ``h -> W_hh h + b_hh`` (and an LSTM's projection ``h -> W_hr h``) for one
+        layer/direction, drawn once. With ``sequence`` the input map takes a whole sequence ``(..., B, T,
+        features)`` at once (one matrix product for all steps)."""
         prefix = self.__dict__.get("_pyro_name", "")
         maps = []
-        for kind, time_dims in (("ih", int(sequence)), ("hh", 0)):
+        for kind, time_dims in (("ih", int(sequence)), ("hh", 0), ("hr", 0))[: 3 if projection else 2]:
             weight_name, bias_name = f"weight_{kind}{suffix}", f"bias_{kind}{suffix}"
             has_bias = bias_name in self._bayesian
             weight, bias = getattr(self, weight_name), getattr(self, bias_name) if has_bias else None
@@ -78,11 +90,12 @@ class _Recurrent(BayesianModule):
 
     def _step(self, maps, x_t: torch.Tensor, state, projected: bool = False):
         """One time step; ``projected``: ``x_t`` is already ``W_ih x_t + b_ih``."""
-        input_to_hidden, hidden_to_hidden = maps
+        input_to_hidden, hidden_to_hidden = maps[:2]
         h = state[0] if self._mode == "LSTM" else state
         x_part = x_t if projected else input_to_hidden(x_t)
         if self._mode == "LSTM":
-            return _lstm_step(x_part + hidden_to_hidden(h), state)
+            h, c = _lstm_step(x_part + hidden_to_hidden(h), state)
+            return (maps[2](h), c) if len(maps) > 2 else (h, c)
         return _gru_step(x_part, hidden_to_hidden(h), h)
 
     def _sample_shape(self, suffix: str) -> torch.Size:
@@ -207,67 +220,129 @@ class _RecurrentLayer(_Recurrent):
     _first_suffix = "_l0"
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-                 bidirectional=False, prior=None, recurrent_prior=None, *, device=None, dtype=None):  # fmt: skip
+                 bidirectional=False, prior=None, recurrent_prior=None, *, proj_size=0, device=None,
+                 dtype=None):  # fmt: skip
         super().__init__(prior)
-        twin = getattr(nn, self._mode)(input_size, hidden_size, num_layers=num_layers, bias=bias,
-                                       batch_first=batch_first, dropout=dropout, bidirectional=bidirectional,
-                                       device=device, dtype=dtype)  # fmt: skip
+        settings = dict(num_layers=num_layers, bias=bias, batch_first=batch_first, dropout=dropout,
+                        bidirectional=bidirectional, **({"proj_size": proj_size} if proj_size else {}))  # fmt: skip
+        twin = getattr(nn, self._mode)(input_size, hidden_size, device=device, dtype=dtype, **settings)
+        # torch's fused kernel, run with the sampled weights (torch.func.functional_call) when one draw serves all
+        # examples; its own parameters live on the meta device and are never used
+        self.__dict__["_kernel"] = getattr(nn, self._mode)(input_size, hidden_size, device="meta", **settings)
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.batch_first, self.dropout, self.bidirectional = batch_first, float(dropout), bidirectional
+        self.proj_size = proj_size
         self.num_directions = 2 if bidirectional else 1
+        output_size = proj_size or hidden_size
         fan_in = {}
         for name, _ in twin.named_parameters():
             layer = int(name.split("_l")[1].split("_")[0])
-            below = input_size if layer == 0 else hidden_size * self.num_directions
-            fan_in[name] = below if name.startswith("weight_ih") else hidden_size
+            below = input_size if layer == 0 else output_size * self.num_directions
+            fan_in[name] = {"weight_ih": below, "weight_hh": output_size}.get(name[:9], hidden_size)
         self._declare_from(twin, fan_in, recurrent_prior)
 
     def _suffixes(self, layer: int) -> list[str]:
         return [f"_l{layer}", f"_l{layer}_reverse"][: self.num_directions]
 
-    def forward(self, input: torch.Tensor, hx=None):
+    def forward(self, input: torch.Tensor | PackedSequence, hx=None):
         """``input`` is ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``), possibly with leading
-        draw dimensions; returns ``(output, (h_n, c_n))`` for an LSTM and ``(output, h_n)`` for a GRU."""
+        draw dimensions, or a :class:`~torch.nn.utils.rnn.PackedSequence`; returns ``(output, (h_n, c_n))`` for an
+        LSTM and ``(output, h_n)`` for a GRU (``output`` packed like the input)."""
+        if isinstance(input, PackedSequence):
+            return self._forward_packed(input, hx)
         self._check_input(input, self.input_size, "an input")
         if input.dim() < 3:
             raise ValueError(f"{type(self).__name__} expects (T, B, features) or (B, T, features), got "
                              f"{tuple(input.shape)}; feed single steps to the cell instead.")  # fmt: skip
+        return self._forward_padded(input, hx)
+
+    def _forward_packed(self, packed: PackedSequence, hx):
+        """A packed batch: torch's kernel on the packed data when it applies; otherwise the padded sequences, each
+        example's steps beyond its length masked (its state held, its output zero), packed again like the input."""
+        self._check_input(packed.data, self.input_size, "a packed sequence")
+        padded, lengths = pad_packed_sequence(packed, batch_first=self.batch_first)
+        output, state = self._forward_padded(padded, hx, lengths.to(padded.device), packed)
+        if isinstance(output, PackedSequence):
+            return output, state
+        batch_dim = 0 if self.batch_first else 1
+        order = packed.sorted_indices
+        if order is not None:
+            output, lengths = output.index_select(batch_dim, order), lengths[order.cpu()]
+        data = pack_padded_sequence(output, lengths, batch_first=self.batch_first, enforce_sorted=True).data
+        return PackedSequence(data, packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices), state
+
+    def _forward_padded(self, input: torch.Tensor, hx, lengths: torch.Tensor | None = None,
+                        packed: PackedSequence | None = None):  # fmt: skip
         num_draws = self._unfolds()
         if num_draws is None:
-            return self._run(input, hx)
+            return self._run(input, hx, lengths, packed)
         # folded rows (see pyro_bbb.nn.draws): unfold the batch dimension into (S, B) with S in front, run, fold back
         batch_dim = input.dim() - (3 if self.batch_first else 2)
         sequence = unfold_rows(input, num_draws, batch_dim).movedim(batch_dim, 0)
         state = None if hx is None else self._map_state(hx, lambda h: unfold_rows(h, num_draws, h.dim() - 2)
                                                         .movedim(h.dim() - 2, 0))  # fmt: skip
-        output, state = self._run(sequence, state)
+        lengths = None if lengths is None else unfold_rows(lengths, num_draws, 0)
+        output, state = self._run(sequence, state, lengths)
         output = fold_rows(output.movedim(0, batch_dim), batch_dim)
         return output, self._map_state(state, lambda h: fold_rows(h.movedim(0, h.dim() - 3), h.dim() - 3))
 
-    def _run(self, input: torch.Tensor, hx):
+    def _all_maps(self, example_shape: torch.Size) -> dict[str, list]:
+        """Every layer's and direction's maps (each site read once, in torch's parameter order)."""
+        return {suffix: self._map(suffix, example_shape, sequence=True, projection=bool(self.proj_size))
+                for layer in range(self.num_layers) for suffix in self._suffixes(layer)}  # fmt: skip
+
+    def _fused(self, maps: dict[str, list], input, hx):
+        """torch's fused kernel with the drawn weights, when every map is the plain one (no estimator intercepts
+        them) of a single draw and the input has no extra leading dimensions; else ``None``."""
+        flat = [m for layer_maps in maps.values() for m in layer_maps]
+        if not all(isinstance(m, AffineMap) and m.weight.dim() == 2 for m in flat):
+            return None
+        if isinstance(input, torch.Tensor) and input.dim() != 3:
+            return None
+        weights = {}
+        for suffix, layer_maps in maps.items():
+            for kind, m in zip(("ih", "hh", "hr"), layer_maps):
+                weights[f"weight_{kind}{suffix}"] = m.weight
+                if m.bias is not None:
+                    weights[f"bias_{kind}{suffix}"] = m.bias
+        kernel = self.__dict__["_kernel"].train(self.training)
+        with warnings.catch_warnings():  # projections run without oneDNN (torch says so once per process)
+            warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
+            return functional_call(kernel, weights, (input,) if hx is None else (input, hx))
+
+    def _run(self, input: torch.Tensor, hx, lengths: torch.Tensor | None = None,
+             packed: PackedSequence | None = None):  # fmt: skip
         sequence_in = input if self.batch_first else input.movedim(-3, -2)  # (..., B, T, features)
         example_shape = sequence_in.shape[:-2]
+        maps = self._all_maps(example_shape)
+        fused = self._fused(maps, packed if packed is not None else input, hx)
+        if fused is not None:
+            return fused
         lead = torch.broadcast_shapes(example_shape, self._sample_shape("_l0"))
         h0, c0 = self._initial_state(hx, lead, input)
+        steps = sequence_in.shape[-2]
+        alive = None if lengths is None else [(t < lengths).unsqueeze(-1) for t in range(steps)]
         finals_h, finals_c = [], []
         for layer in range(self.num_layers):
             outputs = []
             for direction, suffix in enumerate(self._suffixes(layer)):
-                maps = self._map(suffix, example_shape, sequence=True)
-                projected = maps[0](sequence_in).unbind(-2)  # the input projection of every step in one product
+                layer_maps = maps[suffix]
+                projected = layer_maps[0](sequence_in).unbind(-2)  # the input projection of every step in one product
                 index = layer * self.num_directions + direction
                 state = (h0[..., index, :, :], c0[..., index, :, :]) if self._mode == "LSTM" else h0[..., index, :, :]
-                order = range(len(projected)) if direction == 0 else reversed(range(len(projected)))
-                hidden = [None] * len(projected)
+                order = range(steps) if direction == 0 else reversed(range(steps))
+                hidden = [None] * steps
                 for t in order:
-                    state = self._step(maps, projected[t], state, projected=True)
-                    hidden[t] = state[0] if self._mode == "LSTM" else state
+                    new = self._step(layer_maps, projected[t], state, projected=True)
+                    # beyond an example's length its state is held (and its output is zero)
+                    state = new if alive is None else _hold(new, state, alive[t])
+                    h = state[0] if self._mode == "LSTM" else state
+                    hidden[t] = h if alive is None else h * alive[t]
                 outputs.append(torch.stack(hidden, -2))
                 finals_h.append(state[0] if self._mode == "LSTM" else state)
                 if self._mode == "LSTM":
                     finals_c.append(state[1])
             sequence_in = torch.cat(outputs, -1) if len(outputs) > 1 else outputs[0]
-            example_shape = sequence_in.shape[:-2]
             if self.dropout and self.training and layer < self.num_layers - 1:
                 sequence_in = F.dropout(sequence_in, self.dropout, training=True)
         output = sequence_in if self.batch_first else sequence_in.movedim(-2, -3)
@@ -275,10 +350,11 @@ class _RecurrentLayer(_Recurrent):
         return (output, (h_n, torch.stack(finals_c, -3))) if self._mode == "LSTM" else (output, h_n)
 
     def _initial_state(self, hx, lead: torch.Size, input: torch.Tensor):
-        shape = lead[:-1] + (self.num_layers * self.num_directions,) + lead[-1:] + (self.hidden_size,)
+        def zeros(size: int) -> torch.Tensor:
+            return input.new_zeros(lead[:-1] + (self.num_layers * self.num_directions,) + lead[-1:] + (size,))
+
         if hx is None:
-            zeros = input.new_zeros(shape)
-            return zeros, zeros
+            return zeros(self.proj_size or self.hidden_size), zeros(self.hidden_size)
         if self._mode == "LSTM":
             return hx
         return hx, None
@@ -295,6 +371,8 @@ class _RecurrentLayer(_Recurrent):
             s += f", dropout={self.dropout}"
         if self.bidirectional:
             s += ", bidirectional=True"
+        if self.proj_size:
+            s += f", proj_size={self.proj_size}"
         return f"{s}, {self._prior_repr()}"
 
 
@@ -302,13 +380,17 @@ class BayesianLSTM(_RecurrentLayer):
     """Bayesian twin of :class:`torch.nn.LSTM`: same arguments, shapes and ``(output, (h_n, c_n))``.
 
     Sites are named like ``torch.nn.LSTM``'s parameters (``weight_ih_l0``, ``weight_hh_l0``, ``bias_ih_l0``,
-    ``bias_hh_l0``, ``..._reverse``). One weight draw serves the whole sequence. Use ``fit(..., clip_norm=...)``:
-    gradient clipping matters for recurrent nets, Bayesian or not.
+    ``bias_hh_l0``, ``weight_hr_l0`` with ``proj_size``, ``..._reverse``). One weight draw serves the whole
+    sequence: when one draw serves every example (reparameterization, not a vectorized ``predict``), the sampled
+    weights run through torch's own fused kernel (``torch.func.functional_call``); under Flipout, or with several
+    draws at once, the layer runs its own time loop (the input projection of all steps is one product).
+    ``PackedSequence`` inputs give packed outputs, as torch's do. Use ``fit(..., clip_norm=...)``: gradient
+    clipping matters for recurrent nets, Bayesian or not.
 
     Parameters
     ----------
-    input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional :
-        As in :class:`torch.nn.LSTM`.
+    input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, proj_size :
+        As in :class:`torch.nn.LSTM` (``proj_size`` is keyword-only here).
     prior : Prior, optional
         Prior of every weight and bias.
     recurrent_prior : Prior, optional
