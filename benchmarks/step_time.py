@@ -12,7 +12,8 @@ Contenders, all with Adam:
 
 Each round times every contender for ``repeats`` steps (median), rounds are interleaved, and the table reports the
 median over rounds. Recurrent nets: pyro_bbb's ``BayesianLSTM`` (reparameterization and Flipout) against
-``torch.nn.LSTM`` of the same size. ``--profile`` prints where a pyro_bbb reparameterization step spends its time.
+``torch.nn.LSTM`` of the same size and against a hand-written Bayes-by-Backprop LSTM step that samples the same
+weights and runs ``torch.nn.LSTM``'s fused kernel with them (``torch.func.functional_call``). ``--profile`` prints where a pyro_bbb reparameterization step spends its time.
 
     python benchmarks/step_time.py            # prints the table and ratios
     python benchmarks/step_time.py --quick    # smoke run
@@ -186,7 +187,29 @@ def recurrent_steps(input_size, hidden, steps, batch):
         F.binary_cross_entropy_with_logits(plain(x).squeeze(-1), y).backward()
         optimizer.step()
 
-    contenders = {"torch.nn.LSTM (deterministic)": torch_step}
+    # hand-written Bayes-by-Backprop LSTM: sample every LSTM weight (mu + softplus(rho) * eps), closed-form KL,
+    # and run torch.nn.LSTM's own fused kernel with the sampled weights
+    torch.manual_seed(0)
+    reference = LastStep(torch.nn.LSTM(input_size, hidden, batch_first=True))
+    rho0 = float(torch.log(torch.expm1(torch.tensor(1e-4))))
+    mus = {n: torch.nn.Parameter(p.detach().clone()) for n, p in reference.rnn.named_parameters()}
+    rhos = {n: torch.nn.Parameter(torch.full_like(p, rho0)) for n, p in reference.rnn.named_parameters()}
+    hand_optimizer = torch.optim.Adam([*mus.values(), *rhos.values(), *reference.head.parameters()], lr=1e-3)
+    num_data = 10 * batch
+
+    def hand_written_step():
+        hand_optimizer.zero_grad()
+        kl, weights = 0.0, {}
+        for n, mu in mus.items():
+            sigma = F.softplus(rhos[n])
+            weights[n] = mu + sigma * torch.randn_like(mu)
+            kl = kl + (0.5 * (sigma**2 + mu**2 - 1) - torch.log(sigma)).sum()
+        out, _ = torch.func.functional_call(reference.rnn, weights, (x,))
+        nll = F.binary_cross_entropy_with_logits(reference.head(out[:, -1]).squeeze(-1), y, reduction="sum")
+        (nll * (num_data / batch) + kl).backward()
+        hand_optimizer.step()
+
+    contenders = {"torch.nn.LSTM (deterministic)": torch_step, "hand-written BbB LSTM": hand_written_step}
     pyro.clear_param_store()
     model = pyro_bbb.BNN(LastStep(BayesianLSTM(input_size, hidden, batch_first=True)), likelihoods.Bernoulli())
     guide = pyro_bbb.MeanFieldGuide(model)
@@ -220,6 +243,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--profile", choices=list(CONFIGS), default=None)
+    parser.add_argument("--recurrent-only", action="store_true", help="only the LSTM rows")
     args = parser.parse_args()
     if args.profile:
         profile(*CONFIGS[args.profile])
@@ -234,10 +258,13 @@ def main() -> None:
             for contender, step in contenders.items():
                 times[contender].append(median_ms(step, max(5, repeats // 2)))
         result = {c: statistics.median(t) for c, t in times.items()}
-        floor = result["torch.nn.LSTM (deterministic)"]
+        floor, hand = result["torch.nn.LSTM (deterministic)"], result["hand-written BbB LSTM"]
         print(f"\n{name}")
+        print(f"  {'':30s} {'ms/step':>8s} {'/ hand-written':>15s} {'/ torch.nn.LSTM':>16s}")
         for contender, ms in result.items():
-            print(f"  {contender:30s} {ms:8.2f} ms/step {ms / floor:8.2f}x torch.nn.LSTM")
+            print(f"  {contender:30s} {ms:8.2f} {ms / hand:15.2f} {ms / floor:16.2f}")
+    if args.recurrent_only:
+        return
     for name, (widths, batch, num_data) in CONFIGS.items():
         result = run(name, widths, batch, num_data, repeats, rounds)
         hand, floor = result["hand-written PyTorch BbB"], result["deterministic MLP"]
