@@ -195,8 +195,11 @@ def test_fused_kernel_and_time_loop_equal_torch(mode):
         twin = getattr(nn, mode)(3, 5, **kwargs)
         layer = LAYER[mode](3, 5, **kwargs)
         x = torch.randn(4, 6, 3)
-        expected_out, expected_state = twin(x)
-        fused, looped = run_both_paths(layer, twin, x)
+        layers = kwargs.get("num_layers", 1) * (2 if kwargs.get("bidirectional") else 1)
+        h0 = torch.randn(layers, 6 if not kwargs.get("batch_first") else 4, kwargs.get("proj_size") or 5)
+        hx = (h0, torch.randn(*h0.shape[:-1], 5)) if mode == "LSTM" else h0  # a given initial state
+        expected_out, expected_state = twin(x, hx)
+        fused, looped = run_both_paths(layer, twin, x, hx)
         assert fused[0].shape == expected_out.shape == looped[0].shape
         for out, state in (fused, looped):
             torch.testing.assert_close(out.reshape(expected_out.shape), expected_out, rtol=1e-5, atol=1e-6)

@@ -299,6 +299,8 @@ class _RecurrentLayer(_Recurrent):
             return None
         if isinstance(input, torch.Tensor) and input.dim() != 3:
             return None
+        if hx is not None and any(h.dim() != 3 for h in (hx if isinstance(hx, tuple) else (hx,))):
+            return None  # an initial state with draw dimensions of its own
         weights = {}
         for suffix, layer_maps in maps.items():
             for kind, m in zip(("ih", "hh", "hr"), layer_maps):
