@@ -279,10 +279,15 @@ class _RecurrentLayer(_Recurrent):
         # folded rows (see pyro_bbb.nn.draws): unfold the batch dimension into (S, B) with S in front, run, fold back
         batch_dim = input.dim() - (3 if self.batch_first else 2)
         sequence = unfold_rows(input, num_draws, batch_dim).movedim(batch_dim, 0)
+        maps = self._all_maps(sequence.shape[:-2] if self.batch_first else sequence.movedim(-3, -2).shape[:-2])
+        if lengths is None:
+            per_draw = self._fused_per_draw(maps, input, hx, num_draws, batch_dim)
+            if per_draw is not None:
+                return per_draw
         state = None if hx is None else self._map_state(hx, lambda h: unfold_rows(h, num_draws, h.dim() - 2)
                                                         .movedim(h.dim() - 2, 0))  # fmt: skip
         lengths = None if lengths is None else unfold_rows(lengths, num_draws, 0)
-        output, state = self._run(sequence, state, lengths)
+        output, state = self._run(sequence, state, lengths, maps=maps)
         output = fold_rows(output.movedim(0, batch_dim), batch_dim)
         return output, self._map_state(state, lambda h: fold_rows(h.movedim(0, h.dim() - 3), h.dim() - 3))
 
@@ -291,32 +296,58 @@ class _RecurrentLayer(_Recurrent):
         return {suffix: self._map(suffix, example_shape, sequence=True, projection=bool(self.proj_size))
                 for layer in range(self.num_layers) for suffix in self._suffixes(layer)}  # fmt: skip
 
-    def _fused(self, maps: dict[str, list], input, hx):
-        """torch's fused kernel with the drawn weights, when every map is the plain one (no estimator intercepts
-        them) of a single draw and the input has no extra leading dimensions; else ``None``."""
-        flat = [m for layer_maps in maps.values() for m in layer_maps]
-        if not all(isinstance(m, AffineMap) and m.weight.dim() == 2 for m in flat):
-            return None
+    def _fusable(self, maps: dict[str, list], input, hx, weight_dims: int) -> bool:
+        """Whether torch's kernel can run these maps: all plain (no estimator intercepts them), weights with
+        ``weight_dims`` dimensions, a ``(T, B, F)`` input (or a packed one) and an initial state without draws."""
+        if not all(isinstance(m, AffineMap) and m.weight.dim() == weight_dims for ms in maps.values() for m in ms):
+            return False
         if isinstance(input, torch.Tensor) and input.dim() != 3:
-            return None
-        if hx is not None and any(h.dim() != 3 for h in (hx if isinstance(hx, tuple) else (hx,))):
-            return None  # an initial state with draw dimensions of its own
+            return False
+        return hx is None or all(h.dim() == 3 for h in (hx if isinstance(hx, tuple) else (hx,)))
+
+    def _kernel_call(self, maps: dict[str, list], input, hx, pick=lambda t: t):
+        """torch's fused kernel on ``input`` with the weights of ``maps`` (each passed through ``pick``)."""
         weights = {}
         for suffix, layer_maps in maps.items():
             for kind, m in zip(("ih", "hh", "hr"), layer_maps):
-                weights[f"weight_{kind}{suffix}"] = m.weight
+                weights[f"weight_{kind}{suffix}"] = pick(m.weight)
                 if m.bias is not None:
-                    weights[f"bias_{kind}{suffix}"] = m.bias
+                    weights[f"bias_{kind}{suffix}"] = pick(m.bias)
         kernel = self.__dict__["_kernel"].train(self.training)
         with warnings.catch_warnings():  # projections run without oneDNN (torch says so once per process)
             warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
             return functional_call(kernel, weights, (input,) if hx is None else (input, hx))
 
+    def _fused(self, maps: dict[str, list], input, hx):
+        """torch's fused kernel with the drawn weights when a single plain draw serves every example; else ``None``."""
+        return self._kernel_call(maps, input, hx) if self._fusable(maps, input, hx, weight_dims=2) else None
+
+    def _fused_per_draw(self, maps: dict[str, list], input: torch.Tensor, hx, num_draws: int, batch_dim: int):
+        """S folded draws of plain maps (weights ``(S, 1, out, in)``): torch's kernel once per draw on its block of
+        rows -- the same computation as that draw run alone -- the outputs and states joined in the folded layout;
+        else ``None``."""
+        if not self._fusable(maps, input, hx, weight_dims=4):
+            return None
+        if any(m.weight.shape[0] != num_draws for ms in maps.values() for m in ms):
+            return None
+        rows = input.shape[batch_dim] // num_draws
+        outputs, states = [], []
+        for s in range(num_draws):
+            block = input.narrow(batch_dim, s * rows, rows)
+            state = None if hx is None else self._map_state(hx, lambda h, s=s: h.narrow(1, s * rows, rows))
+            output, state = self._kernel_call(maps, block, state, pick=lambda t, s=s: t[s, 0])
+            outputs.append(output)
+            states.append(state)
+        output = torch.cat(outputs, batch_dim)
+        if self._mode == "LSTM":
+            return output, tuple(torch.cat([state[i] for state in states], 1) for i in range(2))
+        return output, torch.cat(states, 1)
+
     def _run(self, input: torch.Tensor, hx, lengths: torch.Tensor | None = None,
-             packed: PackedSequence | None = None):  # fmt: skip
+             packed: PackedSequence | None = None, maps: dict[str, list] | None = None):  # fmt: skip
         sequence_in = input if self.batch_first else input.movedim(-3, -2)  # (..., B, T, features)
         example_shape = sequence_in.shape[:-2]
-        maps = self._all_maps(example_shape)
+        maps = self._all_maps(example_shape) if maps is None else maps
         fused = self._fused(maps, packed if packed is not None else input, hx)
         if fused is not None:
             return fused
