@@ -13,7 +13,8 @@ Contenders, all with Adam:
 Each round times every contender for ``repeats`` steps (median), rounds are interleaved, and the table reports the
 median over rounds. Recurrent nets: pyro_bbb's ``BayesianLSTM`` (reparameterization and Flipout) against
 ``torch.nn.LSTM`` of the same size and against a hand-written Bayes-by-Backprop LSTM step that samples the same
-weights and runs ``torch.nn.LSTM``'s fused kernel with them (``torch.func.functional_call``). ``--profile`` prints where a pyro_bbb reparameterization step spends its time.
+weights and runs ``torch.nn.LSTM``'s fused kernel with them (``torch.func.functional_call``). ``--profile`` prints
+where a pyro_bbb reparameterization step spends its time.
 
     python benchmarks/step_time.py            # prints the table and ratios
     python benchmarks/step_time.py --quick    # smoke run
