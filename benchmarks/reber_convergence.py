@@ -1,0 +1,141 @@
+"""Does a Bayesian LSTM converge on every seed? Embedded Reber Grammar, deterministic vs Bayesian, over seeds.
+
+Issue 15's criterion: over 5 seeds, the worst Bayesian LSTM's test accuracy within 5 points of the deterministic
+LSTM's median *at the same number of steps*. Each run trains ``Classifier(rnn, head)`` (the last step of a
+batch-first LSTM, one logit) with ``pyro_bbb.fit`` and records the test accuracy (2000 fresh strings) after every
+epoch; the table reports the accuracy after the last epoch. The deterministic model is ``nn.LSTM`` + ``nn.Linear``
+(point estimates through ``fit``), the Bayesian one ``BayesianLSTM`` + ``BayesianLinear``.
+
+Configurations (``--config``): ``A`` is the issue's (strings up to 16 symbols, 2000 training strings, LSTM(8),
+batches of 100, 40 epochs, Adam 1e-2, clip_norm 5). Variants (flags) change both models alike unless said:
+
+* ``--forget-bias B``: initial forget-gate bias B (torch draws it uniformly around 0);
+* ``--lr-decay D``: multiply the learning rate by D after every step (``pyro.optim.ClippedAdam``'s ``lrd``);
+* ``--kl-weight W`` / ``--kl-warmup STEPS``: the Bayesian model's KL weight, constant or ramped from 0;
+* ``--estimator``: the Bayesian model's gradient estimator (``flipout`` by default, as in the issue).
+
+    python benchmarks/reber_convergence.py --config A                       # current defaults, 5 seeds
+    python benchmarks/reber_convergence.py --config A --forget-bias 1 --lr-decay 0.997
+    python benchmarks/reber_convergence.py --quick                          # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import pyro
+import torch
+from torch import nn
+
+import pyro_bbb
+from pyro_bbb import likelihoods, schedules
+from pyro_bbb.datasets import embedded_reber
+from pyro_bbb.nn import BayesianGRU, BayesianLinear, BayesianLSTM
+
+CONFIGS = {
+    "A": {"max_len": 16, "num_train": 2000, "hidden": 8, "batch_size": 100, "epochs": 40},
+    "B": {"max_len": 12, "num_train": 1000, "hidden": 4, "batch_size": 50, "epochs": 40},
+    "C": {"max_len": 20, "num_train": 4000, "hidden": 16, "batch_size": 100, "epochs": 20},
+    "quick": {"max_len": 12, "num_train": 200, "hidden": 4, "batch_size": 50, "epochs": 2},
+}
+BAYESIAN = {"LSTM": BayesianLSTM, "GRU": BayesianGRU}
+
+
+class Classifier(nn.Module):
+    """Read the string with a recurrent layer, classify from the last step's output."""
+
+    def __init__(self, rnn: nn.Module, head: nn.Module):
+        super().__init__()
+        self.rnn, self.head = rnn, head
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0][..., -1, :])
+
+
+def set_forget_bias(rnn: nn.Module, value: float, hidden: int) -> None:
+    """Forget-gate bias ``value`` (input-to-hidden bias; the hidden-to-hidden one 0) in every layer of an LSTM."""
+    bayesian = isinstance(rnn, BayesianLSTM)
+    names = rnn.bayesian_parameters() if bayesian else dict(rnn.named_parameters())
+    for name in names:
+        if not name.startswith("bias_"):
+            continue
+        current = getattr(rnn, f"{name}_init") if bayesian else getattr(rnn, name)
+        new = current.detach().clone()
+        new[hidden : 2 * hidden] = value if name.startswith("bias_ih") else 0.0
+        if bayesian:
+            rnn.set_initial_value(name, new)
+        else:
+            with torch.no_grad():
+                current.copy_(new)
+
+
+def train(config: dict, kind: str, mode: str, seed: int, args) -> dict:
+    x, y = embedded_reber(config["num_train"], max_len=config["max_len"], seed=100 + seed)
+    x_test, y_test = embedded_reber(2000, max_len=config["max_len"], seed=999)
+    pyro.clear_param_store()
+    torch.manual_seed(seed)
+    hidden = config["hidden"]
+    if kind == "deterministic":
+        rnn, head = getattr(nn, mode)(7, hidden, batch_first=True), nn.Linear(hidden, 1)
+    else:
+        rnn, head = BAYESIAN[mode](7, hidden, batch_first=True), BayesianLinear(hidden, 1)
+    if args.forget_bias is not None and mode == "LSTM":
+        set_forget_bias(rnn, args.forget_bias, hidden)
+    model = pyro_bbb.BNN(Classifier(rnn, head), likelihoods.Bernoulli())
+    guide = pyro_bbb.MeanFieldGuide(model)
+    settings = {}
+    if args.lr_decay is not None:
+        settings["optimizer"] = pyro.optim.ClippedAdam({"lr": args.lr, "lrd": args.lr_decay, "clip_norm": 1e9})
+    if kind == "bayesian":
+        if args.kl_warmup:
+            settings["kl_weight"] = schedules.LinearWarmup(args.kl_warmup)
+        elif args.kl_weight is not None:
+            settings["kl_weight"] = args.kl_weight
+    start = time.perf_counter()
+    history = pyro_bbb.fit(model, guide, (x, y), epochs=config["epochs"], batch_size=config["batch_size"],
+                           lr=args.lr, clip_norm=5.0, estimator=args.estimator if kind == "bayesian" else "reparam",
+                           validation_data=(x_test, y_test), progress=False, seed=seed, **settings)  # fmt: skip
+    return {"kind": kind, "mode": mode, "seed": seed, "final": history.last["val_accuracy"],
+            "best": max(history["val_accuracy"]), "curve": history["val_accuracy"],
+            "steps": config["epochs"] * -(-config["num_train"] // config["batch_size"]),
+            "seconds": time.perf_counter() - start}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", choices=[c for c in CONFIGS if c != "quick"], default="A")
+    parser.add_argument("--mode", choices=list(BAYESIAN), default="LSTM")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--forget-bias", type=float, default=None)
+    parser.add_argument("--lr-decay", type=float, default=None)
+    parser.add_argument("--kl-weight", type=float, default=None)
+    parser.add_argument("--kl-warmup", type=int, default=0)
+    parser.add_argument("--estimator", default="flipout")
+    parser.add_argument("--json", action="store_true", help="also print every run as a JSON line")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    config = CONFIGS["quick" if args.quick else args.config]
+    seeds = 1 if args.quick else args.seeds
+    runs = {"deterministic": [], "bayesian": []}
+    for seed in range(seeds):
+        for kind in runs:
+            result = train(config, kind, args.mode, seed, args)
+            runs[kind].append(result)
+            if args.json:
+                print(json.dumps(result), flush=True)
+    print(f"ERG {config}, {args.mode}, {seeds} seeds; test accuracy after {runs['bayesian'][0]['steps']} steps")
+    for kind, results in runs.items():
+        finals = ", ".join(f"{r['final']:.3f}" for r in results)
+        print(f"  {kind:13s} final {finals}  (median {statistics.median(r['final'] for r in results):.3f}, "
+              f"best-epoch median {statistics.median(r['best'] for r in results):.3f})")  # fmt: skip
+    gap = statistics.median(r["final"] for r in runs["deterministic"]) - min(r["final"] for r in runs["bayesian"])
+    print(f"  worst Bayesian is {100 * gap:.1f} points below the deterministic median "
+          f"({'within' if gap <= 0.05 else 'outside'} issue 15's 5 points)")
+
+
+if __name__ == "__main__":
+    main()
