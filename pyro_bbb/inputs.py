@@ -33,7 +33,7 @@ import torch
 __all__ = [
     "Inputs", "as_tensor", "targets_like", "targets_of_shape", "model_dtype", "cast_inputs", "map_inputs",
     "input_tensors", "num_rows", "select_rows", "split_rows", "first_tensor", "inputs_to",
-    "check_finite_inputs",
+    "check_finite_inputs", "input_shapes",
 ]
 
 #: What ``x`` may be: one tensor, a tuple/list of tensors, or a mapping from names to tensors.
@@ -93,22 +93,28 @@ def num_rows(x: Any, name: str = "x") -> int:
     ...
     ValueError: the tensors of x must share their first dimension (the data), got x[0]: (3, 2), x[1]: (4,).
     """
+    if isinstance(x, torch.Tensor) and x.dim():  # the common case, on every training step
+        return x.shape[0]
     tensors = input_tensors(x, name)
-    shapes = {label: tuple(t.shape) for label, t in tensors.items()}
-    if any(len(shape) == 0 for shape in shapes.values()):
-        raise ValueError(
-            f"{name} needs a first dimension over the data; got "
-            + ", ".join(f"{label}: {shape}" for label, shape in shapes.items())
-            + "."
-        )
-    rows = {shape[0] for shape in shapes.values()}
+    if any(t.dim() == 0 for t in tensors.values()):
+        raise ValueError(f"{name} needs a first dimension over the data; got {input_shapes(x, name)}.")
+    rows = {t.shape[0] for t in tensors.values()}
     if len(rows) != 1:
         raise ValueError(
-            f"the tensors of {name} must share their first dimension (the data), got "
-            + ", ".join(f"{label}: {shape}" for label, shape in shapes.items())
-            + "."
+            f"the tensors of {name} must share their first dimension (the data), got {input_shapes(x, name)}."
         )
     return rows.pop()
+
+
+def input_shapes(x: Any, name: str = "x") -> str:
+    """The shape of every tensor of ``x``, for error messages: ``"x[0]: (3, 2), x[1]: (4,)"``.
+
+    Examples
+    --------
+    >>> input_shapes({"ids": torch.zeros(2, 5)})
+    "x['ids']: (2, 5)"
+    """
+    return ", ".join(f"{label}: {tuple(t.shape)}" for label, t in input_tensors(x, name).items())
 
 
 def select_rows(x: Any, index: Any) -> Any:

@@ -31,6 +31,7 @@ from .inputs import (
     cast_inputs,
     check_finite_inputs,
     first_tensor,
+    input_shapes,
     input_tensors,
     model_dtype,
     num_rows,
@@ -220,8 +221,7 @@ def _check_predict_args(guide, x, num_samples, batch_size, sample_batch_size) ->
     check_count("batch_size", batch_size, optional=True)
     check_count("sample_batch_size", sample_batch_size, optional=True)
     if num_rows(x) == 0:
-        shapes = ", ".join(f"{name}: {tuple(t.shape)}" for name, t in input_tensors(x).items())
-        raise ValueError(f"x must hold at least one input along its first dimension, got {shapes}.")
+        raise ValueError(f"x must hold at least one input along its first dimension, got {input_shapes(x)}.")
     check_finite_inputs(x, "x holds values whose predictions would be NaN")
 
 

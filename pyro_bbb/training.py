@@ -41,7 +41,7 @@ from .inputs import (
     as_tensor,
     cast_inputs,
     check_finite_inputs,
-    input_tensors,
+    input_shapes,
     inputs_to,
     model_dtype,
     num_rows,
@@ -161,8 +161,7 @@ def _check_batch(x: Any, y: Any, likelihood, what: str = "the data",
     except ValueError as error:
         raise ValueError(f"{what}: {error}") from None
     if rows == 0:
-        shapes = ", ".join(f"{name}: {tuple(t.shape)}" for name, t in input_tensors(x).items())
-        raise ValueError(f"{what} is empty ({shapes}); fit needs at least one datum.")
+        raise ValueError(f"{what} is empty ({input_shapes(x)}); fit needs at least one datum.")
     if y.dim() == 0 or y.shape[0] != rows:
         raise ValueError(
             f"{what}: x has {rows} rows but y has shape {tuple(y.shape)}; x and y need the same number of rows."

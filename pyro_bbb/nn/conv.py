@@ -117,6 +117,7 @@ class _BayesianConvNd(_ConvLayer):
                         groups=self.groups)  # fmt: skip
         return self._affine(input, apply, feature_dims=d + 1)
 
+
 class BayesianConv1d(_BayesianConvNd):
     """Bayesian twin of :class:`torch.nn.Conv1d`; see :class:`BayesianConv2d`.
 
@@ -248,6 +249,7 @@ class _BayesianConvTransposeNd(_ConvLayer):
                         dilation=self.dilation, groups=self.groups, transposed=True,
                         output_padding=self.output_padding_for(input, output_size))  # fmt: skip
         return self._affine(input, apply, feature_dims=self._spatial_dims + 1)
+
 
 class BayesianConvTranspose1d(_BayesianConvTransposeNd):
     """Bayesian twin of :class:`torch.nn.ConvTranspose1d`; see :class:`BayesianConvTranspose2d`.
