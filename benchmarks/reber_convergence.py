@@ -12,7 +12,9 @@ batches of 100, 40 epochs, Adam 1e-2, clip_norm 5). Variants (flags) change both
 * ``--forget-bias B``: initial forget-gate bias B (torch draws it uniformly around 0);
 * ``--lr-decay D``: multiply the learning rate by D after every step (``pyro.optim.ClippedAdam``'s ``lrd``);
 * ``--kl-weight W`` / ``--kl-warmup STEPS``: the Bayesian model's KL weight, constant or ramped from 0;
-* ``--estimator``: the Bayesian model's gradient estimator (``flipout`` by default, as in the issue).
+* ``--estimator``: the Bayesian model's gradient estimator (``flipout`` by default, as in the issue);
+* ``--prior learned``: the Bayesian model's layers get ``priors.LearnedNormal()`` (empirical Bayes) instead of
+  ``Normal(0, 1)``.
 
     python benchmarks/reber_convergence.py --config A                       # current defaults, 5 seeds
     python benchmarks/reber_convergence.py --config A --forget-bias 1 --lr-decay 0.997
@@ -31,7 +33,7 @@ import torch
 from torch import nn
 
 import pyro_bbb
-from pyro_bbb import likelihoods, schedules
+from pyro_bbb import likelihoods, priors, schedules
 from pyro_bbb.datasets import embedded_reber
 from pyro_bbb.nn import BayesianGRU, BayesianLinear, BayesianLSTM
 
@@ -81,7 +83,8 @@ def train(config: dict, kind: str, mode: str, seed: int, args) -> dict:
     if kind == "deterministic":
         rnn, head = getattr(nn, mode)(7, hidden, batch_first=True), nn.Linear(hidden, 1)
     else:
-        rnn, head = BAYESIAN[mode](7, hidden, batch_first=True), BayesianLinear(hidden, 1)
+        prior = priors.LearnedNormal() if args.prior == "learned" else None
+        rnn, head = BAYESIAN[mode](7, hidden, batch_first=True, prior=prior), BayesianLinear(hidden, 1, prior=prior)
     if args.forget_bias is not None and mode == "LSTM":
         set_forget_bias(rnn, args.forget_bias, hidden)
     model = pyro_bbb.BNN(Classifier(rnn, head), likelihoods.Bernoulli())
@@ -115,6 +118,7 @@ def main() -> None:
     parser.add_argument("--kl-weight", type=float, default=None)
     parser.add_argument("--kl-warmup", type=int, default=0)
     parser.add_argument("--estimator", default="flipout")
+    parser.add_argument("--prior", choices=["normal", "learned"], default="normal")
     parser.add_argument("--json", action="store_true", help="also print every run as a JSON line")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()

@@ -29,7 +29,7 @@ from pyro.distributions.kl import kl_divergence
 
 from .checks import require_set_up
 from .guide import require_site_posteriors, site_loc_scale, site_posterior
-from .nn.module import site_owners
+from .nn.module import current_priors, site_owners
 from .priors import is_real_support, prior_std, strip_independent
 from .pruning import PrunedGuide, prune_by_snr, signal_to_noise  # noqa: F401 (re-exported, their old home)
 
@@ -117,11 +117,12 @@ def layer_summary(model: Callable, guide) -> dict[str, dict[str, float]]:
     (0.0, 1.0)
     """
     _require_fitted(guide)
-    owners = site_owners(model)
+    owners, priors_now = site_owners(model), current_priors(model)
     parts: dict[str, dict[str, Any]] = {}
     for name, site in guide.prototype_trace.iter_stochastic_nodes():
         q = site_posterior(guide, name, site)
-        p = _full_size_prior(site["fn"], q)  # the prior, as the model declared it (for all data of a local site)
+        # the prior as it is now (a learned one at its current scale), for all data of a local site
+        p = _full_size_prior(priors_now.get(name, site["fn"]), q)
         if p is None:  # a local latent whose prior differs per datum: its KL needs the data, not just the guide
             continue
         part = parts.setdefault(owners.get(name, name), {"kl": 0.0, "num_weights": 0, "elements": []})

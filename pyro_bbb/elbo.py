@@ -359,13 +359,25 @@ def _prior_constants(p) -> tuple[float, float] | None:
     return constants
 
 
+def _learned_scale_constants(p) -> tuple[float, torch.Tensor] | None:
+    """``(m, t)`` of a Normal prior with one constant loc and one *learned* scale (a scalar tensor carrying gradients,
+    expanded over the weights: :class:`pyro_bbb.priors.LearnedNormal` with one scale per tensor); else None."""
+    base = _base_normal(p)
+    if base is None or base.loc.requires_grad or not base.scale.requires_grad:
+        return None
+    if not (_is_constant(base.loc) and _is_constant(base.scale)):
+        return None
+    return float(base.loc.reshape(-1)[0]), base.scale.reshape(-1)[0]
+
+
 def _normal_kl_sum(q, p) -> torch.Tensor | None:
     """``sum KL(Normal(mu, s) || Normal(m, t))`` over a whole weight tensor when the prior has one ``(m, t)``.
 
     ``n (log t - 1/2) - sum log s + (sum s^2 + sum (mu - m)^2) / (2 t^2)``: three reductions instead of the ten
     elementwise passes of the general formula (the KL is the costliest part of a step after the matrix products).
+    ``t`` may be a learned scalar tensor, which the KL's gradient then reaches.
     """
-    constants = _prior_constants(p)
+    constants = _prior_constants(p) or _learned_scale_constants(p)
     q = _base_normal(q)
     if constants is None or q is None or q.loc.shape != _base_normal(p).loc.shape:
         return None
@@ -375,7 +387,8 @@ def _normal_kl_sum(q, p) -> torch.Tensor | None:
     squares = torch.linalg.vector_norm(s).square() + torch.linalg.vector_norm(mu).square()
     if m != 0.0:  # sum (mu - m)^2 = |mu|^2 - 2 m sum(mu) + n m^2, without an elementwise pass
         squares = squares - 2 * m * mu.sum() + n * m * m
-    return squares * (0.5 / (t * t)) - s.log().sum() + n * (math.log(t) - 0.5)
+    log_t = t.log() if isinstance(t, torch.Tensor) else math.log(t)
+    return squares * (0.5 / (t * t)) - s.log().sum() + n * (log_t - 0.5)
 
 
 def _site_kl(guide_site: dict, model_site: dict) -> torch.Tensor:

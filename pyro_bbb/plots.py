@@ -23,7 +23,7 @@ import torch
 from . import metrics
 from .diagnostics import layer_summary
 from .guide import site_loc_scale
-from .nn.module import site_owners
+from .nn.module import current_priors, site_owners
 from .prediction import ClassificationPrediction, RegressionPrediction
 from .priors import is_real_support, prior_std, strip_independent
 
@@ -122,13 +122,13 @@ def plot_std_ratio(model: Callable, guide, path: str | Path | None = None, bins:
     1
     """
     plt = _pyplot()
-    owners = site_owners(model)
+    owners, priors_now = site_owners(model), current_priors(model)
     scales: dict[str, list[torch.Tensor]] = {}
     priors: dict[str, float] = {}
     for name, site in guide.prototype_trace.iter_stochastic_nodes():
         if name in owners and is_real_support(site["fn"].support):
             scales.setdefault(owners[name], []).append(site_loc_scale(guide, name)[1].reshape(-1).cpu())
-            priors[owners[name]] = float(prior_std(strip_independent(site["fn"])).mean())
+            priors[owners[name]] = float(prior_std(strip_independent(priors_now[name])).mean())
     if not scales:
         raise ValueError("the model has no Bayesian layers to plot.")
     kl = layer_summary(model, guide)

@@ -81,9 +81,10 @@ class History:
     """What :func:`fit` saw, one record per epoch, plus the loss of every step.
 
     Each record has ``epoch``, ``loss`` (negative ELBO, nats), ``loss_per_datum``, ``nll``, ``kl`` (unweighted),
-    ``kl_weight``, per-layer dicts ``kl_by_layer``, ``posterior_std`` and ``std_ratio`` (posterior std / prior
-    std), ``seconds``, and ``val_*`` metrics when validation data was given. ``history["kl"]`` is the list over
-    epochs; ``history["kl_by_layer"]`` a dict of lists.
+    ``kl_weight``, per-layer dicts ``kl_by_layer``, ``posterior_std``, ``prior_std`` (which a
+    :class:`~pyro_bbb.priors.LearnedNormal` prior learns) and ``std_ratio`` (posterior std / prior std),
+    ``seconds``, and ``val_*`` metrics when validation data was given. ``history["kl"]`` is the list over epochs;
+    ``history["kl_by_layer"]`` a dict of lists.
 
     Examples
     --------
@@ -645,6 +646,7 @@ class _EpochRecorder:
             record["kl_by_layer"] = {layer: entry["kl"] for layer, entry in summary.items()}
             record["posterior_std"] = {k: e["posterior_std"] for k, e in summary.items() if "posterior_std" in e}
             record["std_ratio"] = {k: e["std_ratio"] for k, e in summary.items() if "std_ratio" in e}
+            record["prior_std"] = {k: e["prior_std"] for k, e in summary.items() if "prior_std" in e}
         if self.validation_data is not None:
             record.update(_validation_metrics(self.model, self.guide, self.validation_data,
                                               self.num_validation_samples))  # fmt: skip

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 import torch
-from pyro.nn import PyroModule, PyroSample
+from pyro.nn import PyroModule, PyroParam, PyroSample
 from pyro.poutine.runtime import get_plates
 
 from ..priors import Prior, as_prior, prior_state
@@ -18,6 +18,7 @@ from .functional import bayesian_affine
 
 __all__ = [
     "BayesianModule", "DATA_PLATE", "data_plate_named", "current_data_plate", "is_layer_prior", "site_owners",
+    "current_priors",
 ]
 
 
@@ -109,6 +110,26 @@ def site_owners(model) -> dict[str, str]:
     return owners
 
 
+def current_priors(model) -> dict[str, torch.distributions.Distribution]:
+    """Site name -> the prior of every Bayesian layer's parameter as it is now (a learned prior at its current
+    scale; a guide's prototype trace keeps the prior of the first call).
+
+    Examples
+    --------
+    >>> layer = BayesianLinear(2, 1, prior=priors.LearnedNormal(init_scale=0.5))
+    >>> float(current_priors(layer)["weight"].base_dist.scale[0, 0])
+    0.5
+    """
+    found = {}
+    if isinstance(model, torch.nn.Module):
+        for module in model.modules():
+            if isinstance(module, BayesianModule):
+                prefix = module.__dict__.get("_pyro_name", "")
+                for name in module.bayesian_parameters():
+                    found[site_name(prefix, name)] = module.prior_distribution(name)
+    return found
+
+
 class BayesianModule(PyroModule):
     """A :class:`~pyro.nn.PyroModule` whose parameters are sample sites drawn from a prior.
 
@@ -135,7 +156,11 @@ class BayesianModule(PyroModule):
             setattr(self, name, None)
             return
         self.register_buffer(f"{name}_init", init.detach().clone(), persistent=False)
-        self._bayesian[name] = (fan_in, self.prior if prior is None else as_prior(prior))
+        prior = self.prior if prior is None else as_prior(prior)
+        self._bayesian[name] = (fan_in, prior)
+        if getattr(prior, "learned", False):  # an empirical-Bayes prior: its scale is a parameter of the layer
+            scale = prior.initial_scale(init.shape, device=init.device, dtype=init.dtype)
+            setattr(self, f"{name}_prior_scale", PyroParam(scale, constraint=prior.constraint))
         setattr(self, name, PyroSample(_SitePrior(name)))
 
     def set_initial_value(self, name: str, value: torch.Tensor) -> None:
@@ -170,6 +195,11 @@ class BayesianModule(PyroModule):
         """
         fan_in, prior = self._bayesian[name]
         init = self._buffers[f"{name}_init"]
+        if getattr(prior, "learned", False):  # its scale changes every step (and carries gradients): not cached
+            scale = getattr(self, f"{name}_prior_scale")
+            distribution = prior.distribution(init.shape, fan_in, device=init.device, dtype=init.dtype, scale=scale)
+            _LAYER_PRIORS.add(distribution)
+            return distribution
         # built once per (prior and its current state, shape, device, dtype, initial value): it is read at every
         # step; a prior whose fields change (or whose tensors change in place) is rebuilt
         key = (id(prior), prior_state(prior), init.shape, init.device, init.dtype, init._version)
