@@ -314,9 +314,26 @@ class _RecurrentLayer(_Recurrent):
                 if m.bias is not None:
                     weights[f"bias_{kind}{suffix}"] = pick(m.bias)
         kernel = self.__dict__["_kernel"].train(self.training)
+        if hx is None and isinstance(input, torch.Tensor):  # the common case: straight to torch's op
+            return self._kernel_op([weights[name] for name in kernel._flat_weights_names], input)
         with warnings.catch_warnings():  # projections run without oneDNN (torch says so once per process)
             warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
             return functional_call(kernel, weights, (input,) if hx is None else (input, hx))
+
+    def _kernel_op(self, flat_weights: list[torch.Tensor], input: torch.Tensor):
+        """``torch.lstm`` / ``torch.gru`` on a ``(T, B, F)`` (``(B, T, F)``) tensor from a zero state: the op that
+        ``torch.nn.LSTM.forward`` calls after its argument checks (which this layer has made), without the module
+        call's overhead (a third of the time of a small layer's kernel call)."""
+        batch = input.shape[0 if self.batch_first else 1]
+        states = self.num_layers * self.num_directions
+        h0 = input.new_zeros(states, batch, self.proj_size or self.hidden_size)
+        hx = (h0, input.new_zeros(states, batch, self.hidden_size)) if self._mode == "LSTM" else h0
+        op = torch.lstm if self._mode == "LSTM" else torch.gru
+        settings = (self.num_layers, self.dropout, self.training, self.bidirectional, self.batch_first)
+        with warnings.catch_warnings():  # projections run without oneDNN (torch says so once per process)
+            warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
+            output, *state = op(input, hx, flat_weights, "bias_ih_l0" in self._bayesian, *settings)
+        return output, (tuple(state) if self._mode == "LSTM" else state[0])
 
     def _fused(self, maps: dict[str, list], input, hx):
         """torch's fused kernel with the drawn weights when a single plain draw serves every example; else ``None``."""
