@@ -1,3 +1,4 @@
+import inspect
 import math
 
 import pyro
@@ -55,6 +56,28 @@ def test_initial_values_priors_and_sites():
     fan = BayesianLSTM(3, 5, prior=priors.FanInNormal())
     assert float(fan.prior_distribution("weight_hh_l0").base_dist.scale.reshape(-1)[0]) == pytest.approx(5**-0.5)
     assert float(fan.prior_distribution("weight_ih_l0").base_dist.scale.reshape(-1)[0]) == pytest.approx(3**-0.5)
+
+
+@pytest.mark.parametrize("make, twin", [
+    (lambda **kw: BayesianLSTM(3, 5, num_layers=2, bidirectional=True, **kw),
+     lambda: torch.nn.LSTM(3, 5, num_layers=2, bidirectional=True)),
+    (lambda **kw: BayesianLSTMCell(3, 5, **kw), lambda: torch.nn.LSTMCell(3, 5)),
+])  # fmt: skip
+def test_forget_gate_bias_starts_at_one_and_none_keeps_torchs_initialisation(make, twin):
+    torch.manual_seed(0)
+    torch_init = dict(twin().named_parameters())
+    torch.manual_seed(0)
+    plain = make(forget_bias=None)
+    torch.manual_seed(0)
+    layer = make()
+    for name, param in torch_init.items():
+        torch.testing.assert_close(getattr(plain, f"{name}_init"), param.detach())  # torch's draws, untouched
+        value = getattr(layer, f"{name}_init")
+        if name.startswith("bias_"):
+            expected = 1.0 if name.startswith("bias_ih") else 0.0
+            assert torch.all(value[5:10] == expected)  # gates i, f, g, o: the forget gate is the second block
+            assert torch.equal(value[:5], getattr(plain, f"{name}_init")[:5])
+    assert "forget_bias" not in inspect.signature(BayesianGRU).parameters  # a GRU has no forget gate
 
 
 def test_one_weight_draw_per_sequence_and_vectorized_draws():
