@@ -336,7 +336,8 @@ class _RecurrentLayer(_Recurrent):
                     weights[f"bias_{kind}{suffix}"] = pick(m.bias)
         kernel = self.__dict__["_kernel"].train(self.training)
         if hx is None and isinstance(input, torch.Tensor):  # the common case: straight to torch's op
-            return self._kernel_op([weights[name] for name in kernel._flat_weights_names], input)
+            # torch's flat-weight order is the order of the module's parameters
+            return self._kernel_op([weights[name] for name, _ in kernel.named_parameters()], input)
         with warnings.catch_warnings():  # projections run without oneDNN (torch says so once per process)
             warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
             return functional_call(kernel, weights, (input,) if hx is None else (input, hx))
