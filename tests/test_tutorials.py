@@ -20,7 +20,7 @@ def load(name):
 def test_quickstart(tmp_path):
     results = load("quickstart").main(epochs=10, out_dir=tmp_path, progress=False)
     assert (tmp_path / "quickstart_band.png").exists() and (tmp_path / "quickstart_history.png").exists()
-    assert results["test_rmse"] < 2.0
+    assert results["test_rmse"] < 2.0 and results["epistemic_ratio"] > 0
 
 
 @pytest.mark.slow
