@@ -1,12 +1,17 @@
 import math
 
 import numpy as np
+import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro.infer import SVI, Trace_ELBO
+from pyro.infer.autoguide import AutoNormal
 from scipy import integrate, stats
 
+import pyro_bbb
 from pyro_bbb import priors
+from pyro_bbb.guide import site_loc_scale
 from pyro_bbb.nn import BayesianConv2d, BayesianLinear
 
 
@@ -113,8 +118,6 @@ def _regression(n=200, seed=0):
 
 
 def _learned_bnn(prior=None, hidden=16):
-    import pyro_bbb
-
     prior = prior or priors.LearnedNormal()
     net = torch.nn.Sequential(BayesianLinear(3, hidden, prior=prior), torch.nn.ReLU(),
                               BayesianLinear(hidden, 1, prior=prior))  # fmt: skip
@@ -148,11 +151,6 @@ def test_learned_normal_rejects_bad_arguments(kwargs, match):
 def test_learned_prior_kl_and_its_gradient_are_exact(per):
     """The ELBO's KL at a learned scale s is sum log(s/sigma) + (sigma^2 + mu^2)/(2 s^2) - 1/2, and its gradient
     reaches s: d/du with s = min + exp(u) is (s - min) * sum(1/s - (sigma^2 + mu^2)/s^3)."""
-    import pyro
-
-    import pyro_bbb
-    from pyro_bbb.guide import site_loc_scale
-
     pyro.clear_param_store()
     x, y = _regression()
     model = _learned_bnn(priors.LearnedNormal(init_scale=0.3, min_scale=0.01, per=per))
@@ -176,11 +174,6 @@ def test_learned_prior_kl_and_its_gradient_are_exact(per):
 def test_fit_learns_the_closed_form_optimum_and_reports_it():
     """Trained jointly with the posterior, each scale ends at argmax_s ELBO = sqrt(mean(mu^2 + sigma^2)) of the
     weights that share it (to 3%); History and summary show the learned scale."""
-    import pyro
-
-    import pyro_bbb
-    from pyro_bbb.guide import site_loc_scale
-
     pyro.clear_param_store()
     x, y = _regression(500)
     model = _learned_bnn()
@@ -201,10 +194,6 @@ def test_fit_learns_the_closed_form_optimum_and_reports_it():
 def test_learned_prior_trains_with_pyros_own_svi_and_guide():
     """Plain Pyro: AutoNormal, Trace_ELBO (a Monte Carlo KL), pyro.optim.Adam -- the scale is a pyro.param of the
     model and moves towards the optimum."""
-    import pyro
-    from pyro.infer import SVI, Trace_ELBO
-    from pyro.infer.autoguide import AutoNormal
-
     pyro.clear_param_store()
     x, y = _regression()
     model = _learned_bnn()
@@ -218,10 +207,6 @@ def test_learned_prior_trains_with_pyros_own_svi_and_guide():
 
 
 def test_learned_prior_round_trips_through_save_and_bayesianize(tmp_path):
-    import pyro
-
-    import pyro_bbb
-
     pyro.clear_param_store()
     net = pyro_bbb.bayesianize(torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)),
                                prior=priors.LearnedNormal(init_scale=0.4))  # fmt: skip
