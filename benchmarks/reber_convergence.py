@@ -59,21 +59,13 @@ class Classifier(nn.Module):
         return self.head(self.rnn(x)[0][..., -1, :])
 
 
-def set_forget_bias(rnn: nn.Module, value: float, hidden: int) -> None:
-    """Forget-gate bias ``value`` (input-to-hidden bias; the hidden-to-hidden one 0) in every layer of an LSTM."""
-    bayesian = isinstance(rnn, BayesianLSTM)
-    names = rnn.bayesian_parameters() if bayesian else dict(rnn.named_parameters())
-    for name in names:
-        if not name.startswith("bias_"):
-            continue
-        current = getattr(rnn, f"{name}_init") if bayesian else getattr(rnn, name)
-        new = current.detach().clone()
-        new[hidden : 2 * hidden] = value if name.startswith("bias_ih") else 0.0
-        if bayesian:
-            rnn.set_initial_value(name, new)
-        else:
-            with torch.no_grad():
-                current.copy_(new)
+def set_forget_bias(lstm: nn.LSTM, value: float, hidden: int) -> None:
+    """Forget-gate bias ``value`` (input-to-hidden bias; the hidden-to-hidden one 0) in every layer of a
+    ``torch.nn.LSTM`` -- what ``BayesianLSTM(forget_bias=value)`` does to its initial posterior means."""
+    with torch.no_grad():
+        for name, param in lstm.named_parameters():
+            if name.startswith("bias_"):
+                param[hidden : 2 * hidden] = value if name.startswith("bias_ih") else 0.0
 
 
 def train(config: dict, kind: str, mode: str, seed: int, args) -> dict:
@@ -84,11 +76,14 @@ def train(config: dict, kind: str, mode: str, seed: int, args) -> dict:
     hidden = config["hidden"]
     if kind == "deterministic":
         rnn, head = getattr(nn, mode)(7, hidden, batch_first=True), nn.Linear(hidden, 1)
+        if args.forget_bias is not None and mode == "LSTM":
+            set_forget_bias(rnn, args.forget_bias, hidden)
     else:
         prior = priors.LearnedNormal() if args.prior == "learned" else priors.Normal(0.0, args.prior_scale)
-        rnn, head = BAYESIAN[mode](7, hidden, batch_first=True, prior=prior), BayesianLinear(hidden, 1, prior=prior)
-    if args.forget_bias is not None and mode == "LSTM":
-        set_forget_bias(rnn, args.forget_bias, hidden)
+        # the flag, or torch's initialisation like the deterministic model's (not BayesianLSTM's default of 1)
+        extra = {"forget_bias": args.forget_bias} if mode == "LSTM" else {}
+        rnn = BAYESIAN[mode](7, hidden, batch_first=True, prior=prior, **extra)
+        head = BayesianLinear(hidden, 1, prior=prior)
     model = pyro_bbb.BNN(Classifier(rnn, head), likelihoods.Bernoulli())
     guide = pyro_bbb.MeanFieldGuide(model, **({"init_scale": args.init_scale} if args.init_scale else {}))
     settings = {}
