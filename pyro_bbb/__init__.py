@@ -22,6 +22,7 @@ from . import (  # noqa: E402,E501
     inputs,
     likelihoods,
     metrics,
+    moments,
     nn,
     optim,
     plots,
@@ -38,7 +39,14 @@ from .diagnostics import summary  # noqa: E402
 from .elbo import ELBO, DataPlateScaleMessenger  # noqa: E402
 from .export import to_inference_data  # noqa: E402
 from .guide import DEFAULT_INIT_SCALE, MeanFieldGuide  # noqa: E402
-from .handlers import FlipoutMessenger, LocalReparameterizationMessenger, flipout, local_reparameterization  # noqa: E402
+from .handlers import (  # noqa: E402
+    FlipoutMessenger,
+    LocalReparameterizationMessenger,
+    MomentPropagationMessenger,
+    flipout,
+    local_reparameterization,
+    moment_propagation,
+)
 from .prediction import ClassificationPrediction, Prediction, RegressionPrediction  # noqa: E402
 from .predictive import predict, set_up_guide  # noqa: E402
 from .training import DataError, History, TrainingDivergedError, fit  # noqa: E402
@@ -54,6 +62,8 @@ __all__ = [
     "local_reparameterization",
     "FlipoutMessenger",
     "LocalReparameterizationMessenger",
+    "moment_propagation",
+    "MomentPropagationMessenger",
     "fit",
     "History",
     "TrainingDivergedError",
@@ -73,6 +83,7 @@ __all__ = [
     "inputs",
     "likelihoods",
     "metrics",
+    "moments",
     "nn",
     "optim",
     "plots",

@@ -13,6 +13,7 @@ from pyro.poutine.runtime import get_plates
 
 from .inputs import Inputs, map_inputs, num_rows
 from .likelihoods import Likelihood
+from .moments import Moments
 from .nn.draws import fold_draws
 from .nn.module import DATA_PLATE, data_plate_named
 
@@ -35,12 +36,12 @@ def net_output(output: Any) -> torch.Tensor:
     >>> net_output((torch.zeros(2, 1), "state")).shape
     torch.Size([2, 1])
     """
-    if isinstance(output, torch.Tensor):
+    if isinstance(output, torch.Tensor | Moments):  # (Moments: under pyro_bbb.moment_propagation())
         return output
     logits = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
-    if isinstance(logits, torch.Tensor):
+    if isinstance(logits, torch.Tensor | Moments):
         return logits
-    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
+    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor | Moments):
         return output[0]
     raise TypeError(
         f"the net returned a {type(output).__name__}; BNN needs a tensor for the likelihood. Pass "

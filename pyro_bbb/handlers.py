@@ -1,4 +1,5 @@
-"""Lower-variance gradient estimators as Pyro effect handlers: Flipout and local reparameterization.
+"""Lower-variance gradient estimators as Pyro effect handlers: Flipout, local reparameterization and moment
+propagation (deterministic variational inference).
 
 Bayes-by-Backprop draws one weight matrix per minibatch, so every example of the batch sees the same weights and
 the gradient noise does not shrink with the batch size. Both handlers decorrelate the examples without changing
@@ -19,18 +20,20 @@ Examples
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from typing import Any
 
 import torch
 from pyro.poutine.messenger import Messenger
 
 from .guide import POSTERIOR_KEY
+from .moments import affine_moments, tracking_modules
 from .nn.functional import sample_dims, with_time_dims
 from .nn.module import DATA_PLATE, is_layer_prior
 
 __all__ = [
-    "FlipoutMessenger", "LocalReparameterizationMessenger", "flipout", "local_reparameterization", "ESTIMATORS",
+    "FlipoutMessenger", "LocalReparameterizationMessenger", "flipout", "local_reparameterization",
+    "MomentPropagationMessenger", "moment_propagation", "ESTIMATORS",
     "estimator", "data_plate_frame", "DataPlateScaleMessenger", "scale_data_plate", "ObservationPlaceholderMessenger",
     "observation_placeholder", "SubsampleCoverMessenger", "cover_subsample",
 ]
@@ -209,11 +212,71 @@ def local_reparameterization(fn: Callable | None = None) -> LocalReparameterizat
     return messenger(fn) if fn is not None else messenger
 
 
+class MomentPropagationMessenger(_PosteriorReader):
+    """Deterministic variational inference (Wu et al. 2019): propagate means and variances, draw nothing.
+
+    Each Bayesian layer returns the mean and variance of its output under the mean-field posterior, a
+    :class:`pyro_bbb.moments.Moments` (``mean = f(m, mu) + mu_b``,
+    ``variance = f(m^2 + v, sigma^2) + sigma_b^2 + f(v, mu^2)`` for inputs of mean ``m`` and variance ``v``); the
+    activations and reshapes of the user's ``forward`` map both moments (:mod:`pyro_bbb.moments`), and the
+    likelihood observes the expected log-likelihood in closed form. With :class:`pyro_bbb.MeanFieldGuide`, Normal
+    priors and a fixed or heteroscedastic noise, the ELBO and its gradient are deterministic: no Monte Carlo noise.
+    Exact for one hidden layer; deeper, units are treated as independent Gaussians (the diagonal dDVI
+    approximation). An operation it cannot follow, recurrent layers, several particles and likelihoods without a
+    closed form (categorical) are errors before any parameter changes.
+
+    Examples
+    --------
+    See :func:`moment_propagation`.
+    """
+
+    estimator = "moment propagation"
+
+    def __enter__(self):
+        self._modules = ExitStack()  # errors name the module that ran the operation
+        self._modules.enter_context(tracking_modules())
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._modules.close()
+
+    def _output(self, input, weight, bias, apply, feature_dims, weight_posterior, bias_posterior):
+        if sample_dims(weight, feature_dims):
+            raise ValueError(
+                "moment propagation computes the expected log-likelihood exactly, so several weight draws (particles, "
+                "or a vectorized plate around the model) add nothing; use num_particles=1."
+            )
+        return affine_moments(input, apply, weight_posterior, bias_posterior)
+
+
+def moment_propagation(fn: Callable | None = None) -> MomentPropagationMessenger | Callable:
+    """Train with deterministic variational inference: ``with pyro_bbb.moment_propagation(): svi.step(x, y)``, or
+    ``moment_propagation(model)`` (or ``fit(..., estimator="moments")``).
+
+    Examples
+    --------
+    >>> bnn = BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5))
+    >>> guide = MeanFieldGuide(bnn)
+    >>> elbo = pyro_bbb.ELBO(num_data=8)
+    >>> x, y = torch.randn(8, 3), torch.randn(8)
+    >>> with moment_propagation():
+    ...     losses = [elbo.loss(bnn, guide, x, y) for _ in range(2)]
+    >>> losses[0] == losses[1]                          # no Monte Carlo noise
+    True
+    """
+    messenger = MomentPropagationMessenger()
+    return messenger(fn) if fn is not None else messenger
+
+
 #: Gradient estimators by name (``fit(estimator=...)``, the Lightning module): name -> a context to train in.
 ESTIMATORS: dict[str, Callable[[], Any]] = {
     "reparam": nullcontext,
     "flipout": flipout,
     "local_reparam": local_reparameterization,
+    "moments": moment_propagation,
 }
 
 

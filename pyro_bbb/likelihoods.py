@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from pyro.nn import PyroModule, PyroSample
 
 from .inputs import as_tensor, targets_like
+from .moments import ExpectedNormal, MomentPropagationError, Moments, gaussian_expectation
 from .nn.module import DATA_PLATE
 from .prediction import ClassificationPrediction, Prediction, RegressionPrediction
 
@@ -52,7 +53,8 @@ class TargetError(ValueError):
 
 class Likelihood(PyroModule):
     """Base class. Subclasses implement :meth:`distribution` and :meth:`prediction`, and may refine
-    :meth:`check_targets`.
+    :meth:`check_targets`; those with a closed-form expected log-likelihood implement :meth:`moment_distribution`
+    (training with :func:`pyro_bbb.handlers.moment_propagation`).
 
     Parameters
     ----------
@@ -76,6 +78,14 @@ class Likelihood(PyroModule):
         """The distribution of the targets given the network's ``output``; batch shape ``(*sample_dims, batch)``."""
         raise NotImplementedError
 
+    def moment_distribution(self, output: Moments) -> dist.Distribution:
+        """Under moment propagation: a distribution whose ``log_prob(y)`` is ``E[log p(y | f)]`` for an output ``f``
+        with the given means and variances (independent Gaussians); batch shape as :meth:`distribution`'s."""
+        raise MomentPropagationError(
+            f"{type(self).__name__} has no closed-form expected log-likelihood, so moment propagation cannot train "
+            "it (Gaussian and HeteroscedasticGaussian have one). Use estimator='flipout' or 'local_reparam'."
+        )
+
     def check_targets(self, y: torch.Tensor) -> torch.Tensor:
         """Validate the targets on their own (dtype, values); returns them in the dtype the distribution wants."""
         y = as_tensor(y, "the targets y")
@@ -88,7 +98,7 @@ class Likelihood(PyroModule):
 
     def forward(self, output: torch.Tensor, y: torch.Tensor | None = None,
                 data_plate: str = DATA_PLATE) -> torch.Tensor:  # fmt: skip
-        fn = self.distribution(output)
+        fn = self.moment_distribution(output) if isinstance(output, Moments) else self.distribution(output)
         num_data = fn.batch_shape[-1] if fn.batch_shape else 1
         if y is not None:
             try:
@@ -119,6 +129,15 @@ class Likelihood(PyroModule):
 
     def extra_repr(self) -> str:
         return f"site={self.site!r}"
+
+
+def _per_datum(family, *params: torch.Tensor) -> dist.Distribution:
+    """``family(*params)`` with one member per datum: a datum's D outputs are one event (D > 1), or the output's
+    feature dimension is dropped (D = 1)."""
+    params = torch.broadcast_tensors(*params)
+    if params[0].shape[-1] > 1:
+        return family(*params).to_event(1)
+    return family(*(p.squeeze(-1) for p in params))
 
 
 class Gaussian(Likelihood):
@@ -158,13 +177,27 @@ class Gaussian(Likelihood):
             self.scale = PyroSample(lambda self: dist.LogNormal(self._log_median, torch.ones_like(self._log_median)))
 
     def distribution(self, output: torch.Tensor) -> dist.Distribution:
+        return _per_datum(dist.Normal, output, self._scale_like(output))
+
+    def moment_distribution(self, output: Moments) -> dist.Distribution:
+        """``E[log Normal(y | f, scale)] = log Normal(y | mean, scale) - variance / (2 scale^2)``.
+
+        Examples
+        --------
+        >>> fn = Gaussian(scale=0.5).moment_distribution(Moments(torch.zeros(3, 1), torch.ones(3, 1)))
+        >>> fn.batch_shape
+        torch.Size([3])
+        """
+        scale = self._scale_like(output)
+        return _per_datum(ExpectedNormal, output.mean, output.variance, scale.log(), scale.pow(-2))
+
+    def _scale_like(self, output) -> torch.Tensor:
         if output.dim() < 2:
             raise ValueError(f"Gaussian expects the network to output (batch, D), got shape {tuple(output.shape)}.")
         scale = self.fixed_scale if self.fixed_scale is not None else self.scale
         if isinstance(scale, torch.Tensor) and scale.dim():  # draws (*S, 1) line up with (*S, batch, D)
             scale = scale.unsqueeze(-1)
-        fn = dist.Normal(output, torch.as_tensor(scale, dtype=output.dtype, device=output.device))
-        return fn.to_event(1) if output.shape[-1] > 1 else dist.Normal(fn.loc.squeeze(-1), fn.scale.squeeze(-1))
+        return torch.as_tensor(scale, dtype=output.dtype, device=output.device)
 
     def prediction(self, distribution, samples):
         return RegressionPrediction(distribution, samples)
@@ -196,12 +229,36 @@ class HeteroscedasticGaussian(Likelihood):
         self.min_scale = float(min_scale)
 
     def distribution(self, output: torch.Tensor) -> dist.Distribution:
+        self._check_output(output)
+        return dist.Normal(output[..., 0], self._scale(output[..., 1]))
+
+    def moment_distribution(self, output: Moments) -> dist.Distribution:
+        """The mean and the raw scale are independent Gaussians: ``E[log Normal(y | f, s(r))]`` needs ``E[log s]``
+        and ``E[1 / s^2]`` over ``r``, computed by Gauss-Hermite quadrature (exact when ``r`` has no variance).
+
+        Examples
+        --------
+        >>> output = Moments(torch.tensor([[0.0, 1.0]]), torch.tensor([[1.0, 0.0]]))
+        >>> fn = HeteroscedasticGaussian().moment_distribution(output)
+        >>> torch.allclose(fn.expected_log_scale, HeteroscedasticGaussian().distribution(output.mean).scale.log())
+        True
+        """
+        self._check_output(output)
+        mean, variance = output.mean, output.variance
+        raw_mean, raw_var = mean[..., 1], variance[..., 1]
+        expected_log_scale = gaussian_expectation(lambda r: self._scale(r).log(), raw_mean, raw_var)
+        expected_precision = gaussian_expectation(lambda r: self._scale(r).pow(-2), raw_mean, raw_var)
+        return ExpectedNormal(mean[..., 0], variance[..., 0], expected_log_scale, expected_precision)
+
+    def _scale(self, raw: torch.Tensor) -> torch.Tensor:
+        return F.softplus(raw) + self.min_scale
+
+    def _check_output(self, output) -> None:
         if output.dim() < 2 or output.shape[-1] != 2:
             raise ValueError(
                 "HeteroscedasticGaussian expects the network to output (batch, 2): the mean and the raw scale, got "
                 f"shape {tuple(output.shape)}."
             )
-        return dist.Normal(output[..., 0], F.softplus(output[..., 1]) + self.min_scale)
 
     def prediction(self, distribution, samples):
         return RegressionPrediction(distribution, samples)
