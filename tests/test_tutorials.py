@@ -25,8 +25,11 @@ def test_quickstart(tmp_path):
 
 @pytest.mark.slow
 def test_regression_uncertainty(tmp_path):
-    load("regression_uncertainty").main(epochs=3, out_dir=tmp_path, progress=False)
+    tutorial = load("regression_uncertainty")
+    tutorial.main(epochs=3, out_dir=tmp_path, progress=False)
     assert (tmp_path / "regression_uncertainty.png").stat().st_size > 10_000
+    results = tutorial.compare_estimators(steps=5, out_dir=tmp_path, progress=False)
+    assert set(results) == set(tutorial.ESTIMATORS) and (tmp_path / "regression_estimators.png").stat().st_size > 10_000
 
 
 @pytest.mark.slow
