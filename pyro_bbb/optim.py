@@ -57,7 +57,7 @@ class Adam(PyroOptim):
             if self.optimizer is None:  # foreach: one kernel per operation over all tensors, also faster on a CPU
                 self.optimizer = torch.optim.Adam(new, **self.defaults, foreach=True)
             else:
-                self.optimizer.add_param_group({"params": new})
+                self.optimizer.add_param_group({"params": new, "lr": self.defaults["lr"]})
             self._known.update(new)
         # parameters not in this step keep their state: hide their gradients from the joint step
         hidden = {p: p.grad for p in self._known - params if p.grad is not None}
@@ -66,6 +66,21 @@ class Adam(PyroOptim):
         self.optimizer.step()
         for p, grad in hidden.items():
             p.grad = grad
+
+    def set_learning_rate(self, lr: float) -> None:
+        """Use learning rate ``lr`` from the next step on (for every parameter, also those that join later).
+
+        Examples
+        --------
+        >>> optimizer = Adam(lr=1e-2)
+        >>> optimizer.set_learning_rate(1e-3)
+        >>> optimizer
+        Adam(lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0)
+        """
+        self.defaults["lr"] = lr
+        if self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
 
     def get_state(self) -> dict:
         """The torch optimizer's state dict (parameters in the order they joined)."""

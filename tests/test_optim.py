@@ -43,3 +43,15 @@ def test_state_round_trip():
     state = optimizer.get_state()
     optimizer.set_state(state)
     assert optimizer.optimizer.state[p]["step"] == 1
+
+
+def test_set_learning_rate_applies_to_the_parameters_there_and_those_that_join_later():
+    first, second = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    optimizer = pyro_bbb.optim.Adam(lr=0.1)
+    first.grad = torch.ones(2)
+    optimizer([first])
+    optimizer.set_learning_rate(0.01)
+    first.grad, second.grad = torch.ones(2), torch.ones(2)
+    optimizer([first, second])  # Adam with a constant gradient moves every coordinate by the learning rate
+    torch.testing.assert_close(first.detach(), torch.full((2,), -0.11))
+    torch.testing.assert_close(second.detach(), torch.full((2,), -0.01))

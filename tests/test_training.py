@@ -438,3 +438,24 @@ def test_ctrl_c_finishes_the_step_and_returns_the_history_marked_interrupted():
     assert len(history) == 2 and history.last["interrupted"]  # epoch 1 (4 steps) and the partial epoch 2
     assert all(torch.isfinite(v).all() for v in params().values())
     assert signal.getsignal(signal.SIGINT) is before  # the handler is given back
+
+
+def test_lr_final_decays_the_learning_rate_geometrically_epoch_by_epoch(monkeypatch):
+    rates = []
+    set_rate = pyro_bbb.optim.Adam.set_learning_rate
+
+    def recording(self, lr):
+        rates.append(lr)
+        set_rate(self, lr)
+
+    monkeypatch.setattr(pyro_bbb.optim.Adam, "set_learning_rate", recording)
+    model = pyro_bbb.BNN(BayesianLinear(2, 1), likelihoods.Gaussian(0.5))
+    x, y = torch.randn(20, 2), torch.randn(20)
+    pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=4, lr=1e-2, lr_final=1e-5, progress=False)
+    torch.testing.assert_close(torch.tensor(rates, dtype=torch.float64), torch.tensor([1e-2, 1e-3, 1e-4, 1e-5],
+                                                                                    dtype=torch.float64))  # fmt: skip
+    guide = pyro_bbb.MeanFieldGuide(model)
+    with pytest.raises(ValueError, match="give your optimizer its own schedule"):
+        pyro_bbb.fit(model, guide, (x, y), epochs=2, lr_final=1e-4, optimizer=pyro.optim.Adam({"lr": 1e-2}))
+    with pytest.raises(ValueError, match="lr_final"):
+        pyro_bbb.fit(model, guide, (x, y), epochs=2, lr_final=0.0)
