@@ -11,7 +11,8 @@ ELBO has no Monte Carlo noise at all.
 
 Every unit is treated as Gaussian and independent of the others (a diagonal covariance). For a network with one
 hidden layer the output's mean and variance, and the expected Gaussian log-likelihood, are exact (the first layer's
-pre-activations are independent Gaussians); deeper, the dropped covariances make it an approximation.
+pre-activations are independent Gaussians); deeper, the dropped covariances make it an approximation, and so do
+convolutions followed by more layers (the positions of a feature map share one kernel draw, so they are correlated).
 
 Examples
 --------

@@ -380,3 +380,16 @@ def test_moment_propagation_in_a_hand_written_model():
         assert pyro_bbb.ELBO(num_data=8).loss(model, guide, x, y) == pyro_bbb.ELBO(num_data=8).loss(bnn, guide, x, y)
         with pytest.raises(MomentPropagationError, match="pyro_bbb likelihood"):
             pyro_bbb.ELBO(num_data=8).loss(raw_model, guide, x, y)
+
+
+@pytest.mark.parametrize("kind", list(LAYERS))
+def test_moment_propagation_of_every_layer_kind_is_the_closed_form(kind):
+    make, shape, conv = LAYERS[kind]
+    layer = make()
+    x = torch.randn(shape)
+    guide = random_guide(layer, x)
+    with pyro_bbb.moment_propagation():
+        moments = poutine.replay(layer, trace=poutine.trace(guide).get_trace(x))(x)
+    mean, var = closed_form(layer, guide, x, conv)
+    torch.testing.assert_close(moments.mean, mean)
+    torch.testing.assert_close(moments.variance, var)
