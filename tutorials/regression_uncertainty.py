@@ -31,15 +31,20 @@ from pyro_bbb.datasets import heteroscedastic_noise_std, heteroscedastic_regress
 from pyro_bbb.nn import BayesianLinear  # noqa: E402
 
 
+def heteroscedastic_bnn(prior: priors.Prior | None = None) -> pyro_bbb.BNN:
+    """A 1-32-32-2 ReLU net (mean and raw noise scale) with a heteroscedastic Gaussian likelihood."""
+    net = torch.nn.Sequential(BayesianLinear(1, 32, prior=prior), torch.nn.ReLU(), BayesianLinear(32, 32, prior=prior),
+                              torch.nn.ReLU(), BayesianLinear(32, 2, prior=prior))  # fmt: skip
+    return pyro_bbb.BNN(net, likelihoods.HeteroscedasticGaussian())
+
+
 def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     pyro.clear_param_store()
     torch.manual_seed(0)
     out_dir.mkdir(parents=True, exist_ok=True)
     x, y = heteroscedastic_regression(2000, seed=0)
     x_test, y_test = heteroscedastic_regression(2000, seed=1)
-    net = torch.nn.Sequential(BayesianLinear(1, 32), torch.nn.ReLU(), BayesianLinear(32, 32), torch.nn.ReLU(),
-                              BayesianLinear(32, 2))  # fmt: skip
-    bnn = pyro_bbb.BNN(net, likelihoods.HeteroscedasticGaussian())
+    bnn = heteroscedastic_bnn()
     guide = pyro_bbb.MeanFieldGuide(bnn)
     pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=200, lr=1e-2, progress=progress, seed=0)
     pred = pyro_bbb.predict(bnn, guide, x_test, num_samples=200)
@@ -90,10 +95,7 @@ def compare_estimators(steps: int, out_dir: Path, progress: bool = True) -> dict
     for name, (estimator, prior) in ESTIMATORS.items():
         pyro.clear_param_store()
         torch.manual_seed(0)
-        net = torch.nn.Sequential(BayesianLinear(1, 32, prior=prior), torch.nn.ReLU(),
-                                  BayesianLinear(32, 32, prior=prior), torch.nn.ReLU(),
-                                  BayesianLinear(32, 2, prior=prior))  # fmt: skip
-        bnn = pyro_bbb.BNN(net, likelihoods.HeteroscedasticGaussian())
+        bnn = heteroscedastic_bnn(prior)
         guide = pyro_bbb.MeanFieldGuide(bnn)
         history = pyro_bbb.fit(bnn, guide, (x, y), epochs=steps, batch_size=len(x), lr=1e-2, estimator=estimator,
                                progress=progress, seed=0)  # fmt: skip
