@@ -43,13 +43,13 @@ PUBLISHED = {
     "yacht": (-3.43, -1.63, -1.55, -1.18, -0.68),
 }
 
-#: name -> (estimator, noise model, prior of the weights: "normal" N(0, 1) or "learned" empirical Bayes).
 #: Wu et al. (2019)'s deterministic VI (their own 90/10 splits, not the protocol's): test log-likelihood.
 DVI = {
     "bostonHousing": -2.41, "concrete": -3.06, "energy": -1.01, "kin8nm": 1.13, "naval-propulsion-plant": 6.29,
     "power-plant": -2.80, "protein-tertiary-structure": -2.85, "wine-quality-red": -0.90, "yacht": -0.47,
 }  # fmt: skip
 
+#: name -> (estimator, noise model, prior of the weights: "normal" N(0, 1) or "learned" empirical Bayes).
 VARIANTS = {
     "BbB, learned noise": ("reparam", "homoscedastic", "normal"),
     "BbB local reparam, learned noise": ("local_reparam", "homoscedastic", "normal"),
