@@ -14,6 +14,7 @@ published VI, PBP, MC dropout, deep ensembles and MCVI log-likelihoods. Tasks ru
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import multiprocessing
 import statistics
@@ -119,6 +120,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sets", nargs="*", default=list(PUBLISHED))
     parser.add_argument("--splits", type=int, default=None, help="first K splits only (default: all)")
+    parser.add_argument("--first-split", type=int, default=0, help="start at this split (with --splits: K from it)")
+    parser.add_argument("--raw", type=Path, default=None, help="also write every run's figures to this JSON file")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
     parser.add_argument("--epochs", type=int, default=None, help="default: the protocol's n_epochs.txt (40)")
     parser.add_argument("--samples", type=int, default=200)
@@ -134,12 +137,15 @@ def main() -> None:
     for name in args.sets:
         splits = int(_read(name, "n_splits.txt"))
         epochs = args.epochs or int(_read(name, "n_epochs.txt"))
-        for split in range(min(splits, args.splits or splits)):
+        for split in range(args.first_split, min(splits, args.first_split + (args.splits or splits))):
             tasks += [(name, split, variant, epochs, args.samples, args.lr_final) for variant in args.variants]
     start = time.perf_counter()
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
         results = pool.map(run_split, tasks, chunksize=1)
     print(f"{len(tasks)} runs in {time.perf_counter() - start:.0f} s ({args.workers} processes)\n")
+    if args.raw is not None:
+        fields = ("set", "variant", "log_lik", "rmse", "seconds", "elbo_change")
+        args.raw.write_text(json.dumps([dict(zip(fields, row, strict=True)) for row in results], indent=1))
     print("| set | model | splits | test log-lik | test RMSE | PBP | MCVI | DVI | s / run | ELBO change, last 10% |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.sets:
