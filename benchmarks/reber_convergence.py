@@ -11,6 +11,8 @@ batches of 100, 40 epochs, Adam 1e-2, clip_norm 5). Variants (flags) change both
 
 * ``--forget-bias B``: initial forget-gate bias B (torch draws it uniformly around 0);
 * ``--lr-decay D``: multiply the learning rate by D after every step (``pyro.optim.ClippedAdam``'s ``lrd``);
+* ``--lr-final LR``: decay the learning rate epoch by epoch from ``--lr`` to LR (``fit(lr_final=)``);
+* ``--epochs E``: train E epochs instead of the configuration's;
 * ``--kl-weight W`` / ``--kl-warmup STEPS``: the Bayesian model's KL weight, constant or ramped from 0;
 * ``--estimator``: the Bayesian model's gradient estimator (``flipout`` by default, as in the issue);
 * ``--prior learned``: the Bayesian model's layers get ``priors.LearnedNormal()`` (empirical Bayes) instead of
@@ -95,6 +97,8 @@ def train(config: dict, kind: str, mode: str, seed: int, args) -> dict:
         elif args.kl_weight is not None:
             settings["kl_weight"] = args.kl_weight
     start = time.perf_counter()
+    if args.lr_final is not None:
+        settings["lr_final"] = args.lr_final
     history = pyro_bbb.fit(model, guide, (x, y), epochs=config["epochs"], batch_size=config["batch_size"],
                            lr=args.lr, clip_norm=5.0, estimator=args.estimator if kind == "bayesian" else "reparam",
                            validation_data=(x_test, y_test), progress=False, seed=seed, **settings)  # fmt: skip
@@ -112,6 +116,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--forget-bias", type=float, default=None)
     parser.add_argument("--lr-decay", type=float, default=None)
+    parser.add_argument("--lr-final", type=float, default=None)
+    parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--kl-weight", type=float, default=None)
     parser.add_argument("--kl-warmup", type=int, default=0)
     parser.add_argument("--estimator", default="flipout")
@@ -122,7 +128,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="also print every run as a JSON line")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    config = CONFIGS["quick" if args.quick else args.config]
+    config = dict(CONFIGS["quick" if args.quick else args.config])
+    if args.epochs is not None and not args.quick:
+        config["epochs"] = args.epochs
     seeds = 1 if args.quick else args.seeds
     runs = {"deterministic": [], "bayesian": []}
     kinds = ["bayesian"] if args.bayesian_only else list(runs)

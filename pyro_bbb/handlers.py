@@ -28,7 +28,7 @@ from pyro.poutine.messenger import Messenger
 
 from .guide import POSTERIOR_KEY
 from .moments import affine_moments, tracking_modules
-from .nn.functional import sample_dims, with_time_dims
+from .nn.functional import FlipoutMap, sample_dims
 from .nn.module import DATA_PLATE, is_layer_prior
 
 __all__ = [
@@ -141,9 +141,8 @@ class FlipoutMessenger(_PosteriorReader):
         lead = _lead(torch.Size(kwargs["example_shape"]), weight, 1)
         sign_in = _signs(lead + time + weight.shape[-1:], weight)
         sign_out = _signs(lead + time + weight.shape[-2:-1], weight)
-        delta = with_time_dims(weight - loc, 2, len(time))
-        bias_delta = with_time_dims(bias_delta, 1, len(time))
-        msg["value"] = lambda input: apply(input, loc, bias_loc) + apply(input * sign_in, delta, bias_delta) * sign_out
+        msg["value"] = FlipoutMap(loc, bias_loc, weight - loc, bias_delta, sign_in, sign_out, apply=apply,
+                                  time_dims=len(time))  # fmt: skip
         msg["done"] = True
 
 

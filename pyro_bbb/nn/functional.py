@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from pyro.poutine.runtime import effectful
 
-__all__ = ["batched_linear", "batched_conv", "bayesian_affine", "bayesian_affine_map", "AffineMap"]
+__all__ = ["batched_linear", "batched_conv", "bayesian_affine", "bayesian_affine_map", "AffineMap", "FlipoutMap"]
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
@@ -224,6 +224,36 @@ class AffineMap:
 
     def __call__(self, input: torch.Tensor) -> torch.Tensor:
         return self.apply(input, self._weight, self._bias)
+
+
+class FlipoutMap:
+    """The map ``input -> apply(input, loc, bias_loc) + (apply(input * sign_in, delta, bias_delta)) * sign_out`` that
+    :func:`pyro_bbb.flipout` returns for :data:`bayesian_affine_map`: the posterior mean's product plus the drawn
+    perturbation ``delta = W - loc`` (and ``bias_delta``) with random signs per example, drawn once per sequence.
+    It keeps its parts, so that a recurrent layer can run its whole time loop in one kernel
+    (:mod:`pyro_bbb.nn.recurrence`).
+
+    Examples
+    --------
+    >>> signs_in, signs_out = torch.ones(3, 2), -torch.ones(3, 2)
+    >>> m = FlipoutMap(torch.eye(2), None, torch.eye(2), None, signs_in, signs_out, apply=batched_linear)
+    >>> m(torch.ones(3, 2))   # loc's product plus the perturbation's, its sign flipped
+    tensor([[0., 0.],
+            [0., 0.],
+            [0., 0.]])
+    """
+
+    def __init__(self, loc: torch.Tensor, bias_loc: torch.Tensor | None, delta: torch.Tensor,
+                 bias_delta: torch.Tensor | None, sign_in: torch.Tensor, sign_out: torch.Tensor, *,
+                 apply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
+                 time_dims: int = 0):  # fmt: skip
+        self.loc, self.bias_loc, self.delta, self.bias_delta = loc, bias_loc, delta, bias_delta
+        self.sign_in, self.sign_out, self.apply = sign_in, sign_out, apply
+        self._delta, self._bias_delta = with_time_dims(delta, 2, time_dims), with_time_dims(bias_delta, 1, time_dims)
+
+    def __call__(self, input: torch.Tensor) -> torch.Tensor:
+        perturbation = self.apply(input * self.sign_in, self._delta, self._bias_delta)
+        return torch.addcmul(self.apply(input, self.loc, self.bias_loc), perturbation, self.sign_out)
 
 
 def _affine_map(

@@ -27,8 +27,9 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from ..priors import Prior
 from ..pyro_adapter import site_name
 from .draws import draws_leading, fold_rows, folded_draws, unfold_rows
-from .functional import AffineMap, batched_linear, bayesian_affine_map, sample_dims
+from .functional import AffineMap, FlipoutMap, batched_linear, bayesian_affine_map, sample_dims
 from .module import BayesianModule
+from .recurrence import recurrence
 
 __all__ = ["BayesianLSTMCell", "BayesianGRUCell", "BayesianLSTM", "BayesianGRU"]
 
@@ -52,6 +53,26 @@ def _hold(new, old, alive: torch.Tensor):
     if isinstance(new, tuple):
         return tuple(torch.where(alive, n, o) for n, o in zip(new, old))
     return torch.where(alive, new, old)
+
+
+def _whole_sequence(maps, projected, state, alive) -> dict | None:
+    """The hidden-to-hidden arguments of :func:`~pyro_bbb.nn.recurrence.recurrence` when it can run this layer's
+    time loop: one draw (2-D weights), ``(B, H)`` states, no projection and no lengths; else ``None``."""
+    if alive is not None or len(maps) != 2 or projected.dim() != 3:
+        return None
+    if any(h.dim() != 2 for h in (state if isinstance(state, tuple) else (state,))):
+        return None
+    hidden = maps[1]
+    if isinstance(hidden, FlipoutMap):
+        if hidden.loc.dim() != 2 or hidden.sign_in.dim() != 2 or hidden.sign_out.dim() != 2:
+            return None
+        if hidden.bias_loc is not None and hidden.bias_loc.dim() != 1:
+            return None
+        return {"weight": hidden.loc, "bias": hidden.bias_loc, "delta": hidden.delta, "bias_delta": hidden.bias_delta,
+                "sign_in": hidden.sign_in, "sign_out": hidden.sign_out}  # fmt: skip
+    if isinstance(hidden, AffineMap) and hidden.weight.dim() == 2 and (hidden.bias is None or hidden.bias.dim() == 1):
+        return {"weight": hidden.weight, "bias": hidden.bias}
+    return None
 
 
 class _Recurrent(BayesianModule):
@@ -399,9 +420,18 @@ class _RecurrentLayer(_Recurrent):
             outputs = []
             for direction, suffix in enumerate(self._suffixes(layer)):
                 layer_maps = maps[suffix]
-                projected = layer_maps[0](sequence_in).unbind(-2)  # the input projection of every step in one product
+                projected = layer_maps[0](sequence_in)  # the input projection of every step in one product
                 index = layer * self.num_directions + direction
                 state = (h0[..., index, :, :], c0[..., index, :, :]) if self._mode == "LSTM" else h0[..., index, :, :]
+                whole = _whole_sequence(layer_maps, projected, state, alive)
+                if whole is not None:  # the time loop as one operation (its backward by hand)
+                    output, state = recurrence(self._mode, projected, state, **whole, reverse=direction == 1)
+                    outputs.append(output)
+                    finals_h.append(state[0] if self._mode == "LSTM" else state)
+                    if self._mode == "LSTM":
+                        finals_c.append(state[1])
+                    continue
+                projected = projected.unbind(-2)
                 order = range(steps) if direction == 0 else reversed(range(steps))
                 hidden = [None] * steps
                 for t in order:
