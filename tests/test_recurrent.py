@@ -9,7 +9,7 @@ from torch import nn
 
 import pyro_bbb
 from pyro_bbb import likelihoods, priors
-from pyro_bbb.nn import BayesianGRU, BayesianGRUCell, BayesianLSTM, BayesianLSTMCell
+from pyro_bbb.nn import BayesianGRU, BayesianGRUCell, BayesianLinear, BayesianLSTM, BayesianLSTMCell
 
 
 def conditioned_on_twin(bayesian, twin):
@@ -50,7 +50,7 @@ def test_initial_values_priors_and_sites():
     layer = BayesianLSTM(3, 5, recurrent_prior=priors.Normal(0.0, 0.3))
     assert sorted(layer.bayesian_parameters()) == ["bias_hh_l0", "bias_ih_l0", "weight_hh_l0", "weight_ih_l0"]
     assert layer.bayesian_parameters()["weight_hh_l0"] == priors.Normal(0.0, 0.3)
-    assert layer.bayesian_parameters()["weight_ih_l0"] == priors.Normal()
+    assert layer.bayesian_parameters()["weight_ih_l0"] == priors.Normal(0.0, 2.0)  # DEFAULT_RECURRENT_PRIOR
     tr = poutine.trace(layer).get_trace(torch.randn(2, 1, 3))
     assert sorted(tr.stochastic_nodes) == ["bias_hh_l0", "bias_ih_l0", "weight_hh_l0", "weight_ih_l0"]
     fan = BayesianLSTM(3, 5, prior=priors.FanInNormal())
@@ -159,35 +159,55 @@ def test_bayesianize_converts_recurrent_layers_from_their_weights():
         torch.testing.assert_close(getattr(converted["lstm"], f"{name}_init"), param.detach())
 
 
-@pytest.mark.slow
-def test_embedded_reber_bayesian_lstm_matches_the_deterministic_one():
-    """The user report: a Bayesian LSTM(4) on the Embedded Reber Grammar stayed at 50% accuracy. With the KL scaled
-    by pyro_bbb.ELBO, gradient clipping and Flipout it reaches the deterministic LSTM(4)'s accuracy.
+class LastStepClassifier(nn.Module):
+    """Read a batch-first string with ``rnn``, classify from the last step's output with ``head``."""
 
-    Protocol (both models alike): 5000 training strings, 30 epochs, batches of 32, Adam 0.01, clip_norm 5; best
-    validation accuracy over the epochs and over three restarts (a tiny LSTM(4) sometimes settles in a worse basin:
-    over four seeds the Bayesian one reached 0.90-0.99, the deterministic one 0.97-0.98; multithreaded float sums
-    differ in the last digit from run to run, enough to move one seed between basins -- seed 0 gave 0.975 in one run
-    and below 0.923 in another -- so two restarts were not enough to pass every time. Reliable convergence on every
-    seed is issue 15's)."""
+    def __init__(self, rnn, head):
+        super().__init__()
+        self.rnn, self.head = rnn, head
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0][..., -1, :])
+
+
+@pytest.mark.slow
+def test_bayesian_lstm_converges_on_every_seed_like_the_deterministic_one():
+    """The user report (a Bayesian LSTM on the Embedded Reber Grammar stays at 50%) and issue 15's criterion on its
+    configuration A: strings up to 16 symbols, 2000 training strings, LSTM(8), batches of 100, 800 steps, Adam 1e-2
+    decaying to 1e-3 (``fit(lr_final=)``), ``clip_norm=5``, forget-gate bias 1 for both models (BayesianLSTM's default),
+    Flipout and an N(0, 2) prior for the Bayesian one (the LSTM's default; with the head at N(0, 1) one seed of three
+    ended 6.4 points below). The worst of three Bayesian seeds must be within 5 points of
+    the deterministic median, at the same number of steps. Measured with ``benchmarks/reber_convergence.py`` (five
+    seeds, one thread): deterministic 0.850, 0.910, 0.887, 0.938, 0.880; Bayesian 0.851, 0.870, 0.886, 0.860, 0.877
+    (worst 3.6 points below the median); with the N(0, 1) prior the worst Bayesian seed is far outside."""
     from pyro_bbb.datasets import embedded_reber
 
-    x, y = embedded_reber(5000, seed=0)
-    validation = embedded_reber(1000, seed=1)
-    best = {"deterministic": 0.0, "bayesian": 0.0}
-    for seed in (0, 1, 2):
-        for name, make in (("deterministic", lambda: nn.LSTM(7, 4, batch_first=True)),
-                           ("bayesian", lambda: BayesianLSTM(7, 4, batch_first=True))):  # fmt: skip
+    x_test, y_test = embedded_reber(2000, max_len=16, seed=999)
+    accuracy = {"deterministic": [], "bayesian": []}
+    for seed in range(3):
+        x, y = embedded_reber(2000, max_len=16, seed=100 + seed)
+        for kind in accuracy:
             pyro.clear_param_store()
             torch.manual_seed(seed)
-            bnn = pyro_bbb.BNN(LastStep(make(), 4), likelihoods.Bernoulli())
+            if kind == "deterministic":
+                lstm = nn.LSTM(7, 8, batch_first=True)
+                with torch.no_grad():  # the forget-gate bias BayesianLSTM starts from
+                    lstm.bias_ih_l0[8:16], lstm.bias_hh_l0[8:16] = 1.0, 0.0
+                net = LastStepClassifier(lstm, nn.Linear(8, 1))
+            else:
+                # the LSTM's default prior (DEFAULT_RECURRENT_PRIOR) is Normal(0, 2); the head needs it too
+                net = LastStepClassifier(BayesianLSTM(7, 8, batch_first=True),
+                                         BayesianLinear(8, 1, prior=priors.Normal(0.0, 2.0)))  # fmt: skip
+            bnn = pyro_bbb.BNN(net, likelihoods.Bernoulli())
             guide = pyro_bbb.MeanFieldGuide(bnn)
-            settings = {"epochs": 30, "batch_size": 32, "lr": 0.01, "clip_norm": 5.0, "estimator": "flipout"}
-            history = pyro_bbb.fit(bnn, guide, (x, y), validation_data=validation, progress=False, seed=seed,
-                                   **settings)  # fmt: skip
-            best[name] = max(best[name], *history["val_accuracy"])
-    assert best["bayesian"] >= 0.85
-    assert best["bayesian"] >= best["deterministic"] - 0.03
+            estimator = "flipout" if kind == "bayesian" else "reparam"
+            pyro_bbb.fit(bnn, guide, (x, y), epochs=40, batch_size=100, lr=1e-2, lr_final=1e-3, clip_norm=5.0,
+                         estimator=estimator, progress=False, seed=seed)  # fmt: skip
+            prediction = pyro_bbb.predict(bnn, guide, x_test, num_samples=32)
+            accuracy[kind].append(pyro_bbb.metrics.accuracy(prediction, y_test))
+    deterministic_median = sorted(accuracy["deterministic"])[1]
+    assert deterministic_median > 0.8, accuracy  # the task is learnt at all in 800 steps
+    assert min(accuracy["bayesian"]) >= deterministic_median - 0.05, accuracy
 
 
 # -- torch's fused kernel, packed sequences, projections (issue 15) --------------------------------------------------

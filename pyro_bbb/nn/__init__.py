@@ -26,7 +26,7 @@ from .conv import (
 from .functional import batched_conv, batched_linear
 from .linear import BayesianLinear
 from .module import BayesianModule
-from .recurrent import BayesianGRU, BayesianGRUCell, BayesianLSTM, BayesianLSTMCell
+from .recurrent import DEFAULT_RECURRENT_PRIOR, BayesianGRU, BayesianGRUCell, BayesianLSTM, BayesianLSTMCell
 
 __all__ = [
     "BayesianModule",
@@ -41,6 +41,7 @@ __all__ = [
     "BayesianGRUCell",
     "BayesianLSTM",
     "BayesianGRU",
+    "DEFAULT_RECURRENT_PRIOR",
     "batched_linear",
     "batched_conv",
 ]
