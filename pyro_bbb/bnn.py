@@ -134,6 +134,24 @@ class BNN(PyroModule):
         self.output_adapter = output_adapter or net_output
 
     def forward(self, x: Inputs, y: torch.Tensor | None = None) -> torch.Tensor:
+        return self.likelihood(self._checked_output(x, y), y, data_plate=self.data_plate)
+
+    def observation(self, x: Inputs, y: torch.Tensor | None = None):
+        """The observation site's distribution for inputs ``x`` and the checked targets: the net run (its weights
+        read from their sites, or from a guide's draw under replay) and the likelihood's
+        :meth:`~pyro_bbb.likelihoods.Likelihood.observation`, without the observation's ``pyro.sample``.
+
+        Examples
+        --------
+        >>> bnn = BNN(BayesianLinear(4, 3), likelihoods.Categorical())
+        >>> fn, y = bnn.observation(torch.randn(5, 4), torch.zeros(5, dtype=torch.long))
+        >>> fn.batch_shape, y.shape
+        (torch.Size([5]), torch.Size([5]))
+        """
+        return self.likelihood.observation(self._checked_output(x, y), y)
+
+    def _checked_output(self, x: Inputs, y: torch.Tensor | None) -> torch.Tensor:
+        """The net's output for ``x`` (under the data plate's name), once ``x`` and ``y`` agree on their rows."""
         if isinstance(x, torch.Tensor) and x.dim() == 0:
             raise ValueError("x is a 0-d tensor; BNN needs inputs with a first dimension over the data.")
         rows = num_rows(x)  # also: a clear TypeError for anything but tensors, tuples and dicts of tensors
@@ -142,8 +160,7 @@ class BNN(PyroModule):
                 f"x has {rows} rows but y has {y.shape[0] if y.dim() else 0}; every input needs exactly one target."
             )
         with data_plate_named(self.data_plate):
-            output = self._run_net(x)
-        return self.likelihood(output, y, data_plate=self.data_plate)
+            return self._run_net(x)
 
     def _run_net(self, x: Inputs) -> torch.Tensor:
         """The net on an ordinary batch: S weight draws (from the sample plates around this call) are folded into

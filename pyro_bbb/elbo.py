@@ -18,14 +18,17 @@ from pyro.distributions.kl import kl_divergence
 from pyro.distributions.util import scale_and_mask
 from pyro.infer import TraceMeanField_ELBO
 from pyro.infer.util import is_validation_enabled, torch_item
+from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import prune_subsample_sites
-from pyro.util import check_model_guide_match, check_site_shape
+from pyro.util import check_model_guide_match, check_site_shape, warn_if_nan
 
+from .bnn import BNN
 from .checks import check_count
+from .guide import POSTERIOR_KEY, MeanFieldGuide
 from .handlers import DataPlateScaleMessenger, data_plate_frame, scale_data_plate
-from .nn.module import DATA_PLATE, data_plate_named
+from .nn.module import DATA_PLATE, data_plate_named, is_layer_prior, prior_readers
 from .priors import strip_independent
-from .pyro_adapter import check_mean_field_requirement
+from .pyro_adapter import ParamReader, check_mean_field_requirement, param_captures, preset_samples
 from .schedules import Constant
 
 __all__ = ["ELBO", "DataPlateScaleMessenger"]  # the messenger lives in pyro_bbb.handlers
@@ -63,11 +66,20 @@ class ELBO(TraceMeanField_ELBO):
         Pyro's validation (distribution arguments, plate shapes, model/guide agreement) runs on the first call; the
         model's structure does not change between steps, so later calls skip it (it costs a pass over every
         weight). ``True`` validates every call.
+    replay : bool
+        After a first call through Pyro's handlers, :meth:`loss_and_grads` replays the step's tensor program
+        directly when that is the same computation: a :class:`pyro_bbb.BNN` whose weights are all sites of a
+        :class:`pyro_bbb.MeanFieldGuide` with closed-form KLs, one particle, plain reparameterization and no
+        handler active but ``SVI``'s / ``fit``'s parameter capture. Same draws, loss and gradients (tested), without
+        a Pyro message per parameter and site -- most of a small network's step. Any other case, or a model whose
+        sites change, runs the full Pyro path. ``False`` always runs it.
     **kwargs :
         Passed to :class:`pyro.infer.TraceMeanField_ELBO` (e.g. ``max_plate_nesting``).
 
     Attributes
     ----------
+    last_step_replayed : bool
+        Whether the last :meth:`loss_and_grads` call was a replayed step (see ``replay``).
     last_terms : dict
         After each ``loss`` / ``loss_and_grads`` / ``differentiable_loss``: ``nll`` (expected negative
         log-likelihood scaled to the full data), ``kl`` (total, unweighted), ``kl_by_site``, ``kl_weight``,
@@ -101,6 +113,7 @@ class ELBO(TraceMeanField_ELBO):
         vectorize_particles: bool = False,
         data_plate: str = DATA_PLATE,
         revalidate: bool = False,
+        replay: bool = True,
         **kwargs: Any,
     ):
         check_count("num_data", num_data, optional=True)  # the training-set size
@@ -115,6 +128,10 @@ class ELBO(TraceMeanField_ELBO):
         self.last_terms: dict[str, Any] = {}
         self._current_call: dict[str, Any] | None = None
         self._vectorized_ok: bool | None = None  # vectorized particles checked against one particle alone
+        self.replay = replay
+        self.last_step_replayed = False
+        self._plan: _ReplayPlan | None = None
+        self._last_traces: tuple | None = None
 
     # -- the schedule -------------------------------------------------------------------------------------------
     def current_kl_weight(self) -> float:
@@ -171,6 +188,86 @@ class ELBO(TraceMeanField_ELBO):
             "loss_per_datum": loss / (num_data or batch_size or 1),
         }
 
+    # -- the replayed step --------------------------------------------------------------------------------------
+    def _replayable(self, model, guide, args, kwargs) -> tuple | None:
+        """The plan and the parameter-capture traces when this call can be replayed, else ``None``."""
+        plan = self._plan
+        if plan is None or plan.model is not model or plan.guide is not guide or kwargs or len(args) != 2:
+            return None
+        if args[1] is None or guide.prototype_trace is not plan.prototype or guide.is_pruned:
+            return None
+        if is_validation_enabled() and (self.revalidate or not self._validated):
+            return None
+        if torch._C._get_tracing_state():
+            return None
+        captures = param_captures()
+        return None if captures is None else (plan, captures)
+
+    def _replay_loss_and_grads(self, plan: _ReplayPlan, captures: list, x, y) -> float:
+        """One step as :meth:`_differentiable_loss_particle` and Pyro's ``loss_and_grads`` compute it, from the same
+        draws in the same order, without the handlers; :class:`_ReplayMismatch` when the model no longer matches."""
+        values = plan.reader.read(captures)
+        draws, kl_by_site = {}, {}
+        for i, (name, prior_of) in enumerate(plan.sites):
+            loc, scale = values[2 * i], values[2 * i + 1]
+            shape = loc.shape if loc.shape == scale.shape else torch.broadcast_shapes(loc.shape, scale.shape)
+            noise = torch.empty(shape, dtype=loc.dtype, device=loc.device).normal_()  # what Normal.rsample draws
+            draws[name] = loc + noise * scale
+            kl = _normal_kl_of(loc, scale, prior_of())
+            if kl is None:
+                raise _ReplayMismatch(f"the prior of {name!r} has no closed-form KL any more")
+            kl_by_site[name] = kl * 1.0  # the guide site's scale, as in _site_kl
+        with preset_samples(plan.model, draws) as read, _SampleGuard():
+            fn, y = plan.model.observation(x, y)
+        if read != set(draws):
+            raise _ReplayMismatch("the model did not read every weight site")
+        batch = fn.batch_shape[-1] if fn.batch_shape else 1
+        scale = 1.0
+        if self.num_data is not None:
+            scale = scale * DataPlateScaleMessenger.batch_scale(self.num_data, batch, self.data_plate)
+        nll = 0.0 - scale_and_mask(fn.log_prob(y), scale, None).sum()
+        self._current_call["frame"] = _Frame(batch, None)
+        loss, surrogate_loss = self._account(nll, kl_by_site)
+        if getattr(surrogate_loss, "requires_grad", False):
+            (surrogate_loss / self.num_particles).backward(retain_graph=self.retain_graph)
+        warn_if_nan(loss, "loss")
+        return loss
+
+    def _record_plan(self, model, guide) -> None:
+        """After a full call: the plan of a replayable model and guide (see ``replay``), else none."""
+        traces, self._last_traces = self._last_traces, None
+        self._plan = None
+        if not self.replay or traces is None or self.num_particles != 1:
+            return
+        if not isinstance(model, BNN) or not isinstance(guide, MeanFieldGuide) or guide.is_pruned:
+            return
+        model_trace, guide_trace = traces
+        latent = [n for n, site in guide_trace.nodes.items() if site["type"] == "sample"]
+        priors = prior_readers(model)
+        for name in latent:
+            site = guide_trace.nodes[name]
+            if POSTERIOR_KEY not in site["infer"] or site["cond_indep_stack"] or site["mask"] is not None:
+                return
+            model_site = model_trace.nodes.get(name)
+            if model_site is None or model_site["is_observed"] or name not in priors:
+                return
+            if not is_layer_prior(model_site["fn"]) or _prior_constants(model_site["fn"]) is None:
+                return
+            if guide.posterior_param_names(name) is None:
+                return
+        model_sites = [n for n, site in model_trace.nodes.items() if site["type"] == "sample"]
+        observed = [n for n in model_sites if model_trace.nodes[n]["is_observed"]]
+        if observed != [model.likelihood.site] or [n for n in model_sites if n not in observed] != latent:
+            return
+        frame = data_plate_frame(model_trace.nodes[observed[0]], self.data_plate)
+        if frame is None or (frame.full_size or frame.size) != frame.size:
+            return
+        if model_trace.nodes[observed[0]]["mask"] is not None:
+            return
+        names = [n for site in latent for n in guide.posterior_param_names(site)]
+        self._plan = _ReplayPlan(model, guide, guide.prototype_trace, [(n, priors[n]) for n in latent],
+                                 ParamReader(names))  # fmt: skip
+
     def _get_trace(self, model, guide, args, kwargs):
         """One guide draw and the model replayed against it, the data plate scaled.
 
@@ -192,6 +289,8 @@ class ELBO(TraceMeanField_ELBO):
         model_trace = prune_subsample_sites(model_trace)
         if is_validation_enabled():
             check_mean_field_requirement(model_trace, guide_trace)
+        if self._current_call is not None:
+            self._last_traces = (model_trace, guide_trace)
         return model_trace, guide_trace
 
     def _get_traces(self, model, guide, args, kwargs):
@@ -228,7 +327,13 @@ class ELBO(TraceMeanField_ELBO):
             if model_site["is_observed"]:
                 nll = nll - _log_prob_sum(model_site, self.max_plate_nesting if validate else None)
                 continue
-            guide_site = guide_trace.nodes[name]
+            guide_site = guide_trace.nodes.get(name)
+            if guide_site is None:
+                raise ValueError(
+                    f"the model's latent site {name!r} has no posterior in the guide: the guide was set up from an "
+                    "earlier call whose model had no such site (a site the model emits only for some inputs). Emit "
+                    "the same latent sites on every call, or observe this one."
+                )
             if validate and not guide_site["fn"].has_rsample:
                 raise NotImplementedError(
                     f"guide site {name!r} ({type(guide_site['fn']).__name__}) is not reparameterizable; "
@@ -238,6 +343,11 @@ class ELBO(TraceMeanField_ELBO):
         for name, guide_site in guide_trace.nodes.items():  # auxiliary guide sites contribute log q
             if guide_site["type"] == "sample" and name not in model_trace.nodes:
                 kl_by_site[name] = _log_prob_sum(guide_site)
+        return self._account(nll, kl_by_site)
+
+    def _account(self, nll, kl_by_site: dict[str, torch.Tensor]):
+        """``(loss, surrogate loss)`` from the scaled negative log-likelihood and the KL per site; the terms are
+        added to this call's record."""
         kl = sum(kl_by_site.values(), torch.zeros(()))
         weight = self._current_call["weight"] if self._current_call is not None else self.current_kl_weight()
         surrogate_loss = nll + weight * kl
@@ -263,7 +373,18 @@ class ELBO(TraceMeanField_ELBO):
 
     def loss_and_grads(self, model, guide, *args, **kwargs):
         with self._recording():
-            loss = super().loss_and_grads(model, guide, *args, **kwargs)
+            replayable = self._replayable(model, guide, args, kwargs)
+            loss = None
+            if replayable is not None:
+                try:
+                    loss = self._replay_loss_and_grads(*replayable, *args)
+                except _ReplayMismatch:  # the model changed: the full path from now on (and a plan, if it allows)
+                    self._plan = None
+                    self._current_call.update(nll=0.0, kl=0.0, kl_by_site={}, loss=0.0, frame=None)
+            self.last_step_replayed = loss is not None
+            if loss is None:
+                loss = super().loss_and_grads(model, guide, *args, **kwargs)
+                self._record_plan(model, guide)
         self.step += 1
         return loss
 
@@ -377,12 +498,16 @@ def _normal_kl_sum(q, p) -> torch.Tensor | None:
     elementwise passes of the general formula (the KL is the costliest part of a step after the matrix products).
     ``t`` may be a learned scalar tensor, which the KL's gradient then reaches.
     """
-    constants = _prior_constants(p) or _learned_scale_constants(p)
     q = _base_normal(q)
-    if constants is None or q is None or q.loc.shape != _base_normal(p).loc.shape:
+    return None if q is None else _normal_kl_of(q.loc, q.scale, p)
+
+
+def _normal_kl_of(mu: torch.Tensor, s: torch.Tensor, p) -> torch.Tensor | None:
+    """:func:`_normal_kl_sum` for the posterior ``Normal(mu, s)`` given by its parameters."""
+    constants = _prior_constants(p) or _learned_scale_constants(p)
+    if constants is None or mu.shape != _base_normal(p).loc.shape:
         return None
     m, t = constants
-    mu, s = q.loc, q.scale
     n = mu.numel()
     squares = torch.linalg.vector_norm(s).square() + torch.linalg.vector_norm(mu).square()
     if m != 0.0:  # sum (mu - m)^2 = |mu|^2 - 2 m sum(mu) + n m^2, without an elementwise pass
@@ -405,3 +530,29 @@ def _site_kl(guide_site: dict, model_site: dict) -> torch.Tensor:
     if torch.is_tensor(kl):
         return kl.sum()
     return torch.as_tensor(kl * torch.Size(guide_site["fn"].batch_shape).numel())
+
+
+class _ReplayMismatch(Exception):
+    """The model no longer matches the recorded plan (a new or unread site, a prior without a closed form)."""
+
+
+class _SampleGuard(Messenger):
+    """Stops a replayed step at the first ``pyro.sample`` the model emits: the plan presets every site it knows."""
+
+    def _pyro_sample(self, msg: dict[str, Any]) -> None:
+        raise _ReplayMismatch(f"the model emitted a new sample site {msg['name']!r}")
+
+
+class _Frame:
+    """The data plate's size this call and the size it declared (what ``last_terms`` reads from a plate frame)."""
+
+    def __init__(self, size: int, full_size: int | None):
+        self.size, self.full_size = size, full_size
+
+
+class _ReplayPlan:
+    """What a replayed step needs: the model and guide it was recorded for, the guide's prototype (a new set-up
+    invalidates it), the latent sites in the guide's order with their prior readers, and the parameter reader."""
+
+    def __init__(self, model, guide, prototype, sites: list, reader: ParamReader):
+        self.model, self.guide, self.prototype, self.sites, self.reader = model, guide, prototype, sites, reader

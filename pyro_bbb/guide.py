@@ -182,16 +182,43 @@ class MeanFieldGuide(AutoNormal):
         ``AutoNormal`` (which also re-registers parameters after ``pyro.clear_param_store()``, so it stays the
         fallback), at a fraction of its Python cost -- a noticeable part of a small network's step.
         """
+        names = self.posterior_param_names(name)
+        if names is None:
+            return super()._get_loc_and_scale(name)
+        # event_dim lets a subsampling plate around this call slice the full-size parameters, as AutoNormal's do
+        event_dim = self._event_dims[name]
+        return pyro.param(names[0], event_dim=event_dim), pyro.param(names[1], event_dim=event_dim)
+
+    def posterior_param_names(self, name: str) -> tuple[str, str] | None:
+        """The names in Pyro's param store of site ``name``'s posterior loc and (constrained) scale; ``None`` when
+        they are not read from there (module-local parameters, or not created yet).
+
+        Examples
+        --------
+        >>> guide = MeanFieldGuide(BayesianLinear(2, 1))
+        >>> _ = guide(torch.zeros(1, 2))
+        >>> guide.posterior_param_names("weight")
+        ('MeanFieldGuide.locs.weight', 'MeanFieldGuide.scales.weight')
+        """
         names = self.__dict__.setdefault("_param_names", {}).get(name)
         if names is None:
             names = self._param_names[name] = tuple(site_name(self._pyro_name, f"{kind}.{name}")
                                                     for kind in ("locs", "scales"))  # fmt: skip
         store = pyro.get_param_store()
         if module_local_params_enabled() or not all(n in store for n in names):
-            return super()._get_loc_and_scale(name)
-        # event_dim lets a subsampling plate around this call slice the full-size parameters, as AutoNormal's do
-        event_dim = self._event_dims[name]
-        return pyro.param(names[0], event_dim=event_dim), pyro.param(names[1], event_dim=event_dim)
+            return None
+        return names
+
+    @property
+    def is_pruned(self) -> bool:
+        """Whether a :meth:`pruned` block is active (some weights fixed at 0).
+
+        Examples
+        --------
+        >>> MeanFieldGuide(BayesianLinear(2, 1)).is_pruned
+        False
+        """
+        return bool(self.__dict__.get("_keep_masks"))
 
     def _get_loc_and_scale(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         loc, scale = self._read_loc_and_scale(name)

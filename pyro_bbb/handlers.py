@@ -343,8 +343,23 @@ class DataPlateScaleMessenger(Messenger):
         elif (frame.full_size or frame.size) != frame.size:  # the plate subsamples and already scales by N / B
             self._check_declared(frame)
         elif self.num_data is not None:
-            self._check_batch(frame)
-            msg["scale"] = msg["scale"] * (self.num_data / frame.size)
+            msg["scale"] = msg["scale"] * self.batch_scale(self.num_data, frame.size, self.data_plate)
+
+    @staticmethod
+    def batch_scale(num_data: int, batch_size: int, data_plate: str = DATA_PLATE) -> float:
+        """``num_data / batch_size``, the scale of a batch's log-likelihood; an error when the batch is larger.
+
+        Examples
+        --------
+        >>> DataPlateScaleMessenger.batch_scale(1000, 32)
+        31.25
+        """
+        if num_data < batch_size:
+            raise ValueError(
+                f"num_data={num_data} is smaller than the batch of {batch_size} data in pyro.plate({data_plate!r}); "
+                "num_data must be the size of the whole training set."
+            )
+        return num_data / batch_size
 
     def _check_outside(self, msg: dict[str, Any]) -> None:
         # an observed site outside the plate is a likelihood that cannot be scaled -- unless it is a layer's
@@ -365,12 +380,6 @@ class DataPlateScaleMessenger(Messenger):
                 f"{frame.full_size}/{frame.size}. Drop num_data or make it equal to the plate's size."
             )
 
-    def _check_batch(self, frame) -> None:
-        if self.num_data < frame.size:
-            raise ValueError(
-                f"num_data={self.num_data} is smaller than the batch of {frame.size} data in "
-                f"pyro.plate({self.data_plate!r}); num_data must be the size of the whole training set."
-            )
 
 
 def scale_data_plate(fn: Callable | None = None, num_data: int | None = None,

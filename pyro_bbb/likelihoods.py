@@ -98,8 +98,21 @@ class Likelihood(PyroModule):
 
     def forward(self, output: torch.Tensor, y: torch.Tensor | None = None,
                 data_plate: str = DATA_PLATE) -> torch.Tensor:  # fmt: skip
+        fn, y = self.observation(output, y)
+        with pyro.plate(data_plate, fn.batch_shape[-1] if fn.batch_shape else 1, dim=-1):
+            return pyro.sample(self.site, fn, obs=y)
+
+    def observation(self, output: torch.Tensor, y: torch.Tensor | None = None):
+        """The distribution the observation site gets for ``output`` and the checked targets (``None`` stays
+        ``None``) in the shape it observes; what :meth:`forward` emits inside the data plate.
+
+        Examples
+        --------
+        >>> fn, y = Gaussian(0.1).observation(torch.zeros(3, 1), torch.ones(3, 1))   # (N, 1) targets accepted
+        >>> fn.batch_shape, y.shape
+        (torch.Size([3]), torch.Size([3]))
+        """
         fn = self.moment_distribution(output) if isinstance(output, Moments) else self.distribution(output)
-        num_data = fn.batch_shape[-1] if fn.batch_shape else 1
         if y is not None:
             try:
                 y = self.check_targets(y)
@@ -114,8 +127,7 @@ class Likelihood(PyroModule):
                 self._check_against_output(y, fn)
             except (ValueError, TypeError) as error:
                 raise TargetError(str(error)) from None
-        with pyro.plate(data_plate, num_data, dim=-1):
-            return pyro.sample(self.site, fn, obs=y)
+        return fn, y
 
     def _check_against_output(self, y: torch.Tensor, fn: dist.Distribution) -> None:
         """Checks that need the output (e.g. a class label beyond the number of logits)."""

@@ -9,14 +9,22 @@ Examples
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import pyro
+import torch
 from pyro.infer.trace_mean_field_elbo import _check_mean_field_requirement
 from pyro.nn.module import _is_module_local_param_enabled, _make_name
+from pyro.poutine.runtime import _PYRO_STACK
+from pyro.poutine.trace_messenger import TraceMessenger
+from torch.distributions import transform_to
 
 __all__ = [
     "site_name", "module_local_params_enabled", "check_mean_field_requirement", "autonormal_loc_and_scale",
-    "set_up_autoguide", "autonormal_event_dim",
+    "set_up_autoguide", "autonormal_event_dim", "param_captures", "ParamReader", "preset_samples",
 ]
 
 
@@ -89,3 +97,100 @@ def autonormal_event_dim(guide: Any, name: str) -> int:
         normal = dist.Normal(loc, scale).to_event(autonormal_event_dim(guide, "fc.weight"))
     """
     return guide._event_dims[name]
+
+
+def param_captures() -> list | None:
+    """The traces of the active ``poutine.trace(param_only=True)`` handlers (how ``SVI.step`` and ``fit`` learn which
+    parameters a step used) when they are the *only* handlers active; ``None`` when any other handler is active.
+
+    Examples
+    --------
+    >>> param_captures()
+    []
+    >>> with pyro.poutine.trace(param_only=True):
+    ...     len(param_captures())
+    1
+    >>> with pyro.poutine.block():
+    ...     param_captures() is None
+    True
+    """
+    captures = []
+    for messenger in _PYRO_STACK:
+        if type(messenger) is not TraceMessenger or not messenger.param_only:
+            return None
+        captures.append(messenger.trace)
+    return captures
+
+
+class ParamReader:
+    """Reads named parameters of Pyro's param store in their constrained form, as ``pyro.param(name)`` returns them
+    (the same tensors, with the ``unconstrained`` back-reference the optimizers follow), without a message per
+    parameter; :meth:`read` also records them in the given ``param_only`` traces, as the messages would have.
+
+    Examples
+    --------
+    >>> _ = pyro.param("reader_example", torch.ones(2), constraint=pyro.distributions.constraints.positive)
+    >>> reader = ParamReader(["reader_example"])
+    >>> [value] = reader.read([])
+    >>> torch.equal(value, pyro.param("reader_example")), value.unconstrained() is not None
+    (True, True)
+    """
+
+    def __init__(self, names: list[str]):
+        self.names = list(names)
+        self._transforms: dict[str, Any] = {}
+
+    def read(self, captures: list) -> list[torch.Tensor]:
+        store = pyro.get_param_store()
+        values = []
+        for name in self.names:
+            unconstrained = store._params[name]
+            transform = self._transforms.get(name)
+            if transform is None or transform[0] is not store._constraints[name]:
+                transform = self._transforms[name] = (store._constraints[name], transform_to(store._constraints[name]))
+            value = transform[1](unconstrained)
+            value.unconstrained = weakref.ref(unconstrained)
+            for trace in captures:
+                trace.add_node(name, type="param", name=name, value=value, args=(), kwargs={}, infer={},
+                               scale=1.0, mask=None, cond_indep_stack=(), done=True, stop=False, continuation=None,
+                               is_observed=False, fn=None)  # fmt: skip
+            values.append(value)
+        return values
+
+
+class _ReadNames(dict):
+    """A ``PyroModule`` context cache that remembers which names were read."""
+
+    def __init__(self, values: dict[str, torch.Tensor]):
+        super().__init__(values)
+        self.read: set[str] = set()
+
+    def get(self, name, default=None):
+        if name in self:
+            self.read.add(name)
+        return super().get(name, default)
+
+
+@contextmanager
+def preset_samples(module: torch.nn.Module, values: dict[str, torch.Tensor]) -> Iterator[set[str]]:
+    """Within the block, ``module``'s ``PyroSample`` attributes named in ``values`` (by full site name) return those
+    values without a ``pyro.sample`` message -- the cache ``PyroModule`` keeps for one model run, filled up front.
+    Yields the set of the names read so far (filled as the block runs).
+
+    Examples
+    --------
+    >>> from pyro_bbb.nn import BayesianLinear
+    >>> layer = BayesianLinear(2, 1)
+    >>> with preset_samples(layer, {"weight": torch.ones(1, 2), "bias": torch.zeros(1)}) as read:
+    ...     output = layer(torch.ones(3, 2))
+    >>> output.squeeze(-1), sorted(read)
+    (tensor([2., 2., 2.]), ['bias', 'weight'])
+    """
+    context = module._pyro_context
+    context.__enter__()
+    saved, context.cache = context.cache, _ReadNames(values)
+    try:
+        yield context.cache.read
+    finally:
+        context.cache = saved
+        context.__exit__(None, None, None)

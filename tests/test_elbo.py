@@ -448,3 +448,168 @@ def test_a_prior_tensor_changed_in_place_is_read_again():
     expected = sum(float(torch.distributions.kl_divergence(q[n], dist.Normal(0.0, 0.25)).sum())
                    for n in ("fc.weight", "fc.bias"))  # fmt: skip
     assert elbo.last_terms["kl"] == pytest.approx(expected, rel=1e-5)
+
+
+# -- the replayed step (issue 16) -------------------------------------------------------------------------------------
+def _replay_run(build, replay, steps=6, handler=None, kl_weight=1.0, data=None):
+    """Train ``build()`` -> (model, guide, x, y) for ``steps`` SVI steps; the losses, the final parameters, the ELBO
+    and which steps were replayed."""
+    import contextlib
+
+    import pyro_bbb
+
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    model, guide, x, y = build()
+    elbo = ELBO(num_data=200, kl_weight=kl_weight, replay=replay)
+    svi = SVI(model, guide, pyro_bbb.optim.Adam(lr=1e-2), elbo)
+    losses, replayed = [], []
+    for _ in range(steps):
+        with handler() if handler else contextlib.nullcontext():
+            losses.append(svi.step(x, y))
+        replayed.append(elbo.last_step_replayed)
+    params = {name: p.detach().clone() for name, p in pyro.get_param_store().named_parameters()}
+    return losses, params, elbo, replayed
+
+
+def _regression_bnn():
+    import pyro_bbb
+    from pyro_bbb import likelihoods
+
+    net = torch.nn.Sequential(BayesianLinear(3, 8), torch.nn.ReLU(), BayesianLinear(8, 1))
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(0.3))
+    g = torch.Generator().manual_seed(1)
+    return bnn, MeanFieldGuide(bnn, init_scale=0.1), torch.randn(20, 3, generator=g), torch.randn(20, 1, generator=g)
+
+
+def _classifier_with_a_deterministic_layer():
+    import pyro_bbb
+    from pyro_bbb import likelihoods
+
+    net = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), BayesianLinear(6, 3, prior=priors.Normal(0.2, 2)))
+    bnn = pyro_bbb.BNN(net, likelihoods.Categorical())
+    g = torch.Generator().manual_seed(2)
+    return bnn, MeanFieldGuide(bnn, init_scale=0.05), torch.randn(30, 4, generator=g), torch.randint(0, 3, (30,),
+                                                                                                      generator=g)
+
+
+@pytest.mark.parametrize("build", [_regression_bnn, _classifier_with_a_deterministic_layer], ids=["regression",
+                                                                                                  "classifier"])
+@pytest.mark.parametrize("kl_weight", [1.0, LinearWarmup(4)], ids=["kl", "warmup"])
+def test_replayed_steps_equal_the_full_pyro_path_bit_for_bit(build, kl_weight):
+    """Same draws, losses, KL terms and parameters after every step as Pyro's handlers compute them -- including a
+    deterministic layer's weights (point estimates), which the replayed step must also hand to the optimizer."""
+    fast = _replay_run(build, True, kl_weight=kl_weight)
+    full = _replay_run(build, False, kl_weight=kl_weight)
+    assert fast[3] == [False] + [True] * 5 and not any(full[3])  # the first call (validated) runs in full
+    assert fast[0] == full[0]
+    assert fast[2].last_terms == full[2].last_terms
+    assert fast[1].keys() == full[1].keys() and len(fast[1]) > 4
+    for name in fast[1]:
+        assert torch.equal(fast[1][name], full[1][name]), name
+
+
+def test_replay_equals_the_full_path_through_fit_history_included(monkeypatch):
+    import functools
+
+    import pyro_bbb
+    from pyro_bbb import training
+
+    histories = []
+    for replay in (True, False):
+        monkeypatch.setattr(training, "ELBO", functools.partial(ELBO, replay=replay))
+        pyro.clear_param_store()
+        torch.manual_seed(0)
+        model, guide, x, y = _classifier_with_a_deterministic_layer()
+        histories.append(pyro_bbb.fit(model, guide, (x, y), epochs=4, batch_size=8, seed=3, progress=False,
+                                      validation_data=(x, y)))  # fmt: skip
+    for fast, full in zip(histories[0].records, histories[1].records, strict=True):
+        assert {k: v for k, v in fast.items() if k != "seconds"} == {k: v for k, v in full.items() if k != "seconds"}
+
+
+def test_other_handlers_run_the_full_path_and_give_its_numbers():
+    import pyro_bbb
+
+    fast = _replay_run(_regression_bnn, True, handler=pyro_bbb.flipout)
+    full = _replay_run(_regression_bnn, False, handler=pyro_bbb.flipout)
+    assert not any(fast[3]) and fast[0] == full[0]
+
+
+def test_a_model_whose_sites_change_falls_back_to_the_full_path():
+    """A net that reads a layer only on wide batches, and one that emits a new sample site on some calls: the replayed
+    step notices (an unread or a new site) and the step runs through Pyro's handlers, with that call's sites."""
+    import pyro_bbb
+    from pyro_bbb import likelihoods
+
+    class Sometimes(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = BayesianLinear(2, 1), BayesianLinear(2, 1)
+
+        def forward(self, x):
+            return self.a(x) + (self.b(x) if x.shape[0] > 4 else 0.0)
+
+    class Extra(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = BayesianLinear(2, 1)
+
+        def forward(self, x):
+            out = self.a(x)
+            if x.shape[0] <= 4:
+                out = out + pyro.sample("shift", dist.Normal(0.0, 1.0))
+            return out
+
+    for net, sites in ((Sometimes(), {"net.a.weight", "net.a.bias"}), (Extra(), {"net.a.weight", "net.a.bias"})):
+        pyro.clear_param_store()
+        bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(1.0))
+        guide = MeanFieldGuide(bnn)
+        elbo = ELBO(num_data=50)
+        svi = SVI(bnn, guide, pyro_bbb.optim.Adam(lr=1e-2), elbo)
+        wide, narrow = torch.randn(8, 2), torch.randn(3, 2)
+        for _ in range(2):
+            svi.step(wide, torch.randn(8))
+        assert elbo.last_step_replayed
+        if isinstance(net, Extra):
+            with pytest.raises(ValueError, match="'shift' has no posterior in the guide"):  # not a silent prior draw
+                svi.step(narrow, torch.randn(3))
+            continue
+        loss = svi.step(narrow, torch.randn(3))
+        assert not elbo.last_step_replayed and math.isfinite(loss)
+        assert set(elbo.last_terms["kl_by_site"]) >= sites
+
+
+def test_replay_is_off_for_what_it_does_not_cover():
+    """Pruned guides, learned priors, a learned (latent) noise scale, several particles and a hand-written model run
+    through Pyro's handlers."""
+    import pyro_bbb
+    from pyro_bbb import likelihoods
+
+    pyro.clear_param_store()
+    model, guide, x, y = _regression_bnn()
+    elbo = ELBO(num_data=200)
+    svi = SVI(model, guide, pyro_bbb.optim.Adam(lr=1e-2), elbo)
+    svi.step(x, y)
+    svi.step(x, y)
+    assert elbo.last_step_replayed
+    keep = {name: torch.ones_like(p.loc, dtype=torch.bool) for name, p in guide.site_posteriors().items()}
+    with guide.pruned(keep):
+        svi.step(x, y)
+    assert not elbo.last_step_replayed
+
+    cases = [
+        lambda: pyro_bbb.BNN(BayesianLinear(3, 1, prior=priors.LearnedNormal()), likelihoods.Gaussian(1.0)),
+        lambda: pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian()),
+        lambda: Regression(),
+    ]
+    for make in cases:
+        for particles in (1, 2):
+            pyro.clear_param_store()
+            model = make()
+            guide = MeanFieldGuide(model)
+            elbo = ELBO(num_data=200, num_particles=particles)
+            svi = SVI(model, guide, pyro_bbb.optim.Adam(lr=1e-2), elbo)
+            xs, ys = torch.randn(10, 3), torch.randn(10)
+            for _ in range(3):
+                svi.step(xs, ys if isinstance(model, pyro_bbb.BNN) else ys)
+            assert not elbo.last_step_replayed
