@@ -25,7 +25,13 @@ from pyro.util import check_model_guide_match, check_site_shape, warn_if_nan
 from .bnn import BNN
 from .checks import check_count
 from .guide import POSTERIOR_KEY, MeanFieldGuide
-from .handlers import DataPlateScaleMessenger, data_plate_frame, scale_data_plate
+from .handlers import (
+    DataPlateScaleMessenger,
+    FlipoutMessenger,
+    LocalReparameterizationMessenger,
+    data_plate_frame,
+    scale_data_plate,
+)
 from .nn.module import DATA_PLATE, data_plate_named, is_layer_prior, prior_readers
 from .priors import strip_independent
 from .pyro_adapter import ParamReader, check_mean_field_requirement, param_captures, preset_samples
@@ -69,8 +75,9 @@ class ELBO(TraceMeanField_ELBO):
     replay : bool
         After a first call through Pyro's handlers, :meth:`loss_and_grads` replays the step's tensor program
         directly when that is the same computation: a :class:`pyro_bbb.BNN` whose weights are all sites of a
-        :class:`pyro_bbb.MeanFieldGuide` with closed-form KLs, one particle, plain reparameterization and no
-        handler active but ``SVI``'s / ``fit``'s parameter capture. Same draws, loss and gradients (tested), without
+        :class:`pyro_bbb.MeanFieldGuide` with closed-form KLs, one particle, and no handler active but ``SVI``'s /
+        ``fit``'s parameter capture and :func:`pyro_bbb.flipout` or :func:`pyro_bbb.local_reparameterization`
+        (the estimators' own work runs as before). Same draws, loss and gradients (tested), without
         a Pyro message per parameter and site -- most of a small network's step. Any other case, or a model whose
         sites change, runs the full Pyro path. ``False`` always runs it.
     **kwargs :
@@ -200,23 +207,27 @@ class ELBO(TraceMeanField_ELBO):
             return None
         if torch._C._get_tracing_state():
             return None
-        captures = param_captures()
-        return None if captures is None else (plan, captures)
+        stack = param_captures(allowed=(FlipoutMessenger, LocalReparameterizationMessenger))
+        if stack is None or len(stack[1]) > 1:
+            return None
+        return plan, *stack
 
-    def _replay_loss_and_grads(self, plan: _ReplayPlan, captures: list, x, y) -> float:
+    def _replay_loss_and_grads(self, plan: _ReplayPlan, captures: list, estimators: list, x, y) -> float:
         """One step as :meth:`_differentiable_loss_particle` and Pyro's ``loss_and_grads`` compute it, from the same
-        draws in the same order, without the handlers; :class:`_ReplayMismatch` when the model no longer matches."""
-        values = plan.reader.read(captures)
-        draws, kl_by_site = {}, {}
+        draws in the same order, without the handlers but the estimator's (Flipout's or local reparameterization's,
+        told each site's posterior as the guide's draw would); :class:`_ReplayMismatch` when the model no longer
+        matches."""
+        draws, posteriors, kl_by_site = {}, {}, {}
         for i, (name, prior_of) in enumerate(plan.sites):
-            loc, scale = values[2 * i], values[2 * i + 1]
-            shape = loc.shape if loc.shape == scale.shape else torch.broadcast_shapes(loc.shape, scale.shape)
-            noise = torch.empty(shape, dtype=loc.dtype, device=loc.device).normal_()  # what Normal.rsample draws
-            draws[name] = loc + noise * scale
-            kl = _normal_kl_of(loc, scale, prior_of())
-            if kl is None:
-                raise _ReplayMismatch(f"the prior of {name!r} has no closed-form KL any more")
-            kl_by_site[name] = kl * 1.0  # the guide site's scale, as in _site_kl
+            loc, scale = plan.reader.read(captures, 2 * i, 2 * i + 2)  # site by site, in the guide's order
+            # the guide's Normal(loc, scale) keeps broadcast views of its parameters, and its draw and KL use them:
+            # the same graph, so that the gradients accumulate in the same order
+            normal_loc, normal_scale = torch.broadcast_tensors(loc, scale)
+            noise = torch.empty(normal_loc.shape, dtype=loc.dtype, device=loc.device).normal_()  # Normal.rsample's
+            draws[name] = normal_loc + noise * normal_scale
+            for estimator in estimators:
+                estimator.remember_posterior(name, loc, scale)
+            posteriors[name] = (normal_loc, normal_scale, prior_of)
         with preset_samples(plan.model, draws) as read, _SampleGuard():
             fn, y = plan.model.observation(x, y)
         if read != set(draws):
@@ -225,7 +236,13 @@ class ELBO(TraceMeanField_ELBO):
         scale = 1.0
         if self.num_data is not None:
             scale = scale * DataPlateScaleMessenger.batch_scale(self.num_data, batch, self.data_plate)
+        # the terms in the order the full path computes them (the autograd graph, and so the gradients, alike)
         nll = 0.0 - scale_and_mask(fn.log_prob(y), scale, None).sum()
+        for name, (normal_loc, normal_scale, prior_of) in posteriors.items():
+            kl = _normal_kl_of(normal_loc, normal_scale, prior_of())
+            if kl is None:
+                raise _ReplayMismatch(f"the prior of {name!r} has no closed-form KL any more")
+            kl_by_site[name] = kl * 1.0  # the guide site's scale, as in _site_kl
         self._current_call["frame"] = _Frame(batch, None)
         loss, surrogate_loss = self._account(nll, kl_by_site)
         if getattr(surrogate_loss, "requires_grad", False):

@@ -51,7 +51,11 @@ class _PosteriorReader(Messenger):
     def _pyro_post_sample(self, msg: dict[str, Any]) -> None:
         posterior = msg["infer"].get(POSTERIOR_KEY)
         if posterior is not None:
-            self._posteriors[msg["name"]] = posterior
+            self.remember_posterior(msg["name"], *posterior)
+
+    def remember_posterior(self, site: str, loc: torch.Tensor, scale: torch.Tensor) -> None:
+        """Use ``Normal(loc, scale)`` as site ``site``'s posterior (what a guide's draw at that site tells it)."""
+        self._posteriors[site] = (loc, scale)
 
     def _posterior(self, site: str | None) -> tuple[torch.Tensor, torch.Tensor]:
         if site not in self._posteriors:

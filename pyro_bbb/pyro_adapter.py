@@ -99,27 +99,31 @@ def autonormal_event_dim(guide: Any, name: str) -> int:
     return guide._event_dims[name]
 
 
-def param_captures() -> list | None:
+def param_captures(allowed: tuple[type, ...] = ()) -> tuple[list, list] | None:
     """The traces of the active ``poutine.trace(param_only=True)`` handlers (how ``SVI.step`` and ``fit`` learn which
-    parameters a step used) when they are the *only* handlers active; ``None`` when any other handler is active.
+    parameters a step used) and the active handlers of the ``allowed`` types, when nothing else is active; ``None``
+    when any other handler is.
 
     Examples
     --------
     >>> param_captures()
-    []
+    ([], [])
     >>> with pyro.poutine.trace(param_only=True):
-    ...     len(param_captures())
+    ...     len(param_captures()[0])
     1
     >>> with pyro.poutine.block():
     ...     param_captures() is None
     True
     """
-    captures = []
+    captures, others = [], []
     for messenger in _PYRO_STACK:
-        if type(messenger) is not TraceMessenger or not messenger.param_only:
+        if type(messenger) is TraceMessenger and messenger.param_only:
+            captures.append(messenger.trace)
+        elif type(messenger) in allowed:
+            others.append(messenger)
+        else:
             return None
-        captures.append(messenger.trace)
-    return captures
+    return captures, others
 
 
 class ParamReader:
@@ -140,10 +144,11 @@ class ParamReader:
         self.names = list(names)
         self._transforms: dict[str, Any] = {}
 
-    def read(self, captures: list) -> list[torch.Tensor]:
+    def read(self, captures: list, start: int = 0, stop: int | None = None) -> list[torch.Tensor]:
+        """The values of ``names[start:stop]``, recorded in ``captures``."""
         store = pyro.get_param_store()
         values = []
-        for name in self.names:
+        for name in self.names[start:stop]:
             unconstrained = store._params[name]
             transform = self._transforms.get(name)
             if transform is None or transform[0] is not store._constraints[name]:

@@ -527,12 +527,28 @@ def test_replay_equals_the_full_path_through_fit_history_included(monkeypatch):
         assert {k: v for k, v in fast.items() if k != "seconds"} == {k: v for k, v in full.items() if k != "seconds"}
 
 
+@pytest.mark.parametrize("estimator", ["flipout", "local_reparameterization"])
+@pytest.mark.parametrize("build", [_regression_bnn, _classifier_with_a_deterministic_layer], ids=["regression",
+                                                                                                  "classifier"])
+def test_replay_under_flipout_and_local_reparameterization_equals_the_full_path(estimator, build):
+    """The estimators' handlers stay active in a replayed step, told each weight's posterior as the guide's draw
+    would tell them: same signs and noise in the same order, same numbers."""
+    import pyro_bbb
+
+    fast = _replay_run(build, True, handler=getattr(pyro_bbb, estimator))
+    full = _replay_run(build, False, handler=getattr(pyro_bbb, estimator))
+    assert fast[3] == [False] + [True] * 5 and fast[0] == full[0]
+    for name in fast[1]:
+        assert torch.equal(fast[1][name], full[1][name]), name
+
+
 def test_other_handlers_run_the_full_path_and_give_its_numbers():
     import pyro_bbb
 
-    fast = _replay_run(_regression_bnn, True, handler=pyro_bbb.flipout)
-    full = _replay_run(_regression_bnn, False, handler=pyro_bbb.flipout)
-    assert not any(fast[3]) and fast[0] == full[0]
+    for handler in (poutine.block, lambda: pyro_bbb.flipout(pyro_bbb.local_reparameterization())):
+        fast = _replay_run(_regression_bnn, True, handler=handler)
+        full = _replay_run(_regression_bnn, False, handler=handler)
+        assert not any(fast[3]) and fast[0] == full[0]
 
 
 def test_a_model_whose_sites_change_falls_back_to_the_full_path():
