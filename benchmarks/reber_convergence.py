@@ -9,7 +9,8 @@ epoch; the table reports the accuracy after the last epoch. The deterministic mo
 Configurations (``--config``): ``A`` is the issue's (strings up to 16 symbols, 2000 training strings, LSTM(8),
 batches of 100, 40 epochs, Adam 1e-2, clip_norm 5). Variants (flags) change both models alike unless said:
 
-* ``--forget-bias B``: initial forget-gate bias B (torch draws it uniformly around 0);
+* ``--forget-bias B``: initial forget-gate bias B (torch draws it uniformly around 0); for a GRU the update gate's
+  (``z``: the state is kept where it is near 1);
 * ``--lr-decay D``: multiply the learning rate by D after every step (``pyro.optim.ClippedAdam``'s ``lrd``);
 * ``--lr-final LR``: decay the learning rate epoch by epoch from ``--lr`` to LR (``fit(lr_final=)``);
 * ``--epochs E``: train E epochs instead of the configuration's;
@@ -61,9 +62,10 @@ class Classifier(nn.Module):
         return self.head(self.rnn(x)[0][..., -1, :])
 
 
-def set_forget_bias(lstm: nn.LSTM, value: float, hidden: int) -> None:
+def set_forget_bias(lstm: nn.LSTM | nn.GRU, value: float, hidden: int) -> None:
     """Forget-gate bias ``value`` (input-to-hidden bias; the hidden-to-hidden one 0) in every layer of a
-    ``torch.nn.LSTM`` -- what ``BayesianLSTM(forget_bias=value)`` does to its initial posterior means."""
+    ``torch.nn.LSTM`` -- what ``BayesianLSTM(forget_bias=value)`` does to its initial posterior means; a
+    ``torch.nn.GRU``'s update gate likewise (its second chunk too)."""
     with torch.no_grad():
         for name, param in lstm.named_parameters():
             if name.startswith("bias_"):
@@ -78,13 +80,18 @@ def train(config: dict, kind: str, mode: str, seed: int, args) -> dict:
     hidden = config["hidden"]
     if kind == "deterministic":
         rnn, head = getattr(nn, mode)(7, hidden, batch_first=True), nn.Linear(hidden, 1)
-        if args.forget_bias is not None and mode == "LSTM":
+        if args.forget_bias is not None:  # an LSTM's forget gate, a GRU's update gate (both the second chunk)
             set_forget_bias(rnn, args.forget_bias, hidden)
     else:
         prior = priors.LearnedNormal() if args.prior == "learned" else priors.Normal(0.0, args.prior_scale)
         # the flag, or torch's initialisation like the deterministic model's (not BayesianLSTM's default of 1)
         extra = {"forget_bias": args.forget_bias} if mode == "LSTM" else {}
         rnn = BAYESIAN[mode](7, hidden, batch_first=True, prior=prior, **extra)
+        if mode == "GRU" and args.forget_bias is not None:  # the update gate's bias: the state is kept at the start
+            for name in ("bias_ih_l0", "bias_hh_l0"):
+                value = getattr(rnn, f"{name}_init").clone()
+                value[hidden : 2 * hidden] = args.forget_bias if name == "bias_ih_l0" else 0.0
+                rnn.set_initial_value(name, value)
         head = BayesianLinear(hidden, 1, prior=prior)
     model = pyro_bbb.BNN(Classifier(rnn, head), likelihoods.Bernoulli())
     guide = pyro_bbb.MeanFieldGuide(model, **({"init_scale": args.init_scale} if args.init_scale else {}))
