@@ -38,7 +38,7 @@ from timing import median_ms  # noqa: E402  (benchmarks/timing.py)
 
 import pyro_bbb
 from pyro_bbb import likelihoods
-from pyro_bbb.nn import BayesianLinear, BayesianLSTM
+from pyro_bbb.nn import BayesianConv2d, BayesianLinear, BayesianLSTM
 
 CONFIGS = {
     "small 1-50-50-1, batch 100": ([1, 50, 50, 1], 100, 10_000),
@@ -161,6 +161,99 @@ def run(name, widths, batch, num_data, repeats, rounds) -> dict[str, float]:
     return {c: statistics.median(t) for c, t in times.items()}
 
 
+# -- a small CNN (issue 16): digits-sized images, two convolutions and a linear head ---------------------------------
+CNN = ("CNN 8x8 digits: conv 1->8, conv 8->16 (3x3), linear 1024->10, batch 128", 128, 1_797)
+
+
+def cnn_data(batch, num_batches=8):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(batch, 1, 8, 8, generator=g), torch.randint(0, 10, (batch,), generator=g))
+            for _ in range(num_batches)]  # fmt: skip
+
+
+def cnn_modules(conv, linear):
+    return [conv(1, 8, 3, padding=1), torch.nn.ReLU(), conv(8, 16, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.Flatten(), linear(16 * 8 * 8, 10)]  # fmt: skip
+
+
+def cnn_deterministic(batch, num_data):
+    net = torch.nn.Sequential(*cnn_modules(torch.nn.Conv2d, torch.nn.Linear))
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+
+    def step(x, y):
+        optimizer.zero_grad()
+        (F.cross_entropy(net(x), y, reduction="sum") / x.shape[0]).backward()
+        optimizer.step()
+
+    return step
+
+
+def cnn_hand_written(batch, num_data, init_scale=1e-4):
+    reference = torch.nn.Sequential(*cnn_modules(torch.nn.Conv2d, torch.nn.Linear))
+    layers = [m for m in reference if isinstance(m, torch.nn.Conv2d | torch.nn.Linear)]
+    rho = float(torch.log(torch.expm1(torch.tensor(init_scale))))
+    mus = [torch.nn.Parameter(p.detach().clone()) for m in layers for p in (m.weight, m.bias)]
+    rhos = [torch.nn.Parameter(torch.full_like(mu, rho)) for mu in mus]
+    optimizer = torch.optim.Adam(mus + rhos, lr=1e-3)
+
+    def step(x, y):
+        optimizer.zero_grad()
+        kl, draws = 0.0, []
+        for mu, r in zip(mus, rhos):
+            sigma = F.softplus(r)
+            draws.append(mu + sigma * torch.randn_like(mu))
+            kl = kl + (0.5 * (sigma**2 + mu**2 - 1) - torch.log(sigma)).sum()
+        h = torch.relu(F.conv2d(x, draws[0], draws[1], padding=1))
+        h = torch.relu(F.conv2d(h, draws[2], draws[3], padding=1))
+        logits = F.linear(h.flatten(1), draws[4], draws[5])
+        (F.cross_entropy(logits, y, reduction="sum") * (num_data / x.shape[0]) + kl).backward()
+        optimizer.step()
+
+    return step
+
+
+def cnn_ours(estimator: Callable):
+    def build(batch, num_data):
+        model = pyro_bbb.BNN(torch.nn.Sequential(*cnn_modules(BayesianConv2d, BayesianLinear)),
+                             likelihoods.Categorical())  # fmt: skip
+        guide = pyro_bbb.MeanFieldGuide(model)
+        svi = SVI(model, guide, pyro_bbb.optim.Adam(lr=1e-3), pyro_bbb.ELBO(num_data=num_data))
+
+        def step(x, y):
+            with estimator():
+                svi.step(x, y)
+
+        return step
+
+    return build
+
+
+CNN_CONTENDERS = {
+    "deterministic CNN": cnn_deterministic,
+    "hand-written PyTorch BbB": cnn_hand_written,
+    "pyro_bbb reparam": cnn_ours(contextlib.nullcontext),
+    "pyro_bbb flipout": cnn_ours(pyro_bbb.flipout),
+    "pyro_bbb local reparam": cnn_ours(pyro_bbb.local_reparameterization),
+}
+
+
+def run_cnn(batch, num_data, repeats, rounds) -> dict[str, float]:
+    data = cnn_data(batch)
+    steps = {}
+    for contender, build in CNN_CONTENDERS.items():
+        pyro.clear_param_store()
+        torch.manual_seed(0)
+        steps[contender] = build(batch, num_data)
+        for x, y in data[:3]:
+            steps[contender](x, y)
+    times: dict[str, list[float]] = {c: [] for c in steps}
+    counter = iter(range(10**9))
+    for _ in range(rounds):
+        for contender, step in steps.items():
+            times[contender].append(median_ms(lambda s=step: s(*data[next(counter) % len(data)]), repeats))
+    return {c: statistics.median(t) for c, t in times.items()}
+
+
 RECURRENT = {
     "LSTM 7->4, T = 12, batch 32 (Embedded Reber)": (7, 4, 12, 32),
     "LSTM 32->128, T = 20, batch 64": (32, 128, 20, 64),
@@ -274,6 +367,13 @@ def main() -> None:
         print(f"  {'':28s} {'ms/step':>8s} {'/ hand-written':>15s} {'/ deterministic':>16s}")
         for contender, ms in result.items():
             print(f"  {contender:28s} {ms:8.2f} {ms / hand:15.2f} {ms / floor:16.2f}")
+    name, batch, num_data = CNN
+    result = run_cnn(batch, num_data, repeats, rounds)
+    hand, floor = result["hand-written PyTorch BbB"], result["deterministic CNN"]
+    print(f"\n{name} (N = {num_data})")
+    print(f"  {'':28s} {'ms/step':>8s} {'/ hand-written':>15s} {'/ deterministic':>16s}")
+    for contender, ms in result.items():
+        print(f"  {contender:28s} {ms:8.2f} {ms / hand:15.2f} {ms / floor:16.2f}")
 
 
 if __name__ == "__main__":

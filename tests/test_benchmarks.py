@@ -14,7 +14,7 @@ UCI = BENCHMARKS.parents[1] / "shared" / "uci"
 @pytest.mark.parametrize(
     "script",
     ["step_time.py", "predict.py", "fit_overhead.py", "gradient_variance.py", "init_scale.py", "classification.py",
-     "uci.py", "reber_convergence.py"],
+     "uci.py", "reber_convergence.py", "memory.py"],
 )  # fmt: skip
 def test_benchmark_quick_mode(script):
     if script == "uci.py" and not UCI.exists():
