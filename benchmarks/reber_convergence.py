@@ -84,14 +84,9 @@ def train(config: dict, kind: str, mode: str, seed: int, args) -> dict:
             set_forget_bias(rnn, args.forget_bias, hidden)
     else:
         prior = priors.LearnedNormal() if args.prior == "learned" else priors.Normal(0.0, args.prior_scale)
-        # the flag, or torch's initialisation like the deterministic model's (not BayesianLSTM's default of 1)
-        extra = {"forget_bias": args.forget_bias} if mode == "LSTM" else {}
+        # the flag, or torch's initialisation like the deterministic model's (not the layers' default of 1)
+        extra = {"forget_bias" if mode == "LSTM" else "update_bias": args.forget_bias}
         rnn = BAYESIAN[mode](7, hidden, batch_first=True, prior=prior, **extra)
-        if mode == "GRU" and args.forget_bias is not None:  # the update gate's bias: the state is kept at the start
-            for name in ("bias_ih_l0", "bias_hh_l0"):
-                value = getattr(rnn, f"{name}_init").clone()
-                value[hidden : 2 * hidden] = args.forget_bias if name == "bias_ih_l0" else 0.0
-                rnn.set_initial_value(name, value)
         head = BayesianLinear(hidden, 1, prior=prior)
     model = pyro_bbb.BNN(Classifier(rnn, head), likelihoods.Bernoulli())
     guide = pyro_bbb.MeanFieldGuide(model, **({"init_scale": args.init_scale} if args.init_scale else {}))

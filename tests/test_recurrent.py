@@ -58,16 +58,20 @@ def test_initial_values_priors_and_sites():
     assert float(fan.prior_distribution("weight_ih_l0").base_dist.scale.reshape(-1)[0]) == pytest.approx(3**-0.5)
 
 
-@pytest.mark.parametrize("make, twin", [
+@pytest.mark.parametrize("make, twin, keyword", [
     (lambda **kw: BayesianLSTM(3, 5, num_layers=2, bidirectional=True, **kw),
-     lambda: torch.nn.LSTM(3, 5, num_layers=2, bidirectional=True)),
-    (lambda **kw: BayesianLSTMCell(3, 5, **kw), lambda: torch.nn.LSTMCell(3, 5)),
+     lambda: torch.nn.LSTM(3, 5, num_layers=2, bidirectional=True), "forget_bias"),
+    (lambda **kw: BayesianLSTMCell(3, 5, **kw), lambda: torch.nn.LSTMCell(3, 5), "forget_bias"),
+    (lambda **kw: BayesianGRU(3, 5, num_layers=2, bidirectional=True, **kw),
+     lambda: torch.nn.GRU(3, 5, num_layers=2, bidirectional=True), "update_bias"),
+    (lambda **kw: BayesianGRUCell(3, 5, **kw), lambda: torch.nn.GRUCell(3, 5), "update_bias"),
 ])  # fmt: skip
-def test_forget_gate_bias_starts_at_one_and_none_keeps_torchs_initialisation(make, twin):
+def test_keep_gate_bias_starts_at_one_and_none_keeps_torchs_initialisation(make, twin, keyword):
+    """An LSTM's forget gate (gates i, f, g, o) and a GRU's update gate (gates r, z, n) are the second block."""
     torch.manual_seed(0)
     torch_init = dict(twin().named_parameters())
     torch.manual_seed(0)
-    plain = make(forget_bias=None)
+    plain = make(**{keyword: None})
     torch.manual_seed(0)
     layer = make()
     for name, param in torch_init.items():
@@ -75,9 +79,11 @@ def test_forget_gate_bias_starts_at_one_and_none_keeps_torchs_initialisation(mak
         value = getattr(layer, f"{name}_init")
         if name.startswith("bias_"):
             expected = 1.0 if name.startswith("bias_ih") else 0.0
-            assert torch.all(value[5:10] == expected)  # gates i, f, g, o: the forget gate is the second block
+            assert torch.all(value[5:10] == expected)
             assert torch.equal(value[:5], getattr(plain, f"{name}_init")[:5])
-    assert "forget_bias" not in inspect.signature(BayesianGRU).parameters  # a GRU has no forget gate
+            assert torch.equal(value[10:], getattr(plain, f"{name}_init")[10:])
+    other = {"forget_bias": "update_bias", "update_bias": "forget_bias"}[keyword]
+    assert other not in inspect.signature(type(layer)).parameters
 
 
 def test_one_weight_draw_per_sequence_and_vectorized_draws():

@@ -93,16 +93,17 @@ class _Recurrent(BayesianModule):
             recurrent = name.startswith("weight_hh")
             self._declare_bayesian(name, param, fan_in[name], recurrent_prior if recurrent else None)
 
-    def _set_forget_bias(self, forget_bias: float | None) -> None:
-        """Start every forget gate at ``sigmoid(forget_bias)``: the input-to-hidden forget-gate biases' initial
-        posterior means become ``forget_bias``, the hidden-to-hidden ones 0 (``None``: torch's initialisation)."""
-        if forget_bias is None:
+    def _set_keep_gate_bias(self, bias: float | None) -> None:
+        """Start the gate that keeps the state -- an LSTM's forget gate, a GRU's update gate, the second block of
+        both -- at ``sigmoid(bias)``: the input-to-hidden biases' initial posterior means of that gate become
+        ``bias``, the hidden-to-hidden ones 0 (``None``: torch's initialisation)."""
+        if bias is None:
             return
         size = self.hidden_size
         for name in self.bayesian_parameters():
             if name.startswith("bias_"):
                 value = getattr(self, f"{name}_init").clone()
-                value[size : 2 * size] = forget_bias if name.startswith("bias_ih") else 0.0
+                value[size : 2 * size] = bias if name.startswith("bias_ih") else 0.0
                 self.set_initial_value(name, value)
 
     def _map(self, suffix: str, example_shape: torch.Size, sequence: bool = False, projection: bool = False):
@@ -231,7 +232,7 @@ class BayesianLSTMCell(_RecurrentCell):
     def __init__(self, input_size, hidden_size, bias=True, prior=None, recurrent_prior=None, *,
                  forget_bias: float | None = 1.0, device=None, dtype=None):  # fmt: skip
         super().__init__(input_size, hidden_size, bias, prior, recurrent_prior, device=device, dtype=dtype)
-        self._set_forget_bias(forget_bias)
+        self._set_keep_gate_bias(forget_bias)
 
     def forward(self, input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None):
         self._check_input(input, self.input_size, "an input")
@@ -245,7 +246,7 @@ class BayesianLSTMCell(_RecurrentCell):
 
 class BayesianGRUCell(_RecurrentCell):
     """Bayesian twin of :class:`torch.nn.GRUCell`: ``h_1 = cell(input, h_0)``; ``prior`` / ``recurrent_prior`` as
-    in :class:`BayesianLSTMCell`.
+    in :class:`BayesianLSTMCell`, ``update_bias`` as in :class:`BayesianGRU`.
 
     Examples
     --------
@@ -254,6 +255,11 @@ class BayesianGRUCell(_RecurrentCell):
     """
 
     _mode = "GRU"
+
+    def __init__(self, input_size, hidden_size, bias=True, prior=None, recurrent_prior=None, *,
+                 update_bias: float | None = 1.0, device=None, dtype=None):  # fmt: skip
+        super().__init__(input_size, hidden_size, bias, prior, recurrent_prior, device=device, dtype=dtype)
+        self._set_keep_gate_bias(update_bias)
 
     def forward(self, input: torch.Tensor, hx: torch.Tensor | None = None) -> torch.Tensor:
         self._check_input(input, self.input_size, "an input")
@@ -525,12 +531,21 @@ weight_hh_l1_prior=Normal(loc=0.0, scale=0.5), weight_hh_l1_reverse_prior=Normal
                  forget_bias: float | None = 1.0, device=None, dtype=None):  # fmt: skip
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, prior,
                          recurrent_prior, proj_size=proj_size, device=device, dtype=dtype)  # fmt: skip
-        self._set_forget_bias(forget_bias)
+        self._set_keep_gate_bias(forget_bias)
 
 
 class BayesianGRU(_RecurrentLayer):
     """Bayesian twin of :class:`torch.nn.GRU`: same arguments, shapes and ``(output, h_n)``; see
     :class:`BayesianLSTM`.
+
+    Parameters
+    ----------
+    update_bias : float or None
+        Initial posterior mean of every update gate's input-to-hidden bias (``z`` in ``h' = (1 - z) n + z h``; the
+        hidden-to-hidden ones start at 0): ``sigmoid(1) = 0.73`` keeps the state early in training, as an LSTM's
+        forget-gate bias does. On the Embedded Reber task (five seeds, ``benchmarks/README.md``) the worst Bayesian
+        GRU ended 14.3 points below the deterministic GRU's median with torch's initialisation (``None``), 4.2 with
+        a bias of 1 (both models alike).
 
     Examples
     --------
@@ -540,3 +555,10 @@ class BayesianGRU(_RecurrentLayer):
     """
 
     _mode = "GRU"
+
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+                 bidirectional=False, prior=None, recurrent_prior=None, *, update_bias: float | None = 1.0,
+                 device=None, dtype=None):  # fmt: skip
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, prior,
+                         recurrent_prior, device=device, dtype=dtype)  # fmt: skip
+        self._set_keep_gate_bias(update_bias)
