@@ -544,9 +544,16 @@ def test_replay_under_flipout_and_local_reparameterization_equals_the_full_path(
 
 
 def test_other_handlers_run_the_full_path_and_give_its_numbers():
+    import contextlib
+
     import pyro_bbb
 
-    for handler in (poutine.block, lambda: pyro_bbb.flipout(pyro_bbb.local_reparameterization())):
+    @contextlib.contextmanager
+    def two_estimators():
+        with pyro_bbb.flipout(), pyro_bbb.local_reparameterization():
+            yield
+
+    for handler in (poutine.block, two_estimators):
         fast = _replay_run(_regression_bnn, True, handler=handler)
         full = _replay_run(_regression_bnn, False, handler=handler)
         assert not any(fast[3]) and fast[0] == full[0]
