@@ -219,7 +219,10 @@ class ELBO(TraceMeanField_ELBO):
         matches."""
         draws, posteriors, kl_by_site = {}, {}, {}
         for i, (name, prior_of) in enumerate(plan.sites):
-            loc, scale = plan.reader.read(captures, 2 * i, 2 * i + 2)  # site by site, in the guide's order
+            try:
+                loc, scale = plan.reader.read(captures, 2 * i, 2 * i + 2)  # site by site, in the guide's order
+            except KeyError as missing:  # the param store was cleared or replaced: the guide registers them anew
+                raise _ReplayMismatch(f"parameter {missing} is not in Pyro's param store") from None
             # the guide's Normal(loc, scale) keeps broadcast views of its parameters, and its draw and KL use them:
             # the same graph, so that the gradients accumulate in the same order
             normal_loc, normal_scale = torch.broadcast_tensors(loc, scale)

@@ -637,3 +637,20 @@ def test_replay_is_off_for_what_it_does_not_cover():
             for _ in range(3):
                 svi.step(xs, ys if isinstance(model, pyro_bbb.BNN) else ys)
             assert not elbo.last_step_replayed
+
+
+def test_replay_survives_a_cleared_param_store():
+    """``pyro.clear_param_store()`` between steps: the guide registers its parameters anew on the full path, as it
+    would without the replay, and the next steps replay again."""
+    import pyro_bbb
+
+    pyro.clear_param_store()
+    model, guide, x, y = _regression_bnn()
+    elbo = ELBO(num_data=200)
+    svi = SVI(model, guide, pyro_bbb.optim.Adam(lr=1e-2), elbo)
+    for _ in range(2):
+        svi.step(x, y)
+    assert elbo.last_step_replayed
+    pyro.clear_param_store()
+    assert math.isfinite(svi.step(x, y)) and not elbo.last_step_replayed
+    assert math.isfinite(svi.step(x, y)) and elbo.last_step_replayed
