@@ -268,6 +268,8 @@ class ELBO(TraceMeanField_ELBO):
             site = guide_trace.nodes[name]
             if POSTERIOR_KEY not in site["infer"] or site["cond_indep_stack"] or site["mask"] is not None:
                 return
+            if not (isinstance(site["scale"], Real) and site["scale"] == 1.0):  # e.g. a poutine.scale in the guide
+                return
             model_site = model_trace.nodes.get(name)
             if model_site is None or model_site["is_observed"] or name not in priors:
                 return
@@ -282,8 +284,10 @@ class ELBO(TraceMeanField_ELBO):
         frame = data_plate_frame(model_trace.nodes[observed[0]], self.data_plate)
         if frame is None or (frame.full_size or frame.size) != frame.size:
             return
-        if model_trace.nodes[observed[0]]["mask"] is not None:
-            return
+        obs = model_trace.nodes[observed[0]]
+        expected = 1.0 if self.num_data is None else self.num_data / frame.size
+        if obs["mask"] is not None or not isinstance(obs["scale"], Real) or obs["scale"] != expected:
+            return  # a mask, or a scale of the user's own (poutine.scale around the likelihood): not replayed
         names = [n for site in latent for n in guide.posterior_param_names(site)]
         self._plan = _ReplayPlan(model, guide, guide.prototype_trace, [(n, priors[n]) for n in latent],
                                  ParamReader(names))  # fmt: skip

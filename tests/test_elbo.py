@@ -621,7 +621,13 @@ def test_replay_is_off_for_what_it_does_not_cover():
         svi.step(x, y)
     assert not elbo.last_step_replayed
 
+    class ScaledLikelihood(likelihoods.Gaussian):
+        def forward(self, output, y=None, data_plate="data"):
+            with poutine.scale(scale=0.5):  # a user's own scale on the observation
+                return super().forward(output, y, data_plate)
+
     cases = [
+        lambda: pyro_bbb.BNN(BayesianLinear(3, 1), ScaledLikelihood(1.0)),
         lambda: pyro_bbb.BNN(BayesianLinear(3, 1, prior=priors.LearnedNormal()), likelihoods.Gaussian(1.0)),
         lambda: pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian()),
         lambda: Regression(),
