@@ -368,13 +368,19 @@ class _RecurrentLayer(_Recurrent):
                 weights[f"weight_{kind}{suffix}"] = pick(m.weight)
                 if m.bias is not None:
                     weights[f"bias_{kind}{suffix}"] = pick(m.bias)
-        kernel = self.__dict__["_kernel"].train(self.training)
         if hx is None and isinstance(input, torch.Tensor):  # the common case: straight to torch's op
-            # torch's flat-weight order is the order of the module's parameters
-            return self._kernel_op([weights[name] for name, _ in kernel.named_parameters()], input)
+            return self._kernel_op([weights[name] for name in self._flat_weight_names()], input)
+        kernel = self.__dict__["_kernel"].train(self.training)
         with warnings.catch_warnings():  # projections run without oneDNN (torch says so once per process)
             warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
             return functional_call(kernel, weights, (input,) if hx is None else (input, hx))
+
+    def _flat_weight_names(self) -> list[str]:
+        """torch's flat-weight order: the order of the kernel module's parameters (found once)."""
+        names = self.__dict__.get("_flat_names")
+        if names is None:
+            names = self.__dict__["_flat_names"] = [name for name, _ in self.__dict__["_kernel"].named_parameters()]
+        return names
 
     def _kernel_op(self, flat_weights: list[torch.Tensor], input: torch.Tensor):
         """``torch.lstm`` / ``torch.gru`` on a ``(T, B, F)`` (``(B, T, F)``) tensor from a zero state: the op that
@@ -386,6 +392,9 @@ class _RecurrentLayer(_Recurrent):
         hx = (h0, input.new_zeros(states, batch, self.hidden_size)) if self._mode == "LSTM" else h0
         op = torch.lstm if self._mode == "LSTM" else torch.gru
         settings = (self.num_layers, self.dropout, self.training, self.bidirectional, self.batch_first)
+        if not self.proj_size:
+            output, *state = op(input, hx, flat_weights, "bias_ih_l0" in self._bayesian, *settings)
+            return output, (tuple(state) if self._mode == "LSTM" else state[0])
         with warnings.catch_warnings():  # projections run without oneDNN (torch says so once per process)
             warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
             output, *state = op(input, hx, flat_weights, "bias_ih_l0" in self._bayesian, *settings)
