@@ -34,7 +34,7 @@ from .handlers import (
 )
 from .nn.module import DATA_PLATE, data_plate_named, is_layer_prior, prior_readers
 from .priors import strip_independent
-from .pyro_adapter import ParamReader, check_mean_field_requirement, param_captures, preset_samples
+from .pyro_adapter import ParamReader, check_mean_field_requirement, param_captures, preset_samples, sample_priors
 from .schedules import Constant
 
 __all__ = ["ELBO", "DataPlateScaleMessenger"]  # the messenger lives in pyro_bbb.handlers
@@ -74,8 +74,9 @@ class ELBO(TraceMeanField_ELBO):
         weight). ``True`` validates every call.
     replay : bool
         After a first call through Pyro's handlers, :meth:`loss_and_grads` replays the step's tensor program
-        directly when that is the same computation: a :class:`pyro_bbb.BNN` whose weights are all sites of a
-        :class:`pyro_bbb.MeanFieldGuide` with closed-form KLs, one particle, and no handler active but ``SVI``'s /
+        directly when that is the same computation: a :class:`pyro_bbb.BNN` whose latent sites are all global sites
+        of a :class:`pyro_bbb.MeanFieldGuide` (weights with closed-form KLs, and e.g. a learned noise scale), one
+        particle, and no handler active but ``SVI``'s /
         ``fit``'s parameter capture and :func:`pyro_bbb.flipout` or :func:`pyro_bbb.local_reparameterization`
         (the estimators' own work runs as before). Same draws, loss and gradients (tested), without
         a Pyro message per parameter and site -- most of a small network's step. Any other case, or a model whose
@@ -218,11 +219,16 @@ class ELBO(TraceMeanField_ELBO):
         told each site's posterior as the guide's draw would); :class:`_ReplayMismatch` when the model no longer
         matches."""
         draws, posteriors, kl_by_site = {}, {}, {}
-        for i, (name, prior_of) in enumerate(plan.sites):
+        for i, (name, prior_of, weight) in enumerate(plan.sites):
             try:
                 loc, scale = plan.reader.read(captures, 2 * i, 2 * i + 2)  # site by site, in the guide's order
             except KeyError as missing:  # the param store was cleared or replaced: the guide registers them anew
                 raise _ReplayMismatch(f"parameter {missing} is not in Pyro's param store") from None
+            if not weight:  # e.g. a learned noise scale: the guide's own (constrained) distribution, a Monte Carlo KL
+                fn = plan.guide.posterior_at(name, loc, scale)
+                draws[name] = fn.rsample()
+                posteriors[name] = (fn, draws[name], prior_of)
+                continue
             # the guide's Normal(loc, scale) keeps broadcast views of its parameters, and its draw and KL use them:
             # the same graph, so that the gradients accumulate in the same order
             normal_loc, normal_scale = torch.broadcast_tensors(loc, scale)
@@ -241,8 +247,11 @@ class ELBO(TraceMeanField_ELBO):
             scale = scale * DataPlateScaleMessenger.batch_scale(self.num_data, batch, self.data_plate)
         # the terms in the order the full path computes them (the autograd graph, and so the gradients, alike)
         nll = 0.0 - scale_and_mask(fn.log_prob(y), scale, None).sum()
-        for name, (normal_loc, normal_scale, prior_of) in posteriors.items():
-            kl = _normal_kl_of(normal_loc, normal_scale, prior_of())
+        for name, (first, second, prior_of) in posteriors.items():
+            if isinstance(first, torch.distributions.Distribution):  # (guide's distribution, its draw)
+                kl_by_site[name] = _site_kl(_site(first, second), _site(prior_of(), second))
+                continue
+            kl = _normal_kl_of(first, second, prior_of())  # (the Normal's loc, its scale)
             if kl is None:
                 raise _ReplayMismatch(f"the prior of {name!r} has no closed-form KL any more")
             kl_by_site[name] = kl * 1.0  # the guide site's scale, as in _site_kl
@@ -263,20 +272,24 @@ class ELBO(TraceMeanField_ELBO):
             return
         model_trace, guide_trace = traces
         latent = [n for n, site in guide_trace.nodes.items() if site["type"] == "sample"]
-        priors = prior_readers(model)
+        weight_priors, other_priors = prior_readers(model), sample_priors(model)
+        sites = []
         for name in latent:
-            site = guide_trace.nodes[name]
-            if POSTERIOR_KEY not in site["infer"] or site["cond_indep_stack"] or site["mask"] is not None:
+            site, model_site = guide_trace.nodes[name], model_trace.nodes.get(name)
+            if site["cond_indep_stack"] or site["mask"] is not None or not _is_one(site["scale"]):
+                return  # a local latent, or a mask or poutine.scale in the guide
+            if model_site is None or model_site["is_observed"] or guide.posterior_param_names(name) is None:
                 return
-            if not (isinstance(site["scale"], Real) and site["scale"] == 1.0):  # e.g. a poutine.scale in the guide
-                return
-            model_site = model_trace.nodes.get(name)
-            if model_site is None or model_site["is_observed"] or name not in priors:
-                return
-            if not is_layer_prior(model_site["fn"]) or _prior_constants(model_site["fn"]) is None:
-                return
-            if guide.posterior_param_names(name) is None:
-                return
+            if POSTERIOR_KEY in site["infer"]:  # a layer's weight: closed-form KL
+                if name not in weight_priors or not is_layer_prior(model_site["fn"]):
+                    return
+                if _prior_constants(model_site["fn"]) is None:
+                    return
+                sites.append((name, weight_priors[name], True))
+            else:  # another latent of the model's modules (a learned noise scale): the full path's own KL
+                if name not in other_priors or model_site["mask"] is not None or not _is_one(model_site["scale"]):
+                    return
+                sites.append((name, other_priors[name], False))
         model_sites = [n for n, site in model_trace.nodes.items() if site["type"] == "sample"]
         observed = [n for n in model_sites if model_trace.nodes[n]["is_observed"]]
         if observed != [model.likelihood.site] or [n for n in model_sites if n not in observed] != latent:
@@ -289,8 +302,7 @@ class ELBO(TraceMeanField_ELBO):
         if obs["mask"] is not None or not isinstance(obs["scale"], Real) or obs["scale"] != expected:
             return  # a mask, or a scale of the user's own (poutine.scale around the likelihood): not replayed
         names = [n for site in latent for n in guide.posterior_param_names(site)]
-        self._plan = _ReplayPlan(model, guide, guide.prototype_trace, [(n, priors[n]) for n in latent],
-                                 ParamReader(names))  # fmt: skip
+        self._plan = _ReplayPlan(model, guide, guide.prototype_trace, sites, ParamReader(names))
 
     def _get_trace(self, model, guide, args, kwargs):
         """One guide draw and the model replayed against it, the data plate scaled.
@@ -567,6 +579,15 @@ class _SampleGuard(Messenger):
         raise _ReplayMismatch(f"the model emitted a new sample site {msg['name']!r}")
 
 
+def _is_one(scale) -> bool:
+    return isinstance(scale, Real) and scale == 1.0
+
+
+def _site(fn, value) -> dict[str, Any]:
+    """A trace site's fields :func:`_site_kl` reads, for a replayed latent site (unscaled, unmasked)."""
+    return {"fn": fn, "value": value, "scale": 1.0, "mask": None, "args": (), "kwargs": {}}
+
+
 class _Frame:
     """The data plate's size this call and the size it declared (what ``last_terms`` reads from a plate frame)."""
 
@@ -576,7 +597,8 @@ class _Frame:
 
 class _ReplayPlan:
     """What a replayed step needs: the model and guide it was recorded for, the guide's prototype (a new set-up
-    invalidates it), the latent sites in the guide's order with their prior readers, and the parameter reader."""
+    invalidates it), the latent sites in the guide's order (name, prior reader, whether it is a layer's weight with
+    a closed-form KL), and the parameter reader."""
 
     def __init__(self, model, guide, prototype, sites: list, reader: ParamReader):
         self.model, self.guide, self.prototype, self.sites, self.reader = model, guide, prototype, sites, reader

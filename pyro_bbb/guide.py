@@ -249,17 +249,30 @@ class MeanFieldGuide(AutoNormal):
             self.__dict__["_keep_masks"] = previous or {}
 
     def _posterior(self, name: str, site: dict) -> dist.Distribution:
-        loc, scale = self._get_loc_and_scale(name)
+        return self.posterior_at(name, *self._get_loc_and_scale(name))
+
+    def posterior_at(self, name: str, loc: torch.Tensor, scale: torch.Tensor) -> dist.Distribution:
+        """The distribution this guide samples site ``name`` from, for the (constrained) parameters ``loc`` and
+        ``scale``: ``Normal(loc, scale)``, pushed through ``biject_to(support)`` for a constrained site.
+
+        Examples
+        --------
+        >>> guide = MeanFieldGuide(BayesianLinear(2, 1))
+        >>> _ = guide(torch.zeros(1, 2))
+        >>> guide.posterior_at("bias", torch.zeros(1), torch.ones(1)).event_shape
+        torch.Size([1])
+        """
+        site = self.prototype_trace.nodes[name]
         return self._constrain(dist.Normal(loc, scale).to_event(self._event_dims[name]), site)
 
     def _sample(self, name: str, site: dict) -> torch.Tensor:
         """``pyro.sample`` at the site's own name; a real site carries its live ``(loc, scale)`` in ``infer`` for
         the estimators of :mod:`pyro_bbb.handlers` (replay copies it to the model's site)."""
         loc, scale = self._get_loc_and_scale(name)
-        normal = dist.Normal(loc, scale).to_event(self._event_dims[name])
         if is_real_support(site["fn"].support):
+            normal = dist.Normal(loc, scale).to_event(self._event_dims[name])
             return pyro.sample(name, normal, infer={POSTERIOR_KEY: (loc, scale)})
-        return pyro.sample(name, self._constrain(normal, site))
+        return pyro.sample(name, self.posterior_at(name, loc, scale))
 
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         """Draw every latent site from its posterior; returns ``{site_name: value}``."""

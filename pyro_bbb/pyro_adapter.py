@@ -10,8 +10,9 @@ Examples
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import pyro
@@ -24,7 +25,7 @@ from torch.distributions import transform_to
 
 __all__ = [
     "site_name", "module_local_params_enabled", "check_mean_field_requirement", "autonormal_loc_and_scale",
-    "set_up_autoguide", "autonormal_event_dim", "param_captures", "ParamReader", "preset_samples",
+    "set_up_autoguide", "autonormal_event_dim", "param_captures", "ParamReader", "preset_samples", "sample_priors",
 ]
 
 
@@ -199,3 +200,29 @@ def preset_samples(module: torch.nn.Module, values: dict[str, torch.Tensor]) -> 
     finally:
         context.cache = saved
         context.__exit__(None, None, None)
+
+
+def _emitted_prior(module: torch.nn.Module, prior: Any):
+    return prior if hasattr(prior, "sample") else prior(module)
+
+
+def sample_priors(model: torch.nn.Module) -> dict[str, Callable[[], Any]]:
+    """Site name -> a function returning the prior that a ``PyroModule``'s ``PyroSample`` attribute emits at that
+    moment (a callable prior is called with its module, as ``PyroModule`` does), for every such attribute in
+    ``model``.
+
+    Examples
+    --------
+    >>> from pyro_bbb import BNN, likelihoods
+    >>> from pyro_bbb.nn import BayesianLinear
+    >>> bnn = BNN(BayesianLinear(2, 1), likelihoods.Gaussian())   # a learned (latent) noise scale
+    >>> type(sample_priors(bnn)["likelihood.scale"]()).__name__
+    'LogNormal'
+    """
+    found = {}
+    for module in model.modules():
+        samples = module.__dict__.get("_pyro_samples") or {}
+        prefix = module.__dict__.get("_pyro_name", "")
+        for attr, prior in samples.items():
+            found[site_name(prefix, attr)] = partial(_emitted_prior, module, prior)
+    return found
