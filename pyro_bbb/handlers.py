@@ -385,7 +385,6 @@ class DataPlateScaleMessenger(Messenger):
             )
 
 
-
 def scale_data_plate(fn: Callable | None = None, num_data: int | None = None,
                      data_plate: str = DATA_PLATE) -> DataPlateScaleMessenger | Callable:  # fmt: skip
     """Scale the data plate of ``fn`` to ``num_data`` data (see :class:`DataPlateScaleMessenger`); without ``fn``
