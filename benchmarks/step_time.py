@@ -119,17 +119,21 @@ def plain_pyro(widths, batch, num_data):
     return svi.step
 
 
+def svi_step(model, num_data: int, estimator: Callable):
+    """pyro_bbb's training step for ``model``: MeanFieldGuide, pyro_bbb.ELBO and Adam in SVI, under ``estimator``."""
+    guide = pyro_bbb.MeanFieldGuide(model)
+    svi = SVI(model, guide, pyro_bbb.optim.Adam(lr=1e-3), pyro_bbb.ELBO(num_data=num_data))
+
+    def step(x, y):
+        with estimator():
+            svi.step(x, y)
+
+    return step
+
+
 def ours(estimator: Callable):
     def build(widths, batch, num_data):
-        model = bayesian_model(widths)
-        guide = pyro_bbb.MeanFieldGuide(model)
-        svi = SVI(model, guide, pyro_bbb.optim.Adam(lr=1e-3), pyro_bbb.ELBO(num_data=num_data))
-
-        def step(x, y):
-            with estimator():
-                svi.step(x, y)
-
-        return step
+        return svi_step(bayesian_model(widths), num_data, estimator)
 
     return build
 
@@ -145,12 +149,17 @@ CONTENDERS = {
 
 
 def run(name, widths, batch, num_data, repeats, rounds) -> dict[str, float]:
-    data = make_data(widths, batch)
+    builds = {contender: lambda b=build: b(widths, batch, num_data) for contender, build in CONTENDERS.items()}
+    return time_contenders(builds, make_data(widths, batch), repeats, rounds)
+
+
+def time_contenders(builds: dict[str, Callable], data: list, repeats: int, rounds: int) -> dict[str, float]:
+    """Median ms per step of each contender (``build()`` -> ``step(x, y)``), interleaved rounds on ``data``."""
     steps = {}
-    for contender, build in CONTENDERS.items():
+    for contender, build in builds.items():
         pyro.clear_param_store()  # each Pyro contender gets its own parameters
         torch.manual_seed(0)
-        steps[contender] = build(widths, batch, num_data)
+        steps[contender] = build()
         for x, y in data[:3]:  # warm-up (and guide set-up)
             steps[contender](x, y)
     times: dict[str, list[float]] = {c: [] for c in steps}
@@ -216,14 +225,7 @@ def cnn_ours(estimator: Callable):
     def build(batch, num_data):
         model = pyro_bbb.BNN(torch.nn.Sequential(*cnn_modules(BayesianConv2d, BayesianLinear)),
                              likelihoods.Categorical())  # fmt: skip
-        guide = pyro_bbb.MeanFieldGuide(model)
-        svi = SVI(model, guide, pyro_bbb.optim.Adam(lr=1e-3), pyro_bbb.ELBO(num_data=num_data))
-
-        def step(x, y):
-            with estimator():
-                svi.step(x, y)
-
-        return step
+        return svi_step(model, num_data, estimator)
 
     return build
 
@@ -238,20 +240,8 @@ CNN_CONTENDERS = {
 
 
 def run_cnn(batch, num_data, repeats, rounds) -> dict[str, float]:
-    data = cnn_data(batch)
-    steps = {}
-    for contender, build in CNN_CONTENDERS.items():
-        pyro.clear_param_store()
-        torch.manual_seed(0)
-        steps[contender] = build(batch, num_data)
-        for x, y in data[:3]:
-            steps[contender](x, y)
-    times: dict[str, list[float]] = {c: [] for c in steps}
-    counter = iter(range(10**9))
-    for _ in range(rounds):
-        for contender, step in steps.items():
-            times[contender].append(median_ms(lambda s=step: s(*data[next(counter) % len(data)]), repeats))
-    return {c: statistics.median(t) for c, t in times.items()}
+    builds = {contender: lambda b=build: b(batch, num_data) for contender, build in CNN_CONTENDERS.items()}
+    return time_contenders(builds, cnn_data(batch), repeats, rounds)
 
 
 RECURRENT = {
@@ -334,6 +324,14 @@ def profile(widths, batch, num_data, steps=200) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
 
+def print_table(title: str, result: dict[str, float], hand: str, floor: str, floor_label: str, width: int) -> None:
+    """One table: ms per step and the ratios to the hand-written and the deterministic contenders."""
+    print(f"\n{title}")
+    print(f"  {'':{width}s} {'ms/step':>8s} {'/ hand-written':>15s} {'/ ' + floor_label:>16s}")
+    for contender, ms in result.items():
+        print(f"  {contender:{width}s} {ms:8.2f} {ms / result[hand]:15.2f} {ms / result[floor]:16.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
@@ -353,28 +351,17 @@ def main() -> None:
             for contender, step in contenders.items():
                 times[contender].append(median_ms(step, max(5, repeats // 2)))
         result = {c: statistics.median(t) for c, t in times.items()}
-        floor, hand = result["torch.nn.LSTM (deterministic)"], result["hand-written BbB LSTM"]
-        print(f"\n{name}")
-        print(f"  {'':30s} {'ms/step':>8s} {'/ hand-written':>15s} {'/ torch.nn.LSTM':>16s}")
-        for contender, ms in result.items():
-            print(f"  {contender:30s} {ms:8.2f} {ms / hand:15.2f} {ms / floor:16.2f}")
+        print_table(name, result, "hand-written BbB LSTM", "torch.nn.LSTM (deterministic)", "torch.nn.LSTM", 30)
     if args.recurrent_only:
         return
     for name, (widths, batch, num_data) in CONFIGS.items():
         result = run(name, widths, batch, num_data, repeats, rounds)
-        hand, floor = result["hand-written PyTorch BbB"], result["deterministic MLP"]
-        print(f"\n{name} (N = {num_data})")
-        print(f"  {'':28s} {'ms/step':>8s} {'/ hand-written':>15s} {'/ deterministic':>16s}")
-        for contender, ms in result.items():
-            print(f"  {contender:28s} {ms:8.2f} {ms / hand:15.2f} {ms / floor:16.2f}")
+        print_table(f"{name} (N = {num_data})", result, "hand-written PyTorch BbB", "deterministic MLP",
+                    "deterministic", 28)  # fmt: skip
     name, batch, num_data = CNN
     result = run_cnn(batch, num_data, repeats, rounds)
-    hand, floor = result["hand-written PyTorch BbB"], result["deterministic CNN"]
-    print(f"\n{name} (N = {num_data})")
-    print(f"  {'':28s} {'ms/step':>8s} {'/ hand-written':>15s} {'/ deterministic':>16s}")
-    for contender, ms in result.items():
-        print(f"  {contender:28s} {ms:8.2f} {ms / hand:15.2f} {ms / floor:16.2f}")
-
+    print_table(f"{name} (N = {num_data})", result, "hand-written PyTorch BbB", "deterministic CNN", "deterministic",
+                28)  # fmt: skip
 
 if __name__ == "__main__":
     main()
