@@ -667,7 +667,7 @@ class _EpochRecorder:
         record["kl_weight"] = self.elbo.last_terms["kl_weight"]
         record["num_data"] = self.num_data
         if self.per_layer:
-            summary = layer_summary(self.model, self.guide)
+            summary = layer_summary(self.model, self.guide, tails=False)
             record["kl_by_layer"] = {layer: entry["kl"] for layer, entry in summary.items()}
             record["posterior_std"] = {k: e["posterior_std"] for k, e in summary.items() if "posterior_std" in e}
             record["std_ratio"] = {k: e["std_ratio"] for k, e in summary.items() if "std_ratio" in e}

@@ -123,3 +123,12 @@ def test_summary_by_layer_and_by_parameter():
     assert len(per_weight) == 3 * 5 + 5 + 5 + 1
     with pytest.raises(ValueError, match="by"):
         diagnostics.summary(bnn, guide, by="site")
+
+
+def test_layer_summary_without_tails_is_the_summary_less_its_percentile_and_geometric_mean():
+    bnn, guide, _, _ = make(priors.Normal(0.0, 0.7), init_scale=0.2)
+    full, light = diagnostics.layer_summary(bnn, guide), diagnostics.layer_summary(bnn, guide, tails=False)
+    assert full.keys() == light.keys()
+    for layer, entry in full.items():
+        assert {"kl_q99", "std_ratio_geomean"} <= entry.keys()
+        assert light[layer] == {k: v for k, v in entry.items() if k not in ("kl_q99", "std_ratio_geomean")}
