@@ -32,7 +32,7 @@ from .handlers import (
     data_plate_frame,
     scale_data_plate,
 )
-from .nn.module import DATA_PLATE, data_plate_named, is_layer_prior, prior_readers
+from .nn.module import DATA_PLATE, data_plate_named, is_layer_prior
 from .priors import strip_independent
 from .pyro_adapter import ParamReader, check_mean_field_requirement, param_captures, preset_samples, sample_priors
 from .schedules import Constant
@@ -224,19 +224,12 @@ class ELBO(TraceMeanField_ELBO):
                 loc, scale = plan.reader.read(captures, 2 * i, 2 * i + 2)  # site by site, in the guide's order
             except KeyError as missing:  # the param store was cleared or replaced: the guide registers them anew
                 raise _ReplayMismatch(f"parameter {missing} is not in Pyro's param store") from None
-            if not weight:  # e.g. a learned noise scale: the guide's own (constrained) distribution, a Monte Carlo KL
-                fn = plan.guide.posterior_at(name, loc, scale)
-                draws[name] = fn.rsample()
-                posteriors[name] = (fn, draws[name], prior_of)
-                continue
-            # the guide's Normal(loc, scale) keeps broadcast views of its parameters, and its draw and KL use them:
-            # the same graph, so that the gradients accumulate in the same order
-            normal_loc, normal_scale = torch.broadcast_tensors(loc, scale)
-            noise = torch.empty(normal_loc.shape, dtype=loc.dtype, device=loc.device).normal_()  # Normal.rsample's
-            draws[name] = normal_loc + noise * normal_scale
-            for estimator in estimators:
-                estimator.remember_posterior(name, loc, scale)
-            posteriors[name] = (normal_loc, normal_scale, prior_of)
+            fn = plan.guide.posterior_at(name, loc, scale)  # what the guide samples from, so the same draw and graph
+            draws[name] = fn.rsample()
+            if weight:
+                for estimator in estimators:
+                    estimator.remember_posterior(name, loc, scale)
+            posteriors[name] = (fn, prior_of)
         with preset_samples(plan.model, draws) as read, _SampleGuard():
             fn, y = plan.model.observation(x, y)
         if read != set(draws):
@@ -247,14 +240,8 @@ class ELBO(TraceMeanField_ELBO):
             scale = scale * DataPlateScaleMessenger.batch_scale(self.num_data, batch, self.data_plate)
         # the terms in the order the full path computes them (the autograd graph, and so the gradients, alike)
         nll = 0.0 - scale_and_mask(fn.log_prob(y), scale, None).sum()
-        for name, (first, second, prior_of) in posteriors.items():
-            if isinstance(first, torch.distributions.Distribution):  # (guide's distribution, its draw)
-                kl_by_site[name] = _site_kl(_site(first, second), _site(prior_of(), second))
-                continue
-            kl = _normal_kl_of(first, second, prior_of())  # (the Normal's loc, its scale)
-            if kl is None:
-                raise _ReplayMismatch(f"the prior of {name!r} has no closed-form KL any more")
-            kl_by_site[name] = kl * 1.0  # the guide site's scale, as in _site_kl
+        for name, (fn, prior_of) in posteriors.items():  # the full path's own KL of each site
+            kl_by_site[name] = _site_kl(_site(fn, draws[name]), _site(prior_of(), draws[name]))
         self._current_call["frame"] = _Frame(batch, None)
         loss, surrogate_loss = self._account(nll, kl_by_site)
         if getattr(surrogate_loss, "requires_grad", False):
@@ -272,24 +259,22 @@ class ELBO(TraceMeanField_ELBO):
             return
         model_trace, guide_trace = traces
         latent = [n for n, site in guide_trace.nodes.items() if site["type"] == "sample"]
-        weight_priors, other_priors = prior_readers(model), sample_priors(model)
+        priors = sample_priors(model)  # site -> the prior its module emits (a layer's weight, a noise scale, ...)
         sites = []
         for name in latent:
             site, model_site = guide_trace.nodes[name], model_trace.nodes.get(name)
             if site["cond_indep_stack"] or site["mask"] is not None or not _is_one(site["scale"]):
                 return  # a local latent, or a mask or poutine.scale in the guide
-            if model_site is None or model_site["is_observed"] or guide.posterior_param_names(name) is None:
+            if model_site is None or model_site["is_observed"] or name not in priors:
                 return
-            if POSTERIOR_KEY in site["infer"]:  # a layer's weight: closed-form KL
-                if name not in weight_priors or not is_layer_prior(model_site["fn"]):
+            if guide.posterior_param_names(name) is None:
+                return
+            if POSTERIOR_KEY in site["infer"]:  # a layer's weight, with a closed-form KL
+                if not is_layer_prior(model_site["fn"]) or _prior_constants(model_site["fn"]) is None:
                     return
-                if _prior_constants(model_site["fn"]) is None:
-                    return
-                sites.append((name, weight_priors[name], True))
-            else:  # another latent of the model's modules (a learned noise scale): the full path's own KL
-                if name not in other_priors or model_site["mask"] is not None or not _is_one(model_site["scale"]):
-                    return
-                sites.append((name, other_priors[name], False))
+            elif model_site["mask"] is not None or not _is_one(model_site["scale"]):  # e.g. a learned noise scale
+                return
+            sites.append((name, priors[name], POSTERIOR_KEY in site["infer"]))
         model_sites = [n for n, site in model_trace.nodes.items() if site["type"] == "sample"]
         observed = [n for n in model_sites if model_trace.nodes[n]["is_observed"]]
         if observed != [model.likelihood.site] or [n for n in model_sites if n not in observed] != latent:
@@ -534,16 +519,12 @@ def _normal_kl_sum(q, p) -> torch.Tensor | None:
     elementwise passes of the general formula (the KL is the costliest part of a step after the matrix products).
     ``t`` may be a learned scalar tensor, which the KL's gradient then reaches.
     """
-    q = _base_normal(q)
-    return None if q is None else _normal_kl_of(q.loc, q.scale, p)
-
-
-def _normal_kl_of(mu: torch.Tensor, s: torch.Tensor, p) -> torch.Tensor | None:
-    """:func:`_normal_kl_sum` for the posterior ``Normal(mu, s)`` given by its parameters."""
     constants = _prior_constants(p) or _learned_scale_constants(p)
-    if constants is None or mu.shape != _base_normal(p).loc.shape:
+    q = _base_normal(q)
+    if constants is None or q is None or q.loc.shape != _base_normal(p).loc.shape:
         return None
     m, t = constants
+    mu, s = q.loc, q.scale
     n = mu.numel()
     squares = torch.linalg.vector_norm(s).square() + torch.linalg.vector_norm(mu).square()
     if m != 0.0:  # sum (mu - m)^2 = |mu|^2 - 2 m sum(mu) + n m^2, without an elementwise pass
@@ -569,7 +550,7 @@ def _site_kl(guide_site: dict, model_site: dict) -> torch.Tensor:
 
 
 class _ReplayMismatch(Exception):
-    """The model no longer matches the recorded plan (a new or unread site, a prior without a closed form)."""
+    """The model no longer matches the recorded plan (a new or unread site, a cleared param store)."""
 
 
 class _SampleGuard(Messenger):
@@ -597,8 +578,8 @@ class _Frame:
 
 class _ReplayPlan:
     """What a replayed step needs: the model and guide it was recorded for, the guide's prototype (a new set-up
-    invalidates it), the latent sites in the guide's order (name, prior reader, whether it is a layer's weight with
-    a closed-form KL), and the parameter reader."""
+    invalidates it), the latent sites in the guide's order (name, prior reader, whether it is a layer's weight, whose
+    posterior an estimator is told), and the parameter reader."""
 
     def __init__(self, model, guide, prototype, sites: list, reader: ParamReader):
         self.model, self.guide, self.prototype, self.sites, self.reader = model, guide, prototype, sites, reader

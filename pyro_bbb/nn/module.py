@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from functools import partial
 
 import torch
 from pyro.nn import PyroModule, PyroParam, PyroSample
@@ -19,7 +18,7 @@ from .functional import bayesian_affine
 
 __all__ = [
     "BayesianModule", "DATA_PLATE", "data_plate_named", "current_data_plate", "is_layer_prior", "site_owners",
-    "current_priors", "prior_readers",
+    "current_priors",
 ]
 
 
@@ -121,27 +120,13 @@ def current_priors(model) -> dict[str, torch.distributions.Distribution]:
     >>> float(current_priors(layer)["weight"].base_dist.scale[0, 0])
     0.5
     """
-    return {site: read() for site, read in prior_readers(model).items()}
-
-
-def prior_readers(model) -> dict[str, Callable[[], torch.distributions.Distribution]]:
-    """Site name -> a function that returns the prior of that Bayesian layer's parameter as the layer would emit it
-    at that moment (found once; cheap to call at every step).
-
-    Examples
-    --------
-    >>> layer = BayesianLinear(2, 1)
-    >>> read = prior_readers(layer)["weight"]
-    >>> read() is layer.prior_distribution("weight")
-    True
-    """
     found = {}
     if isinstance(model, torch.nn.Module):
         for module in model.modules():
             if isinstance(module, BayesianModule):
                 prefix = module.__dict__.get("_pyro_name", "")
                 for name in module.bayesian_parameters():
-                    found[site_name(prefix, name)] = partial(module.prior_distribution, name)
+                    found[site_name(prefix, name)] = module.prior_distribution(name)
     return found
 
 

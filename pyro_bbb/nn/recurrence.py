@@ -85,7 +85,7 @@ class _Recurrence(torch.autograd.Function):
         # intermediate tensors only (none of them is returned): kept on ctx without a reference cycle
         ctx.saved, ctx.previous = saved, previous
         ctx.save_for_backward(weight, delta, sign_in, sign_out)
-        ctx.mode, ctx.reverse, ctx.order = mode, reverse, order
+        ctx.mode, ctx.order = mode, order
         ctx.has_bias, ctx.has_bias_delta = bias is not None, bias_delta is not None
         output = torch.stack(outputs[::-1] if reverse else outputs, 1)
         return (output, h, c) if mode == "LSTM" else (output, h)
@@ -94,18 +94,19 @@ class _Recurrence(torch.autograd.Function):
     def backward(ctx, grad_output, grad_h_n, grad_c_n=None):
         weight, delta, sign_in, sign_out = ctx.saved_tensors
         mode, saved, order = ctx.mode, ctx.saved, ctx.order
+        steps, size = len(order), weight.shape[-1]
         grad_steps = grad_output.unbind(1)  # in time order
         grad_h, grad_c = grad_h_n, grad_c_n
-        grad_inputs = [None] * len(order)  # by time index
-        grad_hidden = [None] * len(order)  # by processing index
-        for k in range(len(order) - 1, -1, -1):
+        grad_inputs = [None] * steps  # by time index
+        grad_hidden = [None] * steps  # by processing index
+        for k in range(steps - 1, -1, -1):
             grad_h = grad_h + grad_steps[order[k]]
             if mode == "LSTM":
                 act, cell, c_previous, tc = saved[k]
                 i, f, _, o = act.chunk(4, -1)
                 grad_c = torch.addcmul(grad_c, grad_h * o, 1 - tc * tc)
                 d_act = act - act * act
-                d_act[:, cell.shape[-1] * 2 : cell.shape[-1] * 3] = 1 - cell * cell
+                d_act[:, 2 * size : 3 * size] = 1 - cell * cell  # the cell input's tanh
                 d = torch.cat([grad_c * cell, grad_c * c_previous, grad_c * i, grad_h * tc], -1).mul_(d_act)
                 grad_inputs[order[k]] = grad_hidden[k] = d
                 grad_c = grad_c * f
@@ -119,7 +120,7 @@ class _Recurrence(torch.autograd.Function):
                 grad_hidden[k] = d = torch.cat([d_rz, grad_n * r], -1)
                 grad_h = torch.addcmul(_state_gradient(d, weight, delta, sign_in, sign_out), grad_h, z)
         # every step's weight gradients in one product over the T * B rows
-        steps, gates, size = len(order), grad_hidden[0].shape[-1], weight.shape[-1]
+        gates = grad_hidden[0].shape[-1]
         flat = torch.stack(grad_hidden).reshape(-1, gates)
         previous = torch.stack(ctx.previous).reshape(-1, size)
         grad_weight = flat.T @ previous
