@@ -30,7 +30,7 @@ from pyro.distributions.kl import kl_divergence
 from .checks import require_set_up
 from .guide import require_site_posteriors, site_loc_scale, site_posterior
 from .nn.module import current_priors, site_owners
-from .priors import is_real_support, prior_std, strip_independent
+from .priors import is_real_support, prior_in_force, prior_std, strip_independent
 from .pruning import PrunedGuide, prune_by_snr, signal_to_noise  # noqa: F401 (re-exported, their old home)
 
 __all__ = [
@@ -127,6 +127,7 @@ def layer_summary(model: Callable, guide, tails: bool = True) -> dict[str, dict[
         p = _full_size_prior(priors_now.get(name, site["fn"]), q)
         if p is None:  # a local latent whose prior differs per datum: its KL needs the data, not just the guide
             continue
+        p = prior_in_force(p, q)  # an empirical-Bayes prior at the scale it takes given q
         part = parts.setdefault(owners.get(name, name), {"kl": 0.0, "num_weights": 0, "elements": []})
         part["num_weights"] += p.shape().numel()
         if name not in owners or not is_real_support(site["fn"].support):

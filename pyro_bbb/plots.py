@@ -22,10 +22,10 @@ import torch
 
 from . import metrics
 from .diagnostics import layer_summary
-from .guide import site_loc_scale
+from .guide import site_loc_scale, site_posterior
 from .nn.module import current_priors, site_owners
 from .prediction import ClassificationPrediction, RegressionPrediction
-from .priors import is_real_support, prior_std, strip_independent
+from .priors import is_real_support, prior_in_force, prior_std, strip_independent
 
 __all__ = ["plot_history", "plot_std_ratio", "plot_reliability", "plot_predictive_band", "save_figure"]
 
@@ -128,7 +128,8 @@ def plot_std_ratio(model: Callable, guide, path: str | Path | None = None, bins:
     for name, site in guide.prototype_trace.iter_stochastic_nodes():
         if name in owners and is_real_support(site["fn"].support):
             scales.setdefault(owners[name], []).append(site_loc_scale(guide, name)[1].reshape(-1).cpu())
-            priors[owners[name]] = float(prior_std(strip_independent(priors_now[name])).mean())
+            p = prior_in_force(priors_now[name], site_posterior(guide, name, site))  # an empirical-Bayes one given q
+            priors[owners[name]] = float(prior_std(strip_independent(p)).mean())
     if not scales:
         raise ValueError("the model has no Bayesian layers to plot.")
     kl = layer_summary(model, guide)

@@ -605,7 +605,7 @@ def test_a_model_whose_sites_change_falls_back_to_the_full_path():
 
 
 def test_replay_is_off_for_what_it_does_not_cover():
-    """Pruned guides, learned priors, a user's scale on the observation, several particles and a hand-written model
+    """Pruned guides, learned and empirical-Bayes priors, a user's scale on the observation, several particles and a hand-written model
     run through Pyro's handlers."""
     import pyro_bbb
     from pyro_bbb import likelihoods
@@ -631,6 +631,7 @@ def test_replay_is_off_for_what_it_does_not_cover():
     cases = [
         lambda: pyro_bbb.BNN(BayesianLinear(3, 1), ScaledLikelihood(1.0)),
         lambda: pyro_bbb.BNN(BayesianLinear(3, 1, prior=priors.LearnedNormal()), likelihoods.Gaussian(1.0)),
+        lambda: pyro_bbb.BNN(BayesianLinear(3, 1, prior=priors.EmpiricalBayesNormal()), likelihoods.Gaussian(1.0)),
         lambda: Regression(),
     ]
     for make in cases:

@@ -224,3 +224,156 @@ def test_learned_prior_round_trips_through_save_and_bayesianize(tmp_path):
     guide2 = pyro_bbb.MeanFieldGuide(model2)
     pyro_bbb.load(tmp_path / "m.pt", model2, guide2)
     assert float(net2[0].weight_prior_scale.detach()) == pytest.approx(learned, rel=1e-6)
+
+
+# --- empirical Bayes with a closed-form scale (Wu et al. 2019) --------------------------------------------------
+
+
+def _eb_scale_by_hand(mu, sigma, dims, alpha, mode):
+    """s^2 = (sum(mu^2 + sigma^2) + 2 beta) / (m + 2 alpha + 2), beta = (alpha + 1) mode^2; S/m without alpha."""
+    second = (mu.double() ** 2 + sigma.double() ** 2).sum(dims, keepdim=True)
+    m = math.prod(mu.shape[d] for d in dims)
+    if alpha is None:
+        return (second / m).sqrt()
+    return ((second + 2 * (alpha + 1) * mode**2) / (m + 2 * alpha + 2)).sqrt()
+
+
+@pytest.mark.parametrize("alpha", [4.4798, 1.0, None])
+@pytest.mark.parametrize("per, dims", [("tensor", (0, 1, 2, 3)), ("unit", (1, 2, 3))])
+def test_empirical_bayes_scale_is_the_closed_form_optimum(alpha, per, dims):
+    """For a conv weight (5, 3, 2, 2), fan-in 12: the scale of each tensor (unit) is the optimum by hand."""
+    g = torch.Generator().manual_seed(1)
+    mu, sigma = torch.randn(5, 3, 2, 2, generator=g), torch.rand(5, 3, 2, 2, generator=g) + 0.1
+    prior = priors.EmpiricalBayesNormal(gain=2.0, concentration=alpha, per=per)
+    p = prior.distribution((5, 3, 2, 2), fan_in=12)
+    in_force = priors.prior_in_force(p, dist.Normal(mu, sigma).to_event(4))
+    expected = _eb_scale_by_hand(mu, sigma, dims, alpha, 2.0 / math.sqrt(12)).expand(5, 3, 2, 2)
+    assert torch.allclose(in_force.base_dist.scale.double(), expected, rtol=1e-6)
+    # ...and it maximises KL's negative plus the log-density of the inverse-gamma hyperprior (checked on a grid)
+    if per == "tensor":
+        s2 = torch.linspace(0.5, 2.0, 20001, dtype=torch.float64) * float(expected[0, 0, 0, 0]) ** 2
+        second, n = float((mu.double() ** 2 + sigma.double() ** 2).sum()), mu.numel()
+        objective = -(0.5 * n * s2.log() + second / (2 * s2))
+        if alpha is not None:
+            beta = (alpha + 1) * 4.0 / 12
+            objective = objective - (alpha + 1) * s2.log() - beta / s2
+        best = float(s2[objective.argmax()].sqrt())
+        assert best == pytest.approx(float(expected[0, 0, 0, 0]), rel=1e-4)
+
+
+def test_empirical_bayes_kl_value_and_gradient_are_those_of_the_maximised_objective():
+    """Ground truth by finite differences: F(mu, sigma) = min over s of [KL(q || N(0, s^2)) - log IG(s^2)],
+    minimised numerically (scipy). The registered KL's value is the KL at the optimal s; its gradient equals dF
+    (the envelope theorem) -- not the gradient through s, which a naive implementation would follow."""
+    from scipy import optimize
+
+    alpha, mode = 4.4798, 0.5
+    beta = (alpha + 1) * mode**2
+    g = torch.Generator().manual_seed(2)
+    mu = (0.3 * torch.randn(6, 4, generator=g, dtype=torch.float64)).requires_grad_()
+    sigma = (0.2 + 0.1 * torch.rand(6, 4, generator=g, dtype=torch.float64)).requires_grad_()
+    p = priors.EmpiricalBayesNormal(concentration=alpha).distribution((6, 4), fan_in=4, dtype=torch.float64)
+
+    def objective(m, s):
+        def f(log_s2):
+            s2 = math.exp(log_s2)
+            kl = float((0.5 * math.log(s2) - np.log(s) + (s**2 + m**2) / (2 * s2) - 0.5).sum())
+            return kl - ((-alpha - 1) * log_s2 - beta / s2)  # minus log IG(s^2) up to its constant
+        return optimize.minimize_scalar(f, bounds=(-10, 5), method="bounded", options={"xatol": 1e-12}).fun
+
+    kl = torch.distributions.kl_divergence(dist.Normal(mu, sigma).to_event(2), p)
+    s_star = priors.prior_in_force(p, dist.Normal(mu, sigma).to_event(2)).base_dist.scale
+    by_hand = (s_star.log() - sigma.log() + (sigma**2 + mu**2) / (2 * s_star**2) - 0.5).sum()
+    assert float(kl) == pytest.approx(float(by_hand), rel=1e-12)
+    grad_mu, grad_sigma = torch.autograd.grad(kl, [mu, sigma])
+    m0, s0 = mu.detach().numpy(), sigma.detach().numpy()
+    h = 1e-5
+    for (i, j) in [(0, 0), (3, 2), (5, 3)]:
+        for grad, which in ((grad_mu, "mu"), (grad_sigma, "sigma")):
+            plus, minus = [a.copy() for a in (m0, s0)], [a.copy() for a in (m0, s0)]
+            k = 0 if which == "mu" else 1
+            plus[k][i, j] += h
+            minus[k][i, j] -= h
+            fd = (objective(*plus) - objective(*minus)) / (2 * h)
+            assert float(grad[i, j]) == pytest.approx(fd, rel=1e-4, abs=1e-7)
+
+
+def test_empirical_bayes_kl_of_vectorized_particles_is_one_per_tensor():
+    """Leading batch dimensions (vectorized particles) are separate tensors: each gets the scale of its own."""
+    p = priors.EmpiricalBayesNormal().distribution((3, 4), fan_in=4)
+    q = dist.Normal(torch.randn(3, 4), 0.3)
+    alone = torch.distributions.kl_divergence(q.to_event(2), p)
+    many = torch.distributions.kl_divergence(q.expand((5, 3, 4)).to_event(2), p.expand((5,)))
+    assert many.shape == (5,) and torch.allclose(many, alone.expand(5))
+
+
+def test_empirical_bayes_trains_with_fit_and_reports_the_scale_it_uses():
+    """fit with pyro_bbb.ELBO: the ELBO's KL per site equals the closed form at the optimal scale; History, the
+    layer summary, summary's table and plot_std_ratio show that scale (not the hyperprior's mode)."""
+    pyro.clear_param_store()
+    x, y = _regression(300)
+    model = _learned_bnn(priors.EmpiricalBayesNormal())
+    guide = pyro_bbb.MeanFieldGuide(model)
+    history = pyro_bbb.fit(model, guide, (x, y), epochs=40, batch_size=100, lr=1e-2, progress=False, seed=0)
+    mu, sigma = (t.detach() for t in site_loc_scale(guide, "net.0.weight"))
+    s = _eb_scale_by_hand(mu, sigma, (0, 1), 4.4798, 1 / math.sqrt(3))
+    elbo = pyro_bbb.ELBO(num_data=len(x))
+    elbo.differentiable_loss(model, guide, x, y)
+    expected = (s.log() - sigma.double().log() + (sigma.double() ** 2 + mu.double() ** 2) / (2 * s**2) - 0.5).sum()
+    assert float(elbo.last_terms["kl_by_site"]["net.0.weight"]) == pytest.approx(float(expected), rel=1e-5)
+    layer = pyro_bbb.diagnostics.layer_summary(model, guide)["net.0"]
+    mu_b, sigma_b = (t.detach() for t in site_loc_scale(guide, "net.0.bias"))
+    s_b = _eb_scale_by_hand(mu_b, sigma_b, (0,), 4.4798, 1 / math.sqrt(3))
+    mean_prior_std = (float(s) * mu.numel() + float(s_b) * mu_b.numel()) / (mu.numel() + mu_b.numel())
+    assert layer["prior_std"] == pytest.approx(mean_prior_std, rel=1e-5)
+    assert history.last["prior_std"]["net.0"] == pytest.approx(layer["prior_std"], rel=1e-5)
+    assert pyro_bbb.summary(model, guide).loc["net.0", "prior_sigma"] == pytest.approx(layer["prior_std"], rel=1e-5)
+    assert abs(layer["prior_std"] - 1 / math.sqrt(3)) > 0.05  # moved away from the hyperprior's mode
+
+
+def test_empirical_bayes_with_a_hand_written_guide_and_pyros_elbos():
+    """A hand-written Normal guide with pyro_bbb.ELBO: every site's KL is the closed form at the optimal scale.
+    Pyro's Trace_ELBO and TraceMeanField_ELBO (both score the weight draw under the prior) and AutoNormal (whose
+    site is a Delta: no q to fit the scale to) are clear errors, raised before any parameter changes."""
+    pyro.clear_param_store()
+    x, y = _regression()
+    model = _learned_bnn(priors.EmpiricalBayesNormal())
+    shapes = {"net.0.weight": (16, 3), "net.0.bias": (16,), "net.2.weight": (1, 16), "net.2.bias": (1,)}
+    fan_in = {"net.0": 3, "net.2": 16}
+
+    def guide(x, y=None):
+        for name, shape in shapes.items():
+            loc = pyro.param(f"{name}_loc", lambda shape=shape: 0.3 * torch.randn(shape))
+            scale = pyro.param(f"{name}_scale", torch.full(shape, 0.05), constraint=dist.constraints.positive)
+            pyro.sample(name, dist.Normal(loc, scale).to_event(len(shape)))
+
+    elbo = pyro_bbb.ELBO(num_data=len(x))
+    elbo.differentiable_loss(model, guide, x, y)
+    for name, shape in shapes.items():
+        mu, sigma = pyro.param(f"{name}_loc").detach(), pyro.param(f"{name}_scale").detach()
+        s = _eb_scale_by_hand(mu, sigma, tuple(range(len(shape))), 4.4798, 1 / math.sqrt(fan_in[name[:5]]))
+        expected = (s.log() - sigma.double().log() + (sigma.double() ** 2 + mu.double() ** 2) / (2 * s**2) - 0.5)
+        assert float(elbo.last_terms["kl_by_site"][name]) == pytest.approx(float(expected.sum()), rel=1e-5)
+    cases = [(guide, Trace_ELBO()), (guide, pyro.infer.TraceMeanField_ELBO()),
+             (AutoNormal(model), pyro_bbb.ELBO(num_data=len(x)))]  # fmt: skip
+    for guide_, elbo in cases:
+        pyro.clear_param_store()
+        guide_(x, y)
+        before = {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
+        svi = SVI(model, guide_, pyro.optim.Adam({"lr": 0.01}), elbo)
+        with pytest.raises(ValueError, match="no log-density on its own"):
+            svi.step(x, y)
+        assert all(torch.equal(before[k], v.detach()) for k, v in pyro.get_param_store().items())
+
+
+@pytest.mark.parametrize("kwargs, match", [({"gain": 0.0}, "gain"), ({"concentration": -1.0}, "concentration"),
+                                           ({"per": "layer"}, "per")])  # fmt: skip
+def test_empirical_bayes_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        priors.EmpiricalBayesNormal(**kwargs)
+
+
+def test_empirical_bayes_draws_use_the_hyperprior_mode():
+    p = priors.EmpiricalBayesNormal(gain=2.0).distribution((400, 100), fan_in=16)
+    draws = p.sample()
+    assert draws.shape == (400, 100) and float(draws.std()) == pytest.approx(0.5, rel=0.02)
