@@ -50,7 +50,16 @@ DVI = {
     "power-plant": -2.80, "protein-tertiary-structure": -2.85, "wine-quality-red": -0.90, "yacht": -0.47,
 }  # fmt: skip
 
-#: name -> (estimator, noise model, prior of the weights: "normal" N(0, 1) or "learned" empirical Bayes).
+#: The weight priors of the variants: N(0, 1); empirical Bayes with a learned scale; empirical Bayes with the
+#: closed-form scale given the posterior, under Wu et al.'s inverse-gamma hyperprior ("eb") or none ("eb-plain").
+PRIORS = {
+    "normal": lambda: None,
+    "learned": priors.LearnedNormal,
+    "eb": priors.EmpiricalBayesNormal,
+    "eb-plain": lambda: priors.EmpiricalBayesNormal(concentration=None),
+}
+
+#: name -> (estimator, noise model, weight prior: a key of PRIORS).
 VARIANTS = {
     "BbB, learned noise": ("reparam", "homoscedastic", "normal"),
     "BbB local reparam, learned noise": ("local_reparam", "homoscedastic", "normal"),
@@ -58,6 +67,8 @@ VARIANTS = {
     "DVI (moments), heteroscedastic": ("moments", "heteroscedastic", "normal"),
     "DVI (moments), heteroscedastic, empirical Bayes": ("moments", "heteroscedastic", "learned"),
     "BbB local reparam, heteroscedastic, empirical Bayes": ("local_reparam", "heteroscedastic", "learned"),
+    "DVI (moments), heteroscedastic, EB closed form + hyperprior": ("moments", "heteroscedastic", "eb"),
+    "DVI (moments), heteroscedastic, EB closed form": ("moments", "heteroscedastic", "eb-plain"),
 }
 
 
@@ -90,7 +101,7 @@ def run_split(task: tuple[str, int, str, int, int, float | None]) -> tuple[str, 
     pyro.clear_param_store()
     torch.manual_seed(split)
     outputs = 2 if noise == "heteroscedastic" else 1
-    weight_prior = priors.LearnedNormal() if prior == "learned" else None
+    weight_prior = PRIORS[prior]()
     layers = [BayesianLinear(x_train.shape[1], hidden, prior=weight_prior), torch.nn.ReLU(),
               BayesianLinear(hidden, outputs, prior=weight_prior)]  # fmt: skip
     net = torch.nn.Sequential(*layers)

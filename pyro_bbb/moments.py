@@ -179,10 +179,15 @@ def relu_moments(mean: torch.Tensor, variance: torch.Tensor) -> tuple[torch.Tens
     >>> round(float(m), 4), round(float(v), 4)          # 1/sqrt(2 pi), 1/2 - 1/(2 pi)
     (0.3989, 0.3408)
     """
+    return _relu_moments_and_cdf(mean, variance)[:2]
+
+
+def _relu_moments_and_cdf(mean: torch.Tensor, variance: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """:func:`relu_moments` and ``Phi(mean / s)`` (which the leaky ReLU's covariance term also needs)."""
     std, pdf, cdf = _normal_pdf_cdf(mean, variance)
     out_mean = mean * cdf + std * pdf
     out_var = mean.pow(2) * cdf * (1 - cdf) + variance * (cdf - pdf.pow(2)) + mean * std * pdf * (1 - 2 * cdf)
-    return out_mean, out_var.clamp_min(0)
+    return out_mean, out_var.clamp_min(0), cdf
 
 
 def leaky_relu_moments(mean: torch.Tensor, variance: torch.Tensor,
@@ -197,8 +202,7 @@ def leaky_relu_moments(mean: torch.Tensor, variance: torch.Tensor,
     (0.0, 1.0)
     """
     a = negative_slope
-    relu_mean, relu_var = relu_moments(mean, variance)
-    _, _, cdf = _normal_pdf_cdf(mean, variance)
+    relu_mean, relu_var, cdf = _relu_moments_and_cdf(mean, variance)
     out_mean = a * mean + (1 - a) * relu_mean
     out_var = a**2 * variance + (1 - a) ** 2 * relu_var + 2 * a * (1 - a) * variance * cdf
     return out_mean, out_var.clamp_min(0)

@@ -15,6 +15,7 @@ Examples
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,10 +23,10 @@ import torch
 
 from . import metrics
 from .diagnostics import layer_summary
-from .guide import site_loc_scale, site_posterior
-from .nn.module import current_priors, site_owners
+from .guide import site_loc_scale
+from .nn.module import site_owners
 from .prediction import ClassificationPrediction, RegressionPrediction
-from .priors import is_real_support, prior_in_force, prior_std, strip_independent
+from .priors import is_real_support
 
 __all__ = ["plot_history", "plot_std_ratio", "plot_reliability", "plot_predictive_band", "save_figure"]
 
@@ -122,14 +123,11 @@ def plot_std_ratio(model: Callable, guide, path: str | Path | None = None, bins:
     1
     """
     plt = _pyplot()
-    owners, priors_now = site_owners(model), current_priors(model)
+    owners = site_owners(model)
     scales: dict[str, list[torch.Tensor]] = {}
-    priors: dict[str, float] = {}
     for name, site in guide.prototype_trace.iter_stochastic_nodes():
         if name in owners and is_real_support(site["fn"].support):
             scales.setdefault(owners[name], []).append(site_loc_scale(guide, name)[1].reshape(-1).cpu())
-            p = prior_in_force(priors_now[name], site_posterior(guide, name, site))  # an empirical-Bayes one given q
-            priors[owners[name]] = float(prior_std(strip_independent(p)).mean())
     if not scales:
         raise ValueError("the model has no Bayesian layers to plot.")
     kl = layer_summary(model, guide)
@@ -139,7 +137,8 @@ def plot_std_ratio(model: Callable, guide, path: str | Path | None = None, bins:
         low, high = float(std.min()), float(std.max())
         span = max(high - low, 0.1)  # all widths (nearly) equal, e.g. at initialisation: one visible bar
         ax.hist(std.numpy(), bins=bins, range=(low - 0.05 * span, low + 1.05 * span), color="C0", alpha=0.8)
-        ax.axvline(torch.tensor(priors[layer]).log10().item(), color="k", ls="--", label="prior std")
+        # the layer's mean prior std over its weights and biases (an empirical-Bayes prior at its scale given q)
+        ax.axvline(math.log10(kl[layer]["prior_std"]), color="k", ls="--", label="prior std")
         ax.set(xlabel="log10 posterior std", ylabel="weights",
                title=f"{layer}: KL {kl[layer]['kl']:.0f} nats, {kl[layer]['num_weights']} weights")  # fmt: skip
         ax.legend(fontsize=7)

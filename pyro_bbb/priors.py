@@ -287,7 +287,8 @@ class EmpiricalBayesNormalDistribution(TorchDistribution):
     defined (registered for a Normal ``q``): its value is the KL to ``Normal(0, s)`` and its gradient is that of
     the maximised objective (``s`` held at its optimum, by the envelope theorem). There is no ``log_prob``: an ELBO
     that scores a weight draw under the prior (Pyro's ``Trace_ELBO`` and ``TraceMeanField_ELBO`` do) cannot see
-    ``q`` and gets a clear error instead of a fixed prior's numbers. Draws (e.g. a prior predictive) use the hyperprior's mode.
+    ``q`` and gets a clear error instead of a fixed prior's numbers. Draws (e.g. a prior predictive) use the
+    hyperprior's mode.
 
     Parameters
     ----------
@@ -369,8 +370,8 @@ class EmpiricalBayesNormalDistribution(TorchDistribution):
             "density such as priors.LearnedNormal."
         )
 
-    def sample(self, sample_shape=torch.Size()):
-        shape = self._extended_shape(sample_shape)
+    def sample(self, sample_shape=()):
+        shape = self._extended_shape(torch.Size(sample_shape))
         with torch.no_grad():
             return torch.randn(shape, dtype=self.mode_scale.dtype, device=self.mode_scale.device) * self.mode_scale
 

@@ -605,8 +605,8 @@ def test_a_model_whose_sites_change_falls_back_to_the_full_path():
 
 
 def test_replay_is_off_for_what_it_does_not_cover():
-    """Pruned guides, learned and empirical-Bayes priors, a user's scale on the observation, several particles and a hand-written model
-    run through Pyro's handlers."""
+    """Pruned guides, learned and empirical-Bayes priors, a user's scale on the observation, several particles and a
+    hand-written model run through Pyro's handlers."""
     import pyro_bbb
     from pyro_bbb import likelihoods
 

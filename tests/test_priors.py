@@ -377,3 +377,26 @@ def test_empirical_bayes_draws_use_the_hyperprior_mode():
     p = priors.EmpiricalBayesNormal(gain=2.0).distribution((400, 100), fan_in=16)
     draws = p.sample()
     assert draws.shape == (400, 100) and float(draws.std()) == pytest.approx(0.5, rel=0.02)
+
+
+def test_empirical_bayes_through_bayesianize_and_deterministic_vi():
+    """bayesianize(prior=EmpiricalBayesNormal(per="unit")) of a small conv net trains with estimator="moments";
+    plot_std_ratio marks each layer's prior at the scale in force (the layer summary's), not the hyperprior's mode."""
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    cnn = torch.nn.Sequential(torch.nn.Conv2d(1, 3, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(12, 1))
+    net = pyro_bbb.bayesianize(cnn, prior=priors.EmpiricalBayesNormal(per="unit"))
+    model = pyro_bbb.BNN(net, pyro_bbb.likelihoods.Gaussian(scale=0.1))
+    guide = pyro_bbb.MeanFieldGuide(model)
+    x = torch.randn(64, 1, 4, 4)
+    y = x.mean((1, 2, 3))
+    history = pyro_bbb.fit(model, guide, (x, y), epochs=20, batch_size=32, lr=1e-2, estimator="moments",
+                           progress=False, seed=0)  # fmt: skip
+    assert all(math.isfinite(v) for v in history["loss"])
+    summary = pyro_bbb.diagnostics.layer_summary(model, guide)
+    mu, sigma = (t.detach() for t in site_loc_scale(guide, "net.0.weight"))
+    per_unit = _eb_scale_by_hand(mu, sigma, (1, 2, 3), 4.4798, 1 / 3)  # fan-in 9
+    assert per_unit.reshape(-1).unique().numel() == 3  # one scale per output channel
+    fig = pyro_bbb.plots.plot_std_ratio(model, guide)
+    lines = [line.get_xdata()[0] for line in fig.axes[0].lines]
+    assert any(math.isclose(10 ** v, summary["net.0"]["prior_std"], rel_tol=1e-4) for v in lines)
