@@ -17,7 +17,8 @@ batches of 100, 40 epochs, Adam 1e-2, clip_norm 5). Variants (flags) change both
 * ``--kl-weight W`` / ``--kl-warmup STEPS``: the Bayesian model's KL weight, constant or ramped from 0;
 * ``--estimator``: the Bayesian model's gradient estimator (``flipout`` by default, as in the issue);
 * ``--prior learned``: the Bayesian model's layers get ``priors.LearnedNormal()`` (empirical Bayes) instead of
-  ``Normal(0, 1)``; ``--prior-scale S``: ``Normal(0, S)``;
+  ``Normal(0, 1)``; ``--prior-scale S``: ``Normal(0, S)``; ``--prior eb``: ``priors.EmpiricalBayesNormal(gain=S)``
+  (the closed-form scale under an inverse-gamma hyperprior whose mode is ``S / sqrt(fan_in)``);
 * ``--init-scale S``: the guide's initial posterior std (``MeanFieldGuide(init_scale=S)``);
 * ``--bayesian-only``: skip the deterministic runs (compare with a previous run's median).
 
@@ -83,7 +84,8 @@ def train(config: dict, kind: str, mode: str, seed: int, args) -> dict:
         if args.forget_bias is not None:  # an LSTM's forget gate, a GRU's update gate (both the second chunk)
             set_forget_bias(rnn, args.forget_bias, hidden)
     else:
-        prior = priors.LearnedNormal() if args.prior == "learned" else priors.Normal(0.0, args.prior_scale)
+        prior = {"learned": priors.LearnedNormal, "eb": lambda: priors.EmpiricalBayesNormal(gain=args.prior_scale),
+                 "normal": lambda: priors.Normal(0.0, args.prior_scale)}[args.prior]()  # fmt: skip
         # the flag, or torch's initialisation like the deterministic model's (not the layers' default of 1)
         extra = {"forget_bias" if mode == "LSTM" else "update_bias": args.forget_bias}
         rnn = BAYESIAN[mode](7, hidden, batch_first=True, prior=prior, **extra)
@@ -123,7 +125,7 @@ def main() -> None:
     parser.add_argument("--kl-weight", type=float, default=None)
     parser.add_argument("--kl-warmup", type=int, default=0)
     parser.add_argument("--estimator", default="flipout")
-    parser.add_argument("--prior", choices=["normal", "learned"], default="normal")
+    parser.add_argument("--prior", choices=["normal", "learned", "eb"], default="normal")
     parser.add_argument("--prior-scale", type=float, default=1.0)
     parser.add_argument("--init-scale", type=float, default=None)
     parser.add_argument("--bayesian-only", action="store_true")

@@ -8,7 +8,9 @@ Contenders, all with Adam:
   N(0, 1), ``N/B * NLL + KL``;
 * plain Pyro: the same Bayesian model with ``AutoNormal`` and ``TraceMeanField_ELBO``;
 * pyro_bbb: ``MeanFieldGuide`` + ``pyro_bbb.ELBO(num_data=N)`` + ``pyro_bbb.optim.Adam`` in ``SVI`` (what
-  ``pyro_bbb.fit`` runs), with plain reparameterization, Flipout and local reparameterization.
+  ``pyro_bbb.fit`` runs), with plain reparameterization, Flipout and local reparameterization;
+* bayesian-torch (where installed: ``pip install bayesian-torch --no-deps``): ``dnn_to_bnn`` of the deterministic
+  net, reparameterization and Flipout, ``N/B * NLL + get_kl_loss``, ``torch.optim.Adam``.
 
 Each round times every contender for ``repeats`` steps (median), rounds are interleaved, and the table reports the
 median over rounds. Recurrent nets: pyro_bbb's ``BayesianLSTM`` (reparameterization and Flipout) against
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import importlib.util
 import pstats
 import statistics
 from collections.abc import Callable
@@ -62,11 +65,15 @@ def negative_log_likelihood(output, y):
     return F.cross_entropy(output, y, reduction="sum")
 
 
-def deterministic(widths, batch, num_data):
+def mlp(widths) -> torch.nn.Sequential:
     layers = []
     for a, b in zip(widths[:-1], widths[1:]):
         layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
-    net = torch.nn.Sequential(*layers[:-1])
+    return torch.nn.Sequential(*layers[:-1])
+
+
+def deterministic(widths, batch, num_data):
+    net = mlp(widths)
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
 
     def step(x, y):
@@ -102,6 +109,36 @@ def hand_written(widths, batch, num_data, init_scale=1e-4):
         optimizer.step()
 
     return step
+
+
+def bayesian_torch_step(net: torch.nn.Module, loss: Callable, num_data: int, kind: str, init_scale=1e-4):
+    """bayesian-torch 0.5's recipe on ``net`` (converted in place by ``dnn_to_bnn``; ``kind`` "Reparameterization" or
+    "Flipout"): ``N/B * NLL + get_kl_loss(net)`` against N(0, 1), ``torch.optim.Adam``."""
+    from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn, get_kl_loss
+
+    rho = float(torch.log(torch.expm1(torch.tensor(init_scale))))
+    dnn_to_bnn(net, {"prior_mu": 0.0, "prior_sigma": 1.0, "posterior_mu_init": 0.0, "posterior_rho_init": rho,
+                     "type": kind, "moped_enable": False})  # fmt: skip
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+
+    def step(x, y):
+        optimizer.zero_grad()
+        (loss(net(x), y) * (num_data / x.shape[0]) + get_kl_loss(net)).backward()
+        optimizer.step()
+
+    return step
+
+
+def bayesian_torch(kind: str):
+    def build(widths, batch, num_data):
+        return bayesian_torch_step(mlp(widths), negative_log_likelihood, num_data, kind)
+
+    return build
+
+
+#: bayesian-torch's rows appear where it is installed (``pip install bayesian-torch --no-deps``: an optional
+#: benchmark extra; its declared requirements would pull a CUDA build of torch, and its layers need none of them).
+HAVE_BAYESIAN_TORCH = importlib.util.find_spec("bayesian_torch") is not None
 
 
 def bayesian_model(widths):
@@ -146,6 +183,9 @@ CONTENDERS = {
     "pyro_bbb flipout": ours(pyro_bbb.flipout),
     "pyro_bbb local reparam": ours(pyro_bbb.local_reparameterization),
 }
+if HAVE_BAYESIAN_TORCH:
+    CONTENDERS |= {"bayesian-torch reparam": bayesian_torch("Reparameterization"),
+                   "bayesian-torch flipout": bayesian_torch("Flipout")}  # fmt: skip
 
 
 def run(name, widths, batch, num_data, repeats, rounds) -> dict[str, float]:
@@ -237,6 +277,17 @@ CNN_CONTENDERS = {
     "pyro_bbb flipout": cnn_ours(pyro_bbb.flipout),
     "pyro_bbb local reparam": cnn_ours(pyro_bbb.local_reparameterization),
 }
+if HAVE_BAYESIAN_TORCH:
+    def cnn_bayesian_torch(kind: str):
+        def build(batch, num_data):
+            net = torch.nn.Sequential(*cnn_modules(torch.nn.Conv2d, torch.nn.Linear))
+            return bayesian_torch_step(net, lambda logits, y: F.cross_entropy(logits, y, reduction="sum"), num_data,
+                                       kind)  # fmt: skip
+
+        return build
+
+    CNN_CONTENDERS |= {"bayesian-torch reparam": cnn_bayesian_torch("Reparameterization"),
+                       "bayesian-torch flipout": cnn_bayesian_torch("Flipout")}  # fmt: skip
 
 
 def run_cnn(batch, num_data, repeats, rounds) -> dict[str, float]:
