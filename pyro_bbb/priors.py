@@ -340,7 +340,15 @@ class EmpiricalBayesNormalDistribution(TorchDistribution):
 
     def scale_given(self, q: torch.distributions.Normal) -> torch.Tensor:
         """The prior scale ``s`` that goes with the Normal posterior ``q`` (one per tensor or unit, kept as size-1
-        dimensions so that it broadcasts over the weights)."""
+        dimensions so that it broadcasts over the weights).
+
+        Examples
+        --------
+        >>> p = EmpiricalBayesNormal(concentration=None, per="unit").distribution((2, 3), fan_in=3).base_dist
+        >>> p.scale_given(dist.Normal(torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]), 1.0))
+        tensor([[1.4142],
+                [2.2361]])
+        """
         dims = self._shared_dims()
         loc, scale = torch.broadcast_tensors(q.loc, q.scale)
         second_moment = scale.square() + loc.square()
@@ -357,7 +365,14 @@ class EmpiricalBayesNormalDistribution(TorchDistribution):
         return ((total + 2.0 * beta) / (count + 2.0 * alpha + 2.0)).sqrt()
 
     def given_posterior(self, q: torch.distributions.Normal) -> dist.Normal:
-        """The Normal prior in force for the posterior ``q``: ``Normal(0, scale_given(q))`` elementwise."""
+        """The Normal prior in force for the posterior ``q``: ``Normal(0, scale_given(q))`` elementwise.
+
+        Examples
+        --------
+        >>> p = EmpiricalBayesNormal(concentration=None).distribution((2,), fan_in=1).base_dist
+        >>> p.given_posterior(dist.Normal(torch.tensor([3.0, 4.0]), 1.0)).scale
+        tensor([3.6742, 3.6742])
+        """
         scale = self.scale_given(q).expand(torch.broadcast_shapes(q.batch_shape, self.batch_shape))
         return dist.Normal(torch.zeros((), dtype=scale.dtype, device=scale.device), scale)
 
