@@ -75,7 +75,8 @@ class ELBO(TraceMeanField_ELBO):
     replay : bool
         After a first call through Pyro's handlers, :meth:`loss_and_grads` replays the step's tensor program
         directly when that is the same computation: a :class:`pyro_bbb.BNN` whose latent sites are all global sites
-        of a :class:`pyro_bbb.MeanFieldGuide` (weights with closed-form KLs, and e.g. a learned noise scale), one
+        of a :class:`pyro_bbb.MeanFieldGuide` (weights under a prior without trainable parameters -- fixed, or
+        :class:`~pyro_bbb.priors.EmpiricalBayesNormal` -- and e.g. a learned noise scale), one
         particle, and no handler active but ``SVI``'s /
         ``fit``'s parameter capture and :func:`pyro_bbb.flipout` or :func:`pyro_bbb.local_reparameterization`
         (the estimators' own work runs as before). Same draws, loss and gradients (tested), without
@@ -269,9 +270,9 @@ class ELBO(TraceMeanField_ELBO):
                 return
             if guide.posterior_param_names(name) is None:
                 return
-            if POSTERIOR_KEY in site["infer"]:  # a layer's weight, with a closed-form KL
-                if not is_layer_prior(model_site["fn"]) or _prior_constants(model_site["fn"]) is None:
-                    return
+            if POSTERIOR_KEY in site["infer"]:  # a layer's weight
+                if not is_layer_prior(model_site["fn"]) or _has_trainable_parameters(model_site["fn"]):
+                    return  # a learned prior's parameters would escape the replayed step's parameter capture
             elif model_site["mask"] is not None or not _is_one(model_site["scale"]):  # e.g. a learned noise scale
                 return
             sites.append((name, priors[name], POSTERIOR_KEY in site["infer"]))
@@ -471,6 +472,11 @@ def _log_prob_sum(site: dict, max_plate_nesting: float | None = None) -> torch.T
 def _base_normal(d) -> Normal | None:
     d = strip_independent(d)
     return d if type(d) is Normal else None
+
+
+def _has_trainable_parameters(d) -> bool:
+    """Whether a distribution's parameters carry gradients (a learned or hierarchical prior)."""
+    return any(isinstance(v, torch.Tensor) and v.requires_grad for v in vars(strip_independent(d)).values())
 
 
 def _is_constant(t: torch.Tensor) -> bool:
