@@ -28,7 +28,7 @@ import pyro  # noqa: E402
 import torch  # noqa: E402
 
 import pyro_bbb  # noqa: E402
-from pyro_bbb import likelihoods, metrics, priors  # noqa: E402
+from pyro_bbb import likelihoods, metrics, plots, priors  # noqa: E402
 from pyro_bbb.datasets import heteroscedastic_noise_std, heteroscedastic_regression  # noqa: E402
 from pyro_bbb.nn import BayesianLinear  # noqa: E402
 
@@ -71,16 +71,9 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     axes[1].plot(g, band.epistemic_std, label="epistemic std (weight posterior)")
     axes[1].axvspan(-2, 2, color="grey", alpha=0.08, label="training inputs")
     axes[1].set(xlabel="x", ylabel="std", title="uncertainty decomposition", yscale="log")
-    save_figure(fig, axes[1], out_dir / "regression_uncertainty.png")
+    axes[1].legend(fontsize=8)
+    plots.save_figure(fig, out_dir / "regression_uncertainty.png")
     return {"coverage_90": coverage}
-
-
-def save_figure(fig, last_axes, path: Path) -> None:
-    """Legend on the last panel, tight layout, write the PNG and free the figure."""
-    last_axes.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 #: name -> (estimator, prior of the weights); "moments" is deterministic variational inference.
@@ -122,7 +115,8 @@ def compare_estimators(steps: int, out_dir: Path, progress: bool = True) -> dict
     axes[0].legend(fontsize=8)
     axes[1].axvspan(-2, 2, color="grey", alpha=0.08, label="training inputs")
     axes[1].set(xlabel="x", ylabel="epistemic std", yscale="log", title="weight uncertainty by estimator")
-    save_figure(fig, axes[1], out_dir / "regression_estimators.png")
+    axes[1].legend(fontsize=8)
+    plots.save_figure(fig, out_dir / "regression_estimators.png")
     return results
 
 
