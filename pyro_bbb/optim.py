@@ -51,7 +51,7 @@ class Adam(PyroOptim):
         self._known: set[torch.Tensor] = set()
 
     def __call__(self, params: Iterable[torch.Tensor], *args, **kwargs) -> None:
-        params = set(params)
+        params = list(dict.fromkeys(params))  # the caller's order (Pyro's SVI passes a set; fit passes the store's)
         new = [p for p in params if p not in self._known]
         if new:
             if self.optimizer is None:  # foreach: one kernel per operation over all tensors, also faster on a CPU
@@ -60,7 +60,7 @@ class Adam(PyroOptim):
                 self.optimizer.add_param_group({"params": new, "lr": self.defaults["lr"]})
             self._known.update(new)
         # parameters not in this step keep their state: hide their gradients from the joint step
-        hidden = {p: p.grad for p in self._known - params if p.grad is not None}
+        hidden = {p: p.grad for p in self._known.difference(params) if p.grad is not None}
         for p in hidden:
             p.grad = None
         self.optimizer.step()

@@ -316,7 +316,10 @@ class _Stepper:
             if "found invalid values" not in str(error):
                 raise
             self._diverged("a distribution's parameters", str(error).split(":")[0])
-        params = {site["value"].unconstrained() for site in capture.trace.nodes.values()}
+        # in the trace's order, not a set's (which follows memory addresses): the global gradient norm that clip_norm
+        # divides by is a sum over parameters, and another order rounds differently -- the same seed would not give
+        # the same training run
+        params = list(dict.fromkeys(site["value"].unconstrained() for site in capture.trace.nodes.values()))
         return self._apply(params, loss)
 
     def _distributed_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -336,13 +339,13 @@ class _Stepper:
                     self.guide(x, y)
         distributed_.raise_if_any_rank_failed(error)
         self.global_loss, _ = distributed_.combine_gradients(num_rows(x), loss if math.isfinite(loss) else math.inf)
-        params = {p for _, p in pyro.get_param_store().named_parameters()}
+        params = [p for _, p in pyro.get_param_store().named_parameters()]  # a fixed order, as above
         loss = self._apply(params, self.global_loss)
         if isinstance(self.model, torch.nn.Module):  # running statistics follow rank 0, as under DDP
             distributed_.synchronise_buffers(self.model)
         return loss
 
-    def _apply(self, params: set[torch.Tensor], loss: float) -> float:
+    def _apply(self, params: list[torch.Tensor], loss: float) -> float:
         grads = [p.grad for p in params if p.grad is not None]
         # one device sync for all gradients: a sum is NaN or infinite when any element is
         grads_finite = not grads or bool(torch.stack([g.sum() for g in grads]).isfinite().all())
@@ -358,13 +361,14 @@ class _Stepper:
         return loss
 
     @torch.no_grad()
-    def _remember(self, params: set[torch.Tensor]) -> None:
+    def _remember(self, params: list[torch.Tensor]) -> None:
         """Copy the parameters that just gave a finite loss (one foreach copy once every parameter is known)."""
-        new = {p for p in params if p not in self.snapshot}  # tensors hash by identity
+        new = [p for p in params if p not in self.snapshot]  # tensors hash by identity
         for p in new:
             self.snapshot[p] = p.detach().clone()
             self.initial[p] = self.snapshot[p].clone()
-        known = [p for p in params if p not in new]
+        fresh = set(new)  # membership by identity (a list's `in` would compare tensors elementwise)
+        known = [p for p in params if p not in fresh]
         if known:
             torch._foreach_copy_([self.snapshot[p] for p in known], known)
 

@@ -118,10 +118,10 @@ def main(epochs: int, num_train: int, out_dir: Path, progress: bool = True) -> d
 # (one thread) the deterministic LSTM ended at 0.870–0.899 (median 0.887) and the Bayesian one at 0.849–0.945: the
 # worst Bayesian seed 3.8 points below the deterministic median. Single runs move by several points with the thread
 # count, so this is evidence over seeds, not a guarantee; the Bayesian curves are still rising at step 800.
-# Runs are not even reproducible with the same seeds and threads (torch's CPU kernels differ at float rounding and
-# training amplifies it): seven recorded repeats of the three-seed slow test put the worst Bayesian seed 2.5-8.5
-# points below the deterministic median, while every Bayesian seed learnt the task (>= 0.799) and the Bayesian median
-# stayed within 0.1 point of the deterministic one or above it (`benchmarks/README.md`).
+# How fragile a single run is showed while `fit(clip_norm=)` still summed gradient norms in a set's order (fixed):
+# last-bit differences between runs of the same seeds put the three-seed slow test's worst Bayesian seed 2.5-8.5
+# points below the deterministic median over seven runs, while every Bayesian seed learnt the task (>= 0.799) and
+# the Bayesian median stayed within 0.1 point of the deterministic one or above it (`benchmarks/README.md`).
 
 
 def convergence_over_seeds(seeds: int, epochs: int, num_train: int, out_dir: Path, max_len: int = 16,
