@@ -270,6 +270,14 @@ def cnn_ours(estimator: Callable):
     return build
 
 
+def cnn_bayesian_torch(kind: str):
+    def build(batch, num_data):
+        net = torch.nn.Sequential(*cnn_modules(torch.nn.Conv2d, torch.nn.Linear))
+        return bayesian_torch_step(net, lambda logits, y: F.cross_entropy(logits, y, reduction="sum"), num_data, kind)
+
+    return build
+
+
 CNN_CONTENDERS = {
     "deterministic CNN": cnn_deterministic,
     "hand-written PyTorch BbB": cnn_hand_written,
@@ -278,14 +286,6 @@ CNN_CONTENDERS = {
     "pyro_bbb local reparam": cnn_ours(pyro_bbb.local_reparameterization),
 }
 if HAVE_BAYESIAN_TORCH:
-    def cnn_bayesian_torch(kind: str):
-        def build(batch, num_data):
-            net = torch.nn.Sequential(*cnn_modules(torch.nn.Conv2d, torch.nn.Linear))
-            return bayesian_torch_step(net, lambda logits, y: F.cross_entropy(logits, y, reduction="sum"), num_data,
-                                       kind)  # fmt: skip
-
-        return build
-
     CNN_CONTENDERS |= {"bayesian-torch reparam": cnn_bayesian_torch("Reparameterization"),
                        "bayesian-torch flipout": cnn_bayesian_torch("Flipout")}  # fmt: skip
 

@@ -363,14 +363,13 @@ class _Stepper:
     @torch.no_grad()
     def _remember(self, params: list[torch.Tensor]) -> None:
         """Copy the parameters that just gave a finite loss (one foreach copy once every parameter is known)."""
-        new = [p for p in params if p not in self.snapshot]  # tensors hash by identity
-        for p in new:
-            self.snapshot[p] = p.detach().clone()
-            self.initial[p] = self.snapshot[p].clone()
-        fresh = set(new)  # membership by identity (a list's `in` would compare tensors elementwise)
-        known = [p for p in params if p not in fresh]
+        known = [p for p in params if p in self.snapshot]  # tensors hash by identity
         if known:
             torch._foreach_copy_([self.snapshot[p] for p in known], known)
+        for p in params:
+            if p not in self.snapshot:
+                self.snapshot[p] = p.detach().clone()
+                self.initial[p] = self.snapshot[p].clone()
 
     @torch.no_grad()
     def restore_initial(self) -> None:
