@@ -364,3 +364,51 @@ def test_projection_is_converted_and_vectorized():
     pyro.set_rng_seed(0)
     slow = pyro_bbb.predict(bnn, guide, x, num_samples=6, vectorize=False)
     torch.testing.assert_close(fast.mean, slow.mean, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+@pytest.mark.parametrize("kwargs", [{"batch_first": True}, {"num_layers": 2, "bidirectional": True},
+                                    {"bias": False, "num_layers": 2}])  # fmt: skip
+@pytest.mark.parametrize("shared_input", [True, False])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_grouped_draws_equal_each_draw_alone(mode, kwargs, shared_input, with_state, monkeypatch):
+    """Folded draws without gradients (a vectorized predict) run G draws per kernel call on a block diagonal: every
+    draw's output and final state equal that draw run alone (torch's kernel with its weights), for an input shared
+    by all draws (the data) or one per draw (after a Bayesian layer), with and without an initial state."""
+    from pyro_bbb.nn import recurrent
+    from pyro_bbb.nn.draws import fold_draws
+
+    torch.manual_seed(0)
+    num_draws, rows, hidden = 7, 5, 4  # GROUPED_WIDTH 12 -> groups of 3, 3 and 1 draws
+    monkeypatch.setattr(recurrent, "GROUPED_WIDTH", 12)
+    layer = {"LSTM": BayesianLSTM, "GRU": BayesianGRU}[mode](3, hidden, **kwargs)
+    states = layer.num_layers * layer.num_directions
+    batch_first = kwargs.get("batch_first", False)
+    draws = {name: torch.randn(num_draws, 1, *getattr(layer, f"{name}_init").shape) * 0.7
+             for name in layer.bayesian_parameters()}  # fmt: skip
+    per_draw = [torch.randn(rows, 6, 3) if batch_first else torch.randn(6, rows, 3) for _ in range(num_draws)]
+    inputs = [per_draw[0]] * num_draws if shared_input else per_draw
+    batch_dim = 0 if batch_first else 1
+    h0 = [torch.randn(states, rows, hidden) for _ in range(num_draws)]
+    c0 = [torch.randn(states, rows, hidden) for _ in range(num_draws)]
+
+    def initial(selected):
+        if not with_state:
+            return ()
+        h = torch.cat([h0[s] for s in selected], 1)
+        return ((h, torch.cat([c0[s] for s in selected], 1)),) if mode == "LSTM" else (h,)
+
+    calls = []
+    kernel = getattr(torch, mode.lower())
+    monkeypatch.setattr(torch, mode.lower(), lambda *a: calls.append(a[0].shape) or kernel(*a))
+    with torch.no_grad(), pyro.plate("draws", num_draws, dim=-2), fold_draws(num_draws):
+        output, state = poutine.condition(layer, data=draws)(torch.cat(inputs, batch_dim), *initial(range(num_draws)))
+    assert len(calls) == 3  # one kernel call per group of draws
+    for s in range(num_draws):
+        alone = {name: value[s, 0] for name, value in draws.items()}
+        with torch.no_grad():
+            expected, expected_state = poutine.condition(layer, data=alone)(inputs[s], *initial([s]))
+        torch.testing.assert_close(output.narrow(batch_dim, s * rows, rows), expected, rtol=1e-5, atol=1e-6)
+        pairs = zip(state, expected_state) if mode == "LSTM" else [(state, expected_state)]
+        for got, want in pairs:
+            torch.testing.assert_close(got[:, s * rows : (s + 1) * rows], want, rtol=1e-5, atol=1e-6)

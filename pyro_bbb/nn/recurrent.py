@@ -55,6 +55,29 @@ def _gru_step(input_part: torch.Tensor, hidden_part: torch.Tensor, h: torch.Tens
     return (1 - z) * n + z * h
 
 
+#: The hidden width (draws x hidden size) of one kernel call of a vectorized ``predict``: draws are grouped on a
+#: block diagonal up to this width (``LSTM(8)``: 8 draws a call), beyond which the zeros' work outgrows the calls saved.
+GROUPED_WIDTH = 64
+
+
+def _block_diagonal(weight: torch.Tensor, gates: int, size: int, blocks: int) -> torch.Tensor:
+    """G draws of a ``(gates * size, blocks * K)`` weight as one ``(gates * G * size, blocks * G * K)`` weight: rows
+    gate-major (gate, draw, unit), columns (block, draw, k), zero between draws."""
+    count, _, columns = weight.shape
+    inner = columns // blocks
+    source = weight.reshape(count, gates, size, blocks, inner)
+    out = weight.new_zeros(gates, count, size, blocks, count, inner)
+    out.diagonal(dim1=1, dim2=4).copy_(source.permute(1, 2, 3, 4, 0))
+    return out.reshape(gates * count * size, blocks * count * inner)
+
+
+def _stack_states(states: list, mode: str):
+    """Per-group states ``(layers * directions, G, rows, H)`` joined as ``(layers * directions, S, rows, H)``."""
+    if mode == "LSTM":
+        return tuple(torch.cat([state[i] for state in states], 1) for i in range(2))
+    return torch.cat(states, 1)
+
+
 def _hold(new, old, alive: torch.Tensor):
     """The new state where ``alive``, the old one elsewhere (an LSTM's ``(h, c)`` or a GRU's ``h``)."""
     if isinstance(new, tuple):
@@ -336,7 +359,9 @@ class _RecurrentLayer(_Recurrent):
         sequence = unfold_rows(input, num_draws, batch_dim).movedim(batch_dim, 0)
         maps = self._all_maps(sequence.shape[:-2] if self.batch_first else sequence.movedim(-3, -2).shape[:-2])
         if lengths is None:
-            per_draw = self._fused_per_draw(maps, input, hx, num_draws, batch_dim)
+            per_draw = self._fused_grouped(maps, input, hx, num_draws, batch_dim)
+            if per_draw is None:
+                per_draw = self._fused_per_draw(maps, input, hx, num_draws, batch_dim)
             if per_draw is not None:
                 return per_draw
         state = None if hx is None else self._map_state(hx, lambda h: unfold_rows(h, num_draws, h.dim() - 2)
@@ -425,6 +450,59 @@ class _RecurrentLayer(_Recurrent):
             return output, tuple(torch.cat([state[i] for state in states], 1) for i in range(2))
         return output, torch.cat(states, 1)
 
+    def _fused_grouped(self, maps: dict[str, list], input: torch.Tensor, hx, num_draws: int, batch_dim: int):
+        """S folded draws of plain maps without gradients (a vectorized ``predict``): torch's kernel once per group
+        of G draws, each group one wider layer whose weights are the G draws on a block diagonal (gate-major rows,
+        so every gate's slice holds the G draws side by side) -- the same arithmetic per draw, the zeros adding
+        nothing, at a fraction of the kernel calls; an input shared by every draw (the data itself) is fed once.
+        ``None`` when it does not apply (gradients, projections, a group of one)."""
+        group = min(num_draws, GROUPED_WIDTH // self.hidden_size)
+        if torch.is_grad_enabled() or self.proj_size or group < 2 or not self._fusable(maps, input, hx, 4):
+            return None
+        if any(m.weight.shape[0] != num_draws for ms in maps.values() for m in ms):
+            return None
+        sequence = unfold_rows(input, num_draws, batch_dim).movedim(batch_dim, 0)  # (S, rows, T, F) or (S, T, ...)
+        shared = bool((sequence == sequence[:1]).all())
+        gates, size, directions = 4 if self._mode == "LSTM" else 3, self.hidden_size, self.num_directions
+        outputs, states = [], []
+        for start in range(0, num_draws, group):
+            draws = slice(start, min(start + group, num_draws))
+            count = draws.stop - draws.start
+            weights = {}
+            for suffix, layer_maps in maps.items():
+                first_layer = suffix.startswith("_l0")
+                for kind, m in zip(("ih", "hh"), layer_maps):
+                    weight = m.weight[draws, 0]  # (G, gates * H, K)
+                    if kind == "ih" and first_layer and shared:  # the G draws stacked on one input
+                        weight = weight.unflatten(1, (gates, size)).transpose(0, 1).reshape(-1, weight.shape[-1])
+                    else:  # columns: an input's (directions, G, K) layout, as a wider layer's output has it
+                        weight = _block_diagonal(weight, gates, size, 1 if kind == "hh" or first_layer else directions)
+                    weights[f"weight_{kind}{suffix}"] = weight
+                    if m.bias is not None:
+                        bias = m.bias[draws, 0].unflatten(1, (gates, size)).transpose(0, 1).reshape(-1)
+                        weights[f"bias_{kind}{suffix}"] = bias
+            block_input = sequence[0] if shared else sequence[draws].movedim(0, -2).flatten(-2)
+            state = None if hx is None else self._map_state(hx, lambda h, d=draws: unfold_rows(h, num_draws, 1)[:, d]
+                                                            .movedim(1, -2).flatten(-2))  # fmt: skip
+            output, state = self._grouped_kernel([weights[name] for name in self._flat_weight_names()], block_input,
+                                                 state)  # fmt: skip
+            outputs.append(output.unflatten(-1, (directions, count, size)).movedim(-2, 0).flatten(-2))
+            states.append(self._map_state(state, lambda h, c=count: h.unflatten(-1, (c, size)).movedim(-2, 1)))
+        output = fold_rows(torch.cat(outputs).movedim(0, batch_dim), batch_dim)
+        return output, self._map_state(_stack_states(states, self._mode), lambda h: fold_rows(h, 1))
+
+    def _grouped_kernel(self, flat_weights: list[torch.Tensor], input: torch.Tensor, hx):
+        """``torch.lstm`` / ``torch.gru`` for a group of draws (hidden size G * H) from ``hx`` or a zero state."""
+        width = flat_weights[1].shape[-1]
+        if hx is None:
+            batch = input.shape[0 if self.batch_first else 1]
+            h0 = input.new_zeros(self.num_layers * self.num_directions, batch, width)
+            hx = (h0, h0) if self._mode == "LSTM" else h0
+        op = torch.lstm if self._mode == "LSTM" else torch.gru
+        settings = (self.num_layers, self.dropout, self.training, self.bidirectional, self.batch_first)
+        output, *state = op(input, hx, flat_weights, "bias_ih_l0" in self._bayesian, *settings)
+        return output, (tuple(state) if self._mode == "LSTM" else state[0])
+
     def _run(self, input: torch.Tensor, hx, lengths: torch.Tensor | None = None,
              packed: PackedSequence | None = None, maps: dict[str, list] | None = None):  # fmt: skip
         sequence_in = input if self.batch_first else input.movedim(-3, -2)  # (..., B, T, features)
@@ -506,8 +584,10 @@ class BayesianLSTM(_RecurrentLayer):
     Sites are named like ``torch.nn.LSTM``'s parameters (``weight_ih_l0``, ``weight_hh_l0``, ``bias_ih_l0``,
     ``bias_hh_l0``, ``weight_hr_l0`` with ``proj_size``, ``..._reverse``). One weight draw serves the whole
     sequence: when one draw serves every example (reparameterization, not a vectorized ``predict``), the sampled
-    weights run through torch's own fused kernel (``torch.func.functional_call``); under Flipout, or with several
-    draws at once, the layer runs its own time loop (the input projection of all steps is one product).
+    weights run through torch's own fused kernel (``torch.func.functional_call``), and so do folded draws (a
+    vectorized ``predict``: groups of draws on a block diagonal, one kernel call per group; vectorized particles: one
+    call per draw); under Flipout the layer runs its own time loop (the input projection of all steps is one
+    product).
     ``PackedSequence`` inputs give packed outputs, as torch's do. Use ``fit(..., clip_norm=...)``: gradient
     clipping matters for recurrent nets, Bayesian or not.
 
