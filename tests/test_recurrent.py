@@ -177,24 +177,23 @@ class LastStepClassifier(nn.Module):
 
 
 @pytest.mark.slow
-def test_bayesian_lstm_learns_the_reber_grammar_on_every_seed_like_the_deterministic_one():
-    """The user report (a Bayesian LSTM on the Embedded Reber Grammar stays at 50%) on issue 15's configuration A:
-    strings up to 16 symbols, 2000 training strings, LSTM(8), batches of 100, 800 steps, Adam 1e-2 decaying to 1e-3
-    (``fit(lr_final=)``), ``clip_norm=5``, forget-gate bias 1 for both models (BayesianLSTM's default), Flipout and an
-    N(0, 2) prior for the Bayesian one (the LSTM's default; the head needs it too). Every Bayesian seed learns the
-    task (accuracy >= 0.75; chance is 0.5) and the Bayesian median is within 5 points of the deterministic median,
-    at the same number of steps.
+def test_worst_bayesian_lstm_seed_is_within_5_points_of_the_deterministic_median_on_the_reber_grammar():
+    """Issue 15's criterion on its configuration A (the user report: a Bayesian LSTM on the Embedded Reber Grammar
+    stays at 50%): strings up to 16 symbols, 2000 training strings, LSTM(8), batches of 100, 800 steps, Adam 1e-2
+    decaying to 1e-3 (``fit(lr_final=)``), ``clip_norm=5``, forget-gate bias 1 for both models (BayesianLSTM's
+    default); Flipout, an N(0, 2) prior (the LSTM's default; the head needs it too) and the KL weight warmed up over
+    the first 400 steps (``schedules.LinearWarmup(400)``) for the Bayesian one. Over three seeds the *worst*
+    Bayesian run is within 5 points of the deterministic median at the same number of steps.
 
-    Issue 15's stricter criterion -- the *worst* Bayesian seed within 5 points of the deterministic median -- holds
-    in the (now reproducible) run: deterministic 0.8635, 0.8890, 0.8810, Bayesian 0.8605, 0.8920, 0.8965, 2.05 points
-    below. It is not asserted because it is fragile: while fit's gradient clipping summed the parameters' norms in a
-    set's order (fixed: runs with one seed were not identical), the last-bit differences between runs moved the worst
-    Bayesian seed over 0.799-0.859 against a deterministic median of 0.880-0.888 -- 2.5 to 8.5 points below, outside
-    5 in two of nine runs -- so any numerical change (another CPU, another torch) could flip it. Over those runs every
-    Bayesian seed stayed above 0.79 and the Bayesian median within 0.1 point of the deterministic one or above it:
-    what this test requires, with about 5 points of margin on both."""
+    In float64, so that the verdict does not hang on the CPU's instruction set: in float32 the same three seeds
+    moved by up to 7 points between torch's AVX2 kernels and its portable ones (``ATEN_CPU_CAPABILITY=default``;
+    the deterministic seed 1 0.895 vs 0.822), in float64 by at most 0.8 (deterministic 0.8705 / 0.8915 / 0.884,
+    Bayesian 0.859 / 0.8755 / 0.8655 on AVX2: 2.5 points below; 2.3 with the portable kernels). Without the warm-up
+    the worst of ten float32 seeds ended 6.8 points below, with it 4.0 (``benchmarks/README.md``): early KL pressure,
+    not the estimator, holds the Bayesian LSTM back (KL weight 0: 1.7)."""
     from pyro_bbb.datasets import embedded_reber
 
+    dtype = torch.float64
     x_test, y_test = embedded_reber(2000, max_len=16, seed=999)
     accuracy = {"deterministic": [], "bayesian": []}
     for seed in range(3):
@@ -202,26 +201,25 @@ def test_bayesian_lstm_learns_the_reber_grammar_on_every_seed_like_the_determini
         for kind in accuracy:
             pyro.clear_param_store()
             torch.manual_seed(seed)
+            settings = {}
             if kind == "deterministic":
                 lstm = nn.LSTM(7, 8, batch_first=True)
                 with torch.no_grad():  # the forget-gate bias BayesianLSTM starts from
                     lstm.bias_ih_l0[8:16], lstm.bias_hh_l0[8:16] = 1.0, 0.0
                 net = LastStepClassifier(lstm, nn.Linear(8, 1))
             else:
-                # the LSTM's default prior (DEFAULT_RECURRENT_PRIOR) is Normal(0, 2); the head needs it too
                 net = LastStepClassifier(BayesianLSTM(7, 8, batch_first=True),
                                          BayesianLinear(8, 1, prior=priors.Normal(0.0, 2.0)))  # fmt: skip
-            bnn = pyro_bbb.BNN(net, likelihoods.Bernoulli())
+                settings = {"estimator": "flipout", "kl_weight": pyro_bbb.schedules.LinearWarmup(400)}
+            bnn = pyro_bbb.BNN(net.to(dtype), likelihoods.Bernoulli())
             guide = pyro_bbb.MeanFieldGuide(bnn)
-            estimator = "flipout" if kind == "bayesian" else "reparam"
-            pyro_bbb.fit(bnn, guide, (x, y), epochs=40, batch_size=100, lr=1e-2, lr_final=1e-3, clip_norm=5.0,
-                         estimator=estimator, progress=False, seed=seed)  # fmt: skip
-            prediction = pyro_bbb.predict(bnn, guide, x_test, num_samples=32)
-            accuracy[kind].append(pyro_bbb.metrics.accuracy(prediction, y_test))
+            pyro_bbb.fit(bnn, guide, (x.to(dtype), y.to(dtype)), epochs=40, batch_size=100, lr=1e-2, lr_final=1e-3,
+                         clip_norm=5.0, progress=False, seed=seed, **settings)  # fmt: skip
+            prediction = pyro_bbb.predict(bnn, guide, x_test.to(dtype), num_samples=32)
+            accuracy[kind].append(pyro_bbb.metrics.accuracy(prediction, y_test.to(dtype)))
     deterministic_median = sorted(accuracy["deterministic"])[1]
     assert deterministic_median > 0.8, accuracy  # the task is learnt at all in 800 steps
-    assert min(accuracy["bayesian"]) >= 0.75, accuracy  # no seed stays at chance (the user report)
-    assert sorted(accuracy["bayesian"])[1] >= deterministic_median - 0.05, accuracy
+    assert min(accuracy["bayesian"]) >= deterministic_median - 0.05, accuracy
 
 
 # -- torch's fused kernel, packed sequences, projections (issue 15) --------------------------------------------------
