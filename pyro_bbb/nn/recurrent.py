@@ -593,7 +593,10 @@ class BayesianLSTM(_RecurrentLayer):
     call per draw); under Flipout the layer runs its own time loop (the input projection of all steps is one
     product).
     ``PackedSequence`` inputs give packed outputs, as torch's do. Use ``fit(..., clip_norm=...)``: gradient
-    clipping matters for recurrent nets, Bayesian or not.
+    clipping matters for recurrent nets, Bayesian or not; and warm the KL weight up over the first half of training
+    (``fit(..., kl_weight=schedules.LinearWarmup(steps // 2))``): on the Embedded Reber task the full KL from the
+    first step left the worst of ten seeds 6.8 points below a deterministic LSTM, the warm-up 4.0
+    (``benchmarks/README.md``).
 
     Parameters
     ----------
