@@ -397,12 +397,16 @@ def test_grouped_draws_equal_each_draw_alone(mode, kwargs, shared_input, with_st
         h = torch.cat([h0[s] for s in selected], 1)
         return ((h, torch.cat([c0[s] for s in selected], 1)),) if mode == "LSTM" else (h,)
 
-    calls = []
-    grouped = recurrent._RecurrentLayer._grouped_kernel
-    monkeypatch.setattr(recurrent._RecurrentLayer, "_grouped_kernel", lambda *a: calls.append(1) or grouped(*a))
+    widths = []  # the hidden width of every direct kernel call
+    kernel = recurrent._RecurrentLayer._kernel_op
+    monkeypatch.setattr(recurrent._RecurrentLayer, "_kernel_op", lambda self, w, *a: widths.append(w[1].shape[1])
+                        or kernel(self, w, *a))  # fmt: skip
     with torch.no_grad(), pyro.plate("draws", num_draws, dim=-2), fold_draws(num_draws):
         output, state = poutine.condition(layer, data=draws)(torch.cat(inputs, batch_dim), *initial(range(num_draws)))
-    assert len(calls) == (3 if mode == "LSTM" else 0)  # one kernel call per group of draws (GRU: per draw)
+    if mode == "LSTM":  # one kernel call per group of draws: 3 + 3 + 1
+        assert widths == [3 * hidden, 3 * hidden, hidden]
+    else:  # one call per draw
+        assert all(width == hidden for width in widths)
     for s in range(num_draws):
         alone = {name: value[s, 0] for name, value in draws.items()}
         with torch.no_grad():

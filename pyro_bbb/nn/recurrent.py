@@ -55,27 +55,21 @@ def _gru_step(input_part: torch.Tensor, hidden_part: torch.Tensor, h: torch.Tens
     return (1 - z) * n + z * h
 
 
-#: The hidden width (draws x hidden size) of one kernel call of a vectorized ``predict``: draws are grouped on a
-#: block diagonal up to this width (``LSTM(8)``: 8 draws a call), beyond which the zeros' work outgrows the calls saved.
+#: The hidden width (draws x hidden size) of one kernel call of a vectorized ``predict`` of an LSTM: draws are grouped
+#: on a block diagonal up to this width (``LSTM(8)``: 8 draws a call), beyond which the zeros' work outgrows the calls
+#: saved.
 GROUPED_WIDTH = 64
 
 
-def _block_diagonal(weight: torch.Tensor, gates: int, size: int, blocks: int) -> torch.Tensor:
-    """G draws of a ``(gates * size, blocks * K)`` weight as one ``(gates * G * size, blocks * G * K)`` weight: rows
+def _block_diagonal(weight: torch.Tensor, size: int, blocks: int) -> torch.Tensor:
+    """G draws of an LSTM weight ``(4 * size, blocks * K)`` as one ``(4 * G * size, blocks * G * K)`` weight: rows
     gate-major (gate, draw, unit), columns (block, draw, k), zero between draws."""
     count, _, columns = weight.shape
     inner = columns // blocks
-    source = weight.reshape(count, gates, size, blocks, inner)
-    out = weight.new_zeros(gates, count, size, blocks, count, inner)
+    source = weight.reshape(count, 4, size, blocks, inner)
+    out = weight.new_zeros(4, count, size, blocks, count, inner)
     out.diagonal(dim1=1, dim2=4).copy_(source.permute(1, 2, 3, 4, 0))
-    return out.reshape(gates * count * size, blocks * count * inner)
-
-
-def _stack_states(states: list, mode: str):
-    """Per-group states ``(layers * directions, G, rows, H)`` joined as ``(layers * directions, S, rows, H)``."""
-    if mode == "LSTM":
-        return tuple(torch.cat([state[i] for state in states], 1) for i in range(2))
-    return torch.cat(states, 1)
+    return out.reshape(4 * count * size, blocks * count * inner)
 
 
 def _hold(new, old, alive: torch.Tensor):
@@ -407,14 +401,18 @@ class _RecurrentLayer(_Recurrent):
             names = self.__dict__["_flat_names"] = [name for name, _ in self.__dict__["_kernel"].named_parameters()]
         return names
 
-    def _kernel_op(self, flat_weights: list[torch.Tensor], input: torch.Tensor):
-        """``torch.lstm`` / ``torch.gru`` on a ``(T, B, F)`` (``(B, T, F)``) tensor from a zero state: the op that
-        ``torch.nn.LSTM.forward`` calls after its argument checks (which this layer has made), without the module
-        call's overhead (a third of the time of a small layer's kernel call)."""
-        batch = input.shape[0 if self.batch_first else 1]
-        states = self.num_layers * self.num_directions
-        h0 = input.new_zeros(states, batch, self.proj_size or self.hidden_size)
-        hx = (h0, input.new_zeros(states, batch, self.hidden_size)) if self._mode == "LSTM" else h0
+    def _kernel_op(self, flat_weights: list[torch.Tensor], input: torch.Tensor, hx=None):
+        """``torch.lstm`` / ``torch.gru`` on a ``(T, B, F)`` (``(B, T, F)``) tensor from ``hx`` or a zero state sized
+        by the hidden-to-hidden weight: the op that ``torch.nn.LSTM.forward`` calls after its argument checks (which
+        this layer has made), without the module call's overhead (a third of the time of a small layer's kernel
+        call)."""
+        if hx is None:
+            batch = input.shape[0 if self.batch_first else 1]
+            states = self.num_layers * self.num_directions
+            weight_hh = flat_weights[1]  # torch's order: weight_ih, weight_hh, biases (, weight_hr)
+            h0 = input.new_zeros(states, batch, weight_hh.shape[1])
+            gates = 4 if self._mode == "LSTM" else 3
+            hx = (h0, input.new_zeros(states, batch, weight_hh.shape[0] // gates)) if self._mode == "LSTM" else h0
         op = torch.lstm if self._mode == "LSTM" else torch.gru
         settings = (self.num_layers, self.dropout, self.training, self.bidirectional, self.batch_first)
         if not self.proj_size:
@@ -467,7 +465,7 @@ class _RecurrentLayer(_Recurrent):
             return None
         sequence = unfold_rows(input, num_draws, batch_dim).movedim(batch_dim, 0)  # (S, rows, T, F) or (S, T, ...)
         shared = bool((sequence == sequence[:1]).all())
-        gates, size, directions = 4 if self._mode == "LSTM" else 3, self.hidden_size, self.num_directions
+        size, directions = self.hidden_size, self.num_directions
         outputs, states = [], []
         for start in range(0, num_draws, group):
             draws = slice(start, min(start + group, num_draws))
@@ -478,34 +476,21 @@ class _RecurrentLayer(_Recurrent):
                 for kind, m in zip(("ih", "hh"), layer_maps):
                     weight = m.weight[draws, 0]  # (G, gates * H, K)
                     if kind == "ih" and first_layer and shared:  # the G draws stacked on one input
-                        weight = weight.unflatten(1, (gates, size)).transpose(0, 1).reshape(-1, weight.shape[-1])
+                        weight = weight.unflatten(1, (4, size)).transpose(0, 1).reshape(-1, weight.shape[-1])
                     else:  # columns: an input's (directions, G, K) layout, as a wider layer's output has it
-                        weight = _block_diagonal(weight, gates, size, 1 if kind == "hh" or first_layer else directions)
+                        weight = _block_diagonal(weight, size, 1 if kind == "hh" or first_layer else directions)
                     weights[f"weight_{kind}{suffix}"] = weight
                     if m.bias is not None:
-                        bias = m.bias[draws, 0].unflatten(1, (gates, size)).transpose(0, 1).reshape(-1)
+                        bias = m.bias[draws, 0].unflatten(1, (4, size)).transpose(0, 1).reshape(-1)
                         weights[f"bias_{kind}{suffix}"] = bias
             block_input = sequence[0] if shared else sequence[draws].movedim(0, -2).flatten(-2)
-            state = None if hx is None else self._map_state(hx, lambda h, d=draws: unfold_rows(h, num_draws, 1)[:, d]
-                                                            .movedim(1, -2).flatten(-2))  # fmt: skip
-            output, state = self._grouped_kernel([weights[name] for name in self._flat_weight_names()], block_input,
-                                                 state)  # fmt: skip
+            state = None if hx is None else tuple(unfold_rows(h, num_draws, 1)[:, draws].movedim(1, -2).flatten(-2)
+                                                  for h in hx)  # fmt: skip
+            output, state = self._kernel_op([weights[name] for name in self._flat_weight_names()], block_input, state)
             outputs.append(output.unflatten(-1, (directions, count, size)).movedim(-2, 0).flatten(-2))
-            states.append(self._map_state(state, lambda h, c=count: h.unflatten(-1, (c, size)).movedim(-2, 1)))
+            states.append([h.unflatten(-1, (count, size)).movedim(-2, 1) for h in state])  # (L * D, G, rows, H)
         output = fold_rows(torch.cat(outputs).movedim(0, batch_dim), batch_dim)
-        return output, self._map_state(_stack_states(states, self._mode), lambda h: fold_rows(h, 1))
-
-    def _grouped_kernel(self, flat_weights: list[torch.Tensor], input: torch.Tensor, hx):
-        """``torch.lstm`` / ``torch.gru`` for a group of draws (hidden size G * H) from ``hx`` or a zero state."""
-        width = flat_weights[1].shape[-1]
-        if hx is None:
-            batch = input.shape[0 if self.batch_first else 1]
-            h0 = input.new_zeros(self.num_layers * self.num_directions, batch, width)
-            hx = (h0, h0) if self._mode == "LSTM" else h0
-        op = torch.lstm if self._mode == "LSTM" else torch.gru
-        settings = (self.num_layers, self.dropout, self.training, self.bidirectional, self.batch_first)
-        output, *state = op(input, hx, flat_weights, "bias_ih_l0" in self._bayesian, *settings)
-        return output, (tuple(state) if self._mode == "LSTM" else state[0])
+        return output, tuple(fold_rows(torch.cat([state[i] for state in states], 1), 1) for i in range(2))
 
     def _run(self, input: torch.Tensor, hx, lengths: torch.Tensor | None = None,
              packed: PackedSequence | None = None, maps: dict[str, list] | None = None):  # fmt: skip
