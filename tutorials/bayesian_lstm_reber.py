@@ -148,7 +148,7 @@ def convergence_over_seeds(seeds: int, epochs: int, num_train: int, out_dir: Pat
                 prior = priors.Normal(0.0, 2.0)  # the recurrent layers' default; the head needs it too
                 rnn, head = BayesianLSTM(7, 8, batch_first=True), BayesianLinear(8, 1, prior=prior)
                 settings["estimator"] = "flipout"
-                if "warm-up" in name:
+                if name == names[1]:  # the KL warm-up
                     settings["kl_weight"] = schedules.LinearWarmup(warmup_steps)
             bnn = pyro_bbb.BNN(Classifier(rnn, head), likelihoods.Bernoulli())
             guide = pyro_bbb.MeanFieldGuide(bnn)
