@@ -15,6 +15,7 @@
 
 # %%
 import argparse
+import statistics
 import time
 from pathlib import Path
 
@@ -167,7 +168,7 @@ def convergence_over_seeds(seeds: int, epochs: int, num_train: int, out_dir: Pat
     ax.set(xlabel="step", ylabel="test accuracy", ylim=(0.4, 1.0),
            title=f"Embedded Reber Grammar, {seeds} seeds: every run at the same steps")  # fmt: skip
     ax.legend(fontsize=8)
-    median = sorted(finals[names[0]])[len(finals[names[0]]) // 2]
+    median = statistics.median(finals[names[0]])
     right.axhline(median, color="C0", lw=1, label="deterministic median")
     right.axhline(median - 0.05, color="C0", lw=1, ls="--", label="5 points below it")
     right.set(xticks=range(len(names)), xticklabels=["deterministic", "warm-up", "no warm-up"], xlim=(-0.5, 2.5),
@@ -186,7 +187,7 @@ if __name__ == "__main__":
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--num-train", type=int, default=5000)
     parser.add_argument("--out-dir", type=Path, default=Path("tutorials/figures"))
-    parser.add_argument("--seeds", type=int, default=5, help="runs per model in the convergence-over-seeds part")
+    parser.add_argument("--seeds", type=int, default=10, help="runs per model in the convergence-over-seeds part")
     parser.add_argument("--seeds-only", action="store_true", help="only the convergence-over-seeds part")
     args = parser.parse_args()
     if not args.seeds_only:

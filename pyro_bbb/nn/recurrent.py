@@ -470,27 +470,31 @@ class _RecurrentLayer(_Recurrent):
         for start in range(0, num_draws, group):
             draws = slice(start, min(start + group, num_draws))
             count = draws.stop - draws.start
-            weights = {}
-            for suffix, layer_maps in maps.items():
-                first_layer = suffix.startswith("_l0")
-                for kind, m in zip(("ih", "hh"), layer_maps):
-                    weight = m.weight[draws, 0]  # (G, gates * H, K)
-                    if kind == "ih" and first_layer and shared:  # the G draws stacked on one input
-                        weight = weight.unflatten(1, (4, size)).transpose(0, 1).reshape(-1, weight.shape[-1])
-                    else:  # columns: an input's (directions, G, K) layout, as a wider layer's output has it
-                        weight = _block_diagonal(weight, size, 1 if kind == "hh" or first_layer else directions)
-                    weights[f"weight_{kind}{suffix}"] = weight
-                    if m.bias is not None:
-                        bias = m.bias[draws, 0].unflatten(1, (4, size)).transpose(0, 1).reshape(-1)
-                        weights[f"bias_{kind}{suffix}"] = bias
             block_input = sequence[0] if shared else sequence[draws].movedim(0, -2).flatten(-2)
             state = None if hx is None else tuple(unfold_rows(h, num_draws, 1)[:, draws].movedim(1, -2).flatten(-2)
                                                   for h in hx)  # fmt: skip
-            output, state = self._kernel_op([weights[name] for name in self._flat_weight_names()], block_input, state)
+            output, state = self._kernel_op(self._grouped_weights(maps, draws, shared), block_input, state)
             outputs.append(output.unflatten(-1, (directions, count, size)).movedim(-2, 0).flatten(-2))
             states.append([h.unflatten(-1, (count, size)).movedim(-2, 1) for h in state])  # (L * D, G, rows, H)
         output = fold_rows(torch.cat(outputs).movedim(0, batch_dim), batch_dim)
         return output, tuple(fold_rows(torch.cat([state[i] for state in states], 1), 1) for i in range(2))
+
+    def _grouped_weights(self, maps: dict[str, list], draws: slice, shared: bool) -> list[torch.Tensor]:
+        """The flat weights (torch's order) of one wider LSTM holding ``draws`` on a block diagonal; with ``shared``
+        the first layer's input weights are stacked for one input common to the draws."""
+        size, weights = self.hidden_size, {}
+        for suffix, layer_maps in maps.items():
+            first_layer = suffix.startswith("_l0")
+            for kind, m in zip(("ih", "hh"), layer_maps):
+                weight = m.weight[draws, 0]  # (G, 4 * H, K)
+                if kind == "ih" and first_layer and shared:  # the G draws stacked on one input
+                    weight = weight.unflatten(1, (4, size)).transpose(0, 1).reshape(-1, weight.shape[-1])
+                else:  # columns: an input's (directions, G, K) layout, as a wider layer's output has it
+                    weight = _block_diagonal(weight, size, 1 if kind == "hh" or first_layer else self.num_directions)
+                weights[f"weight_{kind}{suffix}"] = weight
+                if m.bias is not None:
+                    weights[f"bias_{kind}{suffix}"] = m.bias[draws, 0].unflatten(1, (4, size)).transpose(0, 1).flatten()
+        return [weights[name] for name in self._flat_weight_names()]
 
     def _run(self, input: torch.Tensor, hx, lengths: torch.Tensor | None = None,
              packed: PackedSequence | None = None, maps: dict[str, list] | None = None):  # fmt: skip
