@@ -151,12 +151,18 @@ def main() -> None:
         for split in range(args.first_split, min(splits, args.first_split + (args.splits or splits))):
             tasks += [(name, split, variant, epochs, args.samples, args.lr_final) for variant in args.variants]
     start = time.perf_counter()
+    fields = ("set", "variant", "log_lik", "rmse", "seconds", "elbo_change")
+    results = []
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
-        results = pool.map(run_split, tasks, chunksize=1)
+        # each run reported as it ends (hours-long runs show progress, and what ended survives an interruption)
+        for task, row in zip(tasks, pool.imap(run_split, tasks, chunksize=1)):
+            results.append(row)
+            print(f"[{len(results)}/{len(tasks)}, {time.perf_counter() - start:.0f} s] {task[0]} split {task[1]}, "
+                  f"{task[2]}: test log-lik {row[2]:.3f}, RMSE {row[3]:.3f}, {row[4]:.0f} s, "
+                  f"ELBO change over the last 10% {row[5]:.1%}", flush=True)  # fmt: skip
+            if args.raw is not None:
+                args.raw.write_text(json.dumps([dict(zip(fields, r, strict=True)) for r in results], indent=1))
     print(f"{len(tasks)} runs in {time.perf_counter() - start:.0f} s ({args.workers} processes)\n")
-    if args.raw is not None:
-        fields = ("set", "variant", "log_lik", "rmse", "seconds", "elbo_change")
-        args.raw.write_text(json.dumps([dict(zip(fields, row, strict=True)) for row in results], indent=1))
     print("| set | model | splits | test log-lik | test RMSE | PBP | MCVI | DVI | s / run | ELBO change, last 10% |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.sets:
