@@ -379,6 +379,12 @@ class _RecurrentLayer(_Recurrent):
             return False
         return hx is None or all(h.dim() == 3 for h in (hx if isinstance(hx, tuple) else (hx,)))
 
+    def _fusable_draws(self, maps: dict[str, list], input, hx, num_draws: int) -> bool:
+        """:meth:`_fusable` for ``num_draws`` folded draws: plain maps whose weights are ``(S, 1, out, in)``."""
+        if not self._fusable(maps, input, hx, weight_dims=4):
+            return False
+        return all(m.weight.shape[0] == num_draws for ms in maps.values() for m in ms)
+
     def _kernel_call(self, maps: dict[str, list], input, hx, pick=lambda t: t):
         """torch's fused kernel on ``input`` with the weights of ``maps`` (each passed through ``pick``)."""
         weights = {}
@@ -431,9 +437,7 @@ class _RecurrentLayer(_Recurrent):
         """S folded draws of plain maps (weights ``(S, 1, out, in)``): torch's kernel once per draw on its block of
         rows -- the same computation as that draw run alone -- the outputs and states joined in the folded layout;
         else ``None``."""
-        if not self._fusable(maps, input, hx, weight_dims=4):
-            return None
-        if any(m.weight.shape[0] != num_draws for ms in maps.values() for m in ms):
+        if not self._fusable_draws(maps, input, hx, num_draws):
             return None
         rows = input.shape[batch_dim] // num_draws
         outputs, states = [], []
@@ -459,9 +463,7 @@ class _RecurrentLayer(_Recurrent):
         group = min(num_draws, GROUPED_WIDTH // self.hidden_size)
         if self._mode != "LSTM" or torch.is_grad_enabled() or self.proj_size or group < 2:
             return None
-        if not self._fusable(maps, input, hx, 4):
-            return None
-        if any(m.weight.shape[0] != num_draws for ms in maps.values() for m in ms):
+        if not self._fusable_draws(maps, input, hx, num_draws):
             return None
         sequence = unfold_rows(input, num_draws, batch_dim).movedim(batch_dim, 0)  # (S, rows, T, F) or (S, T, ...)
         shared = bool((sequence == sequence[:1]).all())
