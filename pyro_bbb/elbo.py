@@ -180,7 +180,9 @@ class ELBO(TraceMeanField_ELBO):
         site_names = list(call["kl_by_site"])
         values = [call["nll"], call["kl"], *call["kl_by_site"].values()]
         values = [v.detach() if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in values]
-        floats = torch.stack([v.to(values[0].device, torch.float64) for v in values]).tolist()
+        if any(v.dtype != values[0].dtype or v.device != values[0].device for v in values):
+            values = [v.to(values[0].device, torch.float64) for v in values]
+        floats = torch.stack(values).tolist()  # one device sync; a float32 value is exact as a Python float
         frame = call["frame"]  # the data plate as the model declared it: the batch, and a subsampled plate's N
         batch_size = None if frame is None else frame.size
         declared = None if frame is None or (frame.full_size or frame.size) == frame.size else frame.full_size
@@ -225,12 +227,15 @@ class ELBO(TraceMeanField_ELBO):
                 loc, scale = plan.reader.read(captures, 2 * i, 2 * i + 2)  # site by site, in the guide's order
             except KeyError as missing:  # the param store was cleared or replaced: the guide registers them anew
                 raise _ReplayMismatch(f"parameter {missing} is not in Pyro's param store") from None
-            fn = plan.guide.posterior_at(name, loc, scale)  # what the guide samples from, so the same draw and graph
-            draws[name] = fn.rsample()
-            if weight:
+            if weight:  # a layer's weight: Normal(loc, scale).rsample()'s own arithmetic, without the distribution
+                draws[name] = loc + torch.empty_like(loc).normal_() * scale
                 for estimator in estimators:
                     estimator.remember_posterior(name, loc, scale)
-            posteriors[name] = (fn, prior_of)
+                posteriors[name] = ((loc, scale), prior_of)
+            else:  # what the guide samples from (e.g. a Normal pushed into a positive support): the same draw
+                fn = plan.guide.posterior_at(name, loc, scale)
+                draws[name] = fn.rsample()
+                posteriors[name] = (fn, prior_of)
         with preset_samples(plan.model, draws) as read, _SampleGuard():
             fn, y = plan.model.observation(x, y)
         if read != set(draws):
@@ -242,7 +247,13 @@ class ELBO(TraceMeanField_ELBO):
         # the terms in the order the full path computes them (the autograd graph, and so the gradients, alike)
         nll = 0.0 - scale_and_mask(fn.log_prob(y), scale, None).sum()
         for name, (fn, prior_of) in posteriors.items():  # the full path's own KL of each site
-            kl_by_site[name] = _site_kl(_site(fn, draws[name]), _site(prior_of(), draws[name]))
+            prior = prior_of()
+            kl = _normal_kl_sum(*fn, prior) if isinstance(fn, tuple) else None
+            if kl is None:
+                if isinstance(fn, tuple):
+                    fn = plan.guide.posterior_at(name, *fn)
+                kl = _site_kl(_site(fn, draws[name]), _site(prior, draws[name]))
+            kl_by_site[name] = kl
         self._current_call["frame"] = _Frame(batch, None)
         loss, surrogate_loss = self._account(nll, kl_by_site)
         if getattr(surrogate_loss, "requires_grad", False):
@@ -518,19 +529,17 @@ def _learned_scale_constants(p) -> tuple[float, torch.Tensor] | None:
     return float(base.loc.reshape(-1)[0]), base.scale.reshape(-1)[0]
 
 
-def _normal_kl_sum(q, p) -> torch.Tensor | None:
-    """``sum KL(Normal(mu, s) || Normal(m, t))`` over a whole weight tensor when the prior has one ``(m, t)``.
+def _normal_kl_sum(mu: torch.Tensor, s: torch.Tensor, p) -> torch.Tensor | None:
+    """``sum KL(Normal(mu, s) || Normal(m, t))`` over a whole weight tensor when the prior ``p`` has one ``(m, t)``.
 
     ``n (log t - 1/2) - sum log s + (sum s^2 + sum (mu - m)^2) / (2 t^2)``: three reductions instead of the ten
     elementwise passes of the general formula (the KL is the costliest part of a step after the matrix products).
     ``t`` may be a learned scalar tensor, which the KL's gradient then reaches.
     """
     constants = _prior_constants(p) or _learned_scale_constants(p)
-    q = _base_normal(q)
-    if constants is None or q is None or q.loc.shape != _base_normal(p).loc.shape:
+    if constants is None or mu.shape != _base_normal(p).loc.shape:
         return None
     m, t = constants
-    mu, s = q.loc, q.scale
     n = mu.numel()
     squares = torch.linalg.vector_norm(s).square() + torch.linalg.vector_norm(mu).square()
     if m != 0.0:  # sum (mu - m)^2 = |mu|^2 - 2 m sum(mu) + n m^2, without an elementwise pass
@@ -541,8 +550,9 @@ def _normal_kl_sum(q, p) -> torch.Tensor | None:
 
 def _site_kl(guide_site: dict, model_site: dict) -> torch.Tensor:
     """KL(q || p) of one latent site: closed form where registered, else log q(w) - log p(w) at the draw."""
-    if guide_site["mask"] is None:
-        kl = _normal_kl_sum(guide_site["fn"], model_site["fn"])
+    q = _base_normal(guide_site["fn"]) if guide_site["mask"] is None else None
+    if q is not None:
+        kl = _normal_kl_sum(q.loc, q.scale, model_site["fn"])
         if kl is not None:
             return kl * guide_site["scale"]
     try:

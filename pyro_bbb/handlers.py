@@ -90,6 +90,8 @@ class _PosteriorReader(Messenger):
 
 def _lead(batch_shape: torch.Size, weight: torch.Tensor, feature_dims: int) -> torch.Size:
     """Per-example leading dims: the input's batch dims broadcast with the weight's sample (particle) dims."""
+    if weight.dim() == feature_dims + 1:  # one weight for every example (no particle dims): nothing to broadcast
+        return torch.Size(batch_shape)
     return torch.broadcast_shapes(batch_shape, sample_dims(weight, feature_dims))
 
 

@@ -3,7 +3,8 @@
 ``pyro.optim.Adam`` creates a separate ``torch.optim.Adam`` for every parameter and calls each one every step;
 for a Bayesian network (a mean and a scale per weight tensor) that per-call overhead is a quarter of a small
 network's step (``benchmarks/step_time.py``). Adam is elementwise, so one optimizer over all parameters makes
-exactly the same updates. Use it wherever a :class:`pyro.optim.PyroOptim` goes (``SVI``, :func:`pyro_bbb.fit`).
+the same updates (to the last bit or two: it runs torch's fused Adam kernel, one pass per tensor, where torch has
+one for the device). Use it wherever a :class:`pyro.optim.PyroOptim` goes (``SVI``, :func:`pyro_bbb.fit`).
 
 Examples
 --------
@@ -29,7 +30,8 @@ class Adam(PyroOptim):
     """Adam over every parameter SVI hands it, in one ``torch.optim.Adam`` (new parameters join as they appear).
 
     A step updates only the parameters passed to that call, like ``pyro.optim.Adam``; the others keep their
-    state untouched.
+    state untouched. The gradients it used are released (set to ``None``, as ``zero_grad(set_to_none=True)``), so
+    the next backward pass writes new ones instead of adding to zeros that Pyro's ``SVI`` would allocate.
 
     Parameters
     ----------
@@ -54,16 +56,18 @@ class Adam(PyroOptim):
         params = list(dict.fromkeys(params))  # the caller's order (Pyro's SVI passes a set; fit passes the store's)
         new = [p for p in params if p not in self._known]
         if new:
-            if self.optimizer is None:  # foreach: one kernel per operation over all tensors, also faster on a CPU
-                self.optimizer = torch.optim.Adam(new, **self.defaults, foreach=True)
+            if self.optimizer is None:
+                self.optimizer = _joint_adam(new, self.defaults)
             else:
-                self.optimizer.add_param_group({"params": new, "lr": self.defaults["lr"]})
+                self.optimizer.add_param_group({"params": new, "lr": self.defaults["lr"], **_kernel_options(new)})
             self._known.update(new)
         # parameters not in this step keep their state: hide their gradients from the joint step
         hidden = {p: p.grad for p in self._known.difference(params) if p.grad is not None}
         for p in hidden:
             p.grad = None
         self.optimizer.step()
+        for p in params:  # spent: as zero_grad(set_to_none=True); the next backward writes fresh ones, adding nothing
+            p.grad = None
         for p, grad in hidden.items():
             p.grad = grad
 
@@ -93,3 +97,24 @@ class Adam(PyroOptim):
 
     def __repr__(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.defaults.items()).join((f"{type(self).__name__}(", ")"))
+
+
+
+#: Device types with a fused Adam kernel (CPU from torch 2.4); a type torch refuses is dropped (see `_joint_adam`).
+_FUSED_DEVICES = {"cpu", "cuda", "mps", "xpu"}
+
+
+def _kernel_options(params: list[torch.Tensor]) -> dict[str, bool]:
+    """torch's fused Adam (one kernel a tensor: 2.7x faster than ``foreach`` on a small network's twelve tensors on a
+    CPU) where every parameter is a floating tensor on a device torch fuses for; ``foreach`` otherwise."""
+    fusable = all(torch.is_floating_point(p) and p.device.type in _FUSED_DEVICES for p in params)
+    return {"fused": True, "foreach": False} if fusable else {"fused": False, "foreach": True}
+
+
+def _joint_adam(params: list[torch.Tensor], defaults: dict) -> torch.optim.Adam:
+    """One torch Adam over ``params``, fused where the installed torch can."""
+    try:
+        return torch.optim.Adam(params, **defaults, **_kernel_options(params))
+    except RuntimeError:  # an older torch without a fused kernel for these devices
+        _FUSED_DEVICES.difference_update(p.device.type for p in params)
+        return torch.optim.Adam(params, **defaults, **_kernel_options(params))

@@ -346,7 +346,7 @@ def test_fast_normal_kl_equals_torchs_closed_form_and_its_gradient(prior_loc, pr
     raw = torch.randn(4, 3, requires_grad=True)
     q = dist.Normal(loc, torch.nn.functional.softplus(raw)).to_event(2)
     p = dist.Normal(torch.tensor(prior_loc), torch.tensor(prior_scale)).expand((4, 3)).to_event(2)
-    fast = _normal_kl_sum(q, p)
+    fast = _normal_kl_sum(q.base_dist.loc, q.base_dist.scale, p)
     reference = kl_divergence(q, p)
     torch.testing.assert_close(fast, reference, rtol=1e-5, atol=1e-5)
     fast_grads = torch.autograd.grad(fast, (loc, raw), retain_graph=True)
@@ -355,7 +355,7 @@ def test_fast_normal_kl_equals_torchs_closed_form_and_its_gradient(prior_loc, pr
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     # a prior with a different scale per weight takes the general path
     varying = dist.Normal(torch.zeros(4, 3), torch.rand(4, 3) + 0.5).to_event(2)
-    assert _normal_kl_sum(q, varying) is None
+    assert _normal_kl_sum(q.base_dist.loc, q.base_dist.scale, varying) is None
 
 
 # -- the KL reaches every prior parameter (issue 13, B) --------------------------------------------------------

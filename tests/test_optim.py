@@ -55,3 +55,34 @@ def test_set_learning_rate_applies_to_the_parameters_there_and_those_that_join_l
     optimizer([first, second])  # Adam with a constant gradient moves every coordinate by the learning rate
     torch.testing.assert_close(first.detach(), torch.full((2,), -0.11))
     torch.testing.assert_close(second.detach(), torch.full((2,), -0.01))
+
+
+def test_runs_torchs_fused_kernel_and_falls_back_to_foreach_where_torch_has_none(monkeypatch):
+    from pyro_bbb import optim
+
+    def run(optimizer):
+        torch.manual_seed(1)
+        params = [torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(3, dtype=torch.float64))]
+        for _ in range(4):
+            for p in params:
+                p.grad = torch.randn_like(p)
+            optimizer(params)
+        return params, optimizer.optimizer.param_groups[0]
+
+    fused_params, fused_group = run(optim.Adam(lr=0.1))
+    assert fused_group["fused"] and not fused_group["foreach"]  # CPU has a fused Adam kernel in this torch
+
+    real_adam = torch.optim.Adam
+
+    def adam_without_fused_kernel(params, **kwargs):  # what torch < 2.4 does for CPU tensors
+        if kwargs.get("fused"):
+            raise RuntimeError("`fused=True` requires all the params to be floating point Tensors of supported devices")
+        return real_adam(params, **kwargs)
+
+    monkeypatch.setattr(optim, "_FUSED_DEVICES", {"cpu", "cuda"})
+    monkeypatch.setattr(torch.optim, "Adam", adam_without_fused_kernel)
+    foreach_params, foreach_group = run(optim.Adam(lr=0.1))
+    assert foreach_group["foreach"] and not foreach_group["fused"]
+    assert "cpu" not in optim._FUSED_DEVICES  # asked once: later optimizers go straight to foreach
+    for a, b in zip(fused_params, foreach_params):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
