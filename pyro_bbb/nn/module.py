@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from functools import partial
+from typing import Any
 
 import torch
 from pyro.nn import PyroModule, PyroParam, PyroSample
@@ -228,6 +230,21 @@ class BayesianModule(PyroModule):
             for name, (_, prior) in self._bayesian.items()
             if hasattr(prior, "scale") and getattr(prior, "uses_init", False)
         }
+
+    def site_priors(self) -> dict[str, Callable[[], Any]]:
+        """Pyro site name -> a function returning the prior that site's parameter has now
+        (:meth:`prior_distribution`): for code that reads priors outside a model run, such as the replayed step of
+        :class:`pyro_bbb.ELBO`, without the data-plate check a model run makes.
+
+        Examples
+        --------
+        >>> layer = BayesianLinear(3, 2)
+        >>> readers = layer.site_priors()
+        >>> sorted(readers), readers["weight"]().event_shape
+        (['bias', 'weight'], torch.Size([2, 3]))
+        """
+        prefix = self.__dict__.get("_pyro_name", "")
+        return {site_name(prefix, name): partial(self.prior_distribution, name) for name in self._bayesian}
 
     def initial_values(self, full_names: bool = False) -> dict[str, torch.Tensor]:
         """The initial value of every sampled parameter, keyed by name (or by Pyro site name).
