@@ -129,7 +129,7 @@ class FlipoutMessenger(_PosteriorReader):
         sizes = [input.shape[-feature_dims], mean.shape[-feature_dims]]  # input and output features (channels)
         # both sign vectors from one draw: three operations a layer instead of six
         sign_in, sign_out = _signs(lead + (sum(sizes),) + trailing, input).split(sizes, dim=-feature_dims)
-        return mean + apply(input * sign_in, weight - loc, bias_delta) * sign_out
+        return torch.addcmul(mean, apply(input * sign_in, weight - loc, bias_delta), sign_out)
 
 
     def _pyro_bayesian_affine_map(self, msg: dict[str, Any]) -> None:
@@ -179,7 +179,7 @@ class LocalReparameterizationMessenger(_PosteriorReader):
         variance = apply(input.pow(2), scale.pow(2), bias_var)
         lead = _lead(mean.shape[:-feature_dims], weight, feature_dims)
         noise = torch.randn(lead + mean.shape[-feature_dims:], dtype=mean.dtype, device=mean.device)
-        return mean + variance.clamp_min(torch.finfo(variance.dtype).tiny).sqrt() * noise
+        return torch.addcmul(mean, variance.clamp_min(torch.finfo(variance.dtype).tiny).sqrt(), noise)
 
 
 def flipout(fn: Callable | None = None) -> FlipoutMessenger | Callable:

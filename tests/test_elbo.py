@@ -482,7 +482,7 @@ def test_a_prior_tensor_changed_in_place_is_read_again():
 
 
 # -- the replayed step (issue 16) -------------------------------------------------------------------------------------
-def _replay_run(build, replay, steps=6, handler=None, kl_weight=1.0, data=None):
+def _replay_run(build, replay, steps=6, handler=None, kl_weight=1.0, data=None, **elbo_options):
     """Train ``build()`` -> (model, guide, x, y) for ``steps`` SVI steps; the losses, the final parameters, the ELBO
     and which steps were replayed."""
     import contextlib
@@ -492,7 +492,7 @@ def _replay_run(build, replay, steps=6, handler=None, kl_weight=1.0, data=None):
     pyro.clear_param_store()
     torch.manual_seed(0)
     model, guide, x, y = build()
-    elbo = ELBO(num_data=200, kl_weight=kl_weight, replay=replay)
+    elbo = ELBO(num_data=200, kl_weight=kl_weight, replay=replay, **elbo_options)
     svi = SVI(model, guide, pyro_bbb.optim.Adam(lr=1e-2), elbo)
     losses, replayed = [], []
     for _ in range(steps):
@@ -555,6 +555,22 @@ def test_replayed_steps_equal_the_full_pyro_path_bit_for_bit(build, kl_weight):
     for name in fast[1]:
         assert torch.equal(fast[1][name], full[1][name]), name
 
+
+
+@pytest.mark.parametrize("estimator", [None, "flipout", "local_reparameterization"])
+def test_vectorized_particles_run_the_full_path_with_or_without_replay(estimator):
+    """Several particles (vectorized) are not replayed: the step is Pyro's full path whether ``replay`` is on or off,
+    with the same numbers -- the batched KL included, which there sees a particle dimension on every posterior."""
+    import pyro_bbb
+
+    handler = getattr(pyro_bbb, estimator) if estimator else None
+    runs = [_replay_run(_classifier_with_a_deterministic_layer, replay, steps=4, handler=handler,
+                        kl_weight=LinearWarmup(3), num_particles=3, vectorize_particles=True)
+            for replay in (True, False)]  # fmt: skip
+    (fast_losses, fast_params, fast_elbo, fast_replayed), (losses, params, elbo, _) = runs
+    assert not any(fast_replayed) and fast_losses == losses and fast_elbo.last_terms == elbo.last_terms
+    assert all(torch.equal(fast_params[name], params[name]) for name in params)
+    assert fast_elbo.last_terms["kl"] > 0 and len(set(fast_losses)) == 4
 
 def test_replay_equals_the_full_path_through_fit_history_included(monkeypatch):
     import functools
