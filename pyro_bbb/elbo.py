@@ -54,7 +54,9 @@ class ELBO(TraceMeanField_ELBO):
 
     ``loss = N/B * (negative log-likelihood of the batch) + kl_weight * KL(q || p)`` where the KL is closed-form
     wherever one is registered (Normal posterior vs Normal or Laplace prior) and a Monte Carlo estimate from the
-    guide's draw otherwise (e.g. :class:`pyro_bbb.priors.ScaleMixtureNormal`). The ``N/B`` scale is applied by
+    guide's draw otherwise (e.g. :class:`pyro_bbb.priors.ScaleMixtureNormal`); the closed-form KLs against
+    zero-mean Normal priors of all sites are computed together, in a fixed number of operations (a small
+    network's step time is the number of operations it runs). The ``N/B`` scale is applied by
     :class:`DataPlateScaleMessenger` to every site inside ``pyro.plate(data_plate, B)``, so the user never
     divides by the dataset size. Works unchanged with ``pyro.infer.SVI``.
 
