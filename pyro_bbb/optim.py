@@ -22,6 +22,7 @@ from collections.abc import Iterable
 
 import torch
 from pyro.optim import PyroOptim
+from torch.optim import optimizer as optimizer_module
 
 __all__ = ["Adam"]
 
@@ -51,9 +52,14 @@ class Adam(PyroOptim):
         super().__init__(torch.optim.Adam, dict(self.defaults))
         self.optimizer: torch.optim.Adam | None = None
         self._known: set[torch.Tensor] = set()
+        self._fused_step: _FusedStep | None = None
 
     def __call__(self, params: Iterable[torch.Tensor], *args, **kwargs) -> None:
         params = list(dict.fromkeys(params))  # the caller's order (Pyro's SVI passes a set; fit passes the store's)
+        if self._fused_step is not None and self._fused_step(params, self.optimizer):
+            for p in params:
+                p.grad = None
+            return
         new = [p for p in params if p not in self._known]
         if new:
             if self.optimizer is None:
@@ -66,6 +72,7 @@ class Adam(PyroOptim):
         for p in hidden:
             p.grad = None
         self.optimizer.step()
+        self._fused_step = _FusedStep.for_step(params, self.optimizer)  # the next steps on the same parameters
         for p in params:  # spent: as zero_grad(set_to_none=True); the next backward writes fresh ones, adding nothing
             p.grad = None
         for p, grad in hidden.items():
@@ -118,3 +125,61 @@ def _joint_adam(params: list[torch.Tensor], defaults: dict) -> torch.optim.Adam:
     except RuntimeError:  # an older torch without a fused kernel for these devices
         _FUSED_DEVICES.difference_update(p.device.type for p in params)
         return torch.optim.Adam(params, **defaults, **_kernel_options(params))
+
+
+class _FusedStep:
+    """torch's fused Adam kernel called directly on the parameters of one step and their optimizer state, as
+    ``torch.optim.Adam(fused=True).step()`` calls it (the same updates, bit for bit), without its per-call Python
+    bookkeeping -- a tenth of a small network's step. Stands aside (returns False) for other parameters, a missing
+    gradient, replaced optimizer state, hooks, or settings the plain kernel call does not cover."""
+
+    def __init__(self, params: list[torch.Tensor], optimizer: torch.optim.Adam, buckets: list):
+        self.params = params  # (held: their ids stay theirs)
+        self.key = frozenset(map(id, params))
+        self.state = optimizer.state
+        self.buckets = buckets  # (param group, params, exp_avgs, exp_avg_sqs, steps) per group, device and dtype
+
+    @classmethod
+    def for_step(cls, params: list[torch.Tensor], optimizer: torch.optim.Adam) -> _FusedStep | None:
+        group_of = {id(p): group for group in optimizer.param_groups for p in group["params"]}
+        buckets: dict[tuple, tuple] = {}
+        for p in params:
+            group, state = group_of.get(id(p)), optimizer.state.get(p, {})
+            if group is None or not _plain_fused(group) or not {"exp_avg", "exp_avg_sq", "step"} <= state.keys():
+                return None
+            bucket = buckets.setdefault((id(group), p.device, p.dtype), (group, [], [], [], []))
+            for values, value in zip(bucket[1:], (p, state["exp_avg"], state["exp_avg_sq"], state["step"])):
+                values.append(value)
+        return cls(params, optimizer, list(buckets.values()))
+
+    @torch.no_grad()
+    def __call__(self, params: list[torch.Tensor], optimizer: torch.optim.Adam) -> bool:
+        if frozenset(map(id, params)) != self.key or optimizer.state is not self.state or _has_hooks(optimizer):
+            return False
+        if any(p.grad is None for p in params) or not all(_plain_fused(bucket[0]) for bucket in self.buckets):
+            return False
+        for group, bucket_params, exp_avgs, exp_avg_sqs, steps in self.buckets:
+            torch._foreach_add_(steps, 1)
+            torch._fused_adam_(bucket_params, [p.grad for p in bucket_params], exp_avgs, exp_avg_sqs, [], steps,
+                               amsgrad=False, lr=group["lr"], beta1=group["betas"][0], beta2=group["betas"][1],
+                               weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
+                               grad_scale=None, found_inf=None)  # fmt: skip
+        return True
+
+
+def _plain_fused(group: dict) -> bool:
+    """A param group the direct kernel call covers: fused, number hyperparameters, no variant flags."""
+    flags = ("amsgrad", "maximize", "capturable", "differentiable", "decoupled_weight_decay")
+    numbers = (group.get("lr"), *group.get("betas", (None, None)), group.get("eps"), group.get("weight_decay"))
+    return bool(group.get("fused")) and not any(group.get(flag) for flag in flags) and \
+        all(isinstance(x, float | int) and not isinstance(x, bool) for x in numbers)  # fmt: skip
+
+
+def _has_hooks(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether step hooks are registered (on this optimizer or globally): they run only through ``step()``.
+    Unknown (a torch that keeps them elsewhere) counts as yes."""
+    hook_lists = (getattr(optimizer, "_optimizer_step_pre_hooks", None),
+                  getattr(optimizer, "_optimizer_step_post_hooks", None),
+                  getattr(optimizer_module, "_global_optimizer_pre_hooks", None),
+                  getattr(optimizer_module, "_global_optimizer_post_hooks", None))  # fmt: skip
+    return any(hooks is None or len(hooks) > 0 for hooks in hook_lists)

@@ -1,3 +1,5 @@
+import copy
+
 import pyro
 import pytest
 import torch
@@ -86,3 +88,52 @@ def test_runs_torchs_fused_kernel_and_falls_back_to_foreach_where_torch_has_none
     assert "cpu" not in optim._FUSED_DEVICES  # asked once: later optimizers go straight to foreach
     for a, b in zip(fused_params, foreach_params):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def _train(direct: bool, monkeypatch) -> tuple[list, list]:
+    """Ten steps of a joint Adam through every situation the direct fused call must stand aside for."""
+    from pyro_bbb import optim
+
+    if not direct:
+        monkeypatch.setattr(optim._FusedStep, "for_step", classmethod(lambda cls, params, optimizer: None))
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(shape)) for shape in [(4, 3), (4,), (2,), (3, 3)]]
+    optimizer, used = optim.Adam(lr=0.05), []
+    for step in range(12):
+        active = params[:2] if step < 3 else params[:3] if step < 6 or step == 8 else params  # joins, skips
+        for p in params:
+            p.grad = torch.randn_like(p) if any(p is a for a in active) else None
+        if step == 7:  # a missing gradient among the step's parameters
+            active[1].grad = None
+        if step == 9:
+            optimizer.set_learning_rate(0.01)
+        if step == 7:
+            saved = copy.deepcopy(optimizer.get_state())
+        if step == 10:
+            optimizer.set_state(saved)  # an earlier state restored (new tensors, other moments)
+        optimizer(active)
+        used.append(optimizer._fused_step is not None)
+    return [p.detach().clone() for p in params], used
+
+
+def test_the_direct_fused_call_makes_torchs_updates_bit_for_bit(monkeypatch):
+    direct, used = _train(True, monkeypatch)
+    assert sum(used) >= 6  # it ran (and stood aside where it must)
+    with monkeypatch.context() as patched:
+        reference, _ = _train(False, patched)
+    for a, b in zip(direct, reference, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_direct_fused_call_stands_aside_for_step_hooks():
+    from pyro_bbb import optim
+
+    p = torch.nn.Parameter(torch.zeros(3))
+    optimizer, calls = optim.Adam(lr=0.1), []
+    for _ in range(2):
+        p.grad = torch.ones(3)
+        optimizer([p])
+    optimizer.optimizer.register_step_post_hook(lambda *args: calls.append(1))
+    p.grad = torch.ones(3)
+    optimizer([p])
+    assert calls == [1] and p.grad is None
