@@ -259,6 +259,23 @@ def _device(model) -> torch.device | None:
 
 # -- checks ----------------------------------------------------------------------------------------------------
 # -- one step --------------------------------------------------------------------------------------------------
+def _all_finite(grads: list[torch.Tensor]) -> bool:
+    """Whether every element of every gradient is finite, with one device sync: torch's AMP check (one kernel over
+    all tensors; it multiplies them by exactly 1) where it runs, else one sum per tensor (NaN or infinite when an
+    element is)."""
+    if not grads:
+        return True
+    device = grads[0].device
+    if all(g.device == device and not g.is_sparse for g in grads):
+        found = torch.zeros(1, device=device)
+        try:
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, torch.ones(1, device=device))
+            return not bool(found.item())
+        except (RuntimeError, NotImplementedError, AttributeError):  # a torch or dtype without it
+            pass
+    return bool(torch.stack([g.sum() for g in grads]).isfinite().all())
+
+
 class _Stepper:
     """SVI steps with global gradient clipping and a rollback to the last parameters that gave a finite loss."""
 
@@ -347,9 +364,7 @@ class _Stepper:
 
     def _apply(self, params: list[torch.Tensor], loss: float) -> float:
         grads = [p.grad for p in params if p.grad is not None]
-        # one device sync for all gradients: a sum is NaN or infinite when any element is
-        grads_finite = not grads or bool(torch.stack([g.sum() for g in grads]).isfinite().all())
-        if not math.isfinite(loss) or not grads_finite:
+        if not math.isfinite(loss) or not _all_finite(grads):
             zero_grads(params)
             self._diverged("the loss" if not math.isfinite(loss) else "a gradient", f"loss {loss}")
         self._remember(params)

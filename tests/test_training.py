@@ -479,3 +479,29 @@ def test_lr_final_decays_the_learning_rate_geometrically_epoch_by_epoch(monkeypa
         pyro_bbb.fit(model, guide, (x, y), epochs=2, lr_final=1e-4, optimizer=pyro.optim.Adam({"lr": 1e-2}))
     with pytest.raises(ValueError, match="lr_final"):
         pyro_bbb.fit(model, guide, (x, y), epochs=2, lr_final=0.0)
+
+
+def test_the_gradient_check_finds_any_non_finite_element_and_leaves_finite_gradients_as_they_are():
+    from pyro_bbb.training import _all_finite
+
+    big = torch.full((4,), 3e38)  # finite, though its sum overflows float32
+    grads = [torch.randn(3, 2), big.clone(), torch.randn(5, dtype=torch.float64)]
+    before = [g.clone() for g in grads]
+    assert _all_finite(grads) and _all_finite([])
+    assert all(torch.equal(a, b) for a, b in zip(grads, before))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        broken = [g.clone() for g in grads]
+        broken[2][3] = bad
+        assert not _all_finite(broken)
+    assert not _all_finite([torch.tensor([1.0, float("nan")], dtype=torch.float16)])
+
+
+def test_the_gradient_check_falls_back_to_sums_without_torchs_amp_kernel(monkeypatch):
+    from pyro_bbb.training import _all_finite
+
+    def missing(*args):
+        raise NotImplementedError("no kernel for this backend")
+
+    monkeypatch.setattr(torch, "_amp_foreach_non_finite_check_and_unscale_", missing)
+    assert _all_finite([torch.ones(3), torch.zeros(2)])
+    assert not _all_finite([torch.ones(3), torch.tensor([0.0, float("inf")])])
