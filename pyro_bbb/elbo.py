@@ -231,7 +231,8 @@ class ELBO(TraceMeanField_ELBO):
             except KeyError as missing:  # the param store was cleared or replaced: the guide registers them anew
                 raise _ReplayMismatch(f"parameter {missing} is not in Pyro's param store") from None
             if weight:  # a layer's weight: Normal(loc, scale).rsample()'s own arithmetic, without the distribution
-                draws[name] = loc + torch.empty_like(loc).normal_() * scale
+                # (noise laid out as rsample lays it out, contiguous, whatever the memory format of loc)
+                draws[name] = loc + torch.empty(loc.shape, dtype=loc.dtype, device=loc.device).normal_() * scale
                 for estimator in estimators:
                     estimator.remember_posterior(name, loc, scale)
                 posteriors[name] = ((loc, scale), prior_of)
