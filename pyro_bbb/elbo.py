@@ -258,12 +258,9 @@ class ELBO(TraceMeanField_ELBO):
                 closed_form[name] = (*fn, t)
                 kl_by_site[name] = None  # (computed with the others below, in this place)
                 continue
-            kl = _normal_kl_sum(*fn, prior) if isinstance(fn, tuple) else None
-            if kl is None:
-                if isinstance(fn, tuple):
-                    fn = plan.guide.posterior_at(name, *fn)
-                kl = _site_kl(_site(fn, draws[name]), _site(prior, draws[name]))
-            kl_by_site[name] = kl
+            if isinstance(fn, tuple):  # another prior: the guide's Normal, as the full path sees it
+                fn = plan.guide.posterior_at(name, *fn)
+            kl_by_site[name] = _site_kl(_site(fn, draws[name]), _site(prior, draws[name]))
         self._current_call["frame"] = _Frame(batch, None)
         loss, surrogate_loss = self._account(nll, kl_by_site, closed_form)
         if getattr(surrogate_loss, "requires_grad", False):
@@ -574,7 +571,11 @@ def _normal_kl_sum(mu: torch.Tensor, s: torch.Tensor, p) -> torch.Tensor | None:
     constants = _prior_constants(p) or _learned_scale_constants(p)
     if constants is None or mu.shape != _base_normal(p).loc.shape:
         return None
-    m, t = constants
+    return _normal_kl_of(mu, s, *constants)
+
+
+def _normal_kl_of(mu: torch.Tensor, s: torch.Tensor, m: float, t: float | torch.Tensor) -> torch.Tensor:
+    """:func:`_normal_kl_sum` given the prior's ``(m, t)``."""
     n = mu.numel()
     squares = torch.linalg.vector_norm(s).square() + torch.linalg.vector_norm(mu).square()
     if m != 0.0:  # sum (mu - m)^2 = |mu|^2 - 2 m sum(mu) + n m^2, without an elementwise pass
@@ -601,7 +602,7 @@ def _batched_normal_kls(sites: list[tuple[torch.Tensor, torch.Tensor, float]]) -
     """
     locs, scales, ts = zip(*sites)
     if len({(s.dtype, s.device) for s in (*locs, *scales)}) > 1:  # mixed precision or devices: one site at a time
-        return torch.stack([_normal_kl_sum(mu, s, _normal_prior(t, mu)) for mu, s, t in sites])
+        return torch.stack([_normal_kl_of(mu, s, 0.0, t) for mu, s, t in sites])
     norms = torch.stack(torch._foreach_norm([*scales, *locs])).square()
     squares = norms[: len(sites)] + norms[len(sites) :]
     log_sums = torch.stack([s.log().sum() for s in scales])
@@ -616,10 +617,6 @@ def _kl_constants(ts: tuple, sizes: tuple, dtype: torch.dtype, device: torch.dev
     offset = [n * (math.log(t) - 0.5) for n, t in zip(sizes, ts)]
     with torch.inference_mode(False):  # kept for later steps: never an inference tensor, which autograd refuses
         return torch.tensor(factor, dtype=dtype, device=device), torch.tensor(offset, dtype=dtype, device=device)
-
-
-def _normal_prior(t: float, like: torch.Tensor):
-    return Normal(torch.zeros((), dtype=like.dtype, device=like.device), t).expand(like.shape)
 
 
 def _site_kl(guide_site: dict, model_site: dict) -> torch.Tensor:

@@ -56,10 +56,13 @@ class Adam(PyroOptim):
 
     def __call__(self, params: Iterable[torch.Tensor], *args, **kwargs) -> None:
         params = list(dict.fromkeys(params))  # the caller's order (Pyro's SVI passes a set; fit passes the store's)
-        if self._fused_step is not None and self._fused_step(params, self.optimizer):
-            for p in params:
-                p.grad = None
-            return
+        if self._fused_step is None or not self._fused_step(params, self.optimizer):
+            self._torch_step(params)
+        for p in params:  # spent: as zero_grad(set_to_none=True); the next backward writes fresh ones, adding nothing
+            p.grad = None
+
+    def _torch_step(self, params: list[torch.Tensor]) -> None:
+        """The torch optimizer's own step over ``params`` (new ones join it), then the direct call for the next."""
         new = [p for p in params if p not in self._known]
         if new:
             if self.optimizer is None:
@@ -73,8 +76,6 @@ class Adam(PyroOptim):
             p.grad = None
         self.optimizer.step()
         self._fused_step = _FusedStep.for_step(params, self.optimizer)  # the next steps on the same parameters
-        for p in params:  # spent: as zero_grad(set_to_none=True); the next backward writes fresh ones, adding nothing
-            p.grad = None
         for p, grad in hidden.items():
             p.grad = grad
 
