@@ -9,6 +9,17 @@ published VI, PBP, MC dropout, deep ensembles and MCVI log-likelihoods. Tasks ru
     python benchmarks/uci.py --sets bostonHousing yacht --splits 5
     python benchmarks/uci.py --quick                  # smoke run: one split of one set, 2 epochs
     python benchmarks/uci.py --variants "DVI (moments), heteroscedastic" --lr-final 1e-3   # the DVI recipe
+    python benchmarks/uci.py --epochs 400 --early-stopping 40 --refit ...   # epochs chosen on a validation split
+
+With ``--early-stopping P`` the last 10% of each training split (a fixed permutation per split) is held out;
+training stops once its log-likelihood has not improved for P epochs and keeps the best epoch's parameters
+(:class:`pyro_bbb.EarlyStopping`); with ``--refit`` a fresh net is then trained on the whole training split for
+that many epochs, on the same learning-rate schedule cut at that epoch. Such rows are early-stopped, not converged.
+
+The convergence check of every run: ``elbo_change`` (the last epoch's loss against the one 10% of the epochs
+earlier, relative to the last) and ``elbo_drift`` (the mean loss of the last 10% of the epochs against the 10%
+before, relative to the improvement since the first 10%: the share of the run's progress still being made at its
+end, insensitive to epoch-to-epoch jitter and to a loss near zero).
 """
 
 from __future__ import annotations
@@ -76,10 +87,29 @@ def _read(name: str, filename: str) -> np.ndarray:
     return np.loadtxt(ROOT / name / filename)
 
 
-def run_split(task: tuple[str, int, str, int, int, float | None]) -> tuple[str, str, float, float, float, float]:
+def convergence(losses: list[float]) -> tuple[float, float]:
+    """``(elbo_change, elbo_drift)`` of a run's per-epoch losses (see the module docstring); NaN when too short.
+
+    >>> convergence([10.0, 8.0, 7.0, 6.5, 6.2, 6.1, 6.05, 6.0, 6.0, 6.0])
+    (0.0, 0.0)
+    >>> round(convergence([10.0 - i for i in range(10)])[1], 3)   # still improving steadily
+    0.111
+    """
+    tail = max(1, len(losses) // 10)
+    if len(losses) < 3 * tail:
+        return math.nan, math.nan
+    change = abs(losses[-1] - losses[-1 - tail]) / abs(losses[-1])
+    n = len(losses)
+    first, before, last = (statistics.fmean(losses[i : i + tail]) for i in (0, n - 2 * tail, n - tail))
+    progress = abs(first - last)
+    drift = abs(before - last) / progress if progress > 0 else 0.0
+    return change, drift
+
+
+def run_split(task: tuple) -> tuple:
     """Train and evaluate one (set, split, variant); returns test log-likelihood and RMSE in original units, the
-    wall time and the ELBO's relative change over the last 10% of the epochs (a convergence check)."""
-    name, split, variant, epochs, num_samples, lr_final = task
+    wall time, the convergence check (``convergence``) and the epochs the returned net was trained for."""
+    name, split, variant, epochs, num_samples, lr_final, patience, refit = task
     torch.set_num_threads(1)
     estimator, noise, prior = VARIANTS[variant]
     data = _read(name, "data.txt")
@@ -98,9 +128,35 @@ def run_split(task: tuple[str, int, str, int, int, float | None]) -> tuple[str, 
     x_train, y_train = tensor((x[train] - x_mean) / x_std), tensor((y[train] - y_mean) / y_std)
     x_test, y_test = tensor((x[test] - x_mean) / x_std), tensor(y[test])
     hidden = int(_read(name, "n_hidden.txt"))
+    outputs = 2 if noise == "heteroscedastic" else 1
+    start = time.perf_counter()
+    if patience is None:
+        bnn, guide, history = _train(x_train, y_train, hidden, outputs, prior, estimator, split, epochs, lr_final)
+        trained = len(history)
+    else:
+        order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(1000 + split))
+        held = max(1, len(order) // 10)
+        fit_rows, validation_rows = order[:-held], order[-held:]
+        stop = pyro_bbb.EarlyStopping(patience)
+        bnn, guide, history = _train(x_train[fit_rows], y_train[fit_rows], hidden, outputs, prior, estimator, split,
+                                     epochs, lr_final, early_stopping=stop,
+                                     validation_data=(x_train[validation_rows], y_train[validation_rows]))  # fmt: skip
+        trained = stop.best_epoch or len(history)
+        if refit:  # the whole training split, for the chosen epochs, on the schedule cut at that epoch
+            cut = None if lr_final is None else 1e-2 * (lr_final / 1e-2) ** ((trained - 1) / max(1, epochs - 1))
+            bnn, guide, history = _train(x_train, y_train, hidden, outputs, prior, estimator, split, trained, cut)
+    change, drift = convergence(history["loss"])
+    prediction = pyro_bbb.predict(bnn, guide, x_test, num_samples=num_samples)
+    # original units: y = y_mean + y_std * z, so log p(y) = log p(z) - log(y_std)
+    log_lik = prediction.log_likelihood((y_test - y_mean) / y_std).mean().item() - math.log(y_std)
+    rmse = ((prediction.mean * y_std + y_mean - y_test) ** 2).mean().sqrt().item()
+    return name, variant, log_lik, rmse, time.perf_counter() - start, change, drift, trained
+
+
+def _train(x_train, y_train, hidden, outputs, prior, estimator, split, epochs, lr_final, **fit_options):
+    """A fresh net (seeded by the split) trained by the recipe: its model, guide and History."""
     pyro.clear_param_store()
     torch.manual_seed(split)
-    outputs = 2 if noise == "heteroscedastic" else 1
     weight_prior = PRIORS[prior]()
     layers = [BayesianLinear(x_train.shape[1], hidden, prior=weight_prior), torch.nn.ReLU(),
               BayesianLinear(hidden, outputs, prior=weight_prior)]  # fmt: skip
@@ -108,17 +164,10 @@ def run_split(task: tuple[str, int, str, int, int, float | None]) -> tuple[str, 
     likelihood = likelihoods.HeteroscedasticGaussian() if outputs == 2 else likelihoods.Gaussian(prior_median=0.1)
     bnn = pyro_bbb.BNN(net, likelihood)
     guide = pyro_bbb.MeanFieldGuide(bnn)
-    start = time.perf_counter()
     history = pyro_bbb.fit(bnn, guide, (x_train, y_train), epochs=epochs, batch_size=32, lr=1e-2, lr_final=lr_final,
-                           estimator=estimator, progress=False, seed=split)  # fmt: skip
-    losses = history["loss"]
-    tail = max(1, len(losses) // 10)
-    change = abs(losses[-1] - losses[-1 - tail]) / abs(losses[-1]) if len(losses) > tail else math.nan
-    prediction = pyro_bbb.predict(bnn, guide, x_test, num_samples=num_samples)
-    # original units: y = y_mean + y_std * z, so log p(y) = log p(z) - log(y_std)
-    log_lik = prediction.log_likelihood((y_test - y_mean) / y_std).mean().item() - math.log(y_std)
-    rmse = ((prediction.mean * y_std + y_mean - y_test) ** 2).mean().sqrt().item()
-    return name, variant, log_lik, rmse, time.perf_counter() - start, change
+                           estimator=estimator, progress=False, seed=split, num_validation_samples=100,
+                           **fit_options)  # fmt: skip
+    return bnn, guide, history
 
 
 def _mean_se(values: list[float]) -> tuple[float, float]:
@@ -139,8 +188,15 @@ def main() -> None:
     parser.add_argument("--lr-final", type=float, default=None,
                         help="decay the learning rate from 1e-2 to this by the last epoch (default: constant)")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--early-stopping", type=int, default=None, metavar="PATIENCE",
+                        help="hold out 10%% of each training split and stop once its log-likelihood has not improved "
+                             "for PATIENCE epochs (--epochs is then the most)")
+    parser.add_argument("--refit", action="store_true",
+                        help="with --early-stopping: retrain on the whole training split for the chosen epochs")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
+    if args.refit and args.early_stopping is None:
+        parser.error("--refit retrains for the epochs --early-stopping chose: give --early-stopping too.")
     if args.quick:
         args.sets, args.splits, args.epochs, args.samples = ["yacht"], 1, 2, 20
         args.variants, args.lr_final = ["BbB, learned noise", "DVI (moments), heteroscedastic, empirical Bayes"], 1e-3
@@ -149,22 +205,28 @@ def main() -> None:
         splits = int(_read(name, "n_splits.txt"))
         epochs = args.epochs or int(_read(name, "n_epochs.txt"))
         for split in range(args.first_split, min(splits, args.first_split + (args.splits or splits))):
-            tasks += [(name, split, variant, epochs, args.samples, args.lr_final) for variant in args.variants]
+            tasks += [(name, split, variant, epochs, args.samples, args.lr_final, args.early_stopping, args.refit)
+                      for variant in args.variants]  # fmt: skip
     start = time.perf_counter()
-    fields = ("set", "variant", "log_lik", "rmse", "seconds", "elbo_change")
+    fields = ("set", "variant", "log_lik", "rmse", "seconds", "elbo_change", "elbo_drift", "epochs")
     results = []
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
         # each run reported as it ends (hours-long runs show progress, and what ended survives an interruption)
         for task, row in zip(tasks, pool.imap(run_split, tasks, chunksize=1)):
             results.append(row)
             print(f"[{len(results)}/{len(tasks)}, {time.perf_counter() - start:.0f} s] {task[0]} split {task[1]}, "
-                  f"{task[2]}: test log-lik {row[2]:.3f}, RMSE {row[3]:.3f}, {row[4]:.0f} s, "
-                  f"ELBO change over the last 10% {row[5]:.1%}", flush=True)  # fmt: skip
+                  f"{task[2]}: test log-lik {row[2]:.3f}, RMSE {row[3]:.3f}, {row[4]:.0f} s, {row[7]} epochs, "
+                  f"ELBO change over the last 10% {row[5]:.1%}, drift {row[6]:.1%}", flush=True)  # fmt: skip
             if args.raw is not None:
                 args.raw.write_text(json.dumps([dict(zip(fields, r, strict=True)) for r in results], indent=1))
     print(f"{len(tasks)} runs in {time.perf_counter() - start:.0f} s ({args.workers} processes)\n")
-    print("| set | model | splits | test log-lik | test RMSE | PBP | MCVI | DVI | s / run | ELBO change, last 10% |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    if args.early_stopping is not None:
+        print(f"Early-stopped on a 10% validation split (patience {args.early_stopping}, at most "
+              f"{args.epochs or 'the protocol’s'} epochs"
+              f"{', then refitted on the whole training split' if args.refit else ''}): not a converged ELBO.\n")
+    print("| set | model | splits | test log-lik | test RMSE | PBP | MCVI | DVI | s / run | epochs | "
+          "ELBO change, last 10% | ELBO drift |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.sets:
         for variant in args.variants:
             rows = [r for r in results if r[0] == name and r[1] == variant]
@@ -172,9 +234,11 @@ def main() -> None:
             rmse, rmse_se = _mean_se([r[3] for r in rows])
             pbp, mcvi, dvi = PUBLISHED[name][1], PUBLISHED[name][4], DVI[name]
             seconds = statistics.median(r[4] for r in rows)
-            change = statistics.median(r[5] for r in rows)
+            change, drift = (statistics.median(r[i] for r in rows) for i in (5, 6))
+            trained = statistics.median(r[7] for r in rows)
             print(f"| {name} | {variant} | {len(rows)} | {ll:.2f} ± {ll_se:.2f} | {rmse:.2f} ± {rmse_se:.2f} | "
-                  f"{pbp:.2f} | {mcvi:.2f} | {dvi:.2f} | {seconds:.0f} | {change:.1%} |")  # fmt: skip
+                  f"{pbp:.2f} | {mcvi:.2f} | {dvi:.2f} | {seconds:.0f} | {trained:.0f} | {change:.1%} | "
+                  f"{drift:.1%} |")  # fmt: skip
 
 
 if __name__ == "__main__":

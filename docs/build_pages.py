@@ -14,8 +14,8 @@ MODULES = [
     "pyro_bbb.likelihoods", "pyro_bbb.guide", "pyro_bbb.elbo", "pyro_bbb.handlers", "pyro_bbb.moments",
     "pyro_bbb.training", "pyro_bbb.predictive", "pyro_bbb.prediction", "pyro_bbb.metrics", "pyro_bbb.diagnostics",
     "pyro_bbb.plots", "pyro_bbb.export", "pyro_bbb.convert", "pyro_bbb.checkpoint", "pyro_bbb.inputs",
-    "pyro_bbb.checks", "pyro_bbb.pruning", "pyro_bbb.schedules", "pyro_bbb.optim", "pyro_bbb.datasets",
-    "pyro_bbb.distributed", "pyro_bbb.lightning", "pyro_bbb.pyro_adapter",
+    "pyro_bbb.checks", "pyro_bbb.pruning", "pyro_bbb.schedules", "pyro_bbb.stopping", "pyro_bbb.optim",
+    "pyro_bbb.datasets", "pyro_bbb.distributed", "pyro_bbb.lightning", "pyro_bbb.pyro_adapter",
 ]
 #: Packages whose names are re-exports of their modules' (documented there): their page shows the docstring only.
 PACKAGES = {"pyro_bbb", "pyro_bbb.nn"}

@@ -31,6 +31,7 @@ from . import (  # noqa: E402,E501
     pruning,
     pyro_adapter,
     schedules,
+    stopping,
 )
 from .bnn import BNN  # noqa: E402
 from .checkpoint import load, save  # noqa: E402
@@ -49,6 +50,7 @@ from .handlers import (  # noqa: E402
 )
 from .prediction import ClassificationPrediction, Prediction, RegressionPrediction  # noqa: E402
 from .predictive import predict, set_up_guide  # noqa: E402
+from .stopping import EarlyStopping  # noqa: E402
 from .training import DataError, History, TrainingDivergedError, fit  # noqa: E402
 
 __all__ = [
@@ -65,6 +67,7 @@ __all__ = [
     "moment_propagation",
     "MomentPropagationMessenger",
     "fit",
+    "EarlyStopping",
     "History",
     "TrainingDivergedError",
     "DataError",
@@ -93,5 +96,6 @@ __all__ = [
     "pyro_adapter",
     "priors",
     "schedules",
+    "stopping",
     "__version__",
 ]

@@ -52,6 +52,7 @@ from .optim import Adam as JointAdam
 from .prediction import ClassificationPrediction, RegressionPrediction
 from .predictive import predict
 from .pyro_adapter import set_up_autoguide
+from .stopping import EarlyStopping
 
 __all__ = ["fit", "History", "TrainingDivergedError", "DataError", "ESTIMATORS"]
 
@@ -101,6 +102,10 @@ class History:
         #: True when fit was stopped by Ctrl-C (after finishing the step it was in); the last record is then the
         #: partial epoch, marked ``"interrupted": True``.
         self.interrupted = False
+        #: With ``fit(early_stopping=...)``: the epoch whose parameters fit returned with, and the epoch after which
+        #: it stopped for want of improvement (``None`` when it ran all epochs).
+        self.best_epoch: int | None = None
+        self.stopped_epoch: int | None = None
 
     def append(self, record: dict[str, Any]) -> None:
         self.records.append(record)
@@ -450,6 +455,7 @@ def fit(
     seed: int | None = None,
     num_validation_samples: int = 32,
     distributed: bool = False,
+    early_stopping: EarlyStopping | None = None,
 ) -> History:
     """Train ``guide`` on ``model`` by minibatch variational inference; the KL is scaled to the data for you.
 
@@ -528,6 +534,7 @@ def fit(
     estimator_context, per_layer = _check_guide(model, guide, estimator)
     batches, rank = _training_batches(model, data, batch_size, distributed, seed)
     validation_data = _validation_batch(model, validation_data)
+    _check_early_stopping(early_stopping, validation_data is not None)
     if seed is not None:
         pyro.set_rng_seed(seed)
 
@@ -538,7 +545,8 @@ def fit(
     if distributed:
         stepper.set_up_everywhere(batches)
     record = _EpochRecorder(model, guide, elbo, batches.num_data, per_layer, validation_data, num_validation_samples)
-    return _train(stepper, batches, record, epochs, list(callbacks), progress and rank == 0, distributed, lr_at)
+    return _train(stepper, batches, record, epochs, list(callbacks), progress and rank == 0, distributed, lr_at,
+                  early_stopping)  # fmt: skip
 
 
 # -- fit's chapters ---------------------------------------------------------------------------------------------
@@ -613,6 +621,18 @@ def _training_batches(model, data, batch_size, distributed: bool, seed):
     return batches, rank
 
 
+def _check_early_stopping(early_stopping, has_validation_data: bool) -> None:
+    if early_stopping is None:
+        return
+    if not isinstance(early_stopping, EarlyStopping):
+        raise TypeError(
+            f"early_stopping must be a pyro_bbb.EarlyStopping (e.g. EarlyStopping(patience=20)), got "
+            f"{type(early_stopping).__name__}."
+        )
+    early_stopping.check_monitor(has_validation_data)
+    early_stopping.reset()
+
+
 def _validation_batch(model, validation_data):
     if validation_data is None:
         return None
@@ -624,8 +644,9 @@ def _validation_batch(model, validation_data):
 
 
 def _train(stepper: _Stepper, batches, record, epochs: int, callbacks, progress: bool, distributed: bool,
-           lr_at: Callable[[int], float] | None = None) -> History:  # fmt: skip
-    """The epochs: steps, one record per epoch, callbacks; a bad batch, a NaN or Ctrl-C end it cleanly."""
+           lr_at: Callable[[int], float] | None = None, early_stopping: EarlyStopping | None = None) -> History:  # fmt: skip
+    """The epochs: steps, one record per epoch, callbacks, early stopping; a bad batch, a NaN or Ctrl-C end it
+    cleanly."""
     history = History()
     bar = tqdm(range(1, epochs + 1), desc="fit", unit="epoch", disable=not progress, dynamic_ncols=True,
                mininterval=0.5)  # fmt: skip
@@ -652,11 +673,14 @@ def _train(stepper: _Stepper, batches, record, epochs: int, callbacks, progress:
                     totals = distributed_.all_reduce_sum(totals)
                 if totals["seen"]:
                     history.append(record(epoch, totals, start, interrupted=stop.requested))
+                    if early_stopping is not None:
+                        _note_for_early_stopping(early_stopping, epoch, history, stepper)
                     bar.set_postfix(_postfix(history.last), refresh=False)
                 if stop.requested:
                     history.interrupted = True
                     break
-                if any([callback(epoch, history) for callback in callbacks]):  # every callback runs
+                stop_now = any([callback(epoch, history) for callback in callbacks])  # every callback runs
+                if stop_now or (early_stopping is not None and early_stopping.should_stop(epoch)):
                     break
     except (DataError, TargetError) as error:
         stepper.restore_initial()
@@ -666,7 +690,19 @@ def _train(stepper: _Stepper, batches, record, epochs: int, callbacks, progress:
         raise
     finally:
         bar.close()
+    if early_stopping is not None:
+        early_stopping.restore()
+        history.best_epoch, history.stopped_epoch = early_stopping.best_epoch, early_stopping.stopped_epoch
     return history
+
+
+def _note_for_early_stopping(early_stopping: EarlyStopping, epoch: int, history: History, stepper: _Stepper) -> None:
+    """Show the epoch to ``early_stopping``; a metric this model does not record is an error with nothing lost."""
+    try:
+        early_stopping.improved(epoch, history.last, stepper.snapshot)
+    except ValueError as error:
+        stepper.restore_initial()
+        raise ValueError(f"{error} The parameters were restored to their state at the start of fit.") from error
 
 
 class _EpochRecorder:

@@ -1,5 +1,6 @@
 """Every benchmark script runs in its --quick mode (CI runs these; the tables come from full runs)."""
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -23,3 +24,28 @@ def test_benchmark_quick_mode(script):
                             timeout=600, cwd=BENCHMARKS)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip()
+
+
+@pytest.mark.slow
+def test_uci_early_stopping_with_refit_runs():
+    if not UCI.exists():
+        pytest.skip("the UCI data (../shared/uci) is not available here")
+    command = [sys.executable, str(BENCHMARKS / "uci.py"), "--quick", "--early-stopping", "1", "--refit"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=BENCHMARKS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Early-stopped on a 10% validation split (patience 1" in result.stdout
+
+
+def test_uci_convergence_check():
+    """The share of a run's progress still being made at its end (``elbo_drift``), beside the raw change."""
+    import doctest
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("uci", BENCHMARKS / "uci.py")
+    uci = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(uci)
+    assert doctest.testmod(uci, verbose=False).failed == 0
+    # jitter around a flat end is no drift; the raw last-epoch change sees the jitter
+    change, drift = uci.convergence([10.0] * 10 + [1.0, 1.2] * 50)
+    assert drift < 0.003 and change == pytest.approx(0.2 / 1.2)
+    assert math.isnan(uci.convergence([1.0, 2.0])[1])
