@@ -132,8 +132,9 @@ class History:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain lists and dicts (JSON-serialisable)."""
-        return {key: self[key] for key in self.keys()} | {"step_loss": list(self.step_loss),
-                                                          "interrupted": self.interrupted}  # fmt: skip
+        return {key: self[key] for key in self.keys()} | {
+            "step_loss": list(self.step_loss), "interrupted": self.interrupted, "best_epoch": self.best_epoch,
+            "stopped_epoch": self.stopped_epoch}  # fmt: skip
 
     def __repr__(self) -> str:
         if not self.records:
@@ -644,7 +645,8 @@ def _validation_batch(model, validation_data):
 
 
 def _train(stepper: _Stepper, batches, record, epochs: int, callbacks, progress: bool, distributed: bool,
-           lr_at: Callable[[int], float] | None = None, early_stopping: EarlyStopping | None = None) -> History:  # fmt: skip
+           lr_at: Callable[[int], float] | None = None,
+           early_stopping: EarlyStopping | None = None) -> History:  # fmt: skip
     """The epochs: steps, one record per epoch, callbacks, early stopping; a bad batch, a NaN or Ctrl-C end it
     cleanly."""
     history = History()

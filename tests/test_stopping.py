@@ -85,6 +85,7 @@ def test_fit_stops_after_patience_and_returns_the_best_epochs_parameters():
     best = max(range(len(values)), key=values.__getitem__) + 1
     assert history.best_epoch == stop.best_epoch == best
     assert history.stopped_epoch == stop.stopped_epoch == len(history) == best + 3 < 100
+    assert history.to_dict()["best_epoch"] == best and history.to_dict()["stopped_epoch"] == best + 3
     assert_params_equal(params(), seen[best])
     assert any(not torch.equal(seen[best][k], seen[len(history)][k]) for k in seen[best])  # the rewind mattered
 
