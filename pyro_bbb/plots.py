@@ -70,7 +70,8 @@ def _finish(fig, path: str | Path | None):
 
 def plot_history(history, path: str | Path | None = None):
     """Training traces from :class:`pyro_bbb.History`: loss and NLL per datum (and validation NLL), KL per layer,
-    the KL weight, and posterior std / prior std per layer, against the epoch.
+    the KL weight, and posterior std / prior std per layer, against the epoch; with early stopping, a dotted line
+    marks the best epoch (whose parameters fit returned).
 
     Examples
     --------
@@ -101,6 +102,10 @@ def plot_history(history, path: str | Path | None = None):
     axes[3].axhline(1.0, color="k", lw=0.8, ls="--")
     axes[3].set(xlabel="epoch", title="posterior std / prior std" if per_layer else "posterior std (not available)",
                 yscale="log")  # fmt: skip
+    best = getattr(history, "best_epoch", None)
+    if best is not None:
+        for ax in axes:
+            ax.axvline(best, color="0.4", lw=0.8, ls=":", label="best epoch" if ax is axes[0] else None)
     for ax in (axes[0], axes[1], axes[3]):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)

@@ -17,8 +17,10 @@ def test_history_and_std_ratio_plots(tmp_path):
     bnn = pyro_bbb.BNN(net, likelihoods.Gaussian())
     guide = pyro_bbb.MeanFieldGuide(bnn)
     x, y = torch.randn(40, 1), torch.randn(40)
-    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=3, progress=False, validation_data=(x, y))
-    plots.plot_history(history, tmp_path / "history.png")
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=3, progress=False, validation_data=(x, y),
+                           early_stopping=pyro_bbb.EarlyStopping(patience=5))  # fmt: skip
+    fig = plots.plot_history(history, tmp_path / "history.png")
+    assert "best epoch" in fig.axes[0].get_legend_handles_labels()[1]
     fig = plots.plot_std_ratio(bnn, guide, tmp_path / "std.png")
     assert len(fig.axes) == 2  # one panel per Bayesian layer
     for name in ("history.png", "std.png"):
