@@ -11,20 +11,12 @@ from pyro_bbb import likelihoods
 from pyro_bbb.nn import BayesianLinear
 from pyro_bbb.stopping import EarlyStopping
 
-
-def regression_model():
-    net = torch.nn.Sequential(BayesianLinear(2, 8), torch.nn.Tanh(), BayesianLinear(8, 1))
-    return pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
+from .test_training import data as small_data
+from .test_training import params, regression_model
 
 
-def data(n=80, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 2, generator=g)
-    return x, x.sum(-1) + 0.5 * torch.randn(n, generator=g)
-
-
-def params():
-    return {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
+def data():
+    return small_data(n=80)
 
 
 def fit_recording(model, guide, train, **kwargs):
