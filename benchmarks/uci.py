@@ -19,7 +19,8 @@ that many epochs, on the same learning-rate schedule cut at that epoch. Such row
 The convergence check of every run: ``elbo_change`` (the last epoch's loss against the one 10% of the epochs
 earlier, relative to the last) and ``elbo_drift`` (the mean loss of the last 10% of the epochs against the 10%
 before, relative to the improvement since the first 10%: the share of the run's progress still being made at its
-end, insensitive to epoch-to-epoch jitter and to a loss near zero).
+end, insensitive to epoch-to-epoch jitter and to a loss near zero: ``History.drift``), and ``std_drift`` (the same
+for each layer's posterior/prior std ratio, the largest over layers).
 """
 
 from __future__ import annotations
@@ -87,23 +88,20 @@ def _read(name: str, filename: str) -> np.ndarray:
     return np.loadtxt(ROOT / name / filename)
 
 
-def convergence(losses: list[float]) -> tuple[float, float]:
-    """``(elbo_change, elbo_drift)`` of a run's per-epoch losses (see the module docstring); NaN when too short.
+def convergence(history: pyro_bbb.History) -> tuple[float, float, float]:
+    """``(elbo_change, elbo_drift, std_drift)`` of a run (see the module docstring); NaN when too short.
 
-    >>> convergence([10.0, 8.0, 7.0, 6.5, 6.2, 6.1, 6.05, 6.0, 6.0, 6.0])
-    (0.0, 0.0)
-    >>> round(convergence([10.0 - i for i in range(10)])[1], 3)   # still improving steadily
-    0.111
+    >>> h = pyro_bbb.History()
+    >>> for e, loss in enumerate([10.0, 8.0, 7.0, 6.5, 6.2, 6.1, 6.05, 6.0, 6.0, 6.0], 1):
+    ...     h.append({"epoch": e, "loss": loss, "std_ratio": {"fc": 1.0}})
+    >>> convergence(h)
+    (0.0, 0.0, 0.0)
     """
+    losses = history["loss"]
     tail = max(1, len(losses) // 10)
-    if len(losses) < 3 * tail:
-        return math.nan, math.nan
-    change = abs(losses[-1] - losses[-1 - tail]) / abs(losses[-1])
-    n = len(losses)
-    first, before, last = (statistics.fmean(losses[i : i + tail]) for i in (0, n - 2 * tail, n - tail))
-    progress = abs(first - last)
-    drift = abs(before - last) / progress if progress > 0 else 0.0
-    return change, drift
+    change = abs(losses[-1] - losses[-1 - tail]) / abs(losses[-1]) if len(losses) > tail else math.nan
+    std_drifts = list(history.drift("std_ratio").values()) if "std_ratio" in history.keys() else []
+    return change, history.drift("loss"), max(std_drifts, default=math.nan)
 
 
 def run_split(task: tuple) -> tuple:
@@ -145,12 +143,12 @@ def run_split(task: tuple) -> tuple:
         if refit:  # the whole training split, for the chosen epochs, on the schedule cut at that epoch
             cut = None if lr_final is None else 1e-2 * (lr_final / 1e-2) ** ((trained - 1) / max(1, epochs - 1))
             bnn, guide, history = _train(x_train, y_train, hidden, outputs, prior, estimator, split, trained, cut)
-    change, drift = convergence(history["loss"])
+    change, drift, std_drift = convergence(history)
     prediction = pyro_bbb.predict(bnn, guide, x_test, num_samples=num_samples)
     # original units: y = y_mean + y_std * z, so log p(y) = log p(z) - log(y_std)
     log_lik = prediction.log_likelihood((y_test - y_mean) / y_std).mean().item() - math.log(y_std)
     rmse = ((prediction.mean * y_std + y_mean - y_test) ** 2).mean().sqrt().item()
-    return name, variant, log_lik, rmse, time.perf_counter() - start, change, drift, trained
+    return name, variant, log_lik, rmse, time.perf_counter() - start, change, drift, trained, std_drift
 
 
 def _train(x_train, y_train, hidden, outputs, prior, estimator, split, epochs, lr_final, **fit_options):
@@ -208,7 +206,7 @@ def main() -> None:
             tasks += [(name, split, variant, epochs, args.samples, args.lr_final, args.early_stopping, args.refit)
                       for variant in args.variants]  # fmt: skip
     start = time.perf_counter()
-    fields = ("set", "variant", "log_lik", "rmse", "seconds", "elbo_change", "elbo_drift", "epochs")
+    fields = ("set", "variant", "log_lik", "rmse", "seconds", "elbo_change", "elbo_drift", "epochs", "std_drift")
     results = []
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
         # each run reported as it ends (hours-long runs show progress, and what ended survives an interruption)
@@ -216,7 +214,8 @@ def main() -> None:
             results.append(row)
             print(f"[{len(results)}/{len(tasks)}, {time.perf_counter() - start:.0f} s] {task[0]} split {task[1]}, "
                   f"{task[2]}: test log-lik {row[2]:.3f}, RMSE {row[3]:.3f}, {row[4]:.0f} s, {row[7]} epochs, "
-                  f"ELBO change over the last 10% {row[5]:.1%}, drift {row[6]:.1%}", flush=True)  # fmt: skip
+                  f"ELBO change over the last 10% {row[5]:.1%}, drift {row[6]:.1%}, std-ratio drift {row[8]:.1%}",
+                  flush=True)  # fmt: skip
             if args.raw is not None:
                 args.raw.write_text(json.dumps([dict(zip(fields, r, strict=True)) for r in results], indent=1))
     print(f"{len(tasks)} runs in {time.perf_counter() - start:.0f} s ({args.workers} processes)\n")
@@ -225,8 +224,8 @@ def main() -> None:
               f"{args.epochs or 'the protocol’s'} epochs"
               f"{', then refitted on the whole training split' if args.refit else ''}): not a converged ELBO.\n")
     print("| set | model | splits | test log-lik | test RMSE | PBP | MCVI | DVI | s / run | epochs | "
-          "ELBO change, last 10% | ELBO drift |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "ELBO change, last 10% | ELBO drift | std-ratio drift |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.sets:
         for variant in args.variants:
             rows = [r for r in results if r[0] == name and r[1] == variant]
@@ -234,11 +233,11 @@ def main() -> None:
             rmse, rmse_se = _mean_se([r[3] for r in rows])
             pbp, mcvi, dvi = PUBLISHED[name][1], PUBLISHED[name][4], DVI[name]
             seconds = statistics.median(r[4] for r in rows)
-            change, drift = (statistics.median(r[i] for r in rows) for i in (5, 6))
+            change, drift, std_drift = (statistics.median(r[i] for r in rows) for i in (5, 6, 8))
             trained = statistics.median(r[7] for r in rows)
             print(f"| {name} | {variant} | {len(rows)} | {ll:.2f} ± {ll_se:.2f} | {rmse:.2f} ± {rmse_se:.2f} | "
                   f"{pbp:.2f} | {mcvi:.2f} | {dvi:.2f} | {seconds:.0f} | {trained:.0f} | {change:.1%} | "
-                  f"{drift:.1%} |")  # fmt: skip
+                  f"{drift:.1%} | {std_drift:.1%} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -130,6 +130,30 @@ class History:
             return {name: [v.get(name, math.nan) for v in values] for name in names}
         return values
 
+    def drift(self, key: str = "loss", tail: float = 0.1) -> float | dict[str, float]:
+        """How much a trace still moves at the end: the change of its mean over the last ``tail`` of the epochs
+        (against the ``tail`` before), as a share of its change since the first ``tail``.
+
+        A converged run has a drift near 0 (e.g. below 0.02); a trace still improving at a steady rate has about
+        ``tail / (1 - tail)``. Unlike the last epoch against an earlier one, it is insensitive to epoch-to-epoch
+        jitter and to a loss near zero. A per-layer key (``"std_ratio"``, ``"kl_by_layer"``) gives a dict by layer.
+        NaN when there are fewer than three tails of epochs.
+
+        Examples
+        --------
+        >>> h = History()
+        >>> for e, loss in enumerate([10.0, 8.0, 7.0, 6.5, 6.2, 6.1, 6.05, 6.0, 6.0, 6.0], 1):
+        ...     h.append({"epoch": e, "loss": loss, "std_ratio": {"fc": 1.0 / e}})
+        >>> h.drift("loss"), round(h.drift("std_ratio")["fc"], 3)
+        (0.0, 0.012)
+        """
+        if not 0 < tail < 1 / 3:
+            raise ValueError(f"tail must be in (0, 1/3) (a fraction of the epochs), got {tail!r}.")
+        values = self[key]
+        if isinstance(values, dict):
+            return {name: _drift(trace, tail) for name, trace in values.items()}
+        return _drift(values, tail)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain lists and dicts (JSON-serialisable)."""
         return {key: self[key] for key in self.keys()} | {
@@ -152,6 +176,18 @@ class History:
 
 
 # -- data ------------------------------------------------------------------------------------------------------
+def _drift(values: list[float], tail: float) -> float:
+    n = len(values)
+    width = max(1, int(n * tail))
+    if n < 3 * width:
+        return math.nan
+    first, before, last = (math.fsum(values[i : i + width]) / width for i in (0, n - 2 * width, n - width))
+    progress, moved = abs(first - last), abs(before - last)
+    if progress == 0:
+        return 0.0 if moved == 0 else math.inf
+    return moved / progress
+
+
 def _check_batch(x: Any, y: Any, likelihood, what: str = "the data",
                  dtype: torch.dtype | None = None) -> tuple[Inputs, torch.Tensor]:  # fmt: skip
     """``(x, y)`` as tensors (numpy arrays converted, floating ``x`` cast to the model's ``dtype``), checked; ``x``

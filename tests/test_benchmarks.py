@@ -1,6 +1,5 @@
 """Every benchmark script runs in its --quick mode (CI runs these; the tables come from full runs)."""
 
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -37,15 +36,20 @@ def test_uci_early_stopping_with_refit_runs():
 
 
 def test_uci_convergence_check():
-    """The share of a run's progress still being made at its end (``elbo_drift``), beside the raw change."""
+    """The benchmark's convergence columns: the raw last-epoch change, and History.drift of the loss and std ratio."""
     import doctest
     import importlib.util
+
+    import pyro_bbb
 
     spec = importlib.util.spec_from_file_location("uci", BENCHMARKS / "uci.py")
     uci = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(uci)
     assert doctest.testmod(uci, verbose=False).failed == 0
-    # jitter around a flat end is no drift; the raw last-epoch change sees the jitter
-    change, drift = uci.convergence([10.0] * 10 + [1.0, 1.2] * 50)
+    history = pyro_bbb.History()
+    # a loss jittering around a flat end: no drift, while the raw last-epoch change sees the jitter
+    for epoch, loss in enumerate([10.0] * 10 + [1.0, 1.2] * 50, 1):
+        history.append({"epoch": epoch, "loss": loss, "std_ratio": {"a": 1.0, "b": 2.0 - epoch / 110}})
+    change, drift, std_drift = uci.convergence(history)
     assert drift < 0.003 and change == pytest.approx(0.2 / 1.2)
-    assert math.isnan(uci.convergence([1.0, 2.0])[1])
+    assert std_drift == pytest.approx(history.drift("std_ratio")["b"]) and std_drift == pytest.approx(11 / 99)
