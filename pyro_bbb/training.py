@@ -712,7 +712,7 @@ def _train(stepper: _Stepper, batches, record, epochs: int, callbacks, progress:
                 if totals["seen"]:
                     history.append(record(epoch, totals, start, interrupted=stop.requested))
                     if early_stopping is not None:
-                        _note_for_early_stopping(early_stopping, epoch, history, stepper)
+                        _note_for_early_stopping(early_stopping, epoch, history, stepper, distributed)
                     bar.set_postfix(_postfix(history.last), refresh=False)
                 if stop.requested:
                     history.interrupted = True
@@ -734,10 +734,17 @@ def _train(stepper: _Stepper, batches, record, epochs: int, callbacks, progress:
     return history
 
 
-def _note_for_early_stopping(early_stopping: EarlyStopping, epoch: int, history: History, stepper: _Stepper) -> None:
-    """Show the epoch to ``early_stopping``; a metric this model does not record is an error with nothing lost."""
+def _note_for_early_stopping(early_stopping: EarlyStopping, epoch: int, history: History, stepper: _Stepper,
+                             distributed: bool) -> None:  # fmt: skip
+    """Show the epoch to ``early_stopping``; a metric this model does not record is an error with nothing lost.
+    Distributed, it sees the mean over ranks of the monitored value, so that every rank decides alike."""
+    record = history.last
+    if distributed and early_stopping.monitor in record:
+        _, world = distributed_.require_process_group()
+        total = distributed_.all_reduce_sum({"value": record[early_stopping.monitor]})["value"]
+        record = record | {early_stopping.monitor: total / world}
     try:
-        early_stopping.improved(epoch, history.last, stepper.snapshot)
+        early_stopping.improved(epoch, record, stepper.snapshot)
     except ValueError as error:
         stepper.restore_initial()
         raise ValueError(f"{error} The parameters were restored to their state at the start of fit.") from error

@@ -56,11 +56,17 @@ def _worker(rank, world, init_file, out_dir, mode):
             kwargs = {}
         else:
             data, kwargs = (x, y), {"batch_size": 16 // world}
-        history = pyro_bbb.fit(bnn, guide, data, epochs=3, lr=0.02, seed=0, progress=False, distributed=True,
-                               **kwargs)  # fmt: skip
+        if mode == "early":  # rank 0 validates on data it gets worse at, rank 1 on data it gets better at: they
+            g = torch.Generator().manual_seed(10)  # must still stop and rewind alike
+            x_val = torch.randn(20, 2, generator=g)
+            kwargs |= {"validation_data": (x_val, (1 if rank else -1) * torch.tanh(x_val.sum(-1))),
+                       "early_stopping": pyro_bbb.EarlyStopping(patience=2)}  # fmt: skip
+        history = pyro_bbb.fit(bnn, guide, data, epochs=30 if mode == "early" else 3, lr=0.02, seed=0,
+                               progress=False, distributed=True, **kwargs)  # fmt: skip
         state = {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
         buffers = {k: v.detach().clone() for k, v in bnn.named_buffers()}
-        torch.save({"params": state, "nll": history["nll"], "buffers": buffers},
+        torch.save({"params": state, "nll": history["nll"], "buffers": buffers,
+                    "epochs": [len(history), history.best_epoch or 0]},
                    Path(out_dir) / f"{mode}-{world}-{rank}.pt")  # fmt: skip
     except Exception as error:  # noqa: BLE001 - reported to the test through a file
         (Path(out_dir) / f"{mode}-{world}-{rank}.err").write_text(f"{type(error).__name__}: {error}")
@@ -86,7 +92,7 @@ def runs(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("ddp")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     return {(mode, world): _launch(tmp_path, world, mode) for mode, world in
-            (("fit", 1), ("fit", 2), ("misscaled", 2), ("nan", 2), ("batchnorm", 2))}  # fmt: skip
+            (("fit", 1), ("fit", 2), ("misscaled", 2), ("nan", 2), ("batchnorm", 2), ("early", 2))}  # fmt: skip
 
 
 def _params(path):
@@ -129,3 +135,12 @@ def test_distributed_needs_a_process_group():
     bnn = _model()
     with pytest.raises(ValueError, match="init_process_group"):
         pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=1, distributed=True, progress=False)
+
+
+@pytest.mark.slow
+def test_early_stopping_stops_and_rewinds_every_rank_alike(runs):
+    ranks = [_params(p) for p in runs["early", 2]]
+    (length, best), other = ranks[0]["epochs"], ranks[1]["epochs"]
+    assert [length, best] == other and length == best + 2 < 30  # stopped early, at the same epoch on both ranks
+    for name, value in ranks[0]["params"].items():
+        torch.testing.assert_close(ranks[1]["params"][name], value, rtol=0, atol=0)
