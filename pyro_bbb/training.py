@@ -713,7 +713,10 @@ def _train(stepper: _Stepper, batches, record, epochs: int, callbacks, progress:
                     history.append(record(epoch, totals, start, interrupted=stop.requested))
                     if early_stopping is not None:
                         _note_for_early_stopping(early_stopping, epoch, history, stepper, distributed)
-                    bar.set_postfix(_postfix(history.last), refresh=False)
+                    postfix = _postfix(history.last)
+                    if early_stopping is not None and early_stopping.best_epoch is not None:
+                        postfix["best"] = str(early_stopping.best_epoch)
+                    bar.set_postfix(postfix, refresh=False)
                 if stop.requested:
                     history.interrupted = True
                     break

@@ -154,3 +154,11 @@ def test_not_an_early_stopping_object_is_a_type_error():
     model = regression_model()
     with pytest.raises(TypeError, match="EarlyStopping"):
         pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=1, progress=False, early_stopping=5)
+
+
+def test_the_progress_bar_shows_the_best_epoch(capsys):
+    x, y = data()
+    model = regression_model()
+    pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), (x[:60], y[:60]), epochs=3, validation_data=(x[60:], y[60:]),
+                 early_stopping=EarlyStopping(patience=5))  # fmt: skip
+    assert "best=" in capsys.readouterr().err
