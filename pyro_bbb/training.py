@@ -175,7 +175,6 @@ class History:
         return plot_history(self, path)
 
 
-# -- data ------------------------------------------------------------------------------------------------------
 def _drift(values: list[float], tail: float) -> float:
     n = len(values)
     width = max(1, int(n * tail))
@@ -188,6 +187,7 @@ def _drift(values: list[float], tail: float) -> float:
     return moved / progress
 
 
+# -- data ------------------------------------------------------------------------------------------------------
 def _check_batch(x: Any, y: Any, likelihood, what: str = "the data",
                  dtype: torch.dtype | None = None) -> tuple[Inputs, torch.Tensor]:  # fmt: skip
     """``(x, y)`` as tensors (numpy arrays converted, floating ``x`` cast to the model's ``dtype``), checked; ``x``
