@@ -227,8 +227,9 @@ class MomentPropagationMessenger(_PosteriorReader):
     activations and reshapes of the user's ``forward`` map both moments (:mod:`pyro_bbb.moments`), and the
     likelihood observes the expected log-likelihood in closed form. With :class:`pyro_bbb.MeanFieldGuide`, Normal
     priors and a fixed or heteroscedastic noise, the ELBO and its gradient are deterministic: no Monte Carlo noise.
-    Exact for one hidden layer; deeper, units are treated as independent Gaussians (the diagonal dDVI
-    approximation). An operation it cannot follow, recurrent layers, several particles and likelihoods without a
+    Exact for one hidden layer with a Gaussian likelihood; deeper, units are treated as independent Gaussians (the
+    diagonal dDVI approximation), except the last linear layer's outputs, whose covariance a heteroscedastic
+    likelihood uses. An operation it cannot follow, recurrent layers, several particles and likelihoods without a
     closed form (categorical) are errors before any parameter changes.
 
     Examples
@@ -255,7 +256,7 @@ class MomentPropagationMessenger(_PosteriorReader):
                 "moment propagation computes the expected log-likelihood exactly, so several weight draws (particles, "
                 "or a vectorized plate around the model) add nothing; use num_particles=1."
             )
-        return affine_moments(input, apply, weight_posterior, bias_posterior)
+        return affine_moments(input, apply, weight_posterior, bias_posterior, linear=feature_dims == 1)
 
 
 def moment_propagation(fn: Callable | None = None) -> MomentPropagationMessenger | Callable:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from pyro.nn import PyroModule, PyroSample
 
 from .inputs import as_tensor, targets_like
-from .moments import ExpectedNormal, MomentPropagationError, Moments, gaussian_expectation
+from .moments import ExpectedNormal, MomentPropagationError, Moments, gaussian_expectation, standardized_expectations
 from .nn.module import DATA_PLATE
 from .prediction import ClassificationPrediction, Prediction, RegressionPrediction
 
@@ -253,8 +253,14 @@ class HeteroscedasticGaussian(Likelihood):
         return dist.Normal(output[..., 0], self._scale(output[..., 1]))
 
     def moment_distribution(self, output: Moments) -> dist.Distribution:
-        """The mean and the raw scale are independent Gaussians: ``E[log Normal(y | f, s(r))]`` needs ``E[log s]``
-        and ``E[1 / s^2]`` over ``r``, computed by Gauss-Hermite quadrature (exact when ``r`` has no variance).
+        """``E[log Normal(y | f, s(r))]`` over the Gaussian mean ``f`` and raw scale ``r``: ``E[log s]``, ``E[1/s^2]``
+        and, where the two are correlated, ``E[(f - E f) / s^2]`` and ``E[(f - E f)^2 / s^2]``, by Gauss-Hermite
+        quadrature over ``r``. ``f`` and ``r`` out of one Bayesian linear layer share its inputs, so they covary
+        (:meth:`pyro_bbb.moments.Moments.covariance`, exact after one hidden layer); writing ``f`` as
+        ``E f + k Z + e`` with ``Z`` the standardised ``r`` and ``k = cov(f, r) / sd(r)`` makes the expectation
+        exact for jointly Gaussian ``(f, r)`` with those moments (their Gaussian shape is the approximation moment
+        propagation makes for every unit). Outputs whose covariance was not tracked (built by further operations
+        after the last layer) are treated as independent, the diagonal approximation.
 
         Examples
         --------
@@ -267,8 +273,21 @@ class HeteroscedasticGaussian(Likelihood):
         mean, variance = output.mean, output.variance
         raw_mean, raw_var = mean[..., 1], variance[..., 1]
         expected_log_scale = gaussian_expectation(lambda r: self._scale(r).log(), raw_mean, raw_var)
-        expected_precision = gaussian_expectation(lambda r: self._scale(r).pow(-2), raw_mean, raw_var)
-        return ExpectedNormal(mean[..., 0], variance[..., 0], expected_log_scale, expected_precision)
+        precision, precision_z, precision_z2 = standardized_expectations(
+            lambda r: self._scale(r).pow(-2), raw_mean, raw_var
+        )
+        covariance = output.covariance(0, 1)
+        if covariance is None:
+            return ExpectedNormal(mean[..., 0], variance[..., 0], expected_log_scale, precision)
+        # f = E f + k Z + e, e independent of r with variance var(f) - k^2; |k| <= sd(f) (Cauchy-Schwarz), clamped
+        # against rounding
+        tiny = torch.finfo(raw_var.dtype).tiny
+        sd = variance[..., 0].clamp_min(tiny).sqrt()
+        slope = torch.minimum(torch.maximum(covariance / raw_var.clamp_min(tiny).sqrt(), -sd), sd)
+        residual = (variance[..., 0] - slope.pow(2)).clamp_min(0)
+        return ExpectedNormal(mean[..., 0], variance[..., 0], expected_log_scale, precision,
+                              deviation_precision=slope * precision_z,
+                              variance_precision=slope.pow(2) * precision_z2 + residual * precision)  # fmt: skip
 
     def _scale(self, raw: torch.Tensor) -> torch.Tensor:
         return F.softplus(raw) + self.min_scale

@@ -13,6 +13,9 @@ Every unit is treated as Gaussian and independent of the others (a diagonal cova
 hidden layer the output's mean and variance, and the expected Gaussian log-likelihood, are exact (the first layer's
 pre-activations are independent Gaussians); deeper, the dropped covariances make it an approximation, and so do
 convolutions followed by more layers (the positions of a feature map share one kernel draw, so they are correlated).
+One covariance is kept: a Bayesian linear layer's output knows the covariance of its features
+(:meth:`Moments.covariance`), which a heteroscedastic likelihood needs between the mean and the scale it reads off
+one head.
 
 Examples
 --------
@@ -38,7 +41,8 @@ from torch.distributions import constraints
 from torch.distributions.utils import broadcast_all
 
 __all__ = [
-    "Moments", "MomentPropagationError", "QUADRATURE_NODES", "gaussian_expectation", "elementwise_moments",
+    "Moments", "MomentPropagationError", "QUADRATURE_NODES", "gaussian_expectation", "standardized_expectations",
+    "elementwise_moments",
     "relu_moments", "leaky_relu_moments", "affine_moments", "ExpectedNormal", "tracking_modules",
 ]
 
@@ -143,6 +147,26 @@ def gaussian_expectation(fn: Callable[[torch.Tensor], torch.Tensor], mean: torch
     return (weights * fn(points)).sum(0)
 
 
+def standardized_expectations(fn: Callable[[torch.Tensor], torch.Tensor], mean: torch.Tensor, variance: torch.Tensor,
+                              num_nodes: int = QUADRATURE_NODES) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """``E[fn(X)]``, ``E[fn(X) Z]`` and ``E[fn(X) Z^2]`` for ``X ~ Normal(mean, variance)`` and its standardised
+    ``Z = (X - mean) / sqrt(variance)``, elementwise, by Gauss-Hermite quadrature (well defined at a zero variance,
+    where they are ``fn(mean)``, ``0`` and ``fn(mean)``). A variable correlated with ``X`` is ``a + k Z + e`` with
+    ``e`` independent of ``X``, so these three give its expectations weighted by ``fn(X)``.
+
+    Examples
+    --------
+    >>> e0, e1, e2 = standardized_expectations(torch.exp, torch.tensor([0.0]), torch.tensor([1.0]))
+    >>> torch.allclose(torch.stack([e0, e1, e2]), math.exp(0.5) * torch.tensor([[1.0], [1.0], [2.0]]))
+    True
+    """
+    nodes, weights = (torch.as_tensor(a, dtype=mean.dtype, device=mean.device) for a in _hermite(num_nodes))
+    nodes, weights = (a.reshape((num_nodes,) + (1,) * mean.dim()) for a in (nodes, weights))
+    std = variance.clamp_min(torch.finfo(variance.dtype).tiny).sqrt()
+    weighted = weights * fn(mean + std * nodes)
+    return weighted.sum(0), (weighted * nodes).sum(0), (weighted * nodes.pow(2)).sum(0)
+
+
 def elementwise_moments(fn: Callable[[torch.Tensor], torch.Tensor], mean: torch.Tensor, variance: torch.Tensor,
                         num_nodes: int = QUADRATURE_NODES) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Mean and variance of ``fn(X)`` for ``X ~ Normal(mean, variance)`` (a smooth elementwise ``fn``), by
@@ -209,11 +233,15 @@ def leaky_relu_moments(mean: torch.Tensor, variance: torch.Tensor,
 
 
 def affine_moments(input: torch.Tensor | Moments, apply: Callable, weight_posterior: tuple[torch.Tensor, torch.Tensor],
-                   bias_posterior: tuple[torch.Tensor, torch.Tensor] | None = None) -> Moments:  # fmt: skip
+                   bias_posterior: tuple[torch.Tensor, torch.Tensor] | None = None, *,
+                   linear: bool = False) -> Moments:  # fmt: skip
     """The moments of ``apply(x, W, b)`` (linear in ``W``, ``b`` and ``x``) for independent ``W ~ N(mu, sigma^2)``,
     ``b ~ N(mu_b, sigma_b^2)`` and inputs ``x`` with mean ``m`` and variance ``v`` (a plain tensor: ``v = 0``):
     mean ``apply(m, mu, mu_b)``, variance ``apply(m^2 + v, sigma^2, sigma_b^2) + apply(v, mu^2)``. Exact for any
-    input distribution; the output's units are then treated as independent.
+    input distribution; the output's units are then treated as independent, except that with ``linear=True`` (``apply``
+    is ``F.linear``: the weight's last dimension meets the input's) the result also answers
+    :meth:`Moments.covariance` between two of its output features (a heteroscedastic head's mean and scale share
+    their inputs, so they are correlated).
 
     Examples
     --------
@@ -228,9 +256,12 @@ def affine_moments(input: torch.Tensor | Moments, apply: Callable, weight_poster
         mean, variance = input.mean, input.variance
         out_var = apply(mean.pow(2) + variance, scale.pow(2), bias_var) + apply(variance, loc.pow(2), None)
     else:
-        mean = input
+        mean, variance = input, None
         out_var = apply(mean.pow(2), scale.pow(2), bias_var)
-    return Moments(apply(mean, loc, bias_loc), out_var)
+    output = Moments(apply(mean, loc, bias_loc), out_var)
+    if linear:
+        output._linear_source = (variance, loc)
+    return output
 
 
 # -- the tensor-like carrier ------------------------------------------------------------------------------------
@@ -375,12 +406,36 @@ class Moments:
     (torch.Size([4]), torch.Size([2, 6]), tensor(4.))
     """
 
-    __slots__ = ("mean", "variance")
+    __slots__ = ("mean", "variance", "_linear_source")
 
     def __init__(self, mean: torch.Tensor, variance: torch.Tensor):
         if mean.shape != variance.shape:
             variance = variance.expand(mean.shape) if variance.dim() <= mean.dim() else variance
         self.mean, self.variance = mean, variance
+        self._linear_source = None  # (input variance or None, weight mean) when straight out of a linear layer
+
+    def covariance(self, i: int, j: int) -> torch.Tensor | None:
+        """The covariance of features ``i`` and ``j`` (of the last dimension), where it is known: for the output of
+        a Bayesian linear layer under moment propagation, ``sum_k mu_ik mu_jk v_k`` over its inputs' variances ``v``
+        (independent weights add nothing off the diagonal); ``None`` after any further operation, where the
+        diagonal propagation treats the features as independent.
+
+        Examples
+        --------
+        >>> hidden = Moments(torch.zeros(1, 2), torch.tensor([[1.0, 4.0]]))
+        >>> out = affine_moments(hidden, F.linear, (torch.tensor([[1.0, 1.0], [1.0, -1.0]]), torch.zeros(2, 2)),
+        ...                      linear=True)
+        >>> out.covariance(0, 1), out.covariance(0, 0), (out + 1).covariance(0, 1)   # 1 - 4; the variance; unknown
+        (tensor([-3.]), tensor([5.]), None)
+        """
+        if self._linear_source is None:
+            return None
+        if i % self.shape[-1] == j % self.shape[-1]:
+            return self.variance[..., i]
+        variance, loc = self._linear_source
+        if variance is None:  # a plain input: only independent weights and biases vary
+            return torch.zeros_like(self.mean[..., i])
+        return (variance * (loc[i] * loc[j])).sum(-1)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -502,10 +557,13 @@ class Moments:
 
 # -- the expected log-likelihood --------------------------------------------------------------------------------
 class ExpectedNormal(TorchDistribution):
-    """The expected Normal log-density over a Gaussian mean and an independent random scale:
-    ``log_prob(y) = E[log Normal(y | f, s)] = -log(2 pi)/2 - E[log s] - ((y - loc)^2 + loc_variance) E[s^-2] / 2``
-    for ``f ~ Normal(loc, loc_variance)``. It is what the likelihoods of :mod:`pyro_bbb.likelihoods` observe under
-    moment propagation; it is not a normalised density of ``y`` and draws nothing (predict outside the handler).
+    """The expected Normal log-density over a Gaussian mean ``f ~ Normal(loc, loc_variance)`` and a random scale
+    ``s``: ``log_prob(y) = E[log Normal(y | f, s)]
+    = -log(2 pi)/2 - E[log s] - ((y - loc)^2 E[s^-2] - 2 (y - loc) E[(f - loc) s^-2] + E[(f - loc)^2 s^-2]) / 2``.
+    For ``s`` independent of ``f`` (the default) the last two expectations are ``0`` and ``loc_variance E[s^-2]``;
+    a scale that shares the network's hidden units with the mean is correlated with it, and passes them in. It is
+    what the likelihoods of :mod:`pyro_bbb.likelihoods` observe under moment propagation; it is not a normalised
+    density of ``y`` and draws nothing (predict outside the handler).
 
     Parameters
     ----------
@@ -513,6 +571,8 @@ class ExpectedNormal(TorchDistribution):
         Mean and variance of the network's output.
     expected_log_scale, expected_precision : torch.Tensor
         ``E[log s]`` and ``E[1 / s^2]`` (a fixed scale: ``log s`` and ``1 / s^2``).
+    deviation_precision, variance_precision : torch.Tensor, optional
+        ``E[(f - loc) / s^2]`` and ``E[(f - loc)^2 / s^2]`` where ``s`` is correlated with ``f``.
 
     Examples
     --------
@@ -522,20 +582,30 @@ class ExpectedNormal(TorchDistribution):
     """
 
     arg_constraints = {"loc": constraints.real, "loc_variance": constraints.greater_than_eq(0.0),
-                       "expected_log_scale": constraints.real, "expected_precision": constraints.positive}  # fmt: skip
+                       "expected_log_scale": constraints.real, "expected_precision": constraints.positive,
+                       "deviation_precision": constraints.real,
+                       "variance_precision": constraints.greater_than_eq(0.0)}  # fmt: skip
     support = constraints.real
     has_rsample = False
+    _PARAMETERS = ("loc", "loc_variance", "expected_log_scale", "expected_precision", "deviation_precision",
+                   "variance_precision")  # fmt: skip
 
-    def __init__(self, loc, loc_variance, expected_log_scale, expected_precision, validate_args=None):
-        self.loc, self.loc_variance, self.expected_log_scale, self.expected_precision = broadcast_all(
-            loc, loc_variance, expected_log_scale, expected_precision
-        )
+    def __init__(self, loc, loc_variance, expected_log_scale, expected_precision, deviation_precision=None,
+                 variance_precision=None, validate_args=None):  # fmt: skip
+        if deviation_precision is None:
+            deviation_precision = torch.zeros_like(torch.as_tensor(loc))
+        if variance_precision is None:
+            variance_precision = loc_variance * expected_precision
+        values = broadcast_all(loc, loc_variance, expected_log_scale, expected_precision, deviation_precision,
+                               variance_precision)  # fmt: skip
+        for name, value in zip(self._PARAMETERS, values, strict=True):
+            setattr(self, name, value)
         super().__init__(self.loc.shape, validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
         new = self._get_checked_instance(ExpectedNormal, _instance)
         batch_shape = torch.Size(batch_shape)
-        for name in ("loc", "loc_variance", "expected_log_scale", "expected_precision"):
+        for name in self._PARAMETERS:
             setattr(new, name, getattr(self, name).expand(batch_shape))
         super(ExpectedNormal, new).__init__(batch_shape, validate_args=False)
         new._validate_args = self._validate_args
@@ -544,8 +614,10 @@ class ExpectedNormal(TorchDistribution):
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         if self._validate_args:
             self._validate_sample(value)
-        squared = (value - self.loc).pow(2) + self.loc_variance
-        return -0.5 * math.log(2 * math.pi) - self.expected_log_scale - 0.5 * squared * self.expected_precision
+        error = value - self.loc
+        squared = error.pow(2) * self.expected_precision - 2 * error * self.deviation_precision
+        squared = squared + self.variance_precision
+        return -0.5 * math.log(2 * math.pi) - self.expected_log_scale - 0.5 * squared
 
     def sample(self, sample_shape: tuple[int, ...] = ()):
         raise NotImplementedError(

@@ -11,7 +11,7 @@ from scipy import stats
 
 import pyro_bbb
 from pyro_bbb import likelihoods
-from pyro_bbb.moments import MomentPropagationError
+from pyro_bbb.moments import MomentPropagationError, Moments
 from pyro_bbb.nn import (
     BayesianConv1d,
     BayesianConv2d,
@@ -272,6 +272,64 @@ def test_moment_propagation_loss_is_the_expected_loss():
     elbo = pyro_bbb.ELBO(num_data=16, num_particles=1000, vectorize_particles=True)
     losses = torch.tensor([elbo.loss(model, guide, x, y) for _ in range(20)])
     assert abs(deterministic - float(losses.mean())) < 4 * float(losses.std()) / math.sqrt(20)
+
+
+def test_covariance_of_a_linear_heads_outputs_equals_monte_carlo():
+    """One hidden layer, two outputs sharing it (the head's rows made alike): ``Moments.covariance`` is the covariance
+    of the outputs over 100,000 weight draws (z < 5, with power: some |z| of a zero covariance would exceed 20)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(BayesianLinear(2, 6), torch.nn.ReLU(), BayesianLinear(6, 2))
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(1.0))
+    x = torch.randn(8, 2)
+    guide = random_guide(bnn, x, torch.zeros(8, 2))
+    with torch.no_grad():
+        head = dict(guide.named_parameters())["locs.net.2.weight_unconstrained"]
+        head[1] = head[0] + 0.3 * torch.randn(6)
+    with pyro_bbb.moment_propagation():
+        moments = poutine.replay(bnn.net, trace=poutine.trace(guide).get_trace(x))(x)
+    draws = pyro_bbb.predict(bnn, guide, x, num_samples=100_000).distribution.mean.detach()
+    products = (draws[..., 0] - draws[..., 0].mean(0)) * (draws[..., 1] - draws[..., 1].mean(0))
+    se = products.std(0) / math.sqrt(len(draws))
+    covariance = moments.covariance(0, 1)
+    assert ((covariance - products.mean(0)) / se).abs().max() < 5
+    assert (covariance / se).abs().max() > 20
+    torch.testing.assert_close(moments.covariance(1, 1), moments.variance[..., 1])
+    assert (moments + 0).covariance(0, 1) is None  # any further operation: not tracked
+
+
+def test_the_heteroscedastic_loss_sees_the_heads_covariance():
+    """Through BNN and the ELBO the likelihood gets the head's covariance: the loss differs from the same net's with
+    the covariance dropped (``out * 1`` in forward) by exactly the two expected log-likelihoods' difference."""
+    from pyro.nn import PyroModule
+
+    class Net(PyroModule):
+        def __init__(self, drop: bool):
+            super().__init__()
+            self.hidden, self.out, self.drop = BayesianLinear(2, 6), BayesianLinear(6, 2), drop
+
+        def forward(self, x):
+            out = self.out(torch.relu(self.hidden(x)))
+            return out * 1.0 if self.drop else out
+
+    torch.manual_seed(1)
+    x, y = torch.randn(16, 2), torch.randn(16)
+    losses = {}
+    for drop in (False, True):
+        pyro.clear_param_store()
+        torch.manual_seed(2)  # the same posterior for both nets
+        model = pyro_bbb.BNN(Net(drop), likelihoods.HeteroscedasticGaussian())
+        guide = random_guide(model, x, y)
+        with pyro_bbb.moment_propagation():
+            losses[drop] = pyro_bbb.ELBO(num_data=16).loss(model, guide, x, y)
+            if not drop:
+                output = poutine.replay(model.net, trace=poutine.trace(guide).get_trace(x, y))(x)
+    def expected_log_likelihood(moments):
+        return float(model.likelihood.moment_distribution(moments).log_prob(y).sum().detach())
+
+    with_covariance = expected_log_likelihood(output)
+    independent = expected_log_likelihood(Moments(output.mean, output.variance))
+    assert abs(with_covariance - independent) > 0.05
+    assert losses[True] - losses[False] == pytest.approx(with_covariance - independent, rel=1e-3)
 
 
 def test_moments_of_a_one_hidden_layer_net_with_a_custom_forward_equal_monte_carlo():
