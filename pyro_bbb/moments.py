@@ -42,8 +42,7 @@ from torch.distributions.utils import broadcast_all
 
 __all__ = [
     "Moments", "MomentPropagationError", "QUADRATURE_NODES", "gaussian_expectation", "standardized_expectations",
-    "elementwise_moments",
-    "relu_moments", "leaky_relu_moments", "affine_moments", "ExpectedNormal", "tracking_modules",
+    "elementwise_moments", "relu_moments", "leaky_relu_moments", "affine_moments", "ExpectedNormal", "tracking_modules",
 ]
 
 #: Gauss-Hermite nodes for smooth activations and a random noise scale: for tanh, the hardest, the mean and variance
@@ -571,8 +570,10 @@ class ExpectedNormal(TorchDistribution):
         Mean and variance of the network's output.
     expected_log_scale, expected_precision : torch.Tensor
         ``E[log s]`` and ``E[1 / s^2]`` (a fixed scale: ``log s`` and ``1 / s^2``).
+    validate_args : bool, optional
+        As for every torch distribution.
     deviation_precision, variance_precision : torch.Tensor, optional
-        ``E[(f - loc) / s^2]`` and ``E[(f - loc)^2 / s^2]`` where ``s`` is correlated with ``f``.
+        ``E[(f - loc) / s^2]`` and ``E[(f - loc)^2 / s^2]`` where ``s`` is correlated with ``f`` (keyword only).
 
     Examples
     --------
@@ -590,8 +591,8 @@ class ExpectedNormal(TorchDistribution):
     _PARAMETERS = ("loc", "loc_variance", "expected_log_scale", "expected_precision", "deviation_precision",
                    "variance_precision")  # fmt: skip
 
-    def __init__(self, loc, loc_variance, expected_log_scale, expected_precision, deviation_precision=None,
-                 variance_precision=None, validate_args=None):  # fmt: skip
+    def __init__(self, loc, loc_variance, expected_log_scale, expected_precision, validate_args=None, *,
+                 deviation_precision=None, variance_precision=None):  # fmt: skip
         if deviation_precision is None:
             deviation_precision = torch.zeros_like(torch.as_tensor(loc))
         if variance_precision is None:
