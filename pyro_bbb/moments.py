@@ -255,11 +255,11 @@ def affine_moments(input: torch.Tensor | Moments, apply: Callable, weight_poster
         mean, variance = input.mean, input.variance
         out_var = apply(mean.pow(2) + variance, scale.pow(2), bias_var) + apply(variance, loc.pow(2), None)
     else:
-        mean, variance = input, None
+        mean = input
         out_var = apply(mean.pow(2), scale.pow(2), bias_var)
     output = Moments(apply(mean, loc, bias_loc), out_var)
     if linear:
-        output._linear_source = (variance, loc)
+        output._linear_source = (input if isinstance(input, Moments) else None, loc)
     return output
 
 
@@ -282,6 +282,16 @@ def _join(fn: Callable, values: Sequence, *args, **kwargs) -> Moments:
     """cat / stack of moments and constants."""
     means, variances = zip(*(_parts(v) for v in values), strict=True)
     return Moments(fn(means, *args, **kwargs), fn(variances, *args, **kwargs))
+
+
+def _cat(values: Sequence, dim: int = 0) -> Moments:
+    """cat; heads that read the same input (e.g. a heteroscedastic net's mean and scale layers) joined along their
+    features keep their covariance: it is the covariance of one linear layer with their weights stacked."""
+    output = _join(torch.cat, values, dim)
+    sources = [getattr(v, "_linear_source", None) for v in values]
+    if dim % output.dim() == output.dim() - 1 and all(sources) and all(s[0] is sources[0][0] for s in sources):
+        output._linear_source = (sources[0][0], torch.cat([loc for _, loc in sources], 0))
+    return output
 
 
 def _one_moments(a: Any, b: Any, what: str) -> tuple[Moments, Any, bool]:
@@ -368,8 +378,8 @@ def _shape(fn: Callable) -> Callable:
 _RULES: dict[Callable, Callable] = {
     **{fn: _shape(fn) for fn in _SHAPE_FUNCTIONS},
     **{fn: _smooth(fn) for fn in _SMOOTH_FUNCTIONS},
-    torch.cat: lambda values, *a, **k: _join(torch.cat, values, *a, **k),
-    torch.concat: lambda values, *a, **k: _join(torch.cat, values, *a, **k),
+    torch.cat: lambda values, *a, **k: _cat(values, *a, **k),
+    torch.concat: lambda values, *a, **k: _cat(values, *a, **k),
     torch.stack: lambda values, *a, **k: _join(torch.stack, values, *a, **k),
     torch.add: _add, torch.Tensor.__add__: _add, torch.Tensor.__radd__: lambda a, b: _add(b, a),
     torch.sub: _sub, torch.Tensor.__sub__: _sub, torch.Tensor.__rsub__: lambda a, b: _sub(b, a),
@@ -411,13 +421,14 @@ class Moments:
         if mean.shape != variance.shape:
             variance = variance.expand(mean.shape) if variance.dim() <= mean.dim() else variance
         self.mean, self.variance = mean, variance
-        self._linear_source = None  # (input variance or None, weight mean) when straight out of a linear layer
+        self._linear_source = None  # (its input Moments or None, weight mean) when straight out of a linear layer
 
     def covariance(self, i: int, j: int) -> torch.Tensor | None:
         """The covariance of features ``i`` and ``j`` (of the last dimension), where it is known: for the output of
         a Bayesian linear layer under moment propagation, ``sum_k mu_ik mu_jk v_k`` over its inputs' variances ``v``
-        (independent weights add nothing off the diagonal); ``None`` after any further operation, where the
-        diagonal propagation treats the features as independent.
+        (independent weights add nothing off the diagonal), also for such outputs of layers that read the same input
+        joined by ``torch.cat`` along the features; ``None`` after any other operation, where the diagonal
+        propagation treats the features as independent.
 
         Examples
         --------
@@ -431,10 +442,10 @@ class Moments:
             return None
         if i % self.shape[-1] == j % self.shape[-1]:
             return self.variance[..., i]
-        variance, loc = self._linear_source
-        if variance is None:  # a plain input: only independent weights and biases vary
+        input, loc = self._linear_source
+        if input is None:  # a plain input: only independent weights and biases vary
             return torch.zeros_like(self.mean[..., i])
-        return (variance * (loc[i] * loc[j])).sum(-1)
+        return (input.variance * (loc[i] * loc[j])).sum(-1)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):

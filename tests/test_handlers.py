@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from pyro.infer.autoguide import AutoNormal
+from pyro.nn import PyroModule
 from scipy import stats
 
 import pyro_bbb
@@ -274,17 +275,35 @@ def test_moment_propagation_loss_is_the_expected_loss():
     assert abs(deterministic - float(losses.mean())) < 4 * float(losses.std()) / math.sqrt(20)
 
 
-def test_covariance_of_a_linear_heads_outputs_equals_monte_carlo():
-    """One hidden layer, two outputs sharing it (the head's rows made alike): ``Moments.covariance`` is the covariance
-    of the outputs over 100,000 weight draws (z < 5, with power: some |z| of a zero covariance would exceed 20)."""
+class TwoHeads(PyroModule):
+    """A heteroscedastic net written with two heads on one hidden layer, joined by ``torch.cat``."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.mean, self.scale = BayesianLinear(2, 6), BayesianLinear(6, 1), BayesianLinear(6, 1)
+
+    def forward(self, x):
+        h = torch.relu(self.hidden(x))
+        return torch.cat([self.mean(h), self.scale(h)], dim=-1)
+
+
+@pytest.mark.parametrize("heads", ["one layer", "two layers joined by cat"])
+def test_covariance_of_a_linear_heads_outputs_equals_monte_carlo(heads):
+    """One hidden layer, two outputs sharing it (their weight rows made alike): ``Moments.covariance`` is the
+    covariance of the outputs over 100,000 weight draws (z < 5, with power: some |z| of a zero covariance would
+    exceed 20)."""
     torch.manual_seed(0)
-    net = torch.nn.Sequential(BayesianLinear(2, 6), torch.nn.ReLU(), BayesianLinear(6, 2))
+    if heads == "one layer":
+        net, rows = torch.nn.Sequential(BayesianLinear(2, 6), torch.nn.ReLU(), BayesianLinear(6, 2)), ("net.2", "net.2")
+    else:
+        net, rows = TwoHeads(), ("net.mean", "net.scale")
     bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(1.0))
     x = torch.randn(8, 2)
     guide = random_guide(bnn, x, torch.zeros(8, 2))
     with torch.no_grad():
-        head = dict(guide.named_parameters())["locs.net.2.weight_unconstrained"]
-        head[1] = head[0] + 0.3 * torch.randn(6)
+        locs = dict(guide.named_parameters())
+        first, second = (locs[f"locs.{row}.weight_unconstrained"] for row in rows)
+        second[-1] = first[0] + 0.3 * torch.randn(6)
     with pyro_bbb.moment_propagation():
         moments = poutine.replay(bnn.net, trace=poutine.trace(guide).get_trace(x))(x)
     draws = pyro_bbb.predict(bnn, guide, x, num_samples=100_000).distribution.mean.detach()
@@ -297,10 +316,21 @@ def test_covariance_of_a_linear_heads_outputs_equals_monte_carlo():
     assert (moments + 0).covariance(0, 1) is None  # any further operation: not tracked
 
 
+def test_heads_on_different_inputs_joined_by_cat_have_no_known_covariance():
+    layer = BayesianLinear(3, 1)
+    guide = random_guide(layer, torch.zeros(2, 3))
+    h = Moments(torch.randn(2, 3), torch.rand(2, 3))
+    with pyro_bbb.moment_propagation():
+        trace = poutine.trace(guide).get_trace(h.mean)
+        joined = torch.cat([poutine.replay(layer, trace=trace)(h), poutine.replay(layer, trace=trace)(-h)], dim=-1)
+        plain = torch.cat([poutine.replay(layer, trace=trace)(h.mean)] * 2, dim=-1)
+    assert joined.covariance(0, 1) is None  # -h is another input: its covariance with h is not tracked
+    assert torch.equal(plain.covariance(0, 1), torch.zeros(2))  # a plain input: independent weights, no covariance
+
+
 def test_the_heteroscedastic_loss_sees_the_heads_covariance():
     """Through BNN and the ELBO the likelihood gets the head's covariance: the loss differs from the same net's with
     the covariance dropped (``out * 1`` in forward) by exactly the two expected log-likelihoods' difference."""
-    from pyro.nn import PyroModule
 
     class Net(PyroModule):
         def __init__(self, drop: bool):
