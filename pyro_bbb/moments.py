@@ -127,10 +127,12 @@ def _hermite(num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _quadrature_points(mean: torch.Tensor, variance: torch.Tensor, num_nodes: int):
+    """The points ``mean + std * z``, their weights and the standard nodes ``z``, shaped (num_nodes, *mean.shape)."""
     nodes, weights = (torch.as_tensor(a, dtype=mean.dtype, device=mean.device) for a in _hermite(num_nodes))
     shape = (num_nodes,) + (1,) * mean.dim()
+    nodes = nodes.reshape(shape)
     std = variance.clamp_min(torch.finfo(variance.dtype).tiny).sqrt()  # (a zero variance gets no infinite gradient)
-    return mean + std * nodes.reshape(shape), weights.reshape(shape)
+    return mean + std * nodes, weights.reshape(shape), nodes
 
 
 def gaussian_expectation(fn: Callable[[torch.Tensor], torch.Tensor], mean: torch.Tensor, variance: torch.Tensor,
@@ -142,7 +144,7 @@ def gaussian_expectation(fn: Callable[[torch.Tensor], torch.Tensor], mean: torch
     >>> gaussian_expectation(torch.exp, torch.tensor([0.0]), torch.tensor([1.0]))   # e^(1/2)
     tensor([1.6487])
     """
-    points, weights = _quadrature_points(mean, variance, num_nodes)
+    points, weights, _ = _quadrature_points(mean, variance, num_nodes)
     return (weights * fn(points)).sum(0)
 
 
@@ -159,10 +161,8 @@ def standardized_expectations(fn: Callable[[torch.Tensor], torch.Tensor], mean: 
     >>> torch.allclose(torch.stack([e0, e1, e2]), math.exp(0.5) * torch.tensor([[1.0], [1.0], [2.0]]))
     True
     """
-    nodes, weights = (torch.as_tensor(a, dtype=mean.dtype, device=mean.device) for a in _hermite(num_nodes))
-    nodes, weights = (a.reshape((num_nodes,) + (1,) * mean.dim()) for a in (nodes, weights))
-    std = variance.clamp_min(torch.finfo(variance.dtype).tiny).sqrt()
-    weighted = weights * fn(mean + std * nodes)
+    points, weights, nodes = _quadrature_points(mean, variance, num_nodes)
+    weighted = weights * fn(points)
     return weighted.sum(0), (weighted * nodes).sum(0), (weighted * nodes.pow(2)).sum(0)
 
 
@@ -177,7 +177,7 @@ def elementwise_moments(fn: Callable[[torch.Tensor], torch.Tensor], mean: torch.
     >>> abs(m[0].item()) < 1e-6, torch.allclose(m[1], torch.tanh(torch.tensor(2.0))), v[1].item() < 1e-12
     (True, True, True)
     """
-    points, weights = _quadrature_points(mean, variance, num_nodes)
+    points, weights, _ = _quadrature_points(mean, variance, num_nodes)
     values = fn(points)
     out_mean = (weights * values).sum(0)
     return out_mean, (weights * (values - out_mean).pow(2)).sum(0)

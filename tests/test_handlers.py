@@ -364,8 +364,6 @@ def test_the_heteroscedastic_loss_sees_the_heads_covariance():
 
 def test_moments_of_a_one_hidden_layer_net_with_a_custom_forward_equal_monte_carlo():
     """indexing, cat with the input and view in forward: still exact (the input is not random)."""
-    from pyro.nn import PyroModule
-
     class Net(PyroModule):
         def __init__(self):
             super().__init__()
