@@ -20,7 +20,7 @@ from pyro_bbb.nn import BayesianLinear
 
 collect_ignore = []
 if importlib.util.find_spec("lightning") is None:
-    collect_ignore += ["pyro_bbb/lightning.py", "tests/lightning_script.py", "tests/test_lightning.py"]
+    collect_ignore += ["pyro_bbb/train/lightning.py", "tests/train/lightning_script.py", "tests/train/test_lightning.py"]
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,7 @@ from torch import nn
 
 import pyro_bbb
 from pyro_bbb import likelihoods, metrics, priors
-from pyro_bbb.datasets import digits
+from pyro_bbb.data.datasets import digits
 from pyro_bbb.nn import BayesianLinear
 
 

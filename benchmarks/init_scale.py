@@ -22,7 +22,7 @@ from models import BayesianMLP  # noqa: E402  (benchmarks/models.py)
 from pyro.infer import SVI, Predictive
 
 import pyro_bbb
-from pyro_bbb.datasets import toy_regression
+from pyro_bbb.data.datasets import toy_regression
 
 ARCHITECTURES = {"1-50-1 tanh": ([1, 50, 1], torch.tanh), "1-100-100-1 relu": ([1, 100, 100, 1], torch.relu)}
 

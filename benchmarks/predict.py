@@ -110,7 +110,7 @@ def main() -> None:
 def sweep_block_sizes(name, model, guide, x, num_samples, repeats, rounds) -> None:
     """Why CPU predictions run in cache-sized blocks of draws: time per block size on the largest network."""
     shapes = {n: s["value"].shape for n, s in guide.prototype_trace.iter_stochastic_nodes()}
-    automatic = pyro_bbb.predictive.draws_per_block(num_samples, x, shapes)
+    automatic = pyro_bbb.prediction.predictive.draws_per_block(num_samples, x, shapes)
     print(f"    draws per vectorized call (automatic choice on this device: {automatic}):")
     for block in (1, 4, 8, 16, 32, num_samples):
         times = [median_ms(lambda b=block: pyro_bbb.predict(model, guide, x, num_samples=num_samples,

@@ -40,7 +40,7 @@ from torch import nn
 
 import pyro_bbb
 from pyro_bbb import likelihoods, priors, schedules
-from pyro_bbb.datasets import embedded_reber
+from pyro_bbb.data.datasets import embedded_reber
 from pyro_bbb.nn import BayesianGRU, BayesianLinear, BayesianLSTM
 
 CONFIGS = {

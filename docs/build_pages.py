@@ -1,4 +1,4 @@
-"""Pages generated for the documentation: one API page per module of pyro_bbb, one page per tutorial (its markdown
+"""Pages generated for the documentation: one API page per public module of pyro_bbb, one page per tutorial (its markdown
 cells as text, its code as code, and the figures it writes, from ``docs/figures/``)."""
 
 from __future__ import annotations
@@ -7,25 +7,32 @@ import fnmatch
 import re
 from pathlib import Path
 
-#: The modules with an API page, in the order of the index.
-MODULES = [
-    "pyro_bbb", "pyro_bbb.bnn", "pyro_bbb.nn", "pyro_bbb.nn.linear", "pyro_bbb.nn.conv", "pyro_bbb.nn.recurrent",
-    "pyro_bbb.nn.recurrence", "pyro_bbb.nn.module", "pyro_bbb.nn.functional", "pyro_bbb.nn.draws", "pyro_bbb.priors",
-    "pyro_bbb.likelihoods", "pyro_bbb.guide", "pyro_bbb.elbo", "pyro_bbb.handlers", "pyro_bbb.moments",
-    "pyro_bbb.training", "pyro_bbb.predictive", "pyro_bbb.prediction", "pyro_bbb.metrics", "pyro_bbb.diagnostics",
-    "pyro_bbb.plots", "pyro_bbb.export", "pyro_bbb.convert", "pyro_bbb.checkpoint", "pyro_bbb.inputs",
-    "pyro_bbb.checks", "pyro_bbb.pruning", "pyro_bbb.schedules", "pyro_bbb.stopping", "pyro_bbb.optim",
-    "pyro_bbb.datasets", "pyro_bbb.distributed", "pyro_bbb.lightning", "pyro_bbb.pyro_adapter",
-]
-#: Packages whose names are re-exports of their modules' (documented there): their page shows the docstring only.
-PACKAGES = {"pyro_bbb", "pyro_bbb.nn"}
+#: The package whose public modules get an API page.
+PACKAGE = "pyro_bbb"
 
 
-def _api_page(module: str) -> str:
+def public_modules(root: Path) -> list[str]:
+    """Every module and package of pyro_bbb whose dotted name has no private (``_``) part, packages first."""
+    names = []
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if not any(part.startswith("_") for part in parts):
+            names.append(".".join(parts))
+    return sorted(names, key=lambda name: (name.count(".") > 0, name))
+
+
+def _is_package(module: str, root: Path) -> bool:
+    return (root / module.replace(".", "/") / "__init__.py").exists()
+
+
+def _api_page(module: str, package: bool) -> str:
+    """A package's page shows its docstring and public names (documented in its modules); a module's, its members."""
     title = f"``{module}``"
-    options = "" if module in PACKAGES else "   :members:\n"
+    options = "" if package else "   :members:\n"
     body = f"{title}\n{'=' * len(title)}\n\n.. automodule:: {module}\n{options}"
-    if module in PACKAGES:
+    if package:
         import importlib
 
         names = getattr(importlib.import_module(module), "__all__", [])
@@ -58,8 +65,8 @@ def write_pages(docs: Path) -> None:
     """Write ``docs/generated/api/*.rst`` and ``docs/generated/tutorials/*.md`` (only files whose text changed)."""
     root = docs.parent
     pages: dict[Path, str] = {}
-    for module in MODULES:
-        pages[docs / "generated" / "api" / f"{module}.rst"] = _api_page(module)
+    for module in public_modules(root):
+        pages[docs / "generated" / "api" / f"{module}.rst"] = _api_page(module, _is_package(module, root))
     for script in sorted((root / "tutorials").glob("*.py")):
         pages[docs / "generated" / "tutorials" / f"{script.stem}.md"] = _tutorial_page(script, docs / "figures")
     for path, text in pages.items():

@@ -1,6 +1,12 @@
 """pyro_bbb: Bayes-by-Backprop Bayesian neural networks in Pyro, correct by construction.
 
-The three-line happy path (``model -> guide -> fit -> predict``):
+The happy path (``model -> guide -> fit -> predict``) is at the top level; the rest lives in packages by role:
+:mod:`pyro_bbb.nn` (layers, moment propagation, ``bayesianize``), :mod:`pyro_bbb.infer` (guide, ELBO, estimators,
+schedules), :mod:`pyro_bbb.train` (``fit`` and what goes with it), :mod:`pyro_bbb.prediction`,
+:mod:`pyro_bbb.evaluate` (metrics, diagnostics, plots, export) and :mod:`pyro_bbb.data`; the modules a model is
+written with (:mod:`~pyro_bbb.priors`, :mod:`~pyro_bbb.likelihoods`, :mod:`~pyro_bbb.optim`) sit beside them.
+``pyro_bbb.schedules``, ``metrics``, ``plots``, ``diagnostics`` and ``datasets`` name the modules of those
+packages that a script reaches for most.
 
 Examples
 --------
@@ -12,90 +18,34 @@ Examples
 torch.Size([5, 3])
 """
 
-__version__ = "0.1.0"
-
-from . import (  # noqa: E402,E501
-    checks,
-    datasets,
-    diagnostics,
-    handlers,
-    inputs,
-    likelihoods,
-    metrics,
-    moments,
-    nn,
-    optim,
-    plots,
-    predictive,
-    priors,
-    pruning,
-    pyro_adapter,
-    schedules,
-    stopping,
-)
-from .bnn import BNN  # noqa: E402
-from .checkpoint import load, save  # noqa: E402
-from .convert import bayesianize  # noqa: E402
-from .diagnostics import summary  # noqa: E402
-from .elbo import ELBO, DataPlateScaleMessenger  # noqa: E402
-from .export import to_inference_data  # noqa: E402
-from .guide import DEFAULT_INIT_SCALE, MeanFieldGuide  # noqa: E402
-from .handlers import (  # noqa: E402
+from . import data, distributions, evaluate, infer, likelihoods, nn, optim, plates, prediction, priors, train
+from ._version import __version__
+from .bnn import BNN
+from .checkpoint import load, save
+from .data import DataError
+from .data import datasets as datasets
+from .evaluate import diagnostics, metrics, plots, summary, to_inference_data
+from .infer import (
+    DEFAULT_INIT_SCALE,
+    ELBO,
     FlipoutMessenger,
     LocalReparameterizationMessenger,
+    MeanFieldGuide,
     MomentPropagationMessenger,
     flipout,
     local_reparameterization,
     moment_propagation,
+    schedules,
 )
-from .prediction import ClassificationPrediction, Prediction, RegressionPrediction  # noqa: E402
-from .predictive import predict, set_up_guide  # noqa: E402
-from .stopping import EarlyStopping  # noqa: E402
-from .training import DataError, History, TrainingDivergedError, fit  # noqa: E402
+from .nn import bayesianize
+from .prediction import ClassificationPrediction, Prediction, RegressionPrediction, predict, set_up_guide
+from .train import EarlyStopping, History, TrainingDivergedError, fit
 
 __all__ = [
-    "BNN",
-    "bayesianize",
-    "ELBO",
-    "DataPlateScaleMessenger",
-    "MeanFieldGuide",
-    "DEFAULT_INIT_SCALE",
-    "flipout",
-    "local_reparameterization",
-    "FlipoutMessenger",
-    "LocalReparameterizationMessenger",
-    "moment_propagation",
-    "MomentPropagationMessenger",
-    "fit",
-    "EarlyStopping",
-    "History",
-    "TrainingDivergedError",
-    "DataError",
-    "set_up_guide",
-    "predict",
-    "Prediction",
-    "RegressionPrediction",
-    "ClassificationPrediction",
-    "save",
-    "summary",
-    "to_inference_data",
-    "load",
-    "datasets",
-    "diagnostics",
-    "handlers",
-    "inputs",
-    "likelihoods",
-    "metrics",
-    "moments",
-    "nn",
-    "optim",
-    "plots",
-    "predictive",
-    "checks",
-    "pruning",
-    "pyro_adapter",
-    "priors",
-    "schedules",
-    "stopping",
-    "__version__",
+    "BNN", "bayesianize", "ELBO", "MeanFieldGuide", "DEFAULT_INIT_SCALE", "flipout", "local_reparameterization",
+    "moment_propagation", "FlipoutMessenger", "LocalReparameterizationMessenger", "MomentPropagationMessenger",
+    "fit", "EarlyStopping", "History", "TrainingDivergedError", "DataError", "set_up_guide", "predict",
+    "Prediction", "RegressionPrediction", "ClassificationPrediction", "save", "load", "summary",
+    "to_inference_data", "data", "distributions", "evaluate", "infer", "likelihoods", "nn", "optim", "plates",
+    "prediction", "priors", "train", "datasets", "diagnostics", "metrics", "plots", "schedules", "__version__",
 ]

@@ -11,11 +11,11 @@ from pyro.nn import PyroModule
 from pyro.nn.module import to_pyro_module_
 from pyro.poutine.runtime import get_plates
 
-from .inputs import Inputs, map_inputs, num_rows
+from .data.inputs import Inputs, map_inputs, num_rows
 from .likelihoods import Likelihood
-from .moments import Moments
 from .nn.draws import fold_draws
-from .nn.module import DATA_PLATE, data_plate_named
+from .nn.moments import Moments
+from .plates import DATA_PLATE, data_plate_named
 
 __all__ = ["BNN", "net_output", "call_net"]
 

@@ -29,9 +29,10 @@ from typing import Any
 import pyro.poutine as poutine
 import torch
 
-from . import __version__
-from .checks import data_plate_of, require_set_up
-from .inputs import Inputs, cast_inputs, input_tensors, inputs_to, map_inputs
+from ._checks import require_set_up
+from ._version import __version__
+from .data.inputs import Inputs, cast_inputs, input_tensors, inputs_to, map_inputs
+from .plates import data_plate_of
 
 __all__ = ["save", "load"]
 

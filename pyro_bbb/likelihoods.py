@@ -26,10 +26,11 @@ import torch
 import torch.nn.functional as F
 from pyro.nn import PyroModule, PyroSample
 
-from .inputs import as_tensor, targets_like
-from .moments import ExpectedNormal, MomentPropagationError, Moments, gaussian_expectation, standardized_expectations
-from .nn.module import DATA_PLATE
-from .prediction import ClassificationPrediction, Prediction, RegressionPrediction
+from .data.inputs import as_tensor, targets_like
+from .distributions import ExpectedNormal
+from .nn.moments import MomentPropagationError, Moments, gaussian_expectation, standardized_expectations
+from .plates import DATA_PLATE
+from .prediction.results import ClassificationPrediction, Prediction, RegressionPrediction
 
 __all__ = ["TargetError", "Likelihood", "Gaussian", "HeteroscedasticGaussian", "Categorical", "Bernoulli"]
 
@@ -54,7 +55,7 @@ class TargetError(ValueError):
 class Likelihood(PyroModule):
     """Base class. Subclasses implement :meth:`distribution` and :meth:`prediction`, and may refine
     :meth:`check_targets`; those with a closed-form expected log-likelihood implement :meth:`moment_distribution`
-    (training with :func:`pyro_bbb.handlers.moment_propagation`).
+    (training with :func:`pyro_bbb.infer.estimators.moment_propagation`).
 
     Parameters
     ----------
@@ -256,7 +257,7 @@ class HeteroscedasticGaussian(Likelihood):
         """``E[log Normal(y | f, s(r))]`` over the Gaussian mean ``f`` and raw scale ``r``: ``E[log s]``, ``E[1/s^2]``
         and, where the two are correlated, ``E[(f - E f) / s^2]`` and ``E[(f - E f)^2 / s^2]``, by Gauss-Hermite
         quadrature over ``r``. ``f`` and ``r`` out of one Bayesian linear layer share its inputs, so they covary
-        (:meth:`pyro_bbb.moments.Moments.covariance`, exact after one hidden layer); writing ``f`` as
+        (:meth:`pyro_bbb.nn.moments.Moments.covariance`, exact after one hidden layer); writing ``f`` as
         ``E f + k Z + e`` with ``Z`` the standardised ``r`` and ``k = cov(f, r) / sd(r)`` makes the expectation
         exact for jointly Gaussian ``(f, r)`` with those moments (their Gaussian shape is the approximation moment
         propagation makes for every unit). Outputs whose covariance was not tracked (built by further operations

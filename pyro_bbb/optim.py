@@ -22,7 +22,8 @@ from collections.abc import Iterable
 
 import torch
 from pyro.optim import PyroOptim
-from torch.optim import optimizer as optimizer_module
+
+from ._internals import fused_adam_step, optimizer_has_step_hooks
 
 __all__ = ["Adam"]
 
@@ -155,16 +156,12 @@ class _FusedStep:
 
     @torch.no_grad()
     def __call__(self, params: list[torch.Tensor], optimizer: torch.optim.Adam) -> bool:
-        if frozenset(map(id, params)) != self.key or optimizer.state is not self.state or _has_hooks(optimizer):
+        if frozenset(map(id, params)) != self.key or optimizer.state is not self.state or optimizer_has_step_hooks(optimizer):
             return False
         if any(p.grad is None for p in params) or not all(_plain_fused(bucket[0]) for bucket in self.buckets):
             return False
         for group, bucket_params, exp_avgs, exp_avg_sqs, steps in self.buckets:
-            torch._foreach_add_(steps, 1)
-            torch._fused_adam_(bucket_params, [p.grad for p in bucket_params], exp_avgs, exp_avg_sqs, [], steps,
-                               amsgrad=False, lr=group["lr"], beta1=group["betas"][0], beta2=group["betas"][1],
-                               weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
-                               grad_scale=None, found_inf=None)  # fmt: skip
+            fused_adam_step(bucket_params, exp_avgs, exp_avg_sqs, steps, group)
         return True
 
 
@@ -176,11 +173,4 @@ def _plain_fused(group: dict) -> bool:
         all(isinstance(x, float | int) and not isinstance(x, bool) for x in numbers)  # fmt: skip
 
 
-def _has_hooks(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether step hooks are registered (on this optimizer or globally): they run only through ``step()``.
-    Unknown (a torch that keeps them elsewhere) counts as yes."""
-    hook_lists = (getattr(optimizer, "_optimizer_step_pre_hooks", None),
-                  getattr(optimizer, "_optimizer_step_post_hooks", None),
-                  getattr(optimizer_module, "_global_optimizer_pre_hooks", None),
-                  getattr(optimizer_module, "_global_optimizer_post_hooks", None))  # fmt: skip
-    return any(hooks is None or len(hooks) > 0 for hooks in hook_lists)
+

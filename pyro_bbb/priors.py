@@ -19,8 +19,10 @@ from numbers import Real
 import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
-from pyro.distributions.torch_distribution import TorchDistribution
-from torch.distributions.kl import register_kl
+
+from ._checks import check_finite, check_positive
+from ._internals import tensor_version
+from .distributions import EmpiricalBayesNormalDistribution, ScaleMixtureNormalDistribution
 
 __all__ = [
     "Prior",
@@ -41,18 +43,6 @@ __all__ = [
     "strip_independent",
     "prior_std",
 ]
-
-
-def _check_positive(name: str, value: float) -> float:
-    if not isinstance(value, Real) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"`{name}` must be a finite number > 0, got {value!r}.")
-    return float(value)
-
-
-def _check_finite(name: str, value: float) -> float:
-    if not isinstance(value, Real) or not math.isfinite(value):
-        raise ValueError(f"`{name}` must be a finite number, got {value!r}.")
-    return float(value)
 
 
 def _whole_tensor(d: dist.Distribution, shape: torch.Size) -> dist.Distribution:
@@ -109,8 +99,8 @@ class _LocScalePrior(Prior):
     family: type[dist.Distribution]
 
     def __init__(self, loc: float = 0.0, scale: float = 1.0):
-        self.loc = _check_finite("loc", loc)
-        self.scale = _check_positive("scale", scale)
+        self.loc = check_finite("loc", loc)
+        self.scale = check_positive("scale", scale)
 
     def distribution(self, shape, fan_in, *, device=None, dtype=None):
         element = self.family(_scalar(self.loc, device, dtype), _scalar(self.scale, device, dtype))
@@ -154,7 +144,7 @@ class FanInNormal(Prior):
     """
 
     def __init__(self, gain: float = 1.0):
-        self.gain = _check_positive("gain", gain)
+        self.gain = check_positive("gain", gain)
 
     def std(self, fan_in: int) -> float:
         """The prior standard deviation for a layer with ``fan_in`` inputs."""
@@ -192,8 +182,8 @@ class Moped(Prior):
     uses_init = True
 
     def __init__(self, delta: float = 0.1, min_scale: float = 1e-3):
-        self.delta = _check_positive("delta", delta)
-        self.min_scale = _check_positive("min_scale", min_scale)
+        self.delta = check_positive("delta", delta)
+        self.min_scale = check_positive("min_scale", min_scale)
 
     def scale(self, init: torch.Tensor) -> torch.Tensor:
         """The per-weight prior (and initial posterior) standard deviation, ``max(delta * |w|, min_scale)``."""
@@ -248,12 +238,12 @@ class LearnedNormal(Prior):
     learned = True
 
     def __init__(self, init_scale: float = 1.0, per: str = "tensor", min_scale: float = 1e-3):
-        self.init_scale = _check_positive("init_scale", init_scale)
+        self.init_scale = check_positive("init_scale", init_scale)
         if per not in ("tensor", "unit"):
             raise ValueError(f'`per` must be "tensor" (one scale per weight tensor) or "unit" (one per output unit), '
                              f"got {per!r}.")  # fmt: skip
         self.per = per
-        self.min_scale = _check_positive("min_scale", min_scale)
+        self.min_scale = check_positive("min_scale", min_scale)
         if self.min_scale >= self.init_scale:
             raise ValueError(f"`min_scale` ({min_scale}) must be below `init_scale` ({init_scale}).")
 
@@ -275,134 +265,6 @@ class LearnedNormal(Prior):
             scale = self.initial_scale(shape, device=device, dtype=dtype)
         zero = torch.zeros((), device=scale.device, dtype=scale.dtype)
         return dist.Normal(zero, scale).expand(shape).to_event(len(shape))
-
-
-class EmpiricalBayesNormalDistribution(TorchDistribution):
-    r"""``Normal(0, s)`` over a weight tensor whose variance is set from the posterior (Wu et al. 2019).
-
-    The prior variance ``s^2`` maximises ``ELBO + log InverseGamma(s^2; alpha, beta)`` given the current Normal
-    posterior ``q``: ``s^2 = (S + 2 beta) / (m + 2 alpha + 2)`` with ``S = sum(mu^2 + sigma^2)`` over the ``m``
-    weights that share it and ``beta = (alpha + 1) * mode_scale^2`` (the hyperprior's mode is ``mode_scale^2``).
-    Without a hyperprior (``concentration=None``) it is the plain optimum ``s^2 = S / m``. Only ``KL(q || p)`` is
-    defined (registered for a Normal ``q``): its value is the KL to ``Normal(0, s)`` and its gradient is that of
-    the maximised objective (``s`` held at its optimum, by the envelope theorem). There is no ``log_prob``: an ELBO
-    that scores a weight draw under the prior (Pyro's ``Trace_ELBO`` and ``TraceMeanField_ELBO`` do) cannot see
-    ``q`` and gets a clear error instead of a fixed prior's numbers. Draws (e.g. a prior predictive) use the
-    hyperprior's mode.
-
-    Parameters
-    ----------
-    mode_scale : torch.Tensor
-        The hyperprior's mode of ``s`` (and the scale prior draws use), broadcast to the distribution's shape.
-    concentration : float or None
-        The inverse-gamma hyperprior's shape ``alpha``; ``None`` for no hyperprior.
-    weight_dims : int
-        How many trailing dimensions form one weight tensor (leading ones, e.g. vectorized particles, are batches
-        of separate tensors).
-    per_unit : bool
-        One ``s`` per output unit (first weight dimension) instead of one per tensor.
-
-    Examples
-    --------
-    >>> p = EmpiricalBayesNormalDistribution(torch.tensor(1.0).expand(4), concentration=None, weight_dims=1)
-    >>> q = dist.Normal(torch.tensor([1.0, -1.0, 1.0, -1.0]), 1.0)
-    >>> p.scale_given(q)                   # sqrt(mean(mu^2 + sigma^2))
-    tensor([1.4142])
-    """
-
-    arg_constraints = {"mode_scale": constraints.positive}
-    support = constraints.real
-    has_rsample = False
-
-    def __init__(self, mode_scale, concentration: float | None, weight_dims: int, per_unit: bool = False,
-                 validate_args=None):  # fmt: skip
-        self.mode_scale = torch.as_tensor(mode_scale)
-        if weight_dims > self.mode_scale.dim():
-            raise ValueError(f"weight_dims={weight_dims} exceeds the {self.mode_scale.dim()} dimensions of mode_scale.")
-        self.concentration = concentration
-        self.weight_dims = weight_dims
-        self.per_unit = per_unit
-        super().__init__(self.mode_scale.shape, validate_args=validate_args)
-
-    def expand(self, batch_shape, _instance=None):
-        new = self._get_checked_instance(EmpiricalBayesNormalDistribution, _instance)
-        batch_shape = torch.Size(batch_shape)
-        new.mode_scale = self.mode_scale.expand(batch_shape)
-        new.concentration, new.weight_dims, new.per_unit = self.concentration, self.weight_dims, self.per_unit
-        super(EmpiricalBayesNormalDistribution, new).__init__(batch_shape, validate_args=False)
-        new._validate_args = self._validate_args
-        return new
-
-    def _shared_dims(self) -> tuple[int, ...]:
-        """The (negative) dimensions whose elements share one ``s``."""
-        first = -self.weight_dims + (1 if self.per_unit else 0)
-        return tuple(range(first, 0))
-
-    def scale_given(self, q: torch.distributions.Normal) -> torch.Tensor:
-        """The prior scale ``s`` that goes with the Normal posterior ``q`` (one per tensor or unit, kept as size-1
-        dimensions so that it broadcasts over the weights).
-
-        Examples
-        --------
-        >>> p = EmpiricalBayesNormal(concentration=None, per="unit").distribution((2, 3), fan_in=3).base_dist
-        >>> p.scale_given(dist.Normal(torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]), 1.0))
-        tensor([[1.4142],
-                [2.2361]])
-        """
-        dims = self._shared_dims()
-        loc, scale = torch.broadcast_tensors(q.loc, q.scale)
-        second_moment = scale.square() + loc.square()
-        if not dims:
-            total, count = second_moment, 1
-        else:
-            total = second_moment.sum(dims, keepdim=True)
-            count = math.prod(second_moment.shape[d] for d in dims)
-        if self.concentration is None:
-            return (total / count).sqrt()
-        alpha = self.concentration
-        mode = self.mode_scale.amax(dims, keepdim=True) if dims else self.mode_scale
-        beta = (alpha + 1.0) * mode.square()
-        return ((total + 2.0 * beta) / (count + 2.0 * alpha + 2.0)).sqrt()
-
-    def given_posterior(self, q: torch.distributions.Normal) -> dist.Normal:
-        """The Normal prior in force for the posterior ``q``: ``Normal(0, scale_given(q))`` elementwise.
-
-        Examples
-        --------
-        >>> p = EmpiricalBayesNormal(concentration=None).distribution((2,), fan_in=1).base_dist
-        >>> p.given_posterior(dist.Normal(torch.tensor([3.0, 4.0]), 1.0)).scale
-        tensor([3.6742, 3.6742])
-        """
-        scale = self.scale_given(q).expand(torch.broadcast_shapes(q.batch_shape, self.batch_shape))
-        return dist.Normal(torch.zeros((), dtype=scale.dtype, device=scale.device), scale)
-
-    def log_prob(self, value):
-        raise ValueError(
-            "EmpiricalBayesNormal sets its scale from the posterior q, so it has no log-density on its own: only "
-            "KL(q || prior) is defined, for a guide that samples the site from a Normal. Use pyro_bbb.ELBO (Pyro's "
-            "Trace_ELBO and TraceMeanField_ELBO score the draw under the prior) with pyro_bbb.MeanFieldGuide or a "
-            "hand-written Normal guide (Pyro's AutoNormal samples each site through a Delta), or a prior with a "
-            "density such as priors.LearnedNormal."
-        )
-
-    def sample(self, sample_shape=()):
-        shape = self._extended_shape(torch.Size(sample_shape))
-        with torch.no_grad():
-            return torch.randn(shape, dtype=self.mode_scale.dtype, device=self.mode_scale.device) * self.mode_scale
-
-    @property
-    def mean(self):
-        return torch.zeros_like(self.mode_scale)
-
-    @property
-    def variance(self):
-        return self.mode_scale.square()
-
-
-@register_kl(torch.distributions.Normal, EmpiricalBayesNormalDistribution)
-def _kl_normal_empirical_bayes(q, p):
-    scale = p.scale_given(q).detach()  # at its optimum: the maximised objective's gradient (envelope theorem)
-    return scale.log() - q.scale.log() + (q.scale.square() + q.loc.square()) / (2.0 * scale.square()) - 0.5
 
 
 class EmpiricalBayesNormal(Prior):
@@ -448,9 +310,9 @@ class EmpiricalBayesNormal(Prior):
     """
 
     def __init__(self, gain: float = 1.0, concentration: float | None = 4.4798, per: str = "tensor"):
-        self.gain = _check_positive("gain", gain)
+        self.gain = check_positive("gain", gain)
         if concentration is not None:
-            concentration = _check_positive("concentration", concentration)
+            concentration = check_positive("concentration", concentration)
         self.concentration = concentration
         if per not in ("tensor", "unit"):
             raise ValueError(f'`per` must be "tensor" (one scale per weight tensor) or "unit" (one per output unit), '
@@ -482,66 +344,6 @@ def prior_in_force(p: torch.distributions.Distribution, q: torch.distributions.D
     return base.given_posterior(strip_independent(q)).to_event(len(p.event_shape))
 
 
-class ScaleMixtureNormalDistribution(TorchDistribution):
-    r"""Elementwise ``pi * N(0, sigma1^2) + (1 - pi) * N(0, sigma2^2)`` (Blundell et al. 2015, eq. 7).
-
-    Its KL divergence to a Normal posterior has no closed form, so :class:`pyro_bbb.ELBO` estimates it by
-    Monte Carlo from the guide's draw.
-
-    Examples
-    --------
-    >>> d = ScaleMixtureNormalDistribution(torch.tensor(0.5), torch.tensor(1.0), torch.tensor(0.01))
-    >>> d.log_prob(torch.zeros(3)).shape
-    torch.Size([3])
-    """
-
-    arg_constraints = {
-        "pi": constraints.unit_interval,
-        "sigma1": constraints.positive,
-        "sigma2": constraints.positive,
-    }
-    support = constraints.real
-    has_rsample = False
-
-    def __init__(self, pi, sigma1, sigma2, validate_args=None):
-        self.pi, self.sigma1, self.sigma2 = torch.broadcast_tensors(
-            torch.as_tensor(pi), torch.as_tensor(sigma1), torch.as_tensor(sigma2)
-        )
-        super().__init__(self.pi.shape, validate_args=validate_args)
-
-    def expand(self, batch_shape, _instance=None):
-        new = self._get_checked_instance(ScaleMixtureNormalDistribution, _instance)
-        batch_shape = torch.Size(batch_shape)
-        new.pi = self.pi.expand(batch_shape)
-        new.sigma1 = self.sigma1.expand(batch_shape)
-        new.sigma2 = self.sigma2.expand(batch_shape)
-        super(ScaleMixtureNormalDistribution, new).__init__(batch_shape, validate_args=False)
-        new._validate_args = self._validate_args
-        return new
-
-    def log_prob(self, value):
-        if self._validate_args:
-            self._validate_sample(value)
-        wide = torch.distributions.Normal(0.0, self.sigma1).log_prob(value) + torch.log(self.pi)
-        narrow = torch.distributions.Normal(0.0, self.sigma2).log_prob(value) + torch.log1p(-self.pi)
-        return torch.logaddexp(wide, narrow)
-
-    def sample(self, sample_shape=()):
-        shape = self._extended_shape(sample_shape)
-        with torch.no_grad():
-            pick_wide = torch.rand(shape, device=self.pi.device) < self.pi.expand(shape)
-            sigma = torch.where(pick_wide, self.sigma1.expand(shape), self.sigma2.expand(shape))
-            return torch.randn(shape, device=sigma.device, dtype=sigma.dtype) * sigma
-
-    @property
-    def mean(self):
-        return torch.zeros_like(self.pi)
-
-    @property
-    def variance(self):
-        return self.pi * self.sigma1**2 + (1 - self.pi) * self.sigma2**2
-
-
 class ScaleMixtureNormal(Prior):
     """The scale-mixture prior of "Weight Uncertainty in Neural Networks" (Blundell et al. 2015).
 
@@ -559,8 +361,8 @@ class ScaleMixtureNormal(Prior):
         if not isinstance(pi, Real) or not 0.0 < pi < 1.0:
             raise ValueError(f"`pi` must lie strictly between 0 and 1, got {pi!r}.")
         self.pi = float(pi)
-        self.sigma1 = _check_positive("sigma1", sigma1)
-        self.sigma2 = _check_positive("sigma2", sigma2)
+        self.sigma1 = check_positive("sigma1", sigma1)
+        self.sigma2 = check_positive("sigma2", sigma2)
 
     def distribution(self, shape, fan_in, *, device=None, dtype=None):
         mixture = ScaleMixtureNormalDistribution(
@@ -631,7 +433,7 @@ def prior_state(prior: Prior) -> tuple:
 
 def _value_state(value):
     if isinstance(value, torch.Tensor):
-        return ("tensor", id(value), value._version)
+        return ("tensor", id(value), tensor_version(value))
     if isinstance(value, torch.distributions.Distribution):
         return ("distribution", id(value), tuple(_value_state(v) for v in vars(value).values()
                                                  if isinstance(v, torch.Tensor)))  # fmt: skip

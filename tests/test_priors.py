@@ -11,7 +11,7 @@ from scipy import integrate, stats
 
 import pyro_bbb
 from pyro_bbb import priors
-from pyro_bbb.guide import site_loc_scale
+from pyro_bbb.infer.guide import site_loc_scale
 from pyro_bbb.nn import BayesianConv2d, BayesianLinear
 
 
@@ -321,7 +321,7 @@ def test_empirical_bayes_trains_with_fit_and_reports_the_scale_it_uses():
     elbo.differentiable_loss(model, guide, x, y)
     expected = (s.log() - sigma.double().log() + (sigma.double() ** 2 + mu.double() ** 2) / (2 * s**2) - 0.5).sum()
     assert float(elbo.last_terms["kl_by_site"]["net.0.weight"]) == pytest.approx(float(expected), rel=1e-5)
-    layer = pyro_bbb.diagnostics.layer_summary(model, guide)["net.0"]
+    layer = pyro_bbb.evaluate.diagnostics.layer_summary(model, guide)["net.0"]
     mu_b, sigma_b = (t.detach() for t in site_loc_scale(guide, "net.0.bias"))
     s_b = _eb_scale_by_hand(mu_b, sigma_b, (0,), 4.4798, 1 / math.sqrt(3))
     mean_prior_std = (float(s) * mu.numel() + float(s_b) * mu_b.numel()) / (mu.numel() + mu_b.numel())
@@ -393,10 +393,10 @@ def test_empirical_bayes_through_bayesianize_and_deterministic_vi():
     history = pyro_bbb.fit(model, guide, (x, y), epochs=20, batch_size=32, lr=1e-2, estimator="moments",
                            progress=False, seed=0)  # fmt: skip
     assert all(math.isfinite(v) for v in history["loss"])
-    summary = pyro_bbb.diagnostics.layer_summary(model, guide)
+    summary = pyro_bbb.evaluate.diagnostics.layer_summary(model, guide)
     mu, sigma = (t.detach() for t in site_loc_scale(guide, "net.0.weight"))
     per_unit = _eb_scale_by_hand(mu, sigma, (1, 2, 3), 4.4798, 1 / 3)  # fan-in 9
     assert per_unit.reshape(-1).unique().numel() == 3  # one scale per output channel
-    fig = pyro_bbb.plots.plot_std_ratio(model, guide)
+    fig = pyro_bbb.evaluate.plots.plot_std_ratio(model, guide)
     lines = [line.get_xdata()[0] for line in fig.axes[0].lines]
     assert any(math.isclose(10 ** v, summary["net.0"]["prior_std"], rel_tol=1e-4) for v in lines)

@@ -22,7 +22,8 @@ import torch  # noqa: E402
 
 import pyro_bbb  # noqa: E402
 from pyro_bbb import diagnostics, likelihoods, metrics, plots, priors  # noqa: E402
-from pyro_bbb.datasets import digits  # noqa: E402
+from pyro_bbb.data.datasets import digits  # noqa: E402
+from pyro_bbb.evaluate.pruning import prune_by_snr  # noqa: E402
 from pyro_bbb.nn import BayesianLinear  # noqa: E402
 
 
@@ -56,7 +57,7 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     fractions = [0.0, 0.5, 0.75, 0.9, 0.95, 0.98]
     pruned_accuracy = []
     for fraction in fractions:
-        pruned, _ = diagnostics.prune_by_snr(guide, fraction)
+        pruned, _ = prune_by_snr(guide, fraction)
         pruned_accuracy.append(metrics.accuracy(pyro_bbb.predict(bnn, pruned, x_test, num_samples=50), y_test))
     table = ", ".join(f"{f:.0%}: {a:.1%}" for f, a in zip(fractions, pruned_accuracy))
     print(f"[digits] accuracy after pruning: {table}")

@@ -37,7 +37,7 @@ import torch  # noqa: E402
 
 import pyro_bbb  # noqa: E402
 from pyro_bbb import likelihoods, metrics, plots, priors, schedules  # noqa: E402
-from pyro_bbb.datasets import digits  # noqa: E402
+from pyro_bbb.data.datasets import digits  # noqa: E402
 from pyro_bbb.nn import BayesianLinear  # noqa: E402
 
 BATCH = 32

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 import pyro_bbb  # noqa: E402
 from pyro_bbb import likelihoods, metrics, plots  # noqa: E402
-from pyro_bbb.datasets import toy_regression  # noqa: E402
+from pyro_bbb.data.datasets import toy_regression  # noqa: E402
 from pyro_bbb.nn import BayesianLinear  # noqa: E402
 
 

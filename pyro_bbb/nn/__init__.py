@@ -1,4 +1,6 @@
-"""Bayesian layers: ``PyroModule`` twins of ``torch.nn`` layers whose weights are sample sites.
+"""Bayesian layers: ``PyroModule`` twins of ``torch.nn`` layers whose weights are sample sites; what travels
+through them under moment propagation (:mod:`~pyro_bbb.nn.moments`); ``bayesianize`` (:mod:`~pyro_bbb.nn.convert`),
+which turns a ``torch.nn`` model into one.
 
 Examples
 --------
@@ -23,6 +25,7 @@ from .conv import (
     BayesianConvTranspose2d,
     BayesianConvTranspose3d,
 )
+from .convert import bayesianize
 from .functional import batched_conv, batched_linear
 from .linear import BayesianLinear
 from .module import BayesianModule
@@ -44,4 +47,5 @@ __all__ = [
     "DEFAULT_RECURRENT_PRIOR",
     "batched_linear",
     "batched_conv",
+    "bayesianize",
 ]

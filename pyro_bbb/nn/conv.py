@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._internals import ConvNd, ConvTransposeNd
 from ..priors import Prior
 from .functional import batched_conv
 from .module import BayesianModule
@@ -27,7 +28,7 @@ class _ConvLayer(BayesianModule):
     """What the (transposed) convolutions share: the input check, torch's repr, and ``reset_parameters`` through
     the torch twin (built from :meth:`_twin_arguments`)."""
 
-    _twin_class: type[nn.modules.conv._ConvNd]
+    _twin_class: type[ConvNd]
     _spatial_dims: int
 
     def _twin_arguments(self) -> tuple:
@@ -68,7 +69,7 @@ class _ConvLayer(BayesianModule):
 class _BayesianConvNd(_ConvLayer):
     """Shared implementation of the N-d Bayesian convolutions (see :class:`BayesianConv2d`)."""
 
-    _twin_class: type[nn.modules.conv._ConvNd]
+    _twin_class: type[ConvNd]
     _spatial_dims: int
 
     def __init__(
@@ -168,7 +169,7 @@ class BayesianConv3d(_BayesianConvNd):
 class _BayesianConvTransposeNd(_ConvLayer):
     """Shared implementation of the N-d Bayesian transposed convolutions (see :class:`BayesianConvTranspose2d`)."""
 
-    _twin_class: type[nn.modules.conv._ConvTransposeNd]
+    _twin_class: type[ConvTransposeNd]
     _spatial_dims: int
 
     def __init__(

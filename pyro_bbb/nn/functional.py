@@ -172,7 +172,7 @@ def _affine(
 #: The operation every Bayesian layer runs: ``apply(input, weight, bias)`` where ``apply`` is linear in the weight
 #: (:func:`batched_linear`, or :func:`batched_conv` with the layer's settings). It is a Pyro effectful operation of
 #: type ``"bayesian_affine"``: outside any handler it is exactly ``apply(input, weight, bias)``; the estimators in
-#: :mod:`pyro_bbb.handlers` intercept it (``feature_dims`` is how many trailing dimensions describe one example:
+#: :mod:`pyro_bbb.infer.estimators` intercept it (``feature_dims`` is how many trailing dimensions describe one example:
 #: 1 for linear, 1 + spatial dims for convolutions; ``weight_site`` / ``bias_site`` name the sample sites).
 bayesian_affine = effectful(_affine, type="bayesian_affine")
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -13,50 +11,15 @@ import torch
 from pyro.nn import PyroModule, PyroParam, PyroSample
 from pyro.poutine.runtime import get_plates
 
+from .._internals import module_buffer, pyro_name, site_name, tensor_version
+from ..plates import current_data_plate
 from ..priors import Prior, as_prior, prior_state
-from ..pyro_adapter import site_name
 from .draws import draws_leading, fold_affine_output, folded_draws, unfold_affine_input
 from .functional import bayesian_affine
 
 __all__ = [
-    "BayesianModule", "DATA_PLATE", "data_plate_named", "current_data_plate", "is_layer_prior", "site_owners",
-    "current_priors",
+    "BayesianModule", "is_layer_prior", "site_owners", "current_priors",
 ]
-
-
-#: The name of the plate over data points unless a model says otherwise (``BNN(data_plate=...)``,
-#: ``ELBO(data_plate=...)``).
-DATA_PLATE = "data"
-
-_CURRENT_DATA_PLATE: ContextVar[str] = ContextVar("pyro_bbb_data_plate", default=DATA_PLATE)
-
-
-@contextmanager
-def data_plate_named(name: str) -> Iterator[None]:
-    """Within the block, the plate called ``name`` is the data plate (the one weights must not be drawn in).
-
-    Examples
-    --------
-    >>> with data_plate_named("batch"):
-    ...     current_data_plate()
-    'batch'
-    """
-    token = _CURRENT_DATA_PLATE.set(name)
-    try:
-        yield
-    finally:
-        _CURRENT_DATA_PLATE.reset(token)
-
-
-def current_data_plate() -> str:
-    """The data plate's name here (see :func:`data_plate_named`); ``"data"`` by default.
-
-    Examples
-    --------
-    >>> current_data_plate()
-    'data'
-    """
-    return _CURRENT_DATA_PLATE.get()
 
 
 class _SitePrior:
@@ -70,7 +33,7 @@ class _SitePrior:
         for frame in get_plates():
             if frame.name == data_plate:
                 raise ValueError(
-                    f"{type(module).__name__} {module.__dict__.get('_pyro_name') or '(root)'!s} was called inside "
+                    f"{type(module).__name__} {pyro_name(module) or '(root)'!s} was called inside "
                     f"pyro.plate({data_plate!r}), which would draw separate weights for every datum. Weights are "
                     f"global: run the network before entering the data plate, e.g. `mean = net(x)` and then "
                     f"`with pyro.plate({data_plate!r}, len(x)): pyro.sample('y', ..., obs=y)`."
@@ -107,7 +70,7 @@ def site_owners(model) -> dict[str, str]:
     if isinstance(model, torch.nn.Module):
         for module in model.modules():
             if isinstance(module, BayesianModule):
-                layer = module.__dict__.get("_pyro_name") or "(root)"
+                layer = pyro_name(module) or "(root)"
                 owners.update({site: layer for site in module.initial_values(full_names=True)})
     return owners
 
@@ -126,7 +89,7 @@ def current_priors(model) -> dict[str, torch.distributions.Distribution]:
     if isinstance(model, torch.nn.Module):
         for module in model.modules():
             if isinstance(module, BayesianModule):
-                prefix = module.__dict__.get("_pyro_name", "")
+                prefix = pyro_name(module)
                 for name in module.bayesian_parameters():
                     found[site_name(prefix, name)] = module.prior_distribution(name)
     return found
@@ -196,7 +159,7 @@ class BayesianModule(PyroModule):
         torch.Size([2, 3])
         """
         fan_in, prior = self._bayesian[name]
-        init = self._buffers[f"{name}_init"]
+        init = module_buffer(self, f"{name}_init")
         if getattr(prior, "learned", False):  # its scale changes every step (and carries gradients): not cached
             scale = getattr(self, f"{name}_prior_scale")
             distribution = prior.distribution(init.shape, fan_in, device=init.device, dtype=init.dtype, scale=scale)
@@ -204,7 +167,7 @@ class BayesianModule(PyroModule):
             return distribution
         # built once per (prior and its current state, shape, device, dtype, initial value): it is read at every
         # step; a prior whose fields change (or whose tensors change in place) is rebuilt
-        key = (id(prior), prior_state(prior), init.shape, init.device, init.dtype, init._version)
+        key = (id(prior), prior_state(prior), init.shape, init.device, init.dtype, tensor_version(init))
         cache = self.__dict__.setdefault("_prior_cache", {})
         cached = cache.get(name)
         if cached is None or cached[0] != key:
@@ -224,9 +187,9 @@ class BayesianModule(PyroModule):
         >>> torch.allclose(layer.initial_scales()["weight"], (0.1 * layer.weight_init.abs()).clamp_min(1e-3))
         True
         """
-        prefix = self.__dict__.get("_pyro_name", "") if full_names else ""
+        prefix = pyro_name(self) if full_names else ""
         return {
-            site_name(prefix, name): prior.scale(self._buffers[f"{name}_init"])
+            site_name(prefix, name): prior.scale(module_buffer(self, f"{name}_init"))
             for name, (_, prior) in self._bayesian.items()
             if hasattr(prior, "scale") and getattr(prior, "uses_init", False)
         }
@@ -243,7 +206,7 @@ class BayesianModule(PyroModule):
         >>> sorted(readers), readers["weight"]().event_shape
         (['bias', 'weight'], torch.Size([2, 3]))
         """
-        prefix = self.__dict__.get("_pyro_name", "")
+        prefix = pyro_name(self)
         return {site_name(prefix, name): partial(self.prior_distribution, name) for name in self._bayesian}
 
     def initial_values(self, full_names: bool = False) -> dict[str, torch.Tensor]:
@@ -254,16 +217,16 @@ class BayesianModule(PyroModule):
         >>> BayesianLinear(3, 2).initial_values()["weight"].shape
         torch.Size([2, 3])
         """
-        prefix = self.__dict__.get("_pyro_name", "") if full_names else ""
+        prefix = pyro_name(self) if full_names else ""
         return {site_name(prefix, name): getattr(self, f"{name}_init") for name in self._bayesian}
 
     def _affine(self, input: torch.Tensor, apply, feature_dims: int) -> torch.Tensor:
         """``apply(input, weight, bias)`` as the effectful :func:`~pyro_bbb.nn.functional.bayesian_affine`, so that
-        the estimators in :mod:`pyro_bbb.handlers` can replace the shared weight draw. Inside
+        the estimators in :mod:`pyro_bbb.infer.estimators` can replace the shared weight draw. Inside
         :func:`~pyro_bbb.nn.draws.fold_draws` the input's rows are blocks of one draw each (see
         :mod:`pyro_bbb.nn.draws`)."""
         has_bias = "bias" in self._bayesian
-        prefix = self.__dict__.get("_pyro_name", "")
+        prefix = pyro_name(self)
         weight, bias = self.weight, self.bias if has_bias else None
         if input.dtype != weight.dtype and not torch.is_autocast_enabled(input.device.type):
             raise TypeError(

@@ -16,16 +16,14 @@ Examples
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
+from .._internals import pyro_name, site_name
 from ..priors import Normal, Prior
-from ..pyro_adapter import site_name
+from ._rnn_kernels import RecurrentKernel, map_state
 from .draws import draws_leading, fold_rows, folded_draws, unfold_rows
 from .functional import AffineMap, FlipoutMap, batched_linear, bayesian_affine_map, sample_dims
 from .module import BayesianModule
@@ -53,23 +51,6 @@ def _gru_step(input_part: torch.Tensor, hidden_part: torch.Tensor, h: torch.Tens
     r, z = torch.sigmoid(ir + hr), torch.sigmoid(iz + hz)
     n = torch.tanh(in_ + r * hn)
     return (1 - z) * n + z * h
-
-
-#: The hidden width (draws x hidden size) of one kernel call of a vectorized ``predict`` of an LSTM: draws are grouped
-#: on a block diagonal up to this width (``LSTM(8)``: 8 draws a call), beyond which the zeros' work outgrows the calls
-#: saved.
-GROUPED_WIDTH = 64
-
-
-def _block_diagonal(weight: torch.Tensor, size: int, blocks: int) -> torch.Tensor:
-    """G draws of an LSTM weight ``(4 * size, blocks * K)`` as one ``(4 * G * size, blocks * G * K)`` weight: rows
-    gate-major (gate, draw, unit), columns (block, draw, k), zero between draws."""
-    count, _, columns = weight.shape
-    inner = columns // blocks
-    source = weight.reshape(count, 4, size, blocks, inner)
-    out = weight.new_zeros(4, count, size, blocks, count, inner)
-    out.diagonal(dim1=1, dim2=4).copy_(source.permute(1, 2, 3, 4, 0))
-    return out.reshape(4 * count * size, blocks * count * inner)
 
 
 def _hold(new, old, alive: torch.Tensor):
@@ -127,7 +108,7 @@ class _Recurrent(BayesianModule):
         """``x -> W_ih x + b_ih`` and ``h -> W_hh h + b_hh`` (and an LSTM's projection ``h -> W_hr h``) for one
         layer/direction, drawn once. With ``sequence`` the input map takes a whole sequence ``(..., B, T,
         features)`` at once (one matrix product for all steps)."""
-        prefix = self.__dict__.get("_pyro_name", "")
+        prefix = pyro_name(self)
         maps = []
         for kind, time_dims in (("ih", int(sequence)), ("hh", 0), ("hr", 0))[: 3 if projection else 2]:
             weight_name, bias_name = f"weight_{kind}{suffix}", f"bias_{kind}{suffix}"
@@ -166,7 +147,7 @@ class _Recurrent(BayesianModule):
 
     def _map_state(self, state, fn):
         """``fn`` on a recurrent state: each of an LSTM's ``(h, c)``, a GRU's ``h``."""
-        return tuple(fn(h) for h in state) if self._mode == "LSTM" else fn(state)
+        return map_state(self._mode, state, fn)
 
     def _unfolds(self) -> int | None:
         """The number of draws folded into the batch when this layer's weights carry them, else ``None``."""
@@ -298,9 +279,10 @@ class _RecurrentLayer(_Recurrent):
         settings = dict(num_layers=num_layers, bias=bias, batch_first=batch_first, dropout=dropout,
                         bidirectional=bidirectional, **({"proj_size": proj_size} if proj_size else {}))  # fmt: skip
         twin = getattr(nn, self._mode)(input_size, hidden_size, device=device, dtype=dtype, **settings)
-        # torch's fused kernel, run with the sampled weights (torch.func.functional_call) when one draw serves all
-        # examples; its own parameters live on the meta device and are never used
-        self.__dict__["_kernel"] = getattr(nn, self._mode)(input_size, hidden_size, device="meta", **settings)
+        # torch's fused kernel, run with the drawn weights where it applies
+        self.__dict__["_kernel"] = RecurrentKernel(self._mode, input_size, hidden_size, num_layers, has_biases=bias,
+                                                   batch_first=batch_first, dropout=dropout,
+                                                   bidirectional=bidirectional, proj_size=proj_size)
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.batch_first, self.dropout, self.bidirectional = batch_first, float(dropout), bidirectional
         self.proj_size = proj_size
@@ -353,9 +335,10 @@ class _RecurrentLayer(_Recurrent):
         sequence = unfold_rows(input, num_draws, batch_dim).movedim(batch_dim, 0)
         maps = self._all_maps(sequence.shape[:-2] if self.batch_first else sequence.movedim(-3, -2).shape[:-2])
         if lengths is None:
-            per_draw = self._fused_grouped(maps, input, hx, num_draws, batch_dim)
+            kernel = self.__dict__["_kernel"]
+            per_draw = kernel.grouped(maps, input, hx, num_draws, batch_dim, self.training)
             if per_draw is None:
-                per_draw = self._fused_per_draw(maps, input, hx, num_draws, batch_dim)
+                per_draw = kernel.per_draw(maps, input, hx, num_draws, batch_dim, self.training)
             if per_draw is not None:
                 return per_draw
         state = None if hx is None else self._map_state(hx, lambda h: unfold_rows(h, num_draws, h.dim() - 2)
@@ -370,140 +353,12 @@ class _RecurrentLayer(_Recurrent):
         return {suffix: self._map(suffix, example_shape, sequence=True, projection=bool(self.proj_size))
                 for layer in range(self.num_layers) for suffix in self._suffixes(layer)}  # fmt: skip
 
-    def _fusable(self, maps: dict[str, list], input, hx, weight_dims: int) -> bool:
-        """Whether torch's kernel can run these maps: all plain (no estimator intercepts them), weights with
-        ``weight_dims`` dimensions, a ``(T, B, F)`` input (or a packed one) and an initial state without draws."""
-        if not all(isinstance(m, AffineMap) and m.weight.dim() == weight_dims for ms in maps.values() for m in ms):
-            return False
-        if isinstance(input, torch.Tensor) and input.dim() != 3:
-            return False
-        return hx is None or all(h.dim() == 3 for h in (hx if isinstance(hx, tuple) else (hx,)))
-
-    def _fusable_draws(self, maps: dict[str, list], input, hx, num_draws: int) -> bool:
-        """:meth:`_fusable` for ``num_draws`` folded draws: plain maps whose weights are ``(S, 1, out, in)``."""
-        if not self._fusable(maps, input, hx, weight_dims=4):
-            return False
-        return all(m.weight.shape[0] == num_draws for ms in maps.values() for m in ms)
-
-    def _kernel_call(self, maps: dict[str, list], input, hx, pick=lambda t: t):
-        """torch's fused kernel on ``input`` with the weights of ``maps`` (each passed through ``pick``)."""
-        weights = {}
-        for suffix, layer_maps in maps.items():
-            for kind, m in zip(("ih", "hh", "hr"), layer_maps):
-                weights[f"weight_{kind}{suffix}"] = pick(m.weight)
-                if m.bias is not None:
-                    weights[f"bias_{kind}{suffix}"] = pick(m.bias)
-        if hx is None and isinstance(input, torch.Tensor):  # the common case: straight to torch's op
-            return self._kernel_op([weights[name] for name in self._flat_weight_names()], input)
-        kernel = self.__dict__["_kernel"].train(self.training)
-        with warnings.catch_warnings():  # projections run without oneDNN (torch says so once per process)
-            warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
-            return functional_call(kernel, weights, (input,) if hx is None else (input, hx))
-
-    def _flat_weight_names(self) -> list[str]:
-        """torch's flat-weight order: the order of the kernel module's parameters (found once)."""
-        names = self.__dict__.get("_flat_names")
-        if names is None:
-            names = self.__dict__["_flat_names"] = [name for name, _ in self.__dict__["_kernel"].named_parameters()]
-        return names
-
-    def _kernel_op(self, flat_weights: list[torch.Tensor], input: torch.Tensor, hx=None):
-        """``torch.lstm`` / ``torch.gru`` on a ``(T, B, F)`` (``(B, T, F)``) tensor from ``hx`` or a zero state sized
-        by the hidden-to-hidden weight: the op that ``torch.nn.LSTM.forward`` calls after its argument checks (which
-        this layer has made), without the module call's overhead (a third of the time of a small layer's kernel
-        call)."""
-        if hx is None:
-            batch = input.shape[0 if self.batch_first else 1]
-            states = self.num_layers * self.num_directions
-            weight_hh = flat_weights[1]  # torch's order: weight_ih, weight_hh, biases (, weight_hr)
-            h0 = input.new_zeros(states, batch, weight_hh.shape[1])
-            gates = 4 if self._mode == "LSTM" else 3
-            hx = (h0, input.new_zeros(states, batch, weight_hh.shape[0] // gates)) if self._mode == "LSTM" else h0
-        op = torch.lstm if self._mode == "LSTM" else torch.gru
-        settings = (self.num_layers, self.dropout, self.training, self.bidirectional, self.batch_first)
-        if not self.proj_size:
-            output, *state = op(input, hx, flat_weights, "bias_ih_l0" in self._bayesian, *settings)
-            return output, (tuple(state) if self._mode == "LSTM" else state[0])
-        with warnings.catch_warnings():  # projections run without oneDNN (torch says so once per process)
-            warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
-            output, *state = op(input, hx, flat_weights, "bias_ih_l0" in self._bayesian, *settings)
-        return output, (tuple(state) if self._mode == "LSTM" else state[0])
-
-    def _fused(self, maps: dict[str, list], input, hx):
-        """torch's fused kernel with the drawn weights when a single plain draw serves every example; else ``None``."""
-        return self._kernel_call(maps, input, hx) if self._fusable(maps, input, hx, weight_dims=2) else None
-
-    def _fused_per_draw(self, maps: dict[str, list], input: torch.Tensor, hx, num_draws: int, batch_dim: int):
-        """S folded draws of plain maps (weights ``(S, 1, out, in)``): torch's kernel once per draw on its block of
-        rows -- the same computation as that draw run alone -- the outputs and states joined in the folded layout;
-        else ``None``."""
-        if not self._fusable_draws(maps, input, hx, num_draws):
-            return None
-        rows = input.shape[batch_dim] // num_draws
-        outputs, states = [], []
-        for s in range(num_draws):
-            block = input.narrow(batch_dim, s * rows, rows)
-            state = None if hx is None else self._map_state(hx, lambda h, s=s: h.narrow(1, s * rows, rows))
-            output, state = self._kernel_call(maps, block, state, pick=lambda t, s=s: t[s, 0])
-            outputs.append(output)
-            states.append(state)
-        output = torch.cat(outputs, batch_dim)
-        if self._mode == "LSTM":
-            return output, tuple(torch.cat([state[i] for state in states], 1) for i in range(2))
-        return output, torch.cat(states, 1)
-
-    def _fused_grouped(self, maps: dict[str, list], input: torch.Tensor, hx, num_draws: int, batch_dim: int):
-        """S folded draws of plain maps without gradients (a vectorized ``predict``): torch's kernel once per group
-        of G draws, each group one wider layer whose weights are the G draws on a block diagonal (gate-major rows,
-        so every gate's slice holds the G draws side by side) -- the same arithmetic per draw, the zeros adding
-        nothing, at a fraction of the kernel calls; an input shared by every draw (the data itself) is fed once.
-        ``None`` when it does not apply (gradients, projections, a group of one, a GRU: torch's GRU kernel at the
-        wider size differs from the lone draw's in the 5th digit -- 1e-5 after 16 steps -- which would trip
-        predict's check of draw 0, while the LSTM's equals it bit for bit)."""
-        group = min(num_draws, GROUPED_WIDTH // self.hidden_size)
-        if self._mode != "LSTM" or torch.is_grad_enabled() or self.proj_size or group < 2:
-            return None
-        if not self._fusable_draws(maps, input, hx, num_draws):
-            return None
-        sequence = unfold_rows(input, num_draws, batch_dim).movedim(batch_dim, 0)  # (S, rows, T, F) or (S, T, ...)
-        shared = bool((sequence == sequence[:1]).all())
-        size, directions = self.hidden_size, self.num_directions
-        outputs, states = [], []
-        for start in range(0, num_draws, group):
-            draws = slice(start, min(start + group, num_draws))
-            count = draws.stop - draws.start
-            block_input = sequence[0] if shared else sequence[draws].movedim(0, -2).flatten(-2)
-            state = None if hx is None else tuple(unfold_rows(h, num_draws, 1)[:, draws].movedim(1, -2).flatten(-2)
-                                                  for h in hx)  # fmt: skip
-            output, state = self._kernel_op(self._grouped_weights(maps, draws, shared), block_input, state)
-            outputs.append(output.unflatten(-1, (directions, count, size)).movedim(-2, 0).flatten(-2))
-            states.append([h.unflatten(-1, (count, size)).movedim(-2, 1) for h in state])  # (L * D, G, rows, H)
-        output = fold_rows(torch.cat(outputs).movedim(0, batch_dim), batch_dim)
-        return output, tuple(fold_rows(torch.cat([state[i] for state in states], 1), 1) for i in range(2))
-
-    def _grouped_weights(self, maps: dict[str, list], draws: slice, shared: bool) -> list[torch.Tensor]:
-        """The flat weights (torch's order) of one wider LSTM holding ``draws`` on a block diagonal; with ``shared``
-        the first layer's input weights are stacked for one input common to the draws."""
-        size, weights = self.hidden_size, {}
-        for suffix, layer_maps in maps.items():
-            first_layer = suffix.startswith("_l0")
-            for kind, m in zip(("ih", "hh"), layer_maps):
-                weight = m.weight[draws, 0]  # (G, 4 * H, K)
-                if kind == "ih" and first_layer and shared:  # the G draws stacked on one input
-                    weight = weight.unflatten(1, (4, size)).transpose(0, 1).reshape(-1, weight.shape[-1])
-                else:  # columns: an input's (directions, G, K) layout, as a wider layer's output has it
-                    weight = _block_diagonal(weight, size, 1 if kind == "hh" or first_layer else self.num_directions)
-                weights[f"weight_{kind}{suffix}"] = weight
-                if m.bias is not None:
-                    weights[f"bias_{kind}{suffix}"] = m.bias[draws, 0].unflatten(1, (4, size)).transpose(0, 1).flatten()
-        return [weights[name] for name in self._flat_weight_names()]
-
     def _run(self, input: torch.Tensor, hx, lengths: torch.Tensor | None = None,
              packed: PackedSequence | None = None, maps: dict[str, list] | None = None):  # fmt: skip
         sequence_in = input if self.batch_first else input.movedim(-3, -2)  # (..., B, T, features)
         example_shape = sequence_in.shape[:-2]
         maps = self._all_maps(example_shape) if maps is None else maps
-        fused = self._fused(maps, packed if packed is not None else input, hx)
+        fused = self.__dict__["_kernel"].single(maps, packed if packed is not None else input, hx, self.training)
         if fused is not None:
             return fused
         lead = torch.broadcast_shapes(example_shape, self._sample_shape("_l0"))

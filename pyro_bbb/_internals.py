@@ -1,0 +1,509 @@
+"""Every private Pyro and torch name pyro_bbb uses, each behind one function or class of this module: a release
+that moves one breaks this module (and ``tests/test_internals.py`` names which), nothing else.
+
+Checked on the versions in :data:`CHECKED_ON`.
+
+Examples
+--------
+>>> site_name("net.0", "weight")
+'net.0.weight'
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
+
+import pyro
+import torch
+import torch.optim.optimizer as optimizer_module
+from pyro.infer import TraceMeanField_ELBO
+from pyro.infer.autoguide import AutoNormal
+from pyro.infer.trace_mean_field_elbo import _check_mean_field_requirement
+from pyro.nn.module import _is_module_local_param_enabled, _make_name
+from pyro.poutine.runtime import _PYRO_STACK
+from pyro.poutine.trace_messenger import TraceMessenger
+from torch.distributions import transform_to
+from torch.nn.modules.conv import _ConvNd, _ConvTransposeNd
+
+__all__ = [
+    "CHECKED_ON", "site_name", "pyro_name", "module_local_params_enabled", "check_mean_field_requirement",
+    "autonormal_loc_and_scale", "set_up_autoguide", "autonormal_event_dim", "param_captures", "ParamReader",
+    "preset_samples", "sample_priors", "is_deterministic_site", "AutoNormalHooks", "TraceMeanFieldHooks",
+    "is_tracing", "tensor_version", "module_buffer", "foreach_norm", "foreach_copy_", "all_finite",
+    "fused_adam_step", "optimizer_has_step_hooks", "recurrent_kernel", "ConvNd", "ConvTransposeNd",
+]
+
+#: The releases every access below was checked on.
+CHECKED_ON = {"torch": "2.13.0", "pyro-ppl": "1.9.2"}
+
+#: torch's base classes of the (transposed) convolution modules.
+ConvNd = _ConvNd
+ConvTransposeNd = _ConvTransposeNd
+
+
+def site_name(prefix: str, name: str) -> str:
+    """The Pyro site (or parameter) name of attribute ``name`` of a ``PyroModule`` named ``prefix``.
+
+    Examples
+    --------
+    >>> site_name("", "weight")
+    'weight'
+    """
+    return _make_name(prefix, name)
+
+
+def module_local_params_enabled() -> bool:
+    """Whether ``pyro.settings`` keeps ``PyroModule`` parameters local to the module (not in the global store).
+
+    Examples
+    --------
+    >>> module_local_params_enabled()
+    False
+    """
+    return _is_module_local_param_enabled()
+
+
+def check_mean_field_requirement(model_trace: Any, guide_trace: Any) -> None:
+    """Pyro's warning for guides whose sites are not in the model's order (what ``TraceMeanField_ELBO`` checks).
+
+    Examples
+    --------
+    ::
+
+        check_mean_field_requirement(model_trace, guide_trace)
+    """
+    _check_mean_field_requirement(model_trace, guide_trace)
+
+
+def autonormal_loc_and_scale(guide: Any, name: str):
+    """The live ``(loc, scale)`` of Pyro's ``AutoNormal`` at site ``name`` (its private accessor).
+
+    Examples
+    --------
+    ::
+
+        loc, scale = autonormal_loc_and_scale(AutoNormal(model), "fc.weight")
+    """
+    return guide._get_loc_and_scale(name)
+
+
+def set_up_autoguide(guide: Any, *args: Any, **kwargs: Any) -> None:
+    """Create an autoguide's parameters from one run of its model on ``args`` (no draw from the guide), as its
+    first call would.
+
+    Examples
+    --------
+    ::
+
+        set_up_autoguide(guide, x_first, y_first)   # e.g. before broadcasting the parameters to other ranks
+    """
+    guide._setup_prototype(*args, **kwargs)
+
+
+def autonormal_event_dim(guide: Any, name: str) -> int:
+    """How many rightmost dimensions of site ``name`` an ``AutoNormal`` treats as one event.
+
+    Examples
+    --------
+    ::
+
+        normal = dist.Normal(loc, scale).to_event(autonormal_event_dim(guide, "fc.weight"))
+    """
+    return guide._event_dims[name]
+
+
+def param_captures(allowed: tuple[type, ...] = ()) -> tuple[list, list] | None:
+    """The traces of the active ``poutine.trace(param_only=True)`` handlers (how ``SVI.step`` and ``fit`` learn which
+    parameters a step used) and the active handlers of the ``allowed`` types, when nothing else is active; ``None``
+    when any other handler is.
+
+    Examples
+    --------
+    >>> param_captures()
+    ([], [])
+    >>> with pyro.poutine.trace(param_only=True):
+    ...     len(param_captures()[0])
+    1
+    >>> with pyro.poutine.block():
+    ...     param_captures() is None
+    True
+    """
+    captures, others = [], []
+    for messenger in _PYRO_STACK:
+        if type(messenger) is TraceMessenger and messenger.param_only:
+            captures.append(messenger.trace)
+        elif type(messenger) in allowed:
+            others.append(messenger)
+        else:
+            return None
+    return captures, others
+
+
+class ParamReader:
+    """Reads named parameters of Pyro's param store in their constrained form, as ``pyro.param(name)`` returns them
+    (the same tensors, with the ``unconstrained`` back-reference the optimizers follow), without a message per
+    parameter; :meth:`read` also records them in the given ``param_only`` traces, as the messages would have.
+
+    Examples
+    --------
+    >>> _ = pyro.param("reader_example", torch.ones(2), constraint=pyro.distributions.constraints.positive)
+    >>> reader = ParamReader(["reader_example"])
+    >>> [value] = reader.read([])
+    >>> torch.equal(value, pyro.param("reader_example")), value.unconstrained() is not None
+    (True, True)
+    """
+
+    def __init__(self, names: list[str]):
+        self.names = list(names)
+        self._transforms: dict[str, Any] = {}
+
+    def read(self, captures: list, start: int = 0, stop: int | None = None) -> list[torch.Tensor]:
+        """The values of ``names[start:stop]``, recorded in ``captures``."""
+        store = pyro.get_param_store()
+        values = []
+        for name in self.names[start:stop]:
+            unconstrained = store._params[name]
+            transform = self._transforms.get(name)
+            if transform is None or transform[0] is not store._constraints[name]:
+                transform = self._transforms[name] = (store._constraints[name], transform_to(store._constraints[name]))
+            value = transform[1](unconstrained)
+            value.unconstrained = weakref.ref(unconstrained)
+            for trace in captures:
+                trace.add_node(name, type="param", name=name, value=value, args=(), kwargs={}, infer={},
+                               scale=1.0, mask=None, cond_indep_stack=(), done=True, stop=False, continuation=None,
+                               is_observed=False, fn=None)  # fmt: skip
+            values.append(value)
+        return values
+
+
+class _ReadNames(dict):
+    """A ``PyroModule`` context cache that remembers which names were read."""
+
+    def __init__(self, values: dict[str, torch.Tensor]):
+        super().__init__(values)
+        self.read: set[str] = set()
+
+    def get(self, name, default=None):
+        if name in self:
+            self.read.add(name)
+        return super().get(name, default)
+
+
+@contextmanager
+def preset_samples(module: torch.nn.Module, values: dict[str, torch.Tensor]) -> Iterator[set[str]]:
+    """Within the block, ``module``'s ``PyroSample`` attributes named in ``values`` (by full site name) return those
+    values without a ``pyro.sample`` message -- the cache ``PyroModule`` keeps for one model run, filled up front.
+    Yields the set of the names read so far (filled as the block runs).
+
+    Examples
+    --------
+    >>> from pyro_bbb.nn import BayesianLinear
+    >>> layer = BayesianLinear(2, 1)
+    >>> with preset_samples(layer, {"weight": torch.ones(1, 2), "bias": torch.zeros(1)}) as read:
+    ...     output = layer(torch.ones(3, 2))
+    >>> output.squeeze(-1), sorted(read)
+    (tensor([2., 2., 2.]), ['bias', 'weight'])
+    """
+    context = module._pyro_context
+    context.__enter__()
+    saved, context.cache = context.cache, _ReadNames(values)
+    try:
+        yield context.cache.read
+    finally:
+        context.cache = saved
+        context.__exit__(None, None, None)
+
+
+def _emitted_prior(module: torch.nn.Module, prior: Any):
+    return prior if hasattr(prior, "sample") else prior(module)
+
+
+def sample_priors(model: torch.nn.Module) -> dict[str, Callable[[], Any]]:
+    """Site name -> a function returning the prior that a ``PyroModule``'s ``PyroSample`` attribute emits at that
+    moment (a callable prior is called with its module, as ``PyroModule`` does), for every such attribute in
+    ``model``.
+
+    Examples
+    --------
+    >>> from pyro_bbb import BNN, likelihoods
+    >>> from pyro_bbb.nn import BayesianLinear
+    >>> bnn = BNN(BayesianLinear(2, 1), likelihoods.Gaussian())   # a learned (latent) noise scale
+    >>> type(sample_priors(bnn)["likelihood.scale"]()).__name__
+    'LogNormal'
+    """
+    found = {}
+    for module in model.modules():
+        samples = module.__dict__.get("_pyro_samples") or {}
+        prefix = pyro_name(module)
+        for attr, prior in samples.items():
+            found[site_name(prefix, attr)] = partial(_emitted_prior, module, prior)
+    return found
+
+
+def pyro_name(module: torch.nn.Module) -> str:
+    """The name a ``PyroModule`` gives its sites' prefix (``""`` for the root or a plain module).
+
+    Examples
+    --------
+    >>> from pyro.nn import PyroModule
+    >>> net = PyroModule[torch.nn.Sequential](PyroModule[torch.nn.Linear](2, 1))
+    >>> pyro_name(net[0]), pyro_name(net)
+    ('0', '')
+    """
+    return module.__dict__.get("_pyro_name", "")
+
+
+def is_deterministic_site(msg: dict[str, Any]) -> bool:
+    """Whether a sample message is a ``pyro.deterministic`` site (Pyro marks them in ``infer``).
+
+    Examples
+    --------
+    >>> def model():
+    ...     pyro.deterministic("d", torch.ones(1))
+    >>> is_deterministic_site(pyro.poutine.trace(model).get_trace().nodes["d"])
+    True
+    """
+    return bool(msg["infer"].get("_deterministic"))
+
+
+class AutoNormalHooks(AutoNormal):
+    """Pyro's :class:`~pyro.infer.autoguide.AutoNormal` with the private hooks a subclass builds on given public
+    names: :meth:`after_set_up` runs after the prototype is made, :meth:`loc_and_scale` answers every read of a
+    site's ``(loc, scale)``; :meth:`set_up`, :meth:`event_dim`, :meth:`has_site`, :meth:`plates_for_call` and
+    :attr:`module_name` read what AutoNormal keeps privately.
+
+    Examples
+    --------
+    >>> guide = AutoNormalHooks(pyro_bbb.nn.BayesianLinear(2, 1))
+    >>> guide.set_up(torch.zeros(1, 2))
+    >>> guide.event_dim("weight"), guide.has_site("bias"), guide.has_site("scale")
+    (2, True, False)
+    """
+
+    def _setup_prototype(self, *args: Any, **kwargs: Any) -> None:
+        AutoNormal._setup_prototype(self, *args, **kwargs)
+        self.after_set_up()
+
+    def _get_loc_and_scale(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.loc_and_scale(name)
+
+    def after_set_up(self) -> None:
+        """Called once the guide's prototype trace and parameters exist (nothing by default)."""
+
+    def loc_and_scale(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (constrained) ``(loc, scale)`` of site ``name``; AutoNormal's own lookup by default."""
+        return self.autonormal_loc_and_scale(name)
+
+    def autonormal_loc_and_scale(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """AutoNormal's own lookup of site ``name``'s ``(loc, scale)`` (nested ``PyroModule`` attributes)."""
+        return AutoNormal._get_loc_and_scale(self, name)
+
+    def set_up(self, *args: Any, **kwargs: Any) -> None:
+        """Make the prototype trace and the parameters from one run of the model on ``args``."""
+        self._setup_prototype(*args, **kwargs)
+
+    def event_dim(self, name: str) -> int:
+        """How many rightmost dimensions of site ``name`` form one event."""
+        return self._event_dims[name]
+
+    def has_site(self, name: str) -> bool:
+        """Whether the guide has a posterior for latent site ``name``."""
+        return name in self._event_dims
+
+    def site_names(self) -> list[str]:
+        """The latent sites the guide has posteriors for, in the model's order."""
+        return list(self._event_dims)
+
+    def plates_for_call(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The guide's plates for a call with ``args`` (AutoGuide's ``create_plates``), by name."""
+        return self._create_plates(*args, **kwargs)
+
+    @property
+    def module_name(self) -> str:
+        """The guide's ``PyroModule`` name: the prefix of its parameters' names in Pyro's param store."""
+        return self._pyro_name
+
+
+class TraceMeanFieldHooks(TraceMeanField_ELBO):
+    """Pyro's :class:`~pyro.infer.TraceMeanField_ELBO` with the private hooks a subclass overrides given public
+    names: :meth:`trace_pair` (one guide trace and the model replayed against it), :meth:`particle_traces` (the
+    pairs of one call, one per particle) and :meth:`particle_loss` (one pair's ``(loss, surrogate loss)``);
+    :meth:`pyro_particle_traces` and :meth:`vectorized_model` are Pyro's own.
+
+    Examples
+    --------
+    >>> def model():
+    ...     pyro.sample("z", pyro.distributions.Normal(0.0, 1.0))
+    >>> def guide():
+    ...     pyro.sample("z", pyro.distributions.Normal(0.0, 1.0))
+    >>> TraceMeanFieldHooks().loss(model, guide)
+    0.0
+    """
+
+    def _get_trace(self, model, guide, args, kwargs):
+        return self.trace_pair(model, guide, args, kwargs)
+
+    def _get_traces(self, model, guide, args, kwargs):
+        return self.particle_traces(model, guide, args, kwargs)
+
+    def _differentiable_loss_particle(self, model_trace, guide_trace):
+        return self.particle_loss(model_trace, guide_trace)
+
+    def trace_pair(self, model, guide, args, kwargs):
+        """``(model_trace, guide_trace)`` of one particle; Pyro's by default."""
+        return TraceMeanField_ELBO._get_trace(self, model, guide, args, kwargs)
+
+    def particle_traces(self, model, guide, args, kwargs):
+        """The ``(model_trace, guide_trace)`` pairs of one call; Pyro's by default."""
+        return self.pyro_particle_traces(model, guide, args, kwargs)
+
+    def pyro_particle_traces(self, model, guide, args, kwargs):
+        """Pyro's pairs: one vectorized pair, or one pair per particle (each from :meth:`trace_pair`)."""
+        return TraceMeanField_ELBO._get_traces(self, model, guide, args, kwargs)
+
+    def particle_loss(self, model_trace, guide_trace):
+        """One pair's ``(loss, surrogate loss)``; Pyro's by default."""
+        return TraceMeanField_ELBO._differentiable_loss_particle(self, model_trace, guide_trace)
+
+    def vectorized_model(self, model: Callable) -> Callable:
+        """``model`` under the particle plate Pyro adds for ``vectorize_particles=True``."""
+        return self._vectorized_num_particles(model)
+
+
+def is_tracing() -> bool:
+    """Whether ``torch.jit.trace`` is recording (a loss must then stay a tensor).
+
+    Examples
+    --------
+    >>> is_tracing()
+    False
+    """
+    return bool(torch._C._get_tracing_state())
+
+
+def tensor_version(tensor: torch.Tensor) -> int:
+    """torch's counter of in-place changes to ``tensor`` (a cache key that notices ``copy_``).
+
+    Examples
+    --------
+    >>> t = torch.zeros(2)
+    >>> before = tensor_version(t)
+    >>> _ = t.add_(1)
+    >>> tensor_version(t) > before
+    True
+    """
+    return tensor._version
+
+
+def module_buffer(module: torch.nn.Module, name: str) -> torch.Tensor:
+    """Buffer ``name`` of ``module`` itself, without ``PyroModule``'s attribute lookup.
+
+    Examples
+    --------
+    >>> module = torch.nn.Module()
+    >>> module.register_buffer("b", torch.ones(1))
+    >>> module_buffer(module, "b")
+    tensor([1.])
+    """
+    return module._buffers[name]
+
+
+def foreach_norm(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The 2-norm of every tensor, in one call.
+
+    Examples
+    --------
+    >>> [float(n) for n in foreach_norm([torch.ones(4), torch.zeros(2)])]
+    [2.0, 0.0]
+    """
+    return torch._foreach_norm(tensors)
+
+
+def foreach_copy_(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """``target.copy_(source)`` for every pair, in one call.
+
+    Examples
+    --------
+    >>> a = [torch.zeros(2)]
+    >>> foreach_copy_(a, [torch.ones(2)])
+    >>> a[0]
+    tensor([1., 1.])
+    """
+    torch._foreach_copy_(targets, sources)
+
+
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every element of every tensor is finite, with one device sync: torch's AMP check (one kernel over all
+    tensors; it multiplies them by exactly 1) where it runs, else one sum per tensor.
+
+    Examples
+    --------
+    >>> all_finite([torch.ones(3), torch.tensor([1.0, float("nan")])])
+    False
+    """
+    if not tensors:
+        return True
+    device = tensors[0].device
+    if all(t.device == device and not t.is_sparse for t in tensors):
+        found = torch.zeros(1, device=device)
+        try:
+            torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, torch.ones(1, device=device))
+            return not bool(found.item())
+        except (RuntimeError, NotImplementedError, AttributeError):  # a torch or dtype without it
+            pass
+    return bool(torch.stack([t.sum() for t in tensors]).isfinite().all())
+
+
+def fused_adam_step(params: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
+                    steps: list[torch.Tensor], group: dict[str, Any]) -> None:
+    """One step of torch's fused Adam kernel, as ``torch.optim.Adam(fused=True).step()`` calls it for a param group
+    of plain settings: the step counts advance, then every parameter moves by its gradient.
+
+    Examples
+    --------
+    >>> p = torch.ones(2, requires_grad=True)
+    >>> p.grad = torch.ones(2)
+    >>> group = {"lr": 0.1, "betas": (0.9, 0.999), "weight_decay": 0.0, "eps": 1e-8}
+    >>> fused_adam_step([p], [torch.zeros(2)], [torch.zeros(2)], [torch.zeros(())], group)
+    >>> p.detach()
+    tensor([0.9000, 0.9000])
+    """
+    torch._foreach_add_(steps, 1)
+    with torch.no_grad():
+        torch._fused_adam_(params, [p.grad for p in params], exp_avgs, exp_avg_sqs, [], steps, amsgrad=False,
+                           lr=group["lr"], beta1=group["betas"][0], beta2=group["betas"][1],
+                           weight_decay=group["weight_decay"], eps=group["eps"], maximize=False, grad_scale=None,
+                           found_inf=None)
+
+
+def optimizer_has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether step hooks are registered (on this optimizer or globally): they run only through ``step()``.
+    Unknown (a torch that keeps them elsewhere) counts as yes.
+
+    Examples
+    --------
+    >>> optimizer_has_step_hooks(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1))
+    False
+    """
+    hook_lists = (getattr(optimizer, "_optimizer_step_pre_hooks", None),
+                  getattr(optimizer, "_optimizer_step_post_hooks", None),
+                  getattr(optimizer_module, "_global_optimizer_pre_hooks", None),
+                  getattr(optimizer_module, "_global_optimizer_post_hooks", None))
+    return any(hooks is None or len(hooks) > 0 for hooks in hook_lists)
+
+
+def recurrent_kernel(mode: str) -> Callable:
+    """torch's whole-sequence kernel of an ``"LSTM"`` or ``"GRU"``, the op ``torch.nn.LSTM.forward`` calls after
+    its checks: ``op(input, hx, flat_weights, has_biases, num_layers, dropout, training, bidirectional,
+    batch_first) -> (output, *state)``.
+
+    Examples
+    --------
+    >>> recurrent_kernel("GRU") is torch.gru
+    True
+    """
+    return {"LSTM": torch.lstm, "GRU": torch.gru}[mode]

@@ -1,0 +1,146 @@
+"""The training data of ``fit``: checked ``(x, y)`` pairs, an epoch's minibatches from tensors or a DataLoader.
+
+Examples
+--------
+>>> batches = Batches((torch.randn(10, 2), torch.randn(10)), batch_size=4, likelihood=None, device=None)
+>>> batches.num_data, [len(y) for _, y in batches]
+(10, [4, 4, 2])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from .inputs import Inputs, as_tensor, cast_inputs, check_finite_inputs, input_shapes, inputs_to, num_rows, select_rows
+
+__all__ = ["DataError", "Batches", "check_batch", "model_device", "likelihood_of"]
+
+
+class DataError(ValueError):
+    """A batch that ``fit`` read during training was invalid (NaN, a bad label, not an ``(x, y)`` pair); the
+    parameters were restored to their state at the start of ``fit``.
+
+    Examples
+    --------
+    >>> issubclass(DataError, ValueError)
+    True
+    """
+
+
+def check_batch(x: Any, y: Any, likelihood, what: str = "the data",
+                 dtype: torch.dtype | None = None) -> tuple[Inputs, torch.Tensor]:  # fmt: skip
+    """``(x, y)`` as tensors (numpy arrays converted, floating ``x`` cast to the model's ``dtype``), checked; ``x``
+    may be a tuple or dict of tensors with a common first dimension."""
+    try:
+        x, y = cast_inputs(x, dtype), as_tensor(y, "y")
+    except TypeError as error:
+        raise TypeError(
+            f"{what} must be a pair (x, y) of tensors or numpy arrays (x may be a tuple or dict of tensors), got "
+            f"({type(x).__name__}, {type(y).__name__}): {error}"
+        ) from None
+    try:
+        rows = num_rows(x)
+    except ValueError as error:
+        raise ValueError(f"{what}: {error}") from None
+    if rows == 0:
+        raise ValueError(f"{what} is empty ({input_shapes(x)}); fit needs at least one datum.")
+    if y.dim() == 0 or y.shape[0] != rows:
+        raise ValueError(
+            f"{what}: x has {rows} rows but y has shape {tuple(y.shape)}; x and y need the same number of rows."
+        )
+    check_finite_inputs(x, what)
+    if likelihood is not None:
+        y = likelihood.check_targets(y)
+    elif y.is_floating_point() and not bool(torch.isfinite(y).all()):
+        raise ValueError(f"{what}: y contains NaN or infinite values.")
+    return x, y
+
+
+def _sampler(loader: torch.utils.data.DataLoader):
+    """The sampler that picks the loader's data (inside its batch sampler, when it has one)."""
+    return loader.batch_sampler.sampler if loader.batch_sampler is not None else loader.sampler
+
+
+def _num_data(loader: torch.utils.data.DataLoader) -> int:
+    """N: the number of data one epoch of the loader draws from -- its sampler's, so that a ``SubsetRandomSampler``
+    over part of the dataset counts only that part; a ``DistributedSampler`` counts the data of every rank."""
+    sampler = _sampler(loader)
+    if isinstance(sampler, torch.utils.data.DistributedSampler):
+        return sampler.total_size
+    for source in (sampler, loader.dataset):
+        try:
+            return len(source)
+        except TypeError:
+            continue
+    raise ValueError(
+        "fit takes the training-set size from the DataLoader's sampler or dataset, neither of which has a len(); "
+        "use a sized dataset (e.g. TensorDataset)."
+    )
+
+
+def _check_loader_upfront(loader: torch.utils.data.DataLoader, likelihood) -> None:
+    """Check every datum a DataLoader over a ``TensorDataset`` (or a ``Subset`` of one) will yield, before training;
+    other datasets are checked batch by batch (and ``fit`` restores the parameters on a bad batch)."""
+    dataset, indices = loader.dataset, None
+    if isinstance(dataset, torch.utils.data.Subset):
+        dataset, indices = dataset.dataset, torch.as_tensor(list(dataset.indices), dtype=torch.long)
+    if not isinstance(dataset, torch.utils.data.TensorDataset) or len(dataset.tensors) != 2:
+        return
+    sampler = _sampler(loader)
+    if isinstance(sampler, torch.utils.data.SubsetRandomSampler):
+        chosen = torch.as_tensor(list(sampler.indices), dtype=torch.long)
+        indices = chosen if indices is None else indices[chosen]
+    x, y = dataset.tensors
+    if indices is not None:
+        x, y = x[indices], y[indices]
+    check_batch(x, y, likelihood, what="the DataLoader's data")
+
+
+class Batches:
+    """An epoch's minibatches from an ``(x, y)`` pair (reshuffled every epoch) or from a DataLoader."""
+
+    def __init__(self, data, batch_size: int | None, likelihood, device, dtype: torch.dtype | None = None):
+        self.likelihood, self.device, self.dtype = likelihood, device, dtype
+        if isinstance(data, torch.utils.data.DataLoader):
+            if batch_size is not None:
+                raise ValueError("pass batch_size to the DataLoader, not to fit, when data is a DataLoader.")
+            self.loader, self.num_data = data, _num_data(data)
+            if self.num_data == 0:
+                raise ValueError("the DataLoader's dataset is empty; fit needs at least one datum.")
+            _check_loader_upfront(data, likelihood)
+        elif isinstance(data, Sequence) and len(data) == 2:
+            x, y = data
+            self.x, self.y = check_batch(x, y, likelihood, dtype=dtype)
+            self.loader, self.num_data = None, num_rows(self.x)
+            self.batch_size = batch_size or self.num_data
+        else:
+            raise TypeError(f"data must be an (x, y) pair of tensors or a DataLoader, got {type(data).__name__}.")
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self.loader is None:
+            for idx in torch.randperm(self.num_data).split(self.batch_size):
+                yield inputs_to(select_rows(self.x, idx), self.device), self.y[idx].to(self.device)
+            return
+        for number, batch in enumerate(self.loader, 1):
+            if not isinstance(batch, Sequence) or len(batch) != 2:
+                raise DataError("the DataLoader must yield (x, y) pairs.")
+            try:
+                x, y = check_batch(*batch, self.likelihood, what=f"DataLoader batch {number}", dtype=self.dtype)
+            except (ValueError, TypeError) as error:
+                raise DataError(str(error)) from error
+            yield inputs_to(x, self.device), y.to(self.device)
+
+
+def model_device(model) -> torch.device | None:
+    if isinstance(model, torch.nn.Module):
+        for tensor in (*model.buffers(), *model.parameters()):
+            return tensor.device
+    return None
+
+
+def likelihood_of(model):
+    likelihood = getattr(model, "likelihood", None)
+    return likelihood if hasattr(likelihood, "check_targets") else None

@@ -1,0 +1,298 @@
+"""Look inside a fitted posterior: KL per layer, posterior width against the prior, the per-layer and per-weight
+tables (signal-to-noise pruning lives in :mod:`pyro_bbb.evaluate.pruning`).
+
+These answer "my KL does not change" and "is my network Bayesian at all": a layer whose KL per weight is
+near zero sits on its prior (the data is ignored); a layer whose posterior standard deviation is a tiny fraction
+of the prior's has collapsed to a point estimate.
+
+Examples
+--------
+>>> bnn = BNN(torch.nn.Sequential(BayesianLinear(2, 4), torch.nn.Tanh(), BayesianLinear(4, 1)),
+...           likelihoods.Gaussian(scale=0.1))
+>>> guide = MeanFieldGuide(bnn, init_scale=0.5)
+>>> _ = guide(torch.randn(3, 2), torch.randn(3))
+>>> {layer: round(r, 2) for layer, r in posterior_to_prior_std(bnn, guide).items()}
+{'net.0': 0.5, 'net.2': 0.5}
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyro.distributions as dist
+import torch
+
+from ..infer.guide import require_fitted_posteriors, site_loc_scale, site_posterior
+from ..infer.kl import elementwise_kl, total_kl
+from ..nn.module import current_priors, site_owners
+from ..priors import is_real_support, prior_in_force, prior_std, strip_independent
+
+__all__ = [
+    "PosteriorWarning",
+    "layer_summary",
+    "kl_by_layer",
+    "posterior_to_prior_std",
+    "check_posterior",
+    "summary",
+    "parameter_summary",
+]
+
+
+
+class PosteriorWarning(UserWarning):
+    """A posterior that sits on its prior, or has collapsed to a point estimate.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("error", PosteriorWarning)   # a pipeline that stops on a bad posterior
+    ...     issubclass(PosteriorWarning, UserWarning)
+    True
+    """
+
+
+def _full_size_prior(p: dist.Distribution, q: dist.Distribution) -> dist.Distribution | None:
+    """The prior over the whole of ``q``: ``p`` itself, or -- for a local latent in a subsampled data plate, whose
+    prototype prior covers one minibatch -- the same prior over every datum when it is one distribution repeated
+    (``None`` when it differs per datum)."""
+    if p.shape() == q.shape():
+        return p
+    base = strip_independent(p)
+    params = {k: getattr(base, k) for k in base.arg_constraints if k in base.__dict__}
+    if not params or not all(t.numel() == 1 or all(st == 0 for st in t.stride()) for t in params.values()):
+        return None
+    scalar = type(base)(**{k: t.reshape(-1)[0] for k, t in params.items()})
+    return scalar.expand(strip_independent(q).batch_shape).to_event(q.event_dim)
+
+
+@torch.no_grad()
+def layer_summary(model: Callable, guide, tails: bool = True) -> dict[str, dict[str, float]]:
+    """Per layer: the KL and how the posterior's width compares with the prior's.
+
+    Keys of each layer's entry: ``kl`` (nats), ``num_weights``, ``kl_per_weight``; and for Bayesian layers
+    ``kl_q99`` (99th percentile of the per-weight KL: what the best-informed weights carry), ``posterior_std``
+    (mean), ``prior_std`` (mean), ``std_ratio`` (mean of posterior std / prior std) and ``std_ratio_geomean`` (its
+    geometric mean, which a few very wide or very narrow weights do not dominate). ``tails=False`` leaves out
+    ``kl_q99`` and ``std_ratio_geomean`` (the percentile sorts every weight's KL: a third of the summary's time; what
+    :func:`pyro_bbb.fit` records after every epoch does not need them). Latent sites outside Bayesian
+    layers (e.g. a learned noise scale) are their own "layer" and report only the KL. KLs are closed-form where
+    registered, else 256-draw Monte Carlo estimates.
+
+    Examples
+    --------
+    >>> layer = BayesianLinear(3, 2)
+    >>> guide = MeanFieldGuide(layer, init_scale=1.0, init_loc_fn=lambda site: torch.zeros(site["fn"].shape()))
+    >>> _ = guide(torch.randn(4, 3))
+    >>> entry = layer_summary(layer, guide)["(root)"]       # posterior == prior
+    >>> entry["kl"], entry["std_ratio_geomean"]
+    (0.0, 1.0)
+    """
+    require_fitted_posteriors(guide, "this diagnostic")
+    owners, priors_now = site_owners(model), current_priors(model)
+    parts: dict[str, dict[str, Any]] = {}
+    for name, site in guide.prototype_trace.iter_stochastic_nodes():
+        q = site_posterior(guide, name, site)
+        # the prior as it is now (a learned one at its current scale), for all data of a local site
+        p = _full_size_prior(priors_now.get(name, site["fn"]), q)
+        if p is None:  # a local latent whose prior differs per datum: its KL needs the data, not just the guide
+            continue
+        p = prior_in_force(p, q)  # an empirical-Bayes prior at the scale it takes given q
+        part = parts.setdefault(owners.get(name, name), {"kl": 0.0, "num_weights": 0, "elements": []})
+        part["num_weights"] += p.shape().numel()
+        if name not in owners or not is_real_support(site["fn"].support):
+            part["kl"] += float(total_kl(q, p))
+            continue
+        kl = elementwise_kl(q, p)
+        part["kl"] += float(kl.sum())
+        scale = site_loc_scale(guide, name)[1]
+        prior_scale = prior_std(strip_independent(p)).expand(scale.shape)
+        part["elements"].append(torch.stack([kl, scale, prior_scale]).reshape(3, -1))
+    summary = {}
+    for layer, part in parts.items():
+        entry = {"kl": part["kl"], "num_weights": part["num_weights"]}
+        entry["kl_per_weight"] = entry["kl"] / entry["num_weights"]
+        if part["elements"]:
+            kl, std, prior_scale = torch.cat(part["elements"], dim=1).double()
+            ratio = std / prior_scale
+            if tails:
+                entry["kl_q99"] = float(torch.quantile(kl, 0.99))
+            entry["posterior_std"] = float(std.mean())
+            entry["prior_std"] = float(prior_scale.mean())
+            entry["std_ratio"] = float(ratio.mean())
+            if tails:
+                entry["std_ratio_geomean"] = float(ratio.log().mean().exp())
+        summary[layer] = entry
+    return summary
+
+
+def kl_by_layer(model: Callable, guide) -> dict[str, float]:
+    """``KL(q || p)`` of each layer, in nats.
+
+    Examples
+    --------
+    >>> layer = BayesianLinear(3, 2)
+    >>> guide = MeanFieldGuide(layer, init_loc_fn=lambda site: torch.zeros(site["fn"].shape()))
+    >>> _ = guide(torch.randn(4, 3))
+    >>> round(kl_by_layer(layer, guide)["(root)"] / 8, 3)   # per weight: -log(1e-4) + 1e-8/2 - 1/2
+    8.71
+    """
+    return {layer: entry["kl"] for layer, entry in layer_summary(model, guide, tails=False).items()}
+
+
+def posterior_to_prior_std(model: Callable, guide) -> dict[str, float]:
+    """Mean over each Bayesian layer's weights of ``posterior std / prior std``.
+
+    Near 1: the layer sits on its prior. Near 0: it has collapsed to a point estimate.
+
+    Examples
+    --------
+    See the module example: ``{'net.0': 0.5, 'net.2': 0.5}`` for a guide that starts at half the prior's width.
+    """
+    summary = layer_summary(model, guide, tails=False)
+    return {layer: e["std_ratio"] for layer, e in summary.items() if "std_ratio" in e}
+
+
+def check_posterior(
+    model: Callable,
+    guide,
+    *,
+    prior_kl: float = 0.1,
+    collapsed_std_ratio: float = 1e-2,
+) -> dict[str, dict[str, float]]:
+    """Warn (:class:`PosteriorWarning`) about layers whose posterior sits on the prior or has collapsed.
+
+    * **On the prior**: even the best-informed weights carry almost no information; the 99th percentile of the
+      per-weight KL is below ``prior_kl`` nats. The data barely moves the layer: the KL is over-weighted
+      (``kl_weight`` too large, or the likelihood divided by the data size by hand), the learning rate is too low,
+      or training stopped early. (In a good fit many weights sit on the prior, which is why pruning works, but
+      the informative ones carry nats each.)
+    * **Collapsed**: the geometric mean of posterior std / prior std is below ``collapsed_std_ratio``. The net is
+      a point estimate: the KL is under-weighted (``kl_weight`` too small, or ``num_data`` much too large).
+
+    Returns :func:`layer_summary` with a ``"status"`` per layer (``"ok"``, ``"on prior"``, ``"collapsed"``).
+
+    Examples
+    --------
+    >>> import torch, pyro, warnings
+    >>> pyro.clear_param_store()
+    >>> layer = BayesianLinear(3, 2)
+    >>> guide = MeanFieldGuide(layer, init_scale=1e-5)
+    >>> _ = guide(torch.randn(4, 3))
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     report = check_posterior(layer, guide)
+    >>> report["(root)"]["status"], caught[0].category.__name__
+    ('collapsed', 'PosteriorWarning')
+    """
+    summary = layer_summary(model, guide)
+    for layer, entry in summary.items():
+        entry["status"] = "ok"
+        if "std_ratio" not in entry:
+            continue
+        if entry["kl_q99"] < prior_kl:
+            entry["status"] = "on prior"
+            warnings.warn(
+                f"layer {layer!r} sits on its prior: its best-informed weights carry {entry['kl_q99']:.2g} nats of KL "
+                f"each (99th percentile; threshold {prior_kl:g}) and its posterior std is "
+                f"{entry['std_ratio_geomean']:.2f} x the prior's. The data is being ignored: the KL may be "
+                "over-weighted (lower kl_weight; let pyro_bbb.ELBO(num_data=N) scale the likelihood instead of "
+                "dividing it by hand), the learning rate may be too low, or training too short.",
+                PosteriorWarning,
+                stacklevel=2,
+            )
+        elif entry["std_ratio_geomean"] < collapsed_std_ratio:
+            entry["status"] = "collapsed"
+            warnings.warn(
+                f"layer {layer!r} has collapsed to a point estimate: its posterior std is "
+                f"{entry['std_ratio_geomean']:.2g} x the prior's (geometric mean; threshold {collapsed_std_ratio:g}). "
+                "The KL is under-weighted: raise kl_weight towards 1 and check that num_data is the training-set "
+                "size. (Very large data sets can legitimately give narrow posteriors; lower the threshold then.)",
+                PosteriorWarning,
+                stacklevel=2,
+            )
+    return summary
+
+
+HDI_PROB = 0.94
+
+
+@torch.no_grad()
+def summary(model: Callable, guide):
+    """The posterior per layer as a table (:class:`pandas.DataFrame`), computed from the guide's means and scales.
+
+    One row per layer -- number of weights, mean ``|mu|``, mean and 5/50/95% quantiles of the posterior std
+    ``sigma``, mean prior std, KL, KL per weight, and 5/50/95% quantiles of the signal-to-noise ratio ``|mu|/sigma``.
+    The per-weight table is :func:`parameter_summary`.
+
+    Examples
+    --------
+    >>> layer = BayesianLinear(3, 2)
+    >>> guide = MeanFieldGuide(layer, init_scale=0.1)
+    >>> _ = guide(torch.randn(4, 3))
+    >>> summary(layer, guide)[["num_weights", "sigma_mean"]].round(3)
+            num_weights  sigma_mean
+    (root)            8         0.1
+    """
+    import pandas as pd
+
+    require_fitted_posteriors(guide, "this diagnostic")
+    rows = {}
+    layers = layer_summary(model, guide)
+    owners = site_owners(model)
+    groups: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    for name, site in guide.prototype_trace.iter_stochastic_nodes():
+        if is_real_support(site["fn"].support):
+            groups.setdefault(owners.get(name, name), []).append(site_loc_scale(guide, name))
+    for layer, entry in layers.items():
+        row = {"num_weights": entry["num_weights"], "kl": entry["kl"], "kl_per_weight": entry["kl_per_weight"]}
+        if layer in groups:
+            loc = torch.cat([m.reshape(-1) for m, _ in groups[layer]]).double()
+            scale = torch.cat([s.reshape(-1) for _, s in groups[layer]]).double()
+            snr = loc.abs() / scale
+            q = torch.tensor([0.05, 0.5, 0.95], dtype=torch.double)
+            row |= {"mean_abs_mu": float(loc.abs().mean()), "sigma_mean": float(scale.mean())}
+            row |= dict(zip(("sigma_q05", "sigma_q50", "sigma_q95"), torch.quantile(scale, q).tolist()))
+            row["prior_sigma"] = entry.get("prior_std", math.nan)
+            row |= dict(zip(("snr_q05", "snr_q50", "snr_q95"), torch.quantile(snr, q).tolist()))
+        rows[layer] = row
+    columns = ["num_weights", "mean_abs_mu", "sigma_mean", "sigma_q05", "sigma_q50", "sigma_q95", "prior_sigma",
+               "kl", "kl_per_weight", "snr_q05", "snr_q50", "snr_q95"]  # fmt: skip
+    return pd.DataFrame.from_dict(rows, orient="index").reindex(columns=columns)
+
+
+@torch.no_grad()
+def parameter_summary(model: Callable, guide):
+    """The posterior per weight (``fc1.weight[0, 1]``) in ArviZ's summary columns ``mean``, ``sd``, ``hdi_3%``,
+    ``hdi_97%`` -- exact for a Normal posterior, no sampling (a constrained site such as a learned noise scale is
+    summarised from 4000 draws).
+
+    Examples
+    --------
+    >>> layer = BayesianLinear(3, 2)
+    >>> guide = MeanFieldGuide(layer, init_scale=0.1)
+    >>> _ = guide(torch.randn(4, 3))
+    >>> list(parameter_summary(layer, guide).columns)
+    ['mean', 'sd', 'hdi_3%', 'hdi_97%']
+    """
+    import pandas as pd
+
+    require_fitted_posteriors(guide, "this diagnostic")
+    z = float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(0.5 + HDI_PROB / 2)))
+    low, high = f"hdi_{100 * (1 - HDI_PROB) / 2:g}%", f"hdi_{100 * (1 + HDI_PROB) / 2:g}%"
+    frames = []
+    for name, site in guide.prototype_trace.iter_stochastic_nodes():
+        loc, scale = (t.detach().double() for t in site_loc_scale(guide, name))
+        if is_real_support(site["fn"].support):
+            stats = {"mean": loc, "sd": scale, low: loc - z * scale, high: loc + z * scale}
+        else:
+            draws = site_posterior(guide, name, site).sample((4000,)).double()
+            bounds = torch.quantile(draws, torch.tensor([(1 - HDI_PROB) / 2, (1 + HDI_PROB) / 2]).double(), 0)
+            stats = {"mean": draws.mean(0), "sd": draws.std(0), low: bounds[0], high: bounds[1]}
+        index = [f"{name}[{', '.join(map(str, i))}]" if loc.dim() else name for i in np.ndindex(*loc.shape)]
+        frames.append(pd.DataFrame({k: v.reshape(-1).cpu().numpy() for k, v in stats.items()}, index=index))
+    return pd.concat(frames)

@@ -1,0 +1,227 @@
+"""The plots people look at: training traces, posterior width per layer, calibration, predictive bands.
+
+Every function returns its matplotlib figure and, given ``path``, saves it (PNG by extension). Needs matplotlib
+(``pip install matplotlib``). ArviZ's own plots (``plot_posterior``, ``plot_forest``, ``plot_ppc``,
+``plot_loo_pit``) work on :func:`pyro_bbb.to_inference_data`'s export.
+
+Examples
+--------
+>>> import matplotlib
+>>> matplotlib.use("Agg")
+>>> from pyro_bbb.prediction import ClassificationPrediction
+>>> pred = ClassificationPrediction(dist.Categorical(logits=torch.randn(20, 50, 3)), torch.zeros(20, 50))
+>>> fig = plot_reliability(pred, torch.randint(0, 3, (50,)))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ..infer.guide import site_loc_scale
+from ..nn.module import site_owners
+from ..prediction.results import ClassificationPrediction, RegressionPrediction
+from ..priors import is_real_support
+from . import metrics
+from .diagnostics import layer_summary
+
+__all__ = ["plot_history", "plot_std_ratio", "plot_reliability", "plot_predictive_band", "save_figure"]
+
+
+def _pyplot():
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError("pyro_bbb.evaluate.plots needs matplotlib: pip install matplotlib") from error
+    return plt
+
+
+def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
+    """Lay ``fig`` out, write it to ``path`` as PNG (creating the folder) and close it; returns the path.
+
+    Examples
+    --------
+    >>> import tempfile, matplotlib
+    >>> matplotlib.use("Agg")
+    >>> import matplotlib.pyplot as plt
+    >>> fig, ax = plt.subplots()
+    >>> save_figure(fig, Path(tempfile.mkdtemp()) / "figures" / "empty.png").name
+    'empty.png'
+    """
+    plt = _pyplot()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
+def _finish(fig, path: str | Path | None):
+    fig.tight_layout()
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+def plot_history(history, path: str | Path | None = None):
+    """Training traces from :class:`pyro_bbb.History`: loss and NLL per datum (and validation NLL), KL per layer,
+    the KL weight, and posterior std / prior std per layer, against the epoch; with early stopping, a dotted line
+    marks the best epoch (whose parameters fit returned).
+
+    Examples
+    --------
+    >>> from pyro_bbb.train.history import History
+    >>> h = History()
+    >>> for e in (1, 2):
+    ...     h.append({"epoch": e, "loss": 10.0 / e, "loss_per_datum": 1.0 / e, "nll": 5.0, "num_data": 10,
+    ...               "kl": 5.0, "kl_weight": 1.0, "kl_by_layer": {"fc": 5.0}, "std_ratio": {"fc": 0.5}})
+    >>> len(plot_history(h).axes)
+    4
+    """
+    plt = _pyplot()
+    epochs = history["epoch"]
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+    axes[0].plot(epochs, history["loss_per_datum"], label="loss per datum")
+    axes[0].plot(epochs, [r["nll"] / r["num_data"] for r in history.records], label="NLL per datum")
+    if "val_log_likelihood" in history.keys():
+        axes[0].plot(epochs, [-v for v in history["val_log_likelihood"]], label="validation NLL per datum")
+    axes[0].set(xlabel="epoch", title="loss", yscale="symlog")
+    per_layer = "kl_by_layer" in history.keys()  # absent for guides without a Normal posterior per weight
+    for layer, values in (history["kl_by_layer"] if per_layer else {"total": history["kl"]}).items():
+        axes[1].plot(epochs, values, label=layer)
+    axes[1].set(xlabel="epoch", ylabel="nats", title="KL(q || p) per layer", yscale="log")
+    axes[2].plot(epochs, history["kl_weight"], color="k")
+    axes[2].set(xlabel="epoch", title="KL weight")
+    for layer, values in (history["std_ratio"] if per_layer else {}).items():
+        axes[3].plot(epochs, values, label=layer)
+    axes[3].axhline(1.0, color="k", lw=0.8, ls="--")
+    axes[3].set(xlabel="epoch", title="posterior std / prior std" if per_layer else "posterior std (not available)",
+                yscale="log")  # fmt: skip
+    best = getattr(history, "best_epoch", None)
+    if best is not None:
+        for ax in axes:
+            ax.axvline(best, color="0.4", lw=0.8, ls=":", label="best epoch" if ax is axes[0] else None)
+    for ax in (axes[0], axes[1], axes[3]):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    return _finish(fig, path)
+
+
+@torch.no_grad()
+def plot_std_ratio(model: Callable, guide, path: str | Path | None = None, bins: int = 40):
+    """Histogram, per Bayesian layer, of every weight's posterior std, with the prior std marked.
+
+    Mass at the prior line: weights the data does not inform (prunable). Mass far below it: weights the data pins
+    down. All of it near zero: a collapsed posterior; all of it at the line: one that ignores the data.
+
+    Examples
+    --------
+    >>> layer = BayesianLinear(3, 2)
+    >>> guide = MeanFieldGuide(layer, init_scale=0.1)
+    >>> _ = guide(torch.randn(4, 3))
+    >>> len(plot_std_ratio(layer, guide).axes)
+    1
+    """
+    plt = _pyplot()
+    owners = site_owners(model)
+    scales: dict[str, list[torch.Tensor]] = {}
+    for name, site in guide.prototype_trace.iter_stochastic_nodes():
+        if name in owners and is_real_support(site["fn"].support):
+            scales.setdefault(owners[name], []).append(site_loc_scale(guide, name)[1].reshape(-1).cpu())
+    if not scales:
+        raise ValueError("the model has no Bayesian layers to plot.")
+    kl = layer_summary(model, guide)
+    fig, axes = plt.subplots(1, len(scales), figsize=(4 * len(scales), 3.2), squeeze=False)
+    for ax, (layer, values) in zip(axes[0], scales.items()):
+        std = torch.cat(values).double().clamp_min(1e-12).log10()
+        low, high = float(std.min()), float(std.max())
+        span = max(high - low, 0.1)  # all widths (nearly) equal, e.g. at initialisation: one visible bar
+        ax.hist(std.numpy(), bins=bins, range=(low - 0.05 * span, low + 1.05 * span), color="C0", alpha=0.8)
+        # the layer's mean prior std over its weights and biases (an empirical-Bayes prior at its scale given q)
+        ax.axvline(math.log10(kl[layer]["prior_std"]), color="k", ls="--", label="prior std")
+        ax.set(xlabel="log10 posterior std", ylabel="weights",
+               title=f"{layer}: KL {kl[layer]['kl']:.0f} nats, {kl[layer]['num_weights']} weights")  # fmt: skip
+        ax.legend(fontsize=7)
+    return _finish(fig, path)
+
+
+def plot_reliability(prediction: ClassificationPrediction | torch.Tensor, y: torch.Tensor, num_bins: int = 10,
+                     path: str | Path | None = None, *, ax=None, title: str = "reliability"):  # fmt: skip
+    """Reliability diagram: accuracy against confidence in equal-width bins, with counts and the ECE.
+
+    ``prediction`` may also be a tensor of class probabilities (a deterministic model's, to compare); ``ax`` draws
+    into an existing matplotlib axes (side-by-side comparisons) and ``title`` heads it (the ECE is appended).
+
+    Examples
+    --------
+    See the module example.
+    """
+    plt = _pyplot()
+    probs = prediction.probs if isinstance(prediction, ClassificationPrediction) else prediction
+    if probs.dim() == 1:
+        probs = torch.stack([1 - probs, probs], -1)
+    confidence, predicted = probs.max(-1)
+    correct = (predicted == y.long()).float()
+    bins = (confidence * num_bins).long().clamp(max=num_bins - 1)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(4.5, 4))
+    else:
+        fig = ax.figure
+    for b in range(num_bins):
+        inside = bins == b
+        if inside.any():
+            accuracy, mean_confidence = float(correct[inside].mean()), float(confidence[inside].mean())
+            ax.bar(b / num_bins, accuracy, width=1 / num_bins, align="edge", edgecolor="k", color="C0", alpha=0.6)
+            ax.plot(mean_confidence, accuracy, "o", color="C3", ms=4)
+            ax.text((b + 0.5) / num_bins, accuracy + 0.02, str(int(inside.sum())), ha="center", fontsize=7)
+    ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
+    ax.plot([], [], "o", color="C3", ms=4, label="(mean confidence, accuracy)")
+    ece = metrics.expected_calibration_error(probs, y, num_bins)
+    ax.set(xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1.1), title=f"{title} (ECE {ece:.3f})")
+    ax.legend(fontsize=7, loc="upper left")
+    return _finish(fig, path)
+
+
+def plot_predictive_band(
+    prediction: RegressionPrediction,
+    x: torch.Tensor,
+    *,
+    x_train: torch.Tensor | None = None,
+    y_train: torch.Tensor | None = None,
+    truth: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    level: float = 0.9,
+    path: str | Path | None = None,
+):
+    """1-D regression: predictive mean, the ``level`` predictive interval and the ±2 sd epistemic band.
+
+    Examples
+    --------
+    >>> from pyro_bbb.prediction import RegressionPrediction
+    >>> grid = torch.linspace(-1, 1, 20).unsqueeze(-1)
+    >>> pred = RegressionPrediction(dist.Normal(torch.randn(30, 20), 0.1), torch.zeros(30, 20))
+    >>> fig = plot_predictive_band(pred, grid, truth=torch.sin)
+    """
+    plt = _pyplot()
+    if x.dim() > 2 or (x.dim() == 2 and x.shape[-1] != 1):
+        raise ValueError(f"plot_predictive_band draws 1-D inputs, got x of shape {tuple(x.shape)}.")
+    g = x.reshape(-1).cpu()
+    order = g.argsort()
+    g = g[order]
+    mean, epistemic = prediction.mean.cpu()[order], prediction.epistemic_std.cpu()[order]
+    lower, upper = (t.cpu()[order] for t in prediction.interval(level))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.fill_between(g, lower, upper, alpha=0.2, color="C0", label=f"{level:.0%} predictive interval")
+    ax.fill_between(g, mean - 2 * epistemic, mean + 2 * epistemic, alpha=0.4, color="C0", label="±2 sd epistemic")
+    ax.plot(g, mean, color="C0", label="predictive mean")
+    if truth is not None:
+        ax.plot(g, truth(g), "k--", lw=1, label="truth")
+    if x_train is not None and y_train is not None:
+        ax.scatter(x_train.reshape(-1).cpu(), y_train.cpu(), s=5, color="k", alpha=0.5, label="training data")
+    ax.set(xlabel="x", ylabel="y")
+    ax.legend(fontsize=7, loc="lower left")
+    return _finish(fig, path)

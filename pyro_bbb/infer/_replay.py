@@ -1,0 +1,169 @@
+"""The ELBO's fast path: after one step through Pyro's handlers, later steps of the same model and guide replay the
+step's tensor program directly (the same draws in the same order, the same loss and gradients), without a Pyro
+message per parameter and site.
+
+It must stay equal to the Pyro path of :class:`pyro_bbb.ELBO`, bit for bit; ``tests/infer/test_replay.py`` checks
+it. Its entry points: :func:`plan_replay` records a plan after a full step (or finds the step cannot be replayed),
+:func:`replay_captures` says whether a new call can follow the plan, and :func:`replay_terms` runs it, returning the
+terms the ELBO accounts for as it does on its own path. A :class:`ReplayMismatch` means the model changed: the ELBO
+then takes the full path again.
+
+Examples
+--------
+>>> bnn = BNN(BayesianLinear(2, 1), likelihoods.Gaussian(scale=0.1))
+>>> guide = MeanFieldGuide(bnn)
+>>> elbo = pyro_bbb.ELBO(num_data=8)
+>>> x, y = torch.randn(8, 2), torch.randn(8)
+>>> [(elbo.loss_and_grads(bnn, guide, x, y), elbo.last_step_replayed)[1] for _ in range(2)]
+[False, True]
+"""
+
+from __future__ import annotations
+
+from numbers import Real
+from typing import Any
+
+import torch
+from pyro.distributions.util import scale_and_mask
+from pyro.poutine.messenger import Messenger
+
+from .._internals import ParamReader, is_tracing, param_captures, preset_samples, sample_priors
+from ..bnn import BNN
+from ..nn.module import BayesianModule, is_layer_prior
+from ..plates import data_plate_frame
+from .estimators import FlipoutMessenger, LocalReparameterizationMessenger
+from .guide import POSTERIOR_KEY, MeanFieldGuide
+from .kl import has_trainable_parameters, is_unscaled, site_kl, zero_mean_prior_scale
+from .scaling import DataPlateScaleMessenger
+
+__all__ = ["ReplayMismatch", "ReplayPlan", "plan_replay", "replay_captures", "replay_terms"]
+
+
+class ReplayMismatch(Exception):
+    """The model no longer matches the recorded plan (a new or unread site, a cleared param store)."""
+
+
+class ReplayPlan:
+    """What a replayed step needs: the model and guide it was recorded for, the guide's prototype (a new set-up
+    invalidates it), the latent sites in the guide's order (name, prior reader, whether it is a layer's weight, whose
+    posterior an estimator is told), and the parameter reader."""
+
+    def __init__(self, model, guide, prototype, sites: list, reader: ParamReader):
+        self.model, self.guide, self.prototype, self.sites, self.reader = model, guide, prototype, sites, reader
+
+
+class _SampleGuard(Messenger):
+    """Stops a replayed step at the first ``pyro.sample`` the model emits: the plan presets every site it knows."""
+
+    def _pyro_sample(self, msg: dict[str, Any]) -> None:
+        raise ReplayMismatch(f"the model emitted a new sample site {msg['name']!r}")
+
+
+def _site(fn, value) -> dict[str, Any]:
+    """A trace site's fields :func:`~pyro_bbb.infer.kl.site_kl` reads, for a replayed latent site (unscaled,
+    unmasked)."""
+    return {"fn": fn, "value": value, "scale": 1.0, "mask": None, "args": (), "kwargs": {}}
+
+
+def plan_replay(model, guide, traces: tuple, num_data: int | None, data_plate: str) -> ReplayPlan | None:
+    """The plan of a replayable model and guide from a full step's ``(model_trace, guide_trace)``, else ``None``:
+    a :class:`~pyro_bbb.BNN` whose latent sites are all global sites of a :class:`~pyro_bbb.MeanFieldGuide` (weights
+    under a prior without trainable parameters, and e.g. a learned noise scale), observed only at its likelihood's
+    site inside an unsubsampled data plate, scaled by ``num_data / B`` and nothing else."""
+    if not isinstance(model, BNN) or not isinstance(guide, MeanFieldGuide) or guide.is_pruned:
+        return None
+    model_trace, guide_trace = traces
+    latent = [n for n, site in guide_trace.nodes.items() if site["type"] == "sample"]
+    priors = sample_priors(model)  # site -> the prior its module emits (a layer's weight, a noise scale, ...)
+    for module in model.modules():  # a layer's own reader: what it emits, without a model run's plate check
+        if isinstance(module, BayesianModule):
+            priors.update(module.site_priors())
+    sites = []
+    for name in latent:
+        site, model_site = guide_trace.nodes[name], model_trace.nodes.get(name)
+        if site["cond_indep_stack"] or site["mask"] is not None or not is_unscaled(site["scale"]):
+            return None  # a local latent, or a mask or poutine.scale in the guide
+        if model_site is None or model_site["is_observed"] or name not in priors:
+            return None
+        if guide.posterior_param_names(name) is None:
+            return None
+        if POSTERIOR_KEY in site["infer"]:  # a layer's weight
+            if not is_layer_prior(model_site["fn"]) or has_trainable_parameters(model_site["fn"]):
+                return None  # a learned prior's parameters would escape the replayed step's parameter capture
+        elif model_site["mask"] is not None or not is_unscaled(model_site["scale"]):  # e.g. a learned noise scale
+            return None
+        sites.append((name, priors[name], POSTERIOR_KEY in site["infer"]))
+    model_sites = [n for n, site in model_trace.nodes.items() if site["type"] == "sample"]
+    observed = [n for n in model_sites if model_trace.nodes[n]["is_observed"]]
+    if observed != [model.likelihood.site] or [n for n in model_sites if n not in observed] != latent:
+        return None
+    obs = model_trace.nodes[observed[0]]
+    frame = data_plate_frame(obs, data_plate)
+    if frame is None or (frame.full_size or frame.size) != frame.size:
+        return None
+    expected = 1.0 if num_data is None else num_data / frame.size
+    if obs["mask"] is not None or not isinstance(obs["scale"], Real) or obs["scale"] != expected:
+        return None  # a mask, or a scale of the user's own (poutine.scale around the likelihood): not replayed
+    names = [n for site in latent for n in guide.posterior_param_names(site)]
+    return ReplayPlan(model, guide, guide.prototype_trace, sites, ParamReader(names))
+
+
+def replay_captures(plan: ReplayPlan, model, guide, args: tuple, kwargs: dict) -> tuple[list, list] | None:
+    """``(parameter-capture traces, estimator handlers)`` when a call ``(model, guide, *args, **kwargs)`` can follow
+    ``plan``: the same model and guide, ``(x, y)`` with targets, the same prototype, no pruning, no JIT trace, and no
+    handler active but ``SVI``'s / ``fit``'s parameter capture and at most one of Flipout and local
+    reparameterization. Else ``None``."""
+    if plan.model is not model or plan.guide is not guide or kwargs or len(args) != 2 or args[1] is None:
+        return None
+    if guide.prototype_trace is not plan.prototype or guide.is_pruned or is_tracing():
+        return None
+    stack = param_captures(allowed=(FlipoutMessenger, LocalReparameterizationMessenger))
+    if stack is None or len(stack[1]) > 1:
+        return None
+    return stack
+
+
+def replay_terms(plan: ReplayPlan, captures: list, estimators: list, x, y, num_data: int | None,
+                 data_plate: str) -> tuple[torch.Tensor, dict, dict, int]:
+    """One step's terms as the ELBO's own path computes them, from the same draws in the same order, without the
+    handlers but the estimator's (told each site's posterior as the guide's draw would): ``(scaled negative
+    log-likelihood, KL by site (``None`` for the closed-form sites), closed-form sites' ``(loc, scale, t)``, batch
+    size)``. Raises :class:`ReplayMismatch` when the model no longer matches the plan."""
+    draws, posteriors, kl_by_site = {}, {}, {}
+    for i, (name, prior_of, weight) in enumerate(plan.sites):
+        try:
+            loc, scale = plan.reader.read(captures, 2 * i, 2 * i + 2)  # site by site, in the guide's order
+        except KeyError as missing:  # the param store was cleared or replaced: the guide registers them anew
+            raise ReplayMismatch(f"parameter {missing} is not in Pyro's param store") from None
+        if weight:  # a layer's weight: Normal(loc, scale).rsample()'s own arithmetic, without the distribution
+            # (noise laid out as rsample lays it out, contiguous, whatever the memory format of loc)
+            draws[name] = loc + torch.empty(loc.shape, dtype=loc.dtype, device=loc.device).normal_() * scale
+            for estimator in estimators:
+                estimator.remember_posterior(name, loc, scale)
+            posteriors[name] = ((loc, scale), prior_of)
+        else:  # what the guide samples from (e.g. a Normal pushed into a positive support): the same draw
+            fn = plan.guide.posterior_at(name, loc, scale)
+            draws[name] = fn.rsample()
+            posteriors[name] = (fn, prior_of)
+    with preset_samples(plan.model, draws) as read, _SampleGuard():
+        fn, y = plan.model.observation(x, y)
+    if read != set(draws):
+        raise ReplayMismatch("the model did not read every weight site")
+    batch = fn.batch_shape[-1] if fn.batch_shape else 1
+    scale = 1.0
+    if num_data is not None:
+        scale = scale * DataPlateScaleMessenger.batch_scale(num_data, batch, data_plate)
+    # the terms in the order the full path computes them (the autograd graph, and so the gradients, alike)
+    nll = 0.0 - scale_and_mask(fn.log_prob(y), scale, None).sum()
+    closed_form = {}
+    for name, (fn, prior_of) in posteriors.items():  # the full path's own KL of each site
+        prior = prior_of()
+        t = zero_mean_prior_scale(fn[0], prior) if isinstance(fn, tuple) else None
+        if t is not None:
+            closed_form[name] = (*fn, t)
+            kl_by_site[name] = None  # (computed with the others, in this place)
+            continue
+        if isinstance(fn, tuple):  # another prior: the guide's Normal, as the full path sees it
+            fn = plan.guide.posterior_at(name, *fn)
+        kl_by_site[name] = site_kl(_site(fn, draws[name]), _site(prior, draws[name]))
+    return nll, kl_by_site, closed_form, batch

@@ -1,0 +1,97 @@
+"""KL-weight schedules: callables from the optimisation step (0, 1, 2, ...) to the weight of the KL term.
+
+Pass one as ``pyro_bbb.ELBO(num_data=N, kl_weight=schedule)``; the ELBO's step counter advances once per
+``loss_and_grads`` (that is, once per ``SVI.step``). A weight of 1 is the true ELBO; smaller weights during a
+warm-up let the network fit the data before the KL pulls the posterior towards the prior.
+
+Examples
+--------
+>>> w = LinearWarmup(warmup_steps=4)
+>>> [w(step) for step in range(6)]
+[0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+"""
+
+from __future__ import annotations
+
+from numbers import Real
+
+from .._checks import check_count, check_nonnegative
+
+__all__ = ["Schedule", "Constant", "LinearWarmup", "Cyclical"]
+
+
+class Schedule:
+    """Base class of KL-weight schedules: ``schedule(step) -> float``.
+
+    Examples
+    --------
+    >>> class Halving(Schedule):
+    ...     def __call__(self, step):
+    ...         return 0.5 ** step
+    >>> Halving()(2)
+    0.25
+    """
+
+    def __call__(self, step: int) -> float:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({args})"
+
+
+class Constant(Schedule):
+    """The same weight at every step.
+
+    Examples
+    --------
+    >>> Constant(0.1)(1000)
+    0.1
+    """
+
+    def __init__(self, weight: float = 1.0):
+        self.weight = check_nonnegative("weight", weight)
+
+    def __call__(self, step: int) -> float:
+        return self.weight
+
+
+class LinearWarmup(Schedule):
+    """Linear ramp from ``start`` to ``end`` over ``warmup_steps`` steps, then ``end``.
+
+    Examples
+    --------
+    >>> LinearWarmup(10, start=0.5)(5)
+    0.75
+    """
+
+    def __init__(self, warmup_steps: int, start: float = 0.0, end: float = 1.0):
+        self.warmup_steps = check_count("warmup_steps", warmup_steps)
+        self.start = check_nonnegative("start", start)
+        self.end = check_nonnegative("end", end)
+
+    def __call__(self, step: int) -> float:
+        fraction = min(max(step, 0) / self.warmup_steps, 1.0)
+        return self.start + (self.end - self.start) * fraction
+
+
+class Cyclical(Schedule):
+    """Cyclical annealing (Fu et al. 2019): in each cycle of ``period`` steps the weight rises linearly from 0
+    to 1 over the first ``ratio * period`` steps and stays at 1 for the rest.
+
+    Examples
+    --------
+    >>> c = Cyclical(period=4, ratio=0.5)
+    >>> [c(step) for step in range(8)]
+    [0.0, 0.5, 1.0, 1.0, 0.0, 0.5, 1.0, 1.0]
+    """
+
+    def __init__(self, period: int, ratio: float = 0.5):
+        self.period = check_count("period", period)
+        if not isinstance(ratio, Real) or not 0.0 < ratio <= 1.0:
+            raise ValueError(f"`ratio` must lie in (0, 1], got {ratio!r}.")
+        self.ratio = float(ratio)
+
+    def __call__(self, step: int) -> float:
+        tau = (max(step, 0) % self.period) / self.period
+        return min(tau / self.ratio, 1.0)

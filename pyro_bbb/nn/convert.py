@@ -1,0 +1,219 @@
+"""``bayesianize``: an existing PyTorch model, whole or in part, as a Bayes-by-Backprop model.
+
+Examples
+--------
+>>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+>>> bayesianize(net, prior=priors.Normal(0.0, 0.5), last_layer_only=True)
+PyroSequential(
+  (0): PyroLinear(in_features=4, out_features=8, bias=True)
+  (1): PyroReLU()
+  (2): BayesianLinear(in_features=8, out_features=2, bias=True, prior=Normal(loc=0.0, scale=0.5))
+)
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+from pyro.nn import PyroModule
+from pyro.nn.module import to_pyro_module_
+from torch import nn
+
+from .._internals import ConvNd, ConvTransposeNd
+from ..priors import Prior
+from .conv import (
+    BayesianConv1d,
+    BayesianConv2d,
+    BayesianConv3d,
+    BayesianConvTranspose1d,
+    BayesianConvTranspose2d,
+    BayesianConvTranspose3d,
+)
+from .linear import BayesianLinear
+from .module import BayesianModule
+from .recurrent import BayesianGRU, BayesianGRUCell, BayesianLSTM, BayesianLSTMCell
+
+__all__ = ["bayesianize", "SUPPORTED"]
+
+#: Deterministic layer type -> its Bayesian twin. Selection is by ``isinstance``, never by class name.
+SUPPORTED: dict[type[nn.Module], type[BayesianModule]] = {
+    nn.Linear: BayesianLinear,
+    nn.Conv1d: BayesianConv1d,
+    nn.Conv2d: BayesianConv2d,
+    nn.Conv3d: BayesianConv3d,
+    nn.ConvTranspose1d: BayesianConvTranspose1d,
+    nn.ConvTranspose2d: BayesianConvTranspose2d,
+    nn.ConvTranspose3d: BayesianConvTranspose3d,
+    nn.LSTM: BayesianLSTM,
+    nn.GRU: BayesianGRU,
+    nn.LSTMCell: BayesianLSTMCell,
+    nn.GRUCell: BayesianGRUCell,
+}
+
+#: Containers whose sub-layers are used through their weights rather than called (so they cannot be swapped).
+_OPAQUE = (nn.MultiheadAttention,)
+
+Selector = Sequence[str] | Callable[[str, nn.Module], bool] | None
+PriorSpec = Prior | Mapping[str, Prior] | Callable[[str, nn.Module], Prior | None] | None
+
+
+def _twin_type(module: nn.Module) -> type[BayesianModule] | None:
+    if isinstance(module, (nn.modules.lazy.LazyModuleMixin, BayesianModule)):
+        return None
+    for base, twin in SUPPORTED.items():
+        if isinstance(module, base):
+            return twin
+    return None
+
+
+def _matches(selector: Selector, name: str, module: nn.Module) -> bool:
+    if callable(selector):
+        return bool(selector(name, module))
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in selector)
+
+
+def _prior_for(prior: PriorSpec, name: str, module: nn.Module) -> Prior | None:
+    if prior is None or isinstance(prior, Prior) or isinstance(prior, torch.distributions.Distribution):
+        return prior
+    if isinstance(prior, Mapping):
+        return next((p for pattern, p in prior.items() if fnmatch.fnmatchcase(name, pattern)), None)
+    if callable(prior):
+        return prior(name, module)
+    raise TypeError(
+        "prior must be a Prior, a dict from name pattern to Prior, or a callable (name, module) -> Prior; got "
+        f"{type(prior).__name__}."
+    )
+
+
+def _make_twin(module: nn.Module, twin: type[BayesianModule], prior: Prior | None, from_weights: bool):
+    weight = next(module.parameters())
+    kwargs = {"prior": prior, "device": weight.device, "dtype": weight.dtype}
+    if isinstance(module, nn.Linear):
+        new = twin(module.in_features, module.out_features, bias=module.bias is not None, **kwargs)
+    elif isinstance(module, ConvTransposeNd):
+        new = twin(module.in_channels, module.out_channels, module.kernel_size, stride=module.stride,
+                   padding=module.padding, output_padding=module.output_padding, groups=module.groups,
+                   bias=module.bias is not None, dilation=module.dilation, padding_mode=module.padding_mode,
+                   **kwargs)  # fmt: skip
+    elif isinstance(module, ConvNd):
+        new = twin(module.in_channels, module.out_channels, module.kernel_size, stride=module.stride,
+                   padding=module.padding, dilation=module.dilation, groups=module.groups,
+                   bias=module.bias is not None, padding_mode=module.padding_mode, **kwargs)  # fmt: skip
+    elif isinstance(module, nn.RNNBase):
+        if getattr(module, "proj_size", 0):
+            kwargs["proj_size"] = module.proj_size
+        new = twin(module.input_size, module.hidden_size, num_layers=module.num_layers, bias=module.bias,
+                   batch_first=module.batch_first, dropout=module.dropout, bidirectional=module.bidirectional,
+                   **kwargs)  # fmt: skip
+    else:  # recurrent cells
+        new = twin(module.input_size, module.hidden_size, bias=module.bias, **kwargs)
+    if from_weights:
+        for name, param in module.named_parameters():
+            new.set_initial_value(name, param)
+    new.train(module.training)
+    return new
+
+
+def _supported_names() -> str:
+    return ", ".join(f"nn.{t.__name__}" for t in SUPPORTED)
+
+
+def bayesianize(
+    module: nn.Module,
+    prior: PriorSpec = None,
+    include: Selector = None,
+    exclude: Selector = None,
+    last_layer_only: bool = False,
+    init_from_weights: bool = True,
+) -> PyroModule:
+    """A copy of ``module`` with the chosen layers replaced by their Bayesian twins; the original is untouched.
+
+    Layers are chosen by type (``isinstance`` against :data:`SUPPORTED`: ``nn.Linear``, ``nn.Conv1d/2d/3d``,
+    ``nn.ConvTranspose1d/2d/3d``, ``nn.LSTM``, ``nn.GRU`` and their cells), then
+    narrowed by module name (``fnmatch`` patterns such as ``"head.*"``) or a predicate ``(name, module) -> bool``.
+    Everything else (normalisation, dropout, activations, embeddings, attention, custom modules) stays
+    deterministic; the copy is converted to :class:`~pyro.nn.PyroModule` so those parameters are trained as point
+    estimates alongside the guide (and saved by :func:`pyro_bbb.save`). The projections inside
+    ``nn.MultiheadAttention`` are used through their weights, not called, and are never converted.
+
+    Parameters
+    ----------
+    module : nn.Module
+        The (trained) model.
+    prior : Prior, dict or callable, optional
+        One prior for every converted layer; a dict from name pattern to prior (first match wins, unmatched
+        layers get their twin's default: ``Normal(0, 1)``, ``Normal(0, 2)`` for recurrent layers); or
+        ``(name, module) -> prior``. ``None``: every twin's default. :class:`pyro_bbb.priors.Moped` centres each
+        weight's prior on its trained value.
+    include : list of patterns or predicate, optional
+        Convert only these layers (a container stands for the layers inside it). A layer named exactly that cannot
+        be converted is an error; the normalisation, dropout or activation modules that a wildcard
+        (``"encoder.layer.1.*"``) or a predicate also matches are left deterministic.
+    exclude : list of patterns or predicate, optional
+        Never convert these.
+    last_layer_only : bool
+        Convert only the last convertible layer (in registration order): a Bayesian head on a deterministic body.
+    init_from_weights : bool
+        Start the posterior means at the trained weights (:class:`pyro_bbb.MeanFieldGuide` reads them); with a
+        small ``init_scale`` the converted model predicts like the original before any training.
+
+    Returns
+    -------
+    PyroModule
+        Wrap it as ``pyro_bbb.BNN(converted, likelihood)``.
+
+    Examples
+    --------
+    See the module example.
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"bayesianize converts a torch.nn.Module, got {type(module).__name__}.")
+    if _twin_type(module) is not None:  # the model is itself one convertible layer
+        return _make_twin(module, _twin_type(module), _prior_for(prior, "", module), init_from_weights)
+    converted = copy.deepcopy(module)
+    named = [(name, m) for name, m in converted.named_modules() if name]
+    opaque = [name for name, m in named if isinstance(m, _OPAQUE)]
+
+    def inside(name: str, parents) -> bool:
+        return any(name.startswith(p + ".") for p in parents)
+
+    if include is None:
+        candidates = [(n, m) for n, m in named if not inside(n, opaque)]
+    else:
+        direct = [(n, m) for n, m in named if _matches(include, n, m)]
+        if not direct:
+            raise ValueError(f"include={include!r} matched no module; the module names are {[n for n, _ in named]}.")
+        # a matched container (children, no parameters of its own) stands for the layers inside it; a module named
+        # exactly that cannot be converted is an error, one that a wildcard or a predicate swept up is passed over
+        named_exactly = set() if callable(include) else {p for p in include if not any(c in p for c in "*?[")}
+        unsupported = [f"{n} ({type(m).__name__})" for n, m in direct
+                       if n in named_exactly and (_twin_type(m) is None or inside(n, opaque))
+                       and not (list(m.children()) and not list(m.parameters(recurse=False)))]  # fmt: skip
+        if unsupported:
+            raise ValueError(
+                f"cannot make these modules Bayesian: {', '.join(unsupported)}. Supported types: {_supported_names()} "
+                "(and their subclasses); the projections inside nn.MultiheadAttention are used through their "
+                "weights, not called, and cannot be converted. Leave the others deterministic, or exclude them."
+            )
+        roots = [n for n, _ in direct]
+        candidates = [(n, m) for n, m in named if (n in roots or inside(n, roots)) and not inside(n, opaque)]
+    candidates = [(n, m) for n, m in candidates if _twin_type(m) is not None]
+    if exclude is not None:  # an excluded container takes its layers with it
+        excluded = [n for n, m in named if _matches(exclude, n, m)]
+        candidates = [(n, m) for n, m in candidates if n not in excluded and not inside(n, excluded)]
+    if last_layer_only:
+        candidates = candidates[-1:]
+    if not candidates:
+        where = "" if include is None else f" among the modules include={include!r} selects"
+        raise ValueError(f"no layer to convert: no {_supported_names()} outside attention blocks{where}.")
+
+    for name, layer in candidates:
+        parent_name, _, child = name.rpartition(".")
+        parent = converted.get_submodule(parent_name) if parent_name else converted
+        twin = _make_twin(layer, _twin_type(layer), _prior_for(prior, name, layer), init_from_weights)
+        setattr(parent, child, twin)
+    to_pyro_module_(converted)
+    return converted

@@ -1,0 +1,376 @@
+"""``predict``: the posterior predictive distribution from S weight draws, computed in one vectorized pass.
+
+The predictive engine: the guide is drawn once, the model runs many draws per call inside a sample plate (inside
+:class:`pyro_bbb.BNN` the network sees them folded into ordinary batches), draw 0 is checked against the same draw
+run alone, and the per-draw likelihoods are stacked into a :mod:`pyro_bbb.prediction` result.
+
+Examples
+--------
+>>> bnn = BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.1))
+>>> guide = MeanFieldGuide(bnn)
+>>> _ = guide(torch.randn(8, 3), torch.randn(8))   # normally done by pyro_bbb.fit
+>>> pred = predict(bnn, guide, torch.randn(20, 3), num_samples=50)
+>>> pred.mean.shape, pred.samples.shape
+(torch.Size([20]), torch.Size([50, 20]))
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import pyro
+import pyro.distributions as dist
+import pyro.poutine as poutine
+import torch
+
+from .._checks import check_count, is_set_up
+from ..data.inputs import (
+    Inputs,
+    cast_inputs,
+    check_finite_inputs,
+    first_tensor,
+    input_shapes,
+    input_tensors,
+    model_dtype,
+    num_rows,
+    select_rows,
+    split_rows,
+)
+from ..plates import data_plate_frame, data_plate_named, data_plate_of
+from .messengers import ObservationPlaceholderMessenger, SubsampleCoverMessenger
+from .results import Prediction, prediction_for
+
+__all__ = ["predict", "predict_with_draws", "set_up_guide", "draws_per_block", "CPU_BLOCK_ELEMENTS"]
+
+SAMPLE_PLATE = "_predictive_samples"
+
+
+# -- stacking per-draw likelihoods ------------------------------------------------------------------------------
+_FAMILIES: dict[type, tuple[tuple[str, ...], Callable]] = {
+    dist.Normal: (("loc", "scale"), lambda p: dist.Normal(p["loc"], p["scale"])),
+    dist.Categorical: (("logits",), lambda p: dist.Categorical(logits=p["logits"])),
+    dist.Bernoulli: (("logits",), lambda p: dist.Bernoulli(logits=p["logits"])),
+}
+
+
+def _family(fn: dist.Distribution) -> tuple[dist.Distribution, int]:
+    reinterpreted = 0
+    while isinstance(fn, dist.Independent):
+        reinterpreted += fn.reinterpreted_batch_ndims
+        fn = fn.base_dist
+    for cls in _FAMILIES:
+        if isinstance(fn, cls):
+            return fn, reinterpreted
+    raise ValueError(
+        f"predict understands Normal, Categorical and Bernoulli observations, but the model's observation is "
+        f"{type(fn).__name__}. Use a pyro_bbb.likelihoods likelihood, or subclass Likelihood and Prediction."
+    )
+
+
+def _params(fn: dist.Distribution, site: dict, draw_dims: int) -> tuple[type, int, dict[str, torch.Tensor]]:
+    """The parameters of a site's ``fn``: ``draw_dims`` leading draw dims, then only the site's own plate dims.
+
+    Under the sample plate the batch is ``(S, 1, ..., 1, *plates)``; the padding between goes.
+    """
+    base, reinterpreted = _family(fn)
+    names, _ = next(v for k, v in _FAMILIES.items() if isinstance(base, k))
+    batch = base.batch_shape
+    keep = batch[:draw_dims] + batch[len(batch) - reinterpreted - _site_plate_dims(site) :]
+    params = {}
+    for name in names:
+        value = getattr(base, name).expand(batch + getattr(base, name).shape[len(batch) :])
+        params[name] = value.reshape(keep + value.shape[len(batch) :])
+    return type(base), reinterpreted, params
+
+
+def _rebuild(family: type, reinterpreted: int, params: dict[str, torch.Tensor]) -> dist.Distribution:
+    fn = next(v for k, v in _FAMILIES.items() if issubclass(family, k))[1](params)
+    return fn.to_event(reinterpreted) if reinterpreted else fn
+
+
+# -- the passes ------------------------------------------------------------------------------------------------
+def _site_plate_dims(site: dict) -> int:
+    dims = [-f.dim for f in site["cond_indep_stack"] if f.vectorized and f.name != SAMPLE_PLATE]
+    return max(dims, default=0)
+
+
+def _observation_site(model_trace, guide_trace, data_plate: str) -> str:
+    names = [
+        name
+        for name, site in model_trace.iter_stochastic_nodes()
+        if name not in guide_trace.nodes and data_plate_frame(site, data_plate) is not None
+    ]
+    if len(names) != 1:
+        raise ValueError(
+            f"predict needs exactly one observation site inside pyro.plate({data_plate!r}) that the guide does not "
+            f"sample; the model has {names or 'none'}. Build the model as pyro_bbb.BNN(net, likelihood), or name "
+            "your data plate with `data_plate=`."
+        )
+    return names[0]
+
+
+#: On a CPU, weight draws are run in blocks whose activations hold about this many numbers (8 MB of float32):
+#: beyond the cache, one huge batched product is slower than several smaller ones (benchmarks/predict.py).
+CPU_BLOCK_ELEMENTS = 2**21
+
+
+def _positions(tensor: torch.Tensor) -> int:
+    """Positions per input: an integer sequence's tokens, an image's pixels (``x[0].numel() / channels``), else 1."""
+    if not tensor.is_floating_point() and tensor.dim() >= 2:
+        return tensor[0].numel()
+    return tensor[0].numel() // tensor.shape[1] if tensor.dim() > 2 else 1
+
+
+def draws_per_block(num_samples: int, x: Inputs, shapes: dict[str, torch.Size]) -> int:
+    """How many weight draws to run together: all of them on an accelerator; cache-sized blocks on a CPU.
+
+    The activations per input and draw are estimated from the weights: a linear layer's output features (times the
+    tokens of an integer sequence input), a convolution's output channels times the input's positions
+    (``x[0].numel() / channels``).
+
+    Examples
+    --------
+    >>> draws_per_block(100, torch.zeros(500, 32), {"fc.weight": torch.Size([256, 32])})
+    16
+    """
+    if first_tensor(x).device.type != "cpu":
+        return num_samples
+    tensors = input_tensors(x).values()
+    positions = max(_positions(t) for t in tensors)
+    tokens = max((_positions(t) for t in tensors if not t.is_floating_point()), default=1)
+    width = sum(shape[0] * (positions if len(shape) > 2 else tokens) for shape in shapes.values() if len(shape) >= 2)
+    return max(1, min(num_samples, CPU_BLOCK_ELEMENTS // (num_rows(x) * (width or 1))))
+
+
+def _run_draws(model, draws, shapes, x, obs, data_plate: str, nesting: int, block: int | None, num_samples: int):
+    """The observation's parameters under every draw: ``block`` draws per call inside a sample plate, or one call
+    per draw without any plate (``block=None``, the fallback for models that cannot be vectorized)."""
+    parts = []
+    for start in range(0, num_samples, block or 1):
+        stop = min(start + (block or 1), num_samples)
+        placeholder = ObservationPlaceholderMessenger(data_plate, first_tensor(x).device)
+        if block is None:
+            values = {name: value[start].reshape(shapes[name]) for name, value in draws.items()}
+            trace = poutine.trace(placeholder(poutine.condition(model, data=values))).get_trace(x)
+        else:
+            values = {name: value[start:stop] for name, value in draws.items()}
+            with pyro.plate(SAMPLE_PLATE, stop - start, dim=-(nesting + 1)):
+                trace = poutine.trace(placeholder(poutine.condition(model, data=values))).get_trace(x)
+        site = trace.nodes[obs]
+        family, reinterpreted, params = _params(site["fn"], site, draw_dims=0 if block is None else 1)
+        parts.append({k: v.unsqueeze(0) for k, v in params.items()} if block is None else params)
+    return family, reinterpreted, {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+def _run_covering(model, draws, shapes, x, obs, data_plate: str, nesting: int, block, num_samples: int):
+    """:func:`_run_draws` over every input: a data plate that subsamples is run piece by piece (its full size
+    covered once, in order) and the pieces joined."""
+    parts, piece = [], 0
+    while True:
+        cover = SubsampleCoverMessenger(data_plate, piece)
+        family, reinterpreted, params = _run_draws(cover(model), draws, shapes, x, obs, data_plate, nesting, block,
+                                                   num_samples)  # fmt: skip
+        if cover.size is None:
+            return family, reinterpreted, params
+        keep = min(cover.subsample_size, cover.size - piece * cover.subsample_size)
+        parts.append({name: value[:, :keep] for name, value in params.items()})
+        piece += 1
+        if piece * cover.subsample_size >= cover.size:
+            return family, reinterpreted, {name: torch.cat([p[name] for p in parts], 1) for name in parts[0]}
+
+
+def _vectorized_mismatch(result, alone: dict[str, torch.Tensor]) -> str | None:
+    """Draw 0 of a vectorized pass against the same draw run alone (``alone``: the observation's parameters of the
+    plain pass): a model whose code reads the draw dimensions as its batch gives other numbers, and is then run one
+    draw at a time rather than trusted."""
+    _, _, vectorized = result
+    for name, value in alone.items():
+        first = vectorized[name][:1, : value.shape[1]] if value.dim() > 1 else vectorized[name][:1]  # piece 0
+        if value.shape[1:] != first.shape[1:]:
+            return (f"the vectorized draws gave the observation's {name!r} shape {tuple(vectorized[name].shape[1:])} "
+                    f"per draw, one draw alone {tuple(value.shape[1:])}")  # fmt: skip
+        if not torch.allclose(first, value, rtol=1e-4, atol=1e-5):
+            return f"the vectorized draws gave other values of the observation's {name!r} than one draw alone"
+    return None
+
+
+def set_up_guide(model: Callable, guide: Callable, x: Inputs) -> None:
+    """Set up an autoguide that has not seen the model yet (e.g. a converted or MOPED-initialised model before any
+    VI) from inputs alone: the observation is given a placeholder value drawn from the model (so that Pyro does not
+    take it for a latent variable), and the user's random stream is left where it was.
+
+    Examples
+    --------
+    >>> bnn = BNN(BayesianLinear(3, 2), likelihoods.Categorical())
+    >>> guide = MeanFieldGuide(bnn)
+    >>> set_up_guide(bnn, guide, torch.randn(1, 3))
+    >>> sorted(name for name, _ in guide.prototype_trace.iter_stochastic_nodes())
+    ['net.bias', 'net.weight']
+    """
+    data_plate = data_plate_of(model)
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), poutine.block():
+        trace = poutine.trace(model).get_trace(x)
+        observations = [site["value"] for site in trace.nodes.values()
+                        if site["type"] == "sample" and data_plate_frame(site, data_plate) is not None]
+        guide(x, *observations[:1])  # fmt: skip
+
+
+def _check_predict_args(guide, x, num_samples, batch_size, sample_batch_size) -> None:
+    check_count("num_samples", num_samples)
+    check_count("batch_size", batch_size, optional=True)
+    check_count("sample_batch_size", sample_batch_size, optional=True)
+    if num_rows(x) == 0:
+        raise ValueError(f"x must hold at least one input along its first dimension, got {input_shapes(x)}.")
+    check_finite_inputs(x, "x holds values whose predictions would be NaN")
+
+
+@torch.no_grad()
+def predict(
+    model: Callable,
+    guide: Callable,
+    x: Inputs,
+    num_samples: int = 100,
+    batch_size: int | None = None,
+    *,
+    vectorize: bool | None = None,
+    sample_batch_size: int | None = None,
+    data_plate: str | None = None,
+) -> Prediction:
+    """The posterior predictive at inputs ``x`` from ``num_samples`` weight draws of ``guide``.
+
+    The weights are drawn once; every input (and every chunk of ``batch_size`` inputs) sees the same S draws. The
+    model runs for many draws at once inside a sample plate (all S on an accelerator; on a CPU, blocks of draws
+    whose activations fit the cache); when it cannot (e.g. a deterministic layer that rejects extra leading
+    dimensions) it falls back, with a warning, to one call per draw. Both give the same numbers. The predictive
+    samples are drawn last, from the stacked likelihoods.
+
+    Parameters
+    ----------
+    model : callable
+        Called as ``model(x)``; it must sample its observation inside ``pyro.plate(data_plate)``, e.g. a
+        :class:`pyro_bbb.BNN`.
+    guide : callable
+        A fitted guide such as :class:`pyro_bbb.MeanFieldGuide`.
+    x : Tensor, tuple of Tensor or dict of Tensor
+        Inputs, first dimension the batch (a tuple or dict: every tensor's first dimension; e.g. a transformers
+        ``BatchEncoding``).
+    num_samples : int
+        Number of weight draws S.
+    batch_size : int, optional
+        Inputs per model call (memory bound); ``None`` runs all of ``x`` at once.
+    vectorize : bool, optional
+        ``True`` only vectorized, ``False`` only the loop, ``None`` vectorized with the loop as fallback.
+    sample_batch_size : int, optional
+        Weight draws per vectorized call; by default all on an accelerator and a cache-sized block on a CPU.
+    data_plate : str, optional
+        Name of the data plate; defaults to ``model.data_plate`` or ``"data"``.
+
+    Returns
+    -------
+    Prediction
+        The model's likelihood decides the kind: :class:`RegressionPrediction` (``mean``, ``std``,
+        ``aleatoric_std``, ``epistemic_std``, ``interval``) or :class:`ClassificationPrediction` (``probs``,
+        ``predictive_entropy``, ``expected_entropy``, ``mutual_information``, ``predicted_class``).
+
+    Examples
+    --------
+    >>> bnn = BNN(BayesianLinear(4, 3), likelihoods.Categorical())
+    >>> guide = MeanFieldGuide(bnn)
+    >>> _ = guide(torch.randn(8, 4), torch.randint(0, 3, (8,)))
+    >>> predict(bnn, guide, torch.randn(10, 4), num_samples=20, batch_size=4).probs.shape
+    torch.Size([10, 3])
+    """
+    return predict_with_draws(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate)[0]
+
+
+@torch.no_grad()
+def predict_with_draws(
+    model, guide, x, num_samples=100, batch_size=None, vectorize=None, sample_batch_size=None, data_plate=None
+) -> tuple[Prediction, dict[str, torch.Tensor], str]:
+    """:func:`predict`, also returning the weight draws it used (``{site: (S, *site shape)}``) and the name of
+    the observation site -- so that an export can show the very draws behind the predictive.
+
+    Examples
+    --------
+    >>> bnn = BNN(BayesianLinear(2, 1), likelihoods.Gaussian(scale=0.1))
+    >>> guide = MeanFieldGuide(bnn)
+    >>> _ = guide(torch.zeros(3, 2), torch.zeros(3))
+    >>> prediction, draws, site = predict_with_draws(bnn, guide, torch.zeros(4, 2), num_samples=5)
+    >>> draws["net.weight"].shape, site
+    (torch.Size([5, 1, 2]), 'y')
+    """
+    x = cast_inputs(x, model_dtype(model))
+    _check_predict_args(guide, x, num_samples, batch_size, sample_batch_size)
+    if not is_set_up(guide):
+        set_up_guide(model, guide, select_rows(x, slice(0, 1)))
+    # the joint predictive shares each weight draw across inputs, whatever training estimator is active around us
+    if data_plate is None:
+        data_plate = data_plate_of(model)
+    with poutine.block(hide_types=["bayesian_affine"]), data_plate_named(data_plate):
+        return _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate)
+
+
+def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate):
+    chunks = split_rows(x, batch_size) if batch_size else [x]
+
+    # One plain pass finds the observation site, the plate nesting and each latent site's own shape.
+    plain_guide = poutine.trace(guide).get_trace(chunks[0])
+    cover = SubsampleCoverMessenger(data_plate, 0)
+    placeholder = ObservationPlaceholderMessenger(data_plate, first_tensor(x).device)
+    plain_pass = cover(placeholder(poutine.replay(model, trace=plain_guide)))
+    plain_model = poutine.trace(plain_pass).get_trace(chunks[0])
+    obs = _observation_site(plain_model, plain_guide, data_plate)
+    nesting = max((_site_plate_dims(site) for _, site in plain_model.iter_stochastic_nodes()), default=0)
+    latent = {name: site for name, site in plain_guide.iter_stochastic_nodes()}
+    local = [name for name, site in latent.items() if data_plate_frame(site, data_plate) is not None]
+    if local:
+        raise ValueError(f"predict draws global weights only; the guide samples {local} inside the data plate.")
+
+    with pyro.plate(SAMPLE_PLATE, num_samples, dim=-(nesting + 1)):
+        guide_trace = poutine.trace(guide).get_trace(chunks[0])
+    draws = {name: guide_trace.nodes[name]["value"] for name in latent}  # (S, 1, ..., *site shape)
+    # draw 0 is the plain pass's draw (just as independent), so that the plain pass is also the lone run of draw 0
+    # that checks the vectorized one
+    draws = {name: torch.cat([plain_guide.nodes[name]["value"].reshape((1, *value.shape[1:])), value[1:]])
+             for name, value in draws.items()}  # fmt: skip
+    shapes = {name: site["value"].shape for name, site in latent.items()}
+    alone = {k: v.unsqueeze(0) for k, v in _params(plain_model.nodes[obs]["fn"], plain_model.nodes[obs], 0)[2].items()}
+    if cover.size is not None:  # piece 0 of a subsampling plate: only its first min(m, n) entries are distinct data
+        alone = {k: v[:, : min(cover.size, cover.subsample_size)] for k, v in alone.items()}
+
+    block = sample_batch_size or draws_per_block(num_samples, chunks[0], shapes)
+    results = None
+    if vectorize is not False:
+        try:
+            results = [_run_covering(model, draws, shapes, chunk, obs, data_plate, nesting, block, num_samples)
+                       for chunk in chunks]
+            mismatch = _vectorized_mismatch(results[0], alone)
+        except (RuntimeError, ValueError, IndexError) as error:
+            results, mismatch = None, f"it could not run several weight draws in one call ({error})"
+        if mismatch is not None:
+            if vectorize:
+                raise ValueError(f"predict(vectorize=True): {mismatch}.")
+            results = None
+            warnings.warn(
+                f"predict: {mismatch}; falling back to one call per draw, which is slower but right. Inside "
+                "pyro_bbb.BNN the network sees ordinary batches; a hand-written model's deterministic code must "
+                "accept extra leading (draw) dimensions to be vectorized (e.g. index from the right: out[..., -1, :], "
+                "nn.Flatten(start_dim=-3)).",
+                stacklevel=6,  # the caller of predict (through predict_with_draws and torch.no_grad wrappers)
+            )
+    if results is None:
+        results = [_run_covering(model, draws, shapes, chunk, obs, data_plate, nesting, None, num_samples)
+                   for chunk in chunks]
+
+    family, reinterpreted, _ = results[0]
+    params = {name: torch.cat([p[name] for _, _, p in results], dim=1) for name in results[0][2]}
+    distribution = _rebuild(family, reinterpreted, params)
+    samples = distribution.sample()
+    likelihood = getattr(model, "likelihood", None)
+    if likelihood is not None and hasattr(likelihood, "prediction"):
+        prediction = likelihood.prediction(distribution, samples)
+    else:
+        prediction = prediction_for(distribution, samples)
+    plain_draws = {name: value.reshape((num_samples, *shapes[name])) for name, value in draws.items()}
+    return prediction, plain_draws, obs

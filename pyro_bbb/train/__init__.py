@@ -1,0 +1,18 @@
+"""Training: ``fit`` (:mod:`~pyro_bbb.train.loop`), its :class:`History` (:mod:`~pyro_bbb.train.history`), early
+stopping (:mod:`~pyro_bbb.train.stopping`), data-parallel training (:mod:`~pyro_bbb.train.distributed`) and the
+Lightning module (:mod:`~pyro_bbb.train.lightning`, imported on its own: it needs ``lightning``).
+
+Examples
+--------
+>>> bnn = BNN(BayesianLinear(3, 1), likelihoods.Gaussian())
+>>> history = pyro_bbb.train.fit(bnn, MeanFieldGuide(bnn), (torch.randn(20, 3), torch.randn(20)), epochs=2,
+...                              progress=False)
+>>> len(history)
+2
+"""
+
+from .loop import TrainingDivergedError, fit
+from .history import History
+from .stopping import EarlyStopping
+
+__all__ = ["fit", "History", "EarlyStopping", "TrainingDivergedError"]

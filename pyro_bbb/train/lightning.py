@@ -1,0 +1,127 @@
+"""``BayesianLightningModule``: a PyTorch Lightning module that trains a pyro_bbb model and guide (``pip install
+pyro-bbb[lightning]``).
+
+Each step computes :class:`pyro_bbb.ELBO` on the batch (likelihood scaled by ``num_data / batch``, KL once) and
+returns it to Lightning, which owns the optimizer, devices and strategy. Under ``Trainer(strategy="ddp")``
+Lightning's ``DistributedSampler`` gives every rank an equal share and DDP averages the ranks' gradients, which is
+exactly the gradient of ``N / G * NLL(global batch) + KL`` (the per-rank losses are ``N / b * NLL_r + KL`` and
+``b = G / ranks``). Logs ``nll``, ``kl`` and ``kl_weight`` every step.
+
+Examples
+--------
+>>> import lightning.pytorch as pl
+>>> from torch.utils.data import DataLoader, TensorDataset
+>>> pyro.clear_param_store()
+>>> x, y = torch.randn(64, 3), torch.randn(64)
+>>> bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5))
+>>> module = BayesianLightningModule(bnn, pyro_bbb.MeanFieldGuide(bnn), num_data=64, example_batch=(x[:2], y[:2]),
+...                                  lr=1e-2)
+>>> trainer = pl.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+...                      enable_progress_bar=False, enable_model_summary=False)
+>>> trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=16))
+>>> module.elbo.step
+8
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .._checks import is_set_up
+from .._internals import set_up_autoguide
+from ..data.inputs import num_rows
+from ..infer.elbo import ELBO
+from ..infer.estimators import estimator as estimator_named
+from ..plates import data_plate_of
+from .distributed import raise_if_any_rank_failed
+
+try:
+    import lightning.pytorch as pl
+except ImportError as error:  # pragma: no cover - depends on the environment
+    raise ImportError("pyro_bbb.train.lightning needs PyTorch Lightning: pip install 'pyro-bbb[lightning]'") from error
+
+
+__all__ = ["BayesianLightningModule"]
+
+
+class BayesianLightningModule(pl.LightningModule):
+    """Train ``model`` (e.g. :class:`pyro_bbb.BNN`) and ``guide`` (:class:`pyro_bbb.MeanFieldGuide`) with Lightning.
+
+    Parameters
+    ----------
+    model, guide :
+        The Pyro model and guide; their parameters (the guide's means and scales, the model's deterministic layers)
+        become this module's parameters.
+    num_data : int
+        Size of the training set (all ranks together).
+    example_batch : (x, y), optional
+        A batch to create the guide's parameters before the optimizer is built; not needed when the guide has
+        already seen the model.
+    lr : float
+        Adam learning rate.
+    kl_weight : float or schedule
+        As in :class:`pyro_bbb.ELBO`; the schedule's step advances once per training step.
+    estimator : str
+        ``"reparam"``, ``"flipout"`` or ``"local_reparam"`` (see :mod:`pyro_bbb.infer.estimators`).
+    num_particles : int
+        Weight draws per step.
+
+    Examples
+    --------
+    See the module example; ``Trainer(accelerator="gpu", devices=4, strategy="ddp")`` scales it out.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        guide: torch.nn.Module,
+        num_data: int,
+        example_batch: tuple[torch.Tensor, torch.Tensor] | None = None,
+        lr: float = 1e-3,
+        kl_weight: float | Callable[[int], float] = 1.0,
+        estimator: str = "reparam",
+        num_particles: int = 1,
+    ):
+        super().__init__()
+        self.model, self.guide = model, guide
+        self.elbo = ELBO(num_data=num_data, kl_weight=kl_weight, num_particles=num_particles,
+                         data_plate=data_plate_of(model))  # fmt: skip
+        self.estimator = estimator_named(estimator)
+        self.lr = lr
+        if not is_set_up(guide):
+            if example_batch is None:
+                raise ValueError(
+                    "the guide has no parameters yet: pass example_batch=(x, y) (a small batch of training data) so "
+                    "that they exist before Lightning builds the optimizer."
+                )
+            set_up_autoguide(guide, *example_batch)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        error, loss = None, None
+        try:
+            with self.estimator():
+                loss = self.elbo.differentiable_loss(self.model, self.guide, x, y)
+            if not bool(torch.isfinite(loss)):
+                raise FloatingPointError(
+                    f"the loss became {float(loss)} at step {self.elbo.step + 1}; lower the learning rate, clip "
+                    "gradients (Trainer(gradient_clip_val=...)), or check the data for NaN and extreme values."
+                )
+        except (ValueError, TypeError, FloatingPointError) as caught:
+            error = caught
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            raise_if_any_rank_failed(error)  # every rank stops together, with the failing rank's message
+        elif error is not None:
+            raise error
+        self.elbo.step += 1
+        terms = self.elbo.last_terms
+        self.log_dict({"nll": terms["nll"], "kl": terms["kl"], "kl_weight": terms["kl_weight"]},
+                      on_step=True, on_epoch=True, batch_size=num_rows(x), sync_dist=True)  # fmt: skip
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.lr)
+

@@ -1,0 +1,558 @@
+"""``fit``: minibatch Bayes-by-Backprop with the KL scaled for you, a progress bar, and a per-layer history.
+
+Examples
+--------
+>>> x, y = torch.randn(100, 3), torch.randn(100)
+>>> bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian())
+>>> guide = pyro_bbb.MeanFieldGuide(bnn)
+>>> history = pyro_bbb.fit(bnn, guide, (x, y), epochs=2, batch_size=32, progress=False, seed=0)
+>>> len(history), sorted(history.last["kl_by_layer"])
+(2, ['likelihood.scale', 'net'])
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import pyro
+import pyro.poutine as poutine
+import torch
+from pyro.infer.util import zero_grads
+from pyro.optim import PyroOptim
+from tqdm.auto import tqdm
+
+from .._checks import check_count, check_positive, is_set_up
+from .._internals import all_finite, foreach_copy_, set_up_autoguide
+from ..data.batches import Batches, DataError, check_batch, likelihood_of, model_device
+from ..data.inputs import inputs_to, model_dtype, num_rows
+from ..evaluate import metrics
+from ..evaluate.diagnostics import layer_summary
+from ..infer.elbo import ELBO
+from ..infer.estimators import estimator as estimator_named
+from ..infer.guide import MeanFieldGuide, has_site_posteriors
+from ..likelihoods import TargetError
+from ..optim import Adam as JointAdam
+from ..plates import data_plate_of
+from ..prediction.predictive import predict
+from ..prediction.results import ClassificationPrediction, RegressionPrediction
+from . import distributed as distributed_
+from .history import History
+from .stopping import EarlyStopping
+
+__all__ = ["fit", "TrainingDivergedError"]
+
+
+class TrainingDivergedError(FloatingPointError):
+    """The loss (or a gradient) became NaN or infinite; the parameters were restored to the last finite state.
+    Its ``history`` attribute holds the :class:`History` up to the failing step.
+
+    Examples
+    --------
+    >>> issubclass(TrainingDivergedError, FloatingPointError)   # ``except FloatingPointError`` catches it
+    True
+    """
+
+
+# -- data ------------------------------------------------------------------------------------------------------
+
+
+# -- checks ----------------------------------------------------------------------------------------------------
+# -- one step --------------------------------------------------------------------------------------------------
+class _Stepper:
+    """SVI steps with global gradient clipping and a rollback to the last parameters that gave a finite loss."""
+
+    def __init__(self, model, guide, elbo: ELBO, optimizer: PyroOptim, clip_norm: float | None, estimator,
+                 distributed: bool = False):  # fmt: skip
+        self.model, self.guide, self.elbo, self.optimizer = model, guide, elbo, optimizer
+        self.clip_norm, self.estimator, self.distributed = clip_norm, estimator, distributed
+        self.snapshot: dict[torch.Tensor, torch.Tensor] = {}
+        self.initial: dict[torch.Tensor, torch.Tensor] = {}  # each parameter as this fit first saw it
+        self.last_finite_loss: float | None = None
+        self.global_loss = math.nan
+        self.steps = 0
+        self._error: BaseException | None = None
+
+    def set_up_everywhere(self, batches) -> None:
+        """Distributed: create the guide's parameters from a first batch, then give every rank rank 0's values."""
+        error = None
+        try:
+            if not is_set_up(self.guide):
+                x, y = next(iter(batches))
+                set_up_autoguide(self.guide, x, y)
+        except (ValueError, TypeError, StopIteration) as caught:
+            error = caught
+        distributed_.raise_if_any_rank_failed(error)
+        distributed_.synchronise_parameters()
+        if isinstance(self.model, torch.nn.Module):
+            distributed_.synchronise_buffers(self.model)
+
+    def guarded(self, batches):
+        """Batches; in distributed mode an error while reading or checking one is kept for the next step, where
+        every rank learns of it together (a rank raising alone would leave the others waiting)."""
+        if not self.distributed:
+            yield from batches
+            return
+        iterator = iter(batches)
+        while True:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            except (ValueError, TypeError) as error:
+                self._error = error
+                batch = (torch.zeros(0), torch.zeros(0))
+            yield batch
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        self.steps += 1
+        if self.distributed:
+            return self._distributed_step(x, y)
+        try:
+            with poutine.trace(param_only=True) as capture, self.estimator():
+                loss = self.elbo.loss_and_grads(self.model, self.guide, x, y)
+        except ValueError as error:
+            # torch's argument validation: a NaN reached a distribution's parameters before the loss
+            if "found invalid values" not in str(error):
+                raise
+            self._diverged("a distribution's parameters", str(error).split(":")[0])
+        # in the trace's order, not a set's (which follows memory addresses): the global gradient norm that clip_norm
+        # divides by is a sum over parameters, and another order rounds differently -- the same seed would not give
+        # the same training run
+        params = list(dict.fromkeys(site["value"].unconstrained() for site in capture.trace.nodes.values()))
+        return self._apply(params, loss)
+
+    def _distributed_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Local loss and gradients, then (collectively) failures, the weighted gradient sum, one update."""
+        error, loss = self._error, 0.0
+        self._error = None
+        if error is None and num_rows(x) > 0:
+            try:
+                with self.estimator():
+                    loss = self.elbo.loss_and_grads(self.model, self.guide, x, y)
+            except (ValueError, FloatingPointError) as caught:
+                error = caught
+        elif error is None:  # an empty shard: keep the KL schedule and the random streams in step with the others
+            self.elbo.step += 1
+            with torch.no_grad(), poutine.block():
+                for _ in range(self.elbo.num_particles):
+                    self.guide(x, y)
+        distributed_.raise_if_any_rank_failed(error)
+        self.global_loss, _ = distributed_.combine_gradients(num_rows(x), loss if math.isfinite(loss) else math.inf)
+        params = [p for _, p in pyro.get_param_store().named_parameters()]  # a fixed order, as above
+        loss = self._apply(params, self.global_loss)
+        if isinstance(self.model, torch.nn.Module):  # running statistics follow rank 0, as under DDP
+            distributed_.synchronise_buffers(self.model)
+        return loss
+
+    def _apply(self, params: list[torch.Tensor], loss: float) -> float:
+        grads = [p.grad for p in params if p.grad is not None]
+        if not math.isfinite(loss) or not all_finite(grads):
+            zero_grads(params)
+            self._diverged("the loss" if not math.isfinite(loss) else "a gradient", f"loss {loss}")
+        self._remember(params)
+        self.last_finite_loss = loss
+        if self.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], self.clip_norm, foreach=True)
+        self.optimizer(params)
+        zero_grads(params)
+        return loss
+
+    @torch.no_grad()
+    def _remember(self, params: list[torch.Tensor]) -> None:
+        """Copy the parameters that just gave a finite loss (one foreach copy once every parameter is known)."""
+        known = [p for p in params if p in self.snapshot]  # tensors hash by identity
+        if known:
+            foreach_copy_([self.snapshot[p] for p in known], known)
+        for p in params:
+            if p not in self.snapshot:
+                self.snapshot[p] = p.detach().clone()
+                self.initial[p] = self.snapshot[p].clone()
+
+    @torch.no_grad()
+    def restore_initial(self) -> None:
+        """Every parameter back to its value when this fit first used it."""
+        for param, value in self.initial.items():
+            param.copy_(value)
+
+    def _diverged(self, what: str, detail: str):
+        with torch.no_grad():
+            for param, value in self.snapshot.items():
+                param.copy_(value)
+        raise TrainingDivergedError(
+            f"{what} became NaN or infinite at step {self.steps} ({detail}); the last finite loss was "
+            f"{self.last_finite_loss}, and the parameters were restored to the state that gave it. Lower the "
+            "learning rate, set clip_norm (e.g. 5.0), standardise x and y, or check the data for extreme values."
+        )
+
+
+def _check_guide_saw_the_targets(model, guide) -> None:
+    """A guide first called without ``y`` took the observation for a latent variable: say so before training."""
+    site = getattr(getattr(model, "likelihood", None), "site", None)
+    prototype = getattr(guide, "prototype_trace", None)
+    if site is None or prototype is None or site not in prototype.nodes:
+        return
+    if not prototype.nodes[site]["is_observed"]:
+        raise ValueError(
+            f"the guide was set up by a call without targets (guide(x) or predict before fit), so Pyro made the "
+            f"observation {site!r} a latent variable of the guide. Build a new guide (e.g. "
+            f"pyro_bbb.MeanFieldGuide(model)) and let fit set it up with the targets."
+        )
+
+
+def _validation_metrics(model, guide, data, num_samples: int) -> dict[str, float]:
+    x, y = data
+    pred = predict(model, guide, x, num_samples=num_samples)
+    y = y.to(pred.samples.device)
+    out = {"val_log_likelihood": metrics.log_likelihood(pred, y)}
+    if isinstance(pred, RegressionPrediction):
+        out["val_rmse"] = metrics.rmse(pred, y)
+    elif isinstance(pred, ClassificationPrediction):
+        out["val_accuracy"] = metrics.accuracy(pred, y)
+        out["val_ece"] = metrics.expected_calibration_error(pred, y)
+    return out
+
+
+def fit(
+    model: Callable,
+    guide: Callable,
+    data: tuple[torch.Tensor, torch.Tensor] | torch.utils.data.DataLoader,
+    *,
+    epochs: int,
+    batch_size: int | None = None,
+    optimizer: PyroOptim | None = None,
+    lr: float = 1e-3,
+    lr_final: float | None = None,
+    kl_weight: float | Callable[[int], float] = 1.0,
+    num_particles: int = 1,
+    clip_norm: float | None = None,
+    estimator: str = "reparam",
+    validation_data: tuple[torch.Tensor, torch.Tensor] | None = None,
+    callbacks: Iterable[Callable[[int, History], bool | None]] = (),
+    progress: bool = True,
+    seed: int | None = None,
+    num_validation_samples: int = 32,
+    distributed: bool = False,
+    early_stopping: EarlyStopping | None = None,
+) -> History:
+    """Train ``guide`` on ``model`` by minibatch variational inference; the KL is scaled to the data for you.
+
+    The training-set size ``N`` is read from ``data``, and :class:`pyro_bbb.ELBO` scales every minibatch
+    (including a last, partial one) by ``N / B``: nothing is divided by hand. The data is checked first (equal
+    lengths, no NaN, labels the likelihood accepts): a bad input raises ``ValueError`` before any parameter
+    changes. A NaN or infinite loss stops training with :class:`TrainingDivergedError` and restores the
+    parameters to the last state whose loss was finite.
+
+    Parameters
+    ----------
+    model, guide : callable
+        E.g. :class:`pyro_bbb.BNN` and :class:`pyro_bbb.MeanFieldGuide`; called as ``model(x, y)``.
+    data : (x, y) or DataLoader
+        Training data; a pair is reshuffled into batches of ``batch_size`` every epoch (``None``: full batch).
+        ``x`` may be a tensor, a tuple of tensors or a dict of tensors (a transformers ``BatchEncoding``) with a
+        common first dimension (see :mod:`pyro_bbb.data.inputs`); a DataLoader yields ``(x, y)`` pairs of those.
+    epochs : int
+        Passes over the data.
+    optimizer : pyro.optim.PyroOptim, optional
+        Defaults to :class:`pyro_bbb.optim.Adam` with ``lr`` (the same updates as ``pyro.optim.Adam``, one
+        optimizer call per step).
+    lr : float
+        Adam's learning rate (the first epoch's, with ``lr_final``).
+    lr_final : float, optional
+        Decay the learning rate geometrically, epoch by epoch, from ``lr`` in the first epoch to ``lr_final`` in the
+        last (fit's own Adam only). A converged ELBO needs it, and a heteroscedastic likelihood needs it to stay
+        stable: as the learned noise shrinks, a constant step moves the predictions by more than the noise (on UCI
+        naval, ``lr=1e-2`` constant ran away, ``lr_final=1e-3`` reached a test log-likelihood of 6.13).
+    kl_weight : float or schedule
+        Weight of the KL (see :mod:`pyro_bbb.infer.schedules`); 1 is the ELBO.
+    num_particles : int
+        Weight draws per step.
+    clip_norm : float, optional
+        Clip the global gradient norm (all parameters together) to this value.
+    estimator : str
+        Gradient estimator, one of :data:`~pyro_bbb.infer.estimators.ESTIMATORS`: ``"reparam"`` (one weight draw
+        per step, shared by the batch), ``"flipout"``, ``"local_reparam"`` or ``"moments"`` (deterministic
+        variational inference) (see :mod:`pyro_bbb.infer.estimators`; these three need a
+        :class:`~pyro_bbb.MeanFieldGuide`).
+    validation_data : (x, y), optional
+        Evaluated after every epoch with :func:`pyro_bbb.predict` (``num_validation_samples`` draws):
+        ``val_log_likelihood`` and ``val_rmse`` or ``val_accuracy`` / ``val_ece``.
+    callbacks : iterable of callables
+        ``callback(epoch, history)`` after every epoch; returning ``True`` stops training.
+    progress : bool
+        Show a progress bar with the loss per datum, NLL, KL and KL weight.
+    seed : int, optional
+        Seeds Pyro's and torch's random number generators (shuffling, weight draws).
+    distributed : bool
+        Data-parallel training over the ranks of an initialised ``torch.distributed`` process group (launch with
+        ``torchrun``): ``batch_size`` is per rank, each rank reads its part of every global batch (a DataLoader
+        should use a ``DistributedSampler``), and the update equals one process's on the global batch (see
+        :mod:`pyro_bbb.train.distributed`). Use the same ``seed`` on every rank.
+
+    Returns
+    -------
+    History
+        Also when Ctrl-C stopped training: the current step is finished first, and ``history.interrupted`` is True.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Bad arguments or data, before any parameter changes. A bad batch found during training (a DataLoader over a
+        dataset that cannot be checked up front) raises :class:`DataError` with the parameters restored to their
+        state at the start of ``fit``.
+    TrainingDivergedError
+        A NaN or infinite loss or gradient; the parameters are restored to the last finite state and the error's
+        ``history`` holds the epochs so far.
+
+    Examples
+    --------
+    See the module example; ``history.plot("history.png")`` draws the KL and posterior-std traces.
+    """
+    _check_settings(epochs, batch_size, num_particles, num_validation_samples, lr, clip_norm, optimizer)
+    lr_at = _learning_rates(lr, lr_final, epochs, optimizer)
+    estimator_context, per_layer = _check_guide(model, guide, estimator)
+    batches, rank = _training_batches(model, data, batch_size, distributed, seed)
+    validation_data = _validation_batch(model, validation_data)
+    _check_early_stopping(early_stopping, validation_data is not None)
+    if seed is not None:
+        pyro.set_rng_seed(seed)
+
+    elbo = ELBO(num_data=batches.num_data, kl_weight=kl_weight, num_particles=num_particles,
+                data_plate=data_plate_of(model))  # fmt: skip
+    stepper = _Stepper(model, guide, elbo, optimizer or JointAdam(lr=lr), clip_norm, estimator_context,
+                       distributed=distributed)  # fmt: skip
+    if distributed:
+        stepper.set_up_everywhere(batches)
+    record = _EpochRecorder(model, guide, elbo, batches.num_data, per_layer, validation_data, num_validation_samples)
+    return _train(stepper, batches, record, epochs, list(callbacks), progress and rank == 0, distributed, lr_at,
+                  early_stopping)  # fmt: skip
+
+
+# -- fit's chapters ---------------------------------------------------------------------------------------------
+def _check_settings(epochs, batch_size, num_particles, num_validation_samples, lr, clip_norm, optimizer) -> None:
+    check_count("epochs", epochs)
+    check_count("batch_size", batch_size, optional=True)
+    check_count("num_particles", num_particles)
+    check_count("num_validation_samples", num_validation_samples)
+    check_positive("lr", lr)
+    check_positive("clip_norm", clip_norm, optional=True)
+    if optimizer is not None and not isinstance(optimizer, PyroOptim):
+        raise TypeError(
+            f"`optimizer` must be a pyro.optim optimizer such as pyro.optim.Adam({{'lr': 1e-3}}), got "
+            f"{type(optimizer).__name__}."
+        )
+
+
+def _learning_rates(lr: float, lr_final: float | None, epochs: int, optimizer) -> Callable[[int], float] | None:
+    """Epoch -> learning rate, geometric from ``lr`` to ``lr_final``; ``None`` for a constant one."""
+    if lr_final is None:
+        return None
+    check_positive("lr_final", lr_final)
+    if optimizer is not None:
+        raise ValueError(
+            "lr_final schedules fit's own Adam; give your optimizer its own schedule instead (e.g. "
+            "pyro.optim.ClippedAdam({'lr': 1e-2, 'lrd': 0.999})), or drop optimizer=."
+        )
+    return lambda epoch: lr * (lr_final / lr) ** ((epoch - 1) / max(1, epochs - 1))
+
+
+def _check_guide(model, guide, estimator: str) -> tuple[Callable[[], Any], bool]:
+    """The estimator's context, and whether the History can have per-layer columns -- decided before any step."""
+    estimator_context = estimator_named(estimator)
+    if estimator != "reparam" and not isinstance(guide, MeanFieldGuide):
+        raise ValueError(
+            f"estimator={estimator!r} reads each weight's posterior mean and scale, which only "
+            f"pyro_bbb.MeanFieldGuide provides; {type(guide).__name__} does not. Use estimator='reparam' with this "
+            "guide, or a MeanFieldGuide."
+        )
+    _check_guide_saw_the_targets(model, guide)
+    per_layer = has_site_posteriors(guide)  # the per-layer history columns need a Normal posterior per weight
+    if not per_layer:
+        warnings.warn(
+            f"{type(guide).__name__} has no Normal posterior per weight: the History records the loss, NLL and KL "
+            "but no per-layer KL or posterior std, and summary/check_posterior will not apply (they need "
+            "pyro_bbb.MeanFieldGuide or AutoNormal).",
+            stacklevel=3,
+        )
+    return estimator_context, per_layer
+
+
+def _training_batches(model, data, batch_size, distributed: bool, seed):
+    """The epoch's batches (checked), and this process's rank."""
+    device, dtype, likelihood = model_device(model), model_dtype(model), likelihood_of(model)
+    if not distributed:
+        return Batches(data, batch_size, likelihood, device, dtype), 0
+    rank, world = distributed_.require_process_group()
+    error = None
+    try:  # a rank whose data fails the checks must not leave the others waiting in a collective
+        batches = Batches(data, batch_size, likelihood, device, dtype)
+    except (ValueError, TypeError) as caught:
+        error = caught
+    distributed_.raise_if_any_rank_failed(error)
+    if batches.loader is None:
+        batches = distributed_.ShardedBatches(batches.x, batches.y, batch_size or -(-batches.num_data // world),
+                                              rank, world, seed or 0, device)  # fmt: skip
+    return batches, rank
+
+
+def _check_early_stopping(early_stopping, has_validation_data: bool) -> None:
+    if early_stopping is None:
+        return
+    if not isinstance(early_stopping, EarlyStopping):
+        raise TypeError(
+            f"early_stopping must be a pyro_bbb.EarlyStopping (e.g. EarlyStopping(patience=20)), got "
+            f"{type(early_stopping).__name__}."
+        )
+    early_stopping.check_monitor(has_validation_data)
+    early_stopping.reset()
+
+
+def _validation_batch(model, validation_data):
+    if validation_data is None:
+        return None
+    if not isinstance(validation_data, Sequence) or len(validation_data) != 2:
+        raise TypeError("validation_data must be an (x, y) pair of tensors.")
+    x, y = check_batch(*validation_data, likelihood_of(model), what="validation_data", dtype=model_dtype(model))
+    device = model_device(model)
+    return inputs_to(x, device), y
+
+
+def _train(stepper: _Stepper, batches, record, epochs: int, callbacks, progress: bool, distributed: bool,
+           lr_at: Callable[[int], float] | None = None,
+           early_stopping: EarlyStopping | None = None) -> History:  # fmt: skip
+    """The epochs: steps, one record per epoch, callbacks, early stopping; a bad batch, a NaN or Ctrl-C end it
+    cleanly."""
+    history = History()
+    bar = tqdm(range(1, epochs + 1), desc="fit", unit="epoch", disable=not progress, dynamic_ncols=True,
+               mininterval=0.5)  # fmt: skip
+    stop = _StopAfterStep(enabled=not distributed)  # Ctrl-C ends the current step, then fit returns
+    try:
+        with stop:
+            for epoch in bar:
+                if lr_at is not None:
+                    stepper.optimizer.set_learning_rate(lr_at(epoch))
+                start = time.perf_counter()
+                totals = {"loss": 0.0, "nll": 0.0, "kl": 0.0, "seen": 0}
+                for x, y in stepper.guarded(batches):
+                    stepper(x, y)
+                    terms, b = stepper.elbo.last_terms, num_rows(x)
+                    history.step_loss.append(stepper.global_loss / batches.num_data if distributed
+                                             else terms["loss_per_datum"])  # fmt: skip
+                    if b:
+                        for key in ("loss", "nll", "kl"):
+                            totals[key] += b * terms[key]
+                        totals["seen"] += b
+                    if stop.requested:
+                        break
+                if distributed:  # every rank's share, weighted by its data: the global batch's averages
+                    totals = distributed_.all_reduce_sum(totals)
+                if totals["seen"]:
+                    history.append(record(epoch, totals, start, interrupted=stop.requested))
+                    if early_stopping is not None:
+                        _note_for_early_stopping(early_stopping, epoch, history, stepper, distributed)
+                    postfix = _postfix(history.last)
+                    if early_stopping is not None and early_stopping.best_epoch is not None:
+                        postfix["best"] = str(early_stopping.best_epoch)
+                    bar.set_postfix(postfix, refresh=False)
+                if stop.requested:
+                    history.interrupted = True
+                    break
+                stop_now = any([callback(epoch, history) for callback in callbacks])  # every callback runs
+                if stop_now or (early_stopping is not None and early_stopping.should_stop(epoch)):
+                    break
+    except (DataError, TargetError) as error:
+        stepper.restore_initial()
+        raise DataError(f"{error} The parameters were restored to their state at the start of fit.") from error
+    except TrainingDivergedError as error:
+        error.history = history
+        raise
+    finally:
+        bar.close()
+    if early_stopping is not None:
+        early_stopping.restore()
+        history.best_epoch, history.stopped_epoch = early_stopping.best_epoch, early_stopping.stopped_epoch
+    return history
+
+
+def _note_for_early_stopping(early_stopping: EarlyStopping, epoch: int, history: History, stepper: _Stepper,
+                             distributed: bool) -> None:  # fmt: skip
+    """Show the epoch to ``early_stopping``; a metric this model does not record is an error with nothing lost.
+    Distributed, it sees the mean over ranks of the monitored value, so that every rank decides alike."""
+    record = history.last
+    if distributed and early_stopping.monitor in record:
+        _, world = distributed_.require_process_group()
+        total = distributed_.all_reduce_sum({"value": record[early_stopping.monitor]})["value"]
+        record = record | {early_stopping.monitor: total / world}
+    try:
+        early_stopping.improved(epoch, record, stepper.snapshot)
+    except ValueError as error:
+        stepper.restore_initial()
+        raise ValueError(f"{error} The parameters were restored to their state at the start of fit.") from error
+
+
+class _EpochRecorder:
+    """One History record per epoch: the averaged terms, the per-layer KL and widths, the validation metrics."""
+
+    def __init__(self, model, guide, elbo: ELBO, num_data: int, per_layer: bool, validation_data,
+                 num_validation_samples: int):  # fmt: skip
+        self.model, self.guide, self.elbo, self.num_data = model, guide, elbo, num_data
+        self.per_layer, self.validation_data = per_layer, validation_data
+        self.num_validation_samples = num_validation_samples
+
+    def __call__(self, epoch: int, totals: dict[str, float], start: float, interrupted: bool) -> dict[str, Any]:
+        seen = totals.pop("seen")
+        record = {"epoch": epoch, **{key: value / seen for key, value in totals.items()}}
+        record["loss_per_datum"] = record["loss"] / self.num_data
+        record["kl_weight"] = self.elbo.last_terms["kl_weight"]
+        record["num_data"] = self.num_data
+        if self.per_layer:
+            summary = layer_summary(self.model, self.guide, tails=False)
+            record["kl_by_layer"] = {layer: entry["kl"] for layer, entry in summary.items()}
+            record["posterior_std"] = {k: e["posterior_std"] for k, e in summary.items() if "posterior_std" in e}
+            record["std_ratio"] = {k: e["std_ratio"] for k, e in summary.items() if "std_ratio" in e}
+            record["prior_std"] = {k: e["prior_std"] for k, e in summary.items() if "prior_std" in e}
+        if self.validation_data is not None:
+            record.update(_validation_metrics(self.model, self.guide, self.validation_data,
+                                              self.num_validation_samples))  # fmt: skip
+        record["seconds"] = time.perf_counter() - start
+        if interrupted:
+            record["interrupted"] = True
+        return record
+
+
+def _postfix(record: dict[str, Any]) -> dict[str, str]:
+    postfix = {"loss/datum": f"{record['loss_per_datum']:.4g}", "nll": f"{record['nll']:.4g}",
+               "kl": f"{record['kl']:.4g}", "kl_w": f"{record['kl_weight']:.3g}"}  # fmt: skip
+    if "val_log_likelihood" in record:
+        postfix["val_ll"] = f"{record['val_log_likelihood']:.3f}"
+    return postfix
+
+
+class _StopAfterStep:
+    """While active (main thread only), the first Ctrl-C (SIGINT) only asks the loop to stop after the current
+    step, so that no update is left half-done; a second one interrupts at once."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        if self.enabled:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            signal.signal(signal.SIGINT, self._previous)
+        return False

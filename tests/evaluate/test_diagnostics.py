@@ -1,0 +1,121 @@
+import warnings
+
+import pytest
+import torch
+from pyro.distributions.kl import kl_divergence
+
+import pyro_bbb
+from pyro_bbb import diagnostics, priors
+from pyro_bbb.infer.kl import elementwise_kl
+
+from ..helpers import digits_fit, fitted_3_5_1
+
+
+def test_kl_by_layer_is_the_closed_form_and_matches_the_elbo():
+    bnn, guide, x, y = fitted_3_5_1(priors.Normal(0.0, 0.7))
+    q = guide.site_posteriors()
+    by_hand = {}
+    for site, post in q.items():
+        layer = site.rsplit(".", 1)[0]
+        by_hand[layer] = by_hand.get(layer, 0.0) + float(
+            kl_divergence(post, torch.distributions.Normal(0.0, 0.7)).sum()
+        )
+    ours = diagnostics.kl_by_layer(bnn, guide)
+    assert ours.keys() == by_hand.keys()
+    for layer in ours:
+        assert ours[layer] == pytest.approx(by_hand[layer], rel=1e-5)
+    elbo = pyro_bbb.ELBO(num_data=10)
+    elbo.loss(bnn, guide, x, y)
+    assert elbo.last_terms["kl"] == pytest.approx(sum(ours.values()), rel=1e-5)
+
+
+def test_monte_carlo_kl_for_a_scale_mixture_prior():
+    torch.manual_seed(0)
+    prior = priors.ScaleMixtureNormal(0.5, 1.0, 0.01)
+    bnn, guide, _, _ = fitted_3_5_1(prior, init_scale=0.05)
+    q = guide.site_posteriors()["net.0.weight"]
+    p = bnn.net[0].prior_distribution("weight")
+    draws = q.sample((20000,))
+    reference = float((q.log_prob(draws).sum((-1, -2)) - p.log_prob(draws)).mean())
+    summary = diagnostics.layer_summary(bnn, guide)["net.0"]
+    weight_kl = summary["kl"] - float(elementwise_kl(guide.site_posteriors()["net.0.bias"],
+                                                                   bnn.net[0].prior_distribution("bias")).sum())
+    # 256 draws per estimate for 15 weights: the total's Monte Carlo error is well under 2%
+    assert weight_kl == pytest.approx(reference, rel=0.02)
+
+
+def test_posterior_to_prior_std_uses_each_layers_prior():
+    bnn, guide, _, _ = fitted_3_5_1(priors.FanInNormal(), init_scale=0.1)
+    ratios = diagnostics.posterior_to_prior_std(bnn, guide)
+    # FanInNormal: prior std 1/sqrt(fan_in); both layers' weights and biases have fan_in 3 and 5
+    assert ratios["net.0"] == pytest.approx(0.1 * 3**0.5, rel=1e-4)
+    assert ratios["net.2"] == pytest.approx(0.1 * 5**0.5, rel=1e-4)
+
+
+def test_check_posterior_needs_a_fitted_guide():
+    bnn = fitted_3_5_1()[0]
+    with pytest.raises(ValueError, match="fit"):
+        diagnostics.check_posterior(bnn, pyro_bbb.MeanFieldGuide(bnn))
+
+
+def statuses(kl_weight, epochs):
+    bnn, guide, _, _ = digits_fit(kl_weight, epochs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = diagnostics.check_posterior(bnn, guide)
+    messages = [str(w.message) for w in caught if issubclass(w.category, diagnostics.PosteriorWarning)]
+    return {layer: entry["status"] for layer, entry in report.items()}, messages
+
+
+@pytest.mark.slow
+def test_check_posterior_fires_on_an_over_weighted_kl():
+    status, messages = statuses(1000.0, 200)
+    assert set(status.values()) == {"on prior"}
+    assert len(messages) == 2 and "over-weighted" in messages[0] and "nats" in messages[0]
+
+
+@pytest.mark.slow
+def test_check_posterior_fires_on_an_under_weighted_kl():
+    status, messages = statuses(1e-6, 100)
+    assert set(status.values()) == {"collapsed"}
+    assert len(messages) == 2 and "under-weighted" in messages[0]
+
+
+@pytest.mark.slow
+def test_check_posterior_is_silent_on_a_correct_fit():
+    status, messages = statuses(1.0, 300)
+    assert set(status.values()) == {"ok"} and messages == []
+
+
+def test_summary_by_layer_and_by_parameter():
+    from scipy import stats
+
+    bnn, guide, _, _ = fitted_3_5_1(priors.Normal(0.0, 0.7), init_scale=0.2)
+    table = diagnostics.summary(bnn, guide)
+    q = guide.site_posteriors()
+    w0, b0 = q["net.0.weight"], q["net.0.bias"]
+    scale = torch.cat([w0.scale.reshape(-1), b0.scale])
+    loc = torch.cat([w0.loc.reshape(-1), b0.loc])
+    row = table.loc["net.0"]
+    assert row["num_weights"] == 20
+    assert row["sigma_mean"] == pytest.approx(float(scale.mean()), rel=1e-5)
+    assert row["mean_abs_mu"] == pytest.approx(float(loc.abs().mean()), rel=1e-5)
+    assert row["prior_sigma"] == pytest.approx(0.7, rel=1e-5)
+    assert row["kl"] == pytest.approx(diagnostics.kl_by_layer(bnn, guide)["net.0"], rel=1e-6)
+    assert row["snr_q50"] == pytest.approx(float((loc.abs() / scale).median()), rel=0.2)
+    per_weight = diagnostics.parameter_summary(bnn, guide)
+    entry = per_weight.loc["net.0.weight[1, 2]"]
+    z = stats.norm.ppf(0.97)
+    m, s = float(w0.loc[1, 2]), float(w0.scale[1, 2])
+    assert (entry["mean"], entry["sd"]) == (pytest.approx(m, rel=1e-6), pytest.approx(s, rel=1e-6))
+    assert entry["hdi_3%"] == pytest.approx(m - z * s, rel=1e-5) and entry["hdi_97%"] == pytest.approx(m + z * s)
+    assert len(per_weight) == 3 * 5 + 5 + 5 + 1
+
+
+def test_layer_summary_without_tails_is_the_summary_less_its_percentile_and_geometric_mean():
+    bnn, guide, _, _ = fitted_3_5_1(priors.Normal(0.0, 0.7), init_scale=0.2)
+    full, light = diagnostics.layer_summary(bnn, guide), diagnostics.layer_summary(bnn, guide, tails=False)
+    assert full.keys() == light.keys()
+    for layer, entry in full.items():
+        assert {"kl_q99", "std_ratio_geomean"} <= entry.keys()
+        assert light[layer] == {k: v for k, v in entry.items() if k not in ("kl_q99", "std_ratio_geomean")}

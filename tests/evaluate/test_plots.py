@@ -1,0 +1,41 @@
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pyro.distributions as dist  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import pyro_bbb  # noqa: E402
+from pyro_bbb import likelihoods, plots  # noqa: E402
+from pyro_bbb.nn import BayesianLinear  # noqa: E402
+from pyro_bbb.prediction.results import ClassificationPrediction, RegressionPrediction  # noqa: E402
+
+
+def test_history_and_std_ratio_plots(tmp_path):
+    net = torch.nn.Sequential(BayesianLinear(1, 8), torch.nn.Tanh(), BayesianLinear(8, 1))
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian())
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    x, y = torch.randn(40, 1), torch.randn(40)
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=3, progress=False, validation_data=(x, y),
+                           early_stopping=pyro_bbb.EarlyStopping(patience=5))  # fmt: skip
+    fig = plots.plot_history(history, tmp_path / "history.png")
+    assert "best epoch" in fig.axes[0].get_legend_handles_labels()[1]
+    fig = plots.plot_std_ratio(bnn, guide, tmp_path / "std.png")
+    assert len(fig.axes) == 2  # one panel per Bayesian layer
+    for name in ("history.png", "std.png"):
+        assert (tmp_path / name).stat().st_size > 5000
+
+
+def test_reliability_and_band(tmp_path):
+    pred = ClassificationPrediction(dist.Categorical(logits=torch.randn(10, 40, 4)), torch.zeros(10, 40))
+    plots.plot_reliability(pred, torch.randint(0, 4, (40,)), path=tmp_path / "reliability.png")
+    binary = ClassificationPrediction(dist.Bernoulli(logits=torch.randn(10, 40)), torch.zeros(10, 40))
+    plots.plot_reliability(binary, torch.randint(0, 2, (40,)))
+    grid = torch.linspace(-2, 2, 30).unsqueeze(-1)
+    band = RegressionPrediction(dist.Normal(torch.randn(10, 30), 0.2), torch.zeros(10, 30))
+    plots.plot_predictive_band(band, grid, x_train=grid, y_train=torch.zeros(30), truth=torch.sin,
+                               path=tmp_path / "band.png")  # fmt: skip
+    assert (tmp_path / "reliability.png").exists() and (tmp_path / "band.png").exists()
+    with pytest.raises(ValueError, match="1-D inputs"):
+        plots.plot_predictive_band(band, torch.randn(30, 2))

@@ -1,0 +1,484 @@
+import math
+
+import pyro
+import pyro.poutine as poutine
+import pytest
+import torch
+import torch.nn.functional as F
+from pyro.infer.autoguide import AutoNormal
+from pyro.nn import PyroModule
+from scipy import stats
+
+import pyro_bbb
+from pyro_bbb import likelihoods
+from pyro_bbb.infer.estimators import ESTIMATORS
+from pyro_bbb.nn import (
+    BayesianConv1d,
+    BayesianConv2d,
+    BayesianConv3d,
+    BayesianConvTranspose1d,
+    BayesianConvTranspose2d,
+    BayesianConvTranspose3d,
+    BayesianLinear,
+)
+from pyro_bbb.nn.moments import MomentPropagationError, Moments
+
+#: The estimators that draw weights (moment propagation, which draws none, has its own tests).
+SAMPLING_ESTIMATORS = {name: make for name, make in ESTIMATORS.items() if name != "moments"}
+
+
+def random_guide(layer, *inputs, scale=0.3):
+    """A MeanFieldGuide with random posterior means and scales."""
+    guide = pyro_bbb.MeanFieldGuide(layer, init_loc_fn=lambda site: torch.randn(site["fn"].shape()), init_scale=scale)
+    guide(*inputs)
+    with torch.no_grad():
+        for name, value in guide.named_parameters():
+            if name.startswith("scales"):
+                value.copy_(torch.rand_like(value) * 0.5 - 2.0)  # unconstrained: scales in ~[0.13, 0.22]
+    return guide
+
+
+def outputs(layer, guide, x, estimator, num_draws):
+    """``num_draws`` outputs of ``layer`` at ``x``, drawn in one vectorized call: shape (num_draws, *out)."""
+    with SAMPLING_ESTIMATORS[estimator](), pyro.plate("particles", num_draws, dim=-2):
+        trace = poutine.trace(guide).get_trace(x)
+        return poutine.replay(layer, trace=trace)(x)
+
+
+def closed_form(layer, guide, x, conv=None):
+    """Mean and variance of the output under the mean-field posterior: f(x, mu) + mu_b, f(x^2, s^2) + s_b^2."""
+    q = guide.site_posteriors()
+    w, b = q["weight"], q["bias"]
+    if conv is None:
+        return F.linear(x, w.loc, b.loc), F.linear(x**2, w.scale**2, b.scale**2)
+    kwargs = {"padding": layer.padding, "stride": layer.stride}
+    if hasattr(layer, "output_padding"):  # transposed
+        kwargs["output_padding"] = layer.output_padding
+    return conv(x, w.loc, b.loc, **kwargs), conv(x**2, w.scale**2, b.scale**2, **kwargs)
+
+
+LAYERS = {
+    "linear": (lambda: BayesianLinear(3, 2), (4, 3), None),
+    "conv1d": (lambda: BayesianConv1d(2, 3, 3, padding=1), (2, 2, 5), F.conv1d),
+    "conv2d": (lambda: BayesianConv2d(2, 3, 3, stride=2), (2, 2, 5, 5), F.conv2d),
+    "conv3d": (lambda: BayesianConv3d(1, 2, 2), (1, 1, 3, 3, 3), F.conv3d),
+    "convT1d": (lambda: BayesianConvTranspose1d(2, 3, 3, stride=2, output_padding=1), (2, 2, 4), F.conv_transpose1d),
+    "convT2d": (lambda: BayesianConvTranspose2d(2, 2, 3, stride=2, padding=1), (2, 2, 3, 3), F.conv_transpose2d),
+    "convT3d": (lambda: BayesianConvTranspose3d(1, 2, 2, stride=2), (1, 1, 2, 2, 2), F.conv_transpose3d),
+}
+
+
+@pytest.mark.parametrize("estimator", list(SAMPLING_ESTIMATORS))
+@pytest.mark.parametrize("kind", list(LAYERS))
+def test_output_mean_and_variance_match_the_closed_form(kind, estimator):
+    make, shape, conv = LAYERS[kind]
+    layer = make()
+    x = torch.randn(shape)
+    guide = random_guide(layer, x)
+    draws = outputs(layer, guide, x, estimator, 20000).detach()
+    mean, var = closed_form(layer, guide, x, conv)
+    assert draws.shape == (20000,) + mean.shape
+    # 20000 draws: the mean's standard error is sqrt(var / 20000); the variance's relative error ~ sqrt(2 / 20000)
+    assert ((draws.mean(0) - mean).abs() / (var / 20000).sqrt()).max() < 5
+    torch.testing.assert_close(draws.var(0), var, rtol=0.06, atol=0)
+
+
+@pytest.mark.parametrize("estimator", ["reparam", "flipout", "local_reparam"])
+def test_correlation_between_two_examples(estimator):
+    layer = BayesianLinear(3, 2)
+    x = torch.ones(2, 3)  # two identical examples: perfectly correlated under a shared weight draw
+    guide = random_guide(layer, x)
+    draws = outputs(layer, guide, x, estimator, 20000).detach()
+    corr = torch.corrcoef(torch.stack([draws[:, 0, 0], draws[:, 1, 0]]))[0, 1]
+    if estimator == "reparam":
+        assert corr > 0.99
+    else:  # 20000 draws: the correlation's standard error is ~0.007
+        assert abs(corr) < 0.04
+
+
+def test_local_reparameterization_marginal_is_the_gaussian():
+    layer = BayesianLinear(5, 1)
+    x = torch.randn(1, 5)
+    guide = random_guide(layer, x)
+    draws = outputs(layer, guide, x, "local_reparam", 5000).detach().reshape(-1)
+    mean, var = closed_form(layer, guide, x)
+    p_value = stats.kstest(draws.numpy(), "norm", args=(float(mean), float(var.sqrt()))).pvalue
+    assert p_value > 0.01
+
+
+def mlp_model():
+    net = torch.nn.Sequential(BayesianLinear(2, 6), torch.nn.Tanh(), BayesianLinear(6, 1))
+    return pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
+
+
+def gradient_means(model, guide, x, y, estimator, repeats=20, particles=500, num_data=16):
+    """Mean and standard error over `repeats` of the ELBO gradient (each averaged over `particles` draws)."""
+    elbo = pyro_bbb.ELBO(num_data=num_data, num_particles=particles, vectorize_particles=True)
+    store = pyro.get_param_store()
+    grads = []
+    for _ in range(repeats):
+        with SAMPLING_ESTIMATORS[estimator]():
+            elbo.loss_and_grads(model, guide, x, y)
+        grads.append(torch.cat([p.grad.reshape(-1) for _, p in sorted(store.named_parameters())]))
+        for _, p in store.named_parameters():
+            p.grad = None
+    grads = torch.stack(grads)
+    return grads.mean(0), grads.std(0) / math.sqrt(repeats)
+
+
+def test_elbo_gradients_are_unbiased():
+    """The gradient w.r.t. every posterior mean and scale has the same expectation under all three estimators."""
+    model = mlp_model()
+    x, y = torch.randn(16, 2), torch.randn(16)
+    guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.3)
+    guide(x, y)
+    reference, reference_se = gradient_means(model, guide, x, y, "reparam")
+    for estimator in ("flipout", "local_reparam"):
+        mean, se = gradient_means(model, guide, x, y, estimator)
+        z = (mean - reference) / (se**2 + reference_se**2).sqrt()
+        assert z.abs().max() < 4.5, (estimator, z.abs().max())
+    # the same statistic has power: scaling the likelihood by 20/16 instead of 1 is detected
+    shifted, shifted_se = gradient_means(model, guide, x, y, "reparam", num_data=20)
+    assert ((shifted - reference) / (shifted_se**2 + reference_se**2).sqrt()).abs().max() > 6
+
+
+@pytest.mark.parametrize("estimator", ["flipout", "local_reparam"])
+def test_kl_is_untouched(estimator):
+    model = mlp_model()
+    x, y = torch.randn(8, 2), torch.randn(8)
+    guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.2)
+    elbo = pyro_bbb.ELBO(num_data=100)
+    elbo.loss(model, guide, x, y)
+    kl = elbo.last_terms["kl_by_site"]
+    with SAMPLING_ESTIMATORS[estimator]():
+        elbo.loss(model, guide, x, y)
+    assert elbo.last_terms["kl_by_site"] == kl
+
+
+@pytest.mark.parametrize("estimator", ["flipout", "local_reparam"])
+def test_fit_with_particles_and_a_ragged_batch(estimator):
+    model = mlp_model()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(70, 2, generator=g)
+    y = torch.tanh(x.sum(-1)) + 0.1 * torch.randn(70, generator=g)
+    guide = pyro_bbb.MeanFieldGuide(model)
+    history = pyro_bbb.fit(model, guide, (x, y), epochs=40, batch_size=32, num_particles=2, lr=0.02,
+                           estimator=estimator, progress=False, seed=0)  # fmt: skip
+    assert history["nll"][-1] < 0.5 * history["nll"][0]
+
+
+def test_vectorized_particles_in_conv_nets():
+    net = torch.nn.Sequential(BayesianConv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.Flatten(-3), BayesianLinear(2 * 16, 3))
+    model = pyro_bbb.BNN(net, likelihoods.Categorical())
+    x, y = torch.randn(5, 1, 6, 6), torch.randint(0, 3, (5,))
+    guide = pyro_bbb.MeanFieldGuide(model)
+    elbo = pyro_bbb.ELBO(num_data=50, num_particles=4, vectorize_particles=True)
+    for estimator in SAMPLING_ESTIMATORS:
+        with SAMPLING_ESTIMATORS[estimator]():
+            assert math.isfinite(elbo.loss(model, guide, x, y))
+
+
+@pytest.mark.parametrize("estimator", ["flipout", "local_reparam"])
+def test_a_guide_without_mean_and_scale_is_a_clear_error(estimator):
+    model = mlp_model()
+    x, y = torch.randn(8, 2), torch.randn(8)
+    guide = AutoNormal(model)
+    with pytest.raises(ValueError, match="MeanFieldGuide"), SAMPLING_ESTIMATORS[estimator]():
+        pyro_bbb.ELBO(num_data=8).loss(model, guide, x, y)
+    with pytest.raises(ValueError, match="net.0.weight"), SAMPLING_ESTIMATORS[estimator]():
+        model(x)  # prior draws: no posterior at all
+
+
+def test_prediction_ignores_the_training_estimator():
+    model = mlp_model()
+    x, y = torch.randn(8, 2), torch.randn(8)
+    guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.3)
+    guide(x, y)
+    pyro.set_rng_seed(0)
+    plain = pyro_bbb.predict(model, guide, x, num_samples=10)
+    pyro.set_rng_seed(0)
+    with pyro_bbb.flipout():
+        inside = pyro_bbb.predict(model, guide, x, num_samples=10)
+    torch.testing.assert_close(inside.distribution.loc, plain.distribution.loc)
+
+
+def test_outside_a_handler_the_layers_are_unchanged():
+    layer = BayesianLinear(3, 2)
+    x = torch.randn(4, 3)
+    value = {"weight": torch.randn(2, 3), "bias": torch.randn(2)}
+    out = poutine.condition(layer, data=value)(x)
+    torch.testing.assert_close(out, F.linear(x, value["weight"], value["bias"]))
+
+
+def test_handlers_work_as_poutine_factories_on_a_function_and_as_contexts():
+    from pyro_bbb.infer.estimators import estimator
+    from pyro_bbb.infer.scaling import scale_data_plate
+    from pyro_bbb.prediction.messengers import cover_subsample, observation_placeholder
+
+    layer = BayesianLinear(3, 2)
+    guide = pyro_bbb.MeanFieldGuide(layer, init_scale=0.5)
+    x = torch.ones(4, 3)
+    guide_trace = pyro.poutine.trace(guide).get_trace(x)
+    for factory in (pyro_bbb.flipout, pyro_bbb.local_reparameterization):
+        pyro.set_rng_seed(0)
+        wrapped = factory(pyro.poutine.replay(layer, trace=guide_trace))(x)
+        pyro.set_rng_seed(0)
+        with factory():
+            in_context = pyro.poutine.replay(layer, trace=guide_trace)(x)
+        torch.testing.assert_close(wrapped, in_context)
+    with pytest.raises(ValueError, match="unknown estimator"):
+        estimator("dropout")
+
+    def model(y=None):
+        with pyro.plate("data", 4):
+            return pyro.sample("y", pyro.distributions.Normal(0.0, 1.0), obs=y)
+
+    assert pyro.poutine.trace(scale_data_plate(model, num_data=8)).get_trace(torch.zeros(4)).nodes["y"]["scale"] == 2
+    assert observation_placeholder(model)().eq(0).all()
+
+    def subsampled():
+        with pyro.plate("data", 5, subsample_size=3) as idx:
+            return idx
+
+    assert cover_subsample(subsampled, piece=1)().tolist() == [3, 4, 0]
+
+
+# -- moment propagation ---------------------------------------------------------------------------------------------
+def moment_gradients(model, guide, x, y, num_data=16):
+    """The ELBO's loss and gradient under moment propagation (ordered as in gradient_means)."""
+    store = pyro.get_param_store()
+    with pyro_bbb.moment_propagation():
+        loss = pyro_bbb.ELBO(num_data=num_data).loss_and_grads(model, guide, x, y)
+    grads = torch.cat([p.grad.reshape(-1) for _, p in sorted(store.named_parameters())])
+    for _, p in store.named_parameters():
+        p.grad = None
+    return loss, grads
+
+
+def test_moment_propagation_gradient_is_the_expected_gradient():
+    """One hidden layer (tanh): the output's mean and variance are exact, so the deterministic ELBO's gradient is the
+    expectation of the Monte Carlo one (z < 4.5 over every coordinate of 10,000 reparameterized draws)."""
+    model = mlp_model()
+    x, y = torch.randn(16, 2), torch.randn(16)
+    guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.3)
+    guide(x, y)
+    _, grads = moment_gradients(model, guide, x, y)
+    reference, reference_se = gradient_means(model, guide, x, y, "reparam")
+    assert ((grads - reference) / reference_se).abs().max() < 4.5
+
+
+def test_moment_propagation_loss_is_the_expected_loss():
+    model = mlp_model()
+    x, y = torch.randn(16, 2), torch.randn(16)
+    guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.3)
+    with pyro_bbb.moment_propagation():
+        deterministic = pyro_bbb.ELBO(num_data=16).loss(model, guide, x, y)
+    elbo = pyro_bbb.ELBO(num_data=16, num_particles=1000, vectorize_particles=True)
+    losses = torch.tensor([elbo.loss(model, guide, x, y) for _ in range(20)])
+    assert abs(deterministic - float(losses.mean())) < 4 * float(losses.std()) / math.sqrt(20)
+
+
+class TwoHeads(PyroModule):
+    """A heteroscedastic net written with two heads on one hidden layer, joined by ``torch.cat``."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.mean, self.scale = BayesianLinear(2, 6), BayesianLinear(6, 1), BayesianLinear(6, 1)
+
+    def forward(self, x):
+        h = torch.relu(self.hidden(x))
+        return torch.cat([self.mean(h), self.scale(h)], dim=-1)
+
+
+@pytest.mark.parametrize("heads", ["one layer", "two layers joined by cat"])
+def test_covariance_of_a_linear_heads_outputs_equals_monte_carlo(heads):
+    """One hidden layer, two outputs sharing it (their weight rows made alike): ``Moments.covariance`` is the
+    covariance of the outputs over 100,000 weight draws (z < 5, with power: some |z| of a zero covariance would
+    exceed 20)."""
+    torch.manual_seed(0)
+    if heads == "one layer":
+        net, rows = torch.nn.Sequential(BayesianLinear(2, 6), torch.nn.ReLU(), BayesianLinear(6, 2)), ("net.2", "net.2")
+    else:
+        net, rows = TwoHeads(), ("net.mean", "net.scale")
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(1.0))
+    x = torch.randn(8, 2)
+    guide = random_guide(bnn, x, torch.zeros(8, 2))
+    with torch.no_grad():
+        locs = dict(guide.named_parameters())
+        first, second = (locs[f"locs.{row}.weight_unconstrained"] for row in rows)
+        second[-1] = first[0] + 0.3 * torch.randn(6)
+    with pyro_bbb.moment_propagation():
+        moments = poutine.replay(bnn.net, trace=poutine.trace(guide).get_trace(x))(x)
+    draws = pyro_bbb.predict(bnn, guide, x, num_samples=100_000).distribution.mean.detach()
+    products = (draws[..., 0] - draws[..., 0].mean(0)) * (draws[..., 1] - draws[..., 1].mean(0))
+    se = products.std(0) / math.sqrt(len(draws))
+    covariance = moments.covariance(0, 1)
+    assert ((covariance - products.mean(0)) / se).abs().max() < 5
+    assert (covariance / se).abs().max() > 20
+    torch.testing.assert_close(moments.covariance(1, 1), moments.variance[..., 1])
+    assert (moments + 0).covariance(0, 1) is None  # any further operation: not tracked
+
+
+def test_heads_on_different_inputs_joined_by_cat_have_no_known_covariance():
+    layer = BayesianLinear(3, 1)
+    guide = random_guide(layer, torch.zeros(2, 3))
+    h = Moments(torch.randn(2, 3), torch.rand(2, 3))
+    with pyro_bbb.moment_propagation():
+        trace = poutine.trace(guide).get_trace(h.mean)
+        joined = torch.cat([poutine.replay(layer, trace=trace)(h), poutine.replay(layer, trace=trace)(-h)], dim=-1)
+        plain = torch.cat([poutine.replay(layer, trace=trace)(h.mean)] * 2, dim=-1)
+    assert joined.covariance(0, 1) is None  # -h is another input: its covariance with h is not tracked
+    assert torch.equal(plain.covariance(0, 1), torch.zeros(2))  # a plain input: independent weights, no covariance
+
+
+def test_the_heteroscedastic_loss_sees_the_heads_covariance():
+    """Through BNN and the ELBO the likelihood gets the head's covariance: the loss differs from the same net's with
+    the covariance dropped (``out * 1`` in forward) by exactly the two expected log-likelihoods' difference."""
+
+    class Net(PyroModule):
+        def __init__(self, drop: bool):
+            super().__init__()
+            self.hidden, self.out, self.drop = BayesianLinear(2, 6), BayesianLinear(6, 2), drop
+
+        def forward(self, x):
+            out = self.out(torch.relu(self.hidden(x)))
+            return out * 1.0 if self.drop else out
+
+    torch.manual_seed(1)
+    x, y = torch.randn(16, 2), torch.randn(16)
+    losses = {}
+    for drop in (False, True):
+        pyro.clear_param_store()
+        torch.manual_seed(2)  # the same posterior for both nets
+        model = pyro_bbb.BNN(Net(drop), likelihoods.HeteroscedasticGaussian())
+        guide = random_guide(model, x, y)
+        with pyro_bbb.moment_propagation():
+            losses[drop] = pyro_bbb.ELBO(num_data=16).loss(model, guide, x, y)
+            if not drop:
+                output = poutine.replay(model.net, trace=poutine.trace(guide).get_trace(x, y))(x)
+    def expected_log_likelihood(moments):
+        return float(model.likelihood.moment_distribution(moments).log_prob(y).sum().detach())
+
+    with_covariance = expected_log_likelihood(output)
+    independent = expected_log_likelihood(Moments(output.mean, output.variance))
+    assert abs(with_covariance - independent) > 0.05
+    assert losses[True] - losses[False] == pytest.approx(with_covariance - independent, rel=1e-3)
+
+
+def test_moments_of_a_one_hidden_layer_net_with_a_custom_forward_equal_monte_carlo():
+    """indexing, cat with the input and view in forward: still exact (the input is not random)."""
+    class Net(PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.hidden, self.out = BayesianLinear(3, 8), BayesianLinear(8 + 3, 4)
+
+        def forward(self, x):
+            h = torch.relu(self.hidden(x))
+            return self.out(torch.cat([h, x], dim=-1)).view(-1, 2, 2)[:, 1]
+
+    bnn = pyro_bbb.BNN(Net(), likelihoods.Gaussian(1.0))
+    x = torch.randn(5, 3)
+    guide = random_guide(bnn, x, torch.zeros(5, 2))
+    with pyro_bbb.moment_propagation():
+        moments = poutine.replay(bnn.net, trace=poutine.trace(guide).get_trace(x))(x)
+    draws = pyro_bbb.predict(bnn, guide, x, num_samples=40000).distribution.mean.detach()  # one output per draw
+    assert draws.shape == (40000, *moments.shape)
+    assert ((draws.mean(0) - moments.mean).abs() / (moments.variance / 40000).sqrt()).max() < 5
+    torch.testing.assert_close(draws.var(0), moments.variance, rtol=0.05, atol=0)
+
+
+@pytest.mark.parametrize("likelihood", [likelihoods.Gaussian(scale=0.3), likelihoods.HeteroscedasticGaussian()],
+                         ids=["gaussian", "heteroscedastic"])  # fmt: skip
+def test_moment_propagation_is_deterministic(likelihood):
+    out = 1 if isinstance(likelihood, likelihoods.Gaussian) else 2
+    net = torch.nn.Sequential(BayesianLinear(2, 8), torch.nn.ReLU(), BayesianLinear(8, 8), torch.nn.GELU(),
+                              BayesianLinear(8, out))  # fmt: skip
+    model = pyro_bbb.BNN(net, likelihood)
+    x, y = torch.randn(16, 2), torch.randn(16)
+    guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.2)
+    first, second = (moment_gradients(model, guide, x, y) for _ in range(2))
+    assert first[0] == second[0] and torch.equal(first[1], second[1])
+
+
+def test_fit_with_moments_does_not_depend_on_the_random_stream():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 2, generator=g)
+    y = torch.tanh(x.sum(-1)) + 0.1 * torch.randn(64, generator=g)
+
+    def losses(estimator, seed):
+        torch.manual_seed(0)
+        model = mlp_model()
+        guide = pyro_bbb.MeanFieldGuide(model)
+        pyro.clear_param_store()
+        pyro.set_rng_seed(seed)  # the guide's weight draws (unused by moments) and the order of the rows
+        history = pyro_bbb.fit(model, guide, (x, y), epochs=60, batch_size=64, lr=0.02, estimator=estimator,
+                               progress=False)  # fmt: skip
+        return torch.tensor(history["loss"]), history["nll"]
+
+    (first, nll), (second, _) = losses("moments", 0), losses("moments", 1)
+    torch.testing.assert_close(first, second, rtol=1e-5, atol=0)  # the sum over rows in another order, no more
+    assert nll[-1] < 0.5 * nll[0]
+    reparam = losses("reparam", 0)[0], losses("reparam", 1)[0]  # the comparison has power: Monte Carlo losses differ
+    assert ((reparam[0] - reparam[1]).abs() / reparam[0].abs()).max() > 1e-4
+
+
+def test_moment_propagation_errors_name_the_problem_before_anything_changes():
+    x, y = torch.randn(8, 2), torch.randn(8)
+    net = torch.nn.Sequential(BayesianLinear(2, 4), torch.nn.Softmax(dim=-1), BayesianLinear(4, 1))
+    model = pyro_bbb.BNN(net, likelihoods.Gaussian(0.5))
+    guide = pyro_bbb.MeanFieldGuide(model)
+    guide(x, y)
+    before = {name: p.detach().clone() for name, p in pyro.get_param_store().named_parameters()}
+    with pytest.raises(MomentPropagationError, match=r"softmax in module 'net.1' \(Softmax\)"):
+        pyro_bbb.fit(model, guide, (x, y), epochs=1, batch_size=8, estimator="moments", progress=False)
+    for name, p in pyro.get_param_store().named_parameters():
+        assert torch.equal(p, before[name])
+    classifier = pyro_bbb.BNN(BayesianLinear(2, 3), likelihoods.Categorical())
+    with pytest.raises(MomentPropagationError, match="Categorical has no closed-form"), pyro_bbb.moment_propagation():
+        pyro_bbb.ELBO(num_data=8).loss(classifier, pyro_bbb.MeanFieldGuide(classifier), x, torch.zeros(8).long())
+    pyro.clear_param_store()
+    model = mlp_model()
+    with pytest.raises(ValueError, match="num_particles=1"), pyro_bbb.moment_propagation():
+        pyro_bbb.ELBO(num_data=8, num_particles=2, vectorize_particles=True).loss(model, pyro_bbb.MeanFieldGuide(model),
+                                                                                  x, y)  # fmt: skip
+    with pytest.raises(ValueError, match="moment propagation needs the posterior mean"), pyro_bbb.moment_propagation():
+        pyro_bbb.ELBO(num_data=8).loss(model, AutoNormal(model), x, y)
+    with pytest.raises(ValueError, match="MeanFieldGuide"):
+        pyro_bbb.fit(model, AutoNormal(model), (x, y), epochs=1, estimator="moments", progress=False)
+
+
+def test_moment_propagation_in_a_hand_written_model():
+    """A model that observes through a pyro_bbb likelihood works (and equals BNN's loss); a raw distribution is an
+    error, not a silent number."""
+    net = torch.nn.Sequential(BayesianLinear(2, 4), torch.nn.ReLU(), BayesianLinear(4, 1))
+    x, y = torch.randn(8, 2), torch.randn(8)
+    likelihood = likelihoods.Gaussian(0.5)
+
+    def model(x, y=None):
+        return likelihood(net(x), y)
+
+    def raw_model(x, y=None):
+        output = net(x)
+        with pyro.plate("data", len(x)):
+            return pyro.sample("y", pyro.distributions.Normal(output[:, 0], 0.5), obs=y)
+
+    bnn = pyro_bbb.BNN(net, likelihood)
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    guide(x, y)
+    with pyro_bbb.moment_propagation():
+        assert pyro_bbb.ELBO(num_data=8).loss(model, guide, x, y) == pyro_bbb.ELBO(num_data=8).loss(bnn, guide, x, y)
+        with pytest.raises(MomentPropagationError, match="pyro_bbb likelihood"):
+            pyro_bbb.ELBO(num_data=8).loss(raw_model, guide, x, y)
+
+
+@pytest.mark.parametrize("kind", list(LAYERS))
+def test_moment_propagation_of_every_layer_kind_is_the_closed_form(kind):
+    make, shape, conv = LAYERS[kind]
+    layer = make()
+    x = torch.randn(shape)
+    guide = random_guide(layer, x)
+    with pyro_bbb.moment_propagation():
+        moments = poutine.replay(layer, trace=poutine.trace(guide).get_trace(x))(x)
+    mean, var = closed_form(layer, guide, x, conv)
+    torch.testing.assert_close(moments.mean, mean)
+    torch.testing.assert_close(moments.variance, var)

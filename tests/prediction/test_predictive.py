@@ -1,0 +1,254 @@
+import math
+import warnings
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.nn import PyroModule
+from scipy import optimize, stats
+
+import pyro_bbb
+from pyro_bbb import likelihoods
+from pyro_bbb.nn import BayesianLinear
+from pyro_bbb.prediction.results import ClassificationPrediction, RegressionPrediction
+
+from ..helpers import BatchCentred, Regression
+
+
+def fitted_guide(model, x, y, init_scale=0.1):
+    guide = pyro_bbb.MeanFieldGuide(model, init_scale=init_scale)
+    guide(x, y)
+    return guide
+
+
+def test_linear_model_epistemic_std_matches_closed_form():
+    """f(x) = w.x + b with independent w_i ~ N(m_i, s_i^2): Var f = sum x_i^2 s_i^2 + s_b^2."""
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.2))
+    x = torch.randn(6, 3)
+    guide = fitted_guide(bnn, x, torch.randn(6), init_scale=0.3)
+    q = guide.site_posteriors()
+    w, b = q["net.weight"], q["net.bias"]
+    pyro.set_rng_seed(0)
+    pred = pyro_bbb.predict(bnn, guide, x, num_samples=20000)
+    mean = x @ w.loc.squeeze(0) + b.loc
+    std = (x.pow(2) @ w.scale.squeeze(0).pow(2) + b.scale.pow(2)).sqrt()
+    # Monte Carlo with 20000 draws: standard errors std/141 for the mean and ~std/200 for the std
+    torch.testing.assert_close(pred.mean, mean, atol=float(4 * std.max() / 141), rtol=0)
+    torch.testing.assert_close(pred.epistemic_std, std, rtol=0.03, atol=0)
+    torch.testing.assert_close(pred.aleatoric_std, torch.full((6,), 0.2))
+    torch.testing.assert_close(pred.std, (std**2 + 0.04).sqrt(), rtol=0.03, atol=0)
+
+
+def test_mixture_quantiles_match_scipy():
+    loc = torch.tensor([[0.0, 1.0], [2.0, 1.5], [-1.0, 1.2]])
+    scale = torch.tensor([[1.0, 0.1], [0.5, 0.2], [2.0, 0.3]])
+    pred = RegressionPrediction(dist.Normal(loc, scale), loc)
+    lower, upper = pred.interval(0.8)
+    for i in range(2):
+        cdf = lambda t, q, i=i: stats.norm.cdf(t, loc[:, i].numpy(), scale[:, i].numpy()).mean() - q  # noqa: E731
+        assert float(lower[i]) == pytest.approx(optimize.brentq(cdf, -20, 20, args=(0.1,)), abs=1e-5)
+        assert float(upper[i]) == pytest.approx(optimize.brentq(cdf, -20, 20, args=(0.9,)), abs=1e-5)
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        pred.interval(1.0)
+
+
+def test_entropy_decomposition():
+    probs = torch.tensor([[[0.7, 0.2, 0.1]], [[0.1, 0.6, 0.3]]])
+    pred = ClassificationPrediction(dist.Categorical(probs=probs), torch.zeros(2, 1))
+    mean = probs.mean(0)
+    h = lambda p: -(p * p.log()).sum(-1)  # noqa: E731
+    torch.testing.assert_close(pred.predictive_entropy, h(mean))
+    torch.testing.assert_close(pred.expected_entropy, h(probs).mean(0))
+    torch.testing.assert_close(pred.mutual_information, h(mean) - h(probs).mean(0))
+    assert pred.predicted_class.tolist() == [0]
+
+
+def test_binary_prediction():
+    logits = torch.tensor([[2.0, -1.0], [0.0, -3.0]])
+    pred = ClassificationPrediction(dist.Bernoulli(logits=logits), torch.zeros(2, 2))
+    p = torch.sigmoid(logits)
+    torch.testing.assert_close(pred.probs, p.mean(0))
+    assert pred.predicted_class.tolist() == [1, 0]
+    hb = lambda q: -(q * q.log() + (1 - q) * (1 - q).log())  # noqa: E731
+    torch.testing.assert_close(pred.expected_entropy, hb(p).mean(0))
+
+
+def classifier():
+    net = torch.nn.Sequential(BayesianLinear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    return pyro_bbb.BNN(net, likelihoods.Categorical())
+
+
+def regressor(likelihood=None):
+    likelihood = likelihood or likelihoods.HeteroscedasticGaussian()
+    outputs = 2 if isinstance(likelihood, likelihoods.HeteroscedasticGaussian) else 1
+    net = torch.nn.Sequential(BayesianLinear(2, 16), torch.nn.Tanh(), BayesianLinear(16, outputs))
+    return pyro_bbb.BNN(net, likelihood)
+
+
+def binary():
+    net = torch.nn.Sequential(BayesianLinear(3, 8), torch.nn.Tanh(), BayesianLinear(8, 1))
+    return pyro_bbb.BNN(net, likelihoods.Bernoulli())
+
+
+@pytest.mark.parametrize(
+    "make, y",
+    [(classifier, torch.randint(0, 3, (30,))), (regressor, torch.randn(30)), (binary, torch.randint(0, 2, (30,)))],
+)
+def test_vectorized_equals_looped_and_chunking_shares_the_draws(make, y):
+    model = make()
+    x = torch.randn(30, model.net[0].in_features)
+    guide = fitted_guide(model, x, y)
+    results = []
+    for kwargs in [{"vectorize": True}, {"vectorize": False}, {"vectorize": True, "batch_size": 7}]:
+        pyro.set_rng_seed(11)
+        results.append(pyro_bbb.predict(model, guide, x, num_samples=25, **kwargs))
+    reference = results[0]
+    for other in results[1:]:
+        for name, value in reference.distribution.__dict__.items():
+            if isinstance(value, torch.Tensor) and name in ("loc", "scale", "logits"):
+                torch.testing.assert_close(getattr(other.distribution, name), value, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(other.samples, reference.samples, rtol=1e-5, atol=1e-5)
+    assert reference.samples.shape == (25, 30)
+    if isinstance(reference, ClassificationPrediction):
+        assert reference.predicted_class.shape == (30,) and reference.mutual_information.min() >= 0
+
+
+def test_every_input_sees_the_same_weight_draws():
+    bnn = pyro_bbb.BNN(BayesianLinear(1, 1, bias=False), likelihoods.Gaussian(scale=1.0))
+    x = torch.ones(10, 1)
+    guide = fitted_guide(bnn, x, torch.zeros(10), init_scale=1.0)
+    pred = pyro_bbb.predict(bnn, guide, x, num_samples=50, batch_size=3)
+    loc = pred.distribution.loc  # (S, 10): identical inputs, so identical columns under shared draws
+    torch.testing.assert_close(loc, loc[:, :1].expand(50, 10))
+    assert loc[:, 0].std() > 0.5
+
+
+class Flattening(torch.nn.Module):
+    """A deterministic layer that assumes exactly one batch dimension (cannot run leading draw dimensions)."""
+
+    def forward(self, x):
+        return x.reshape(x.shape[0], -1) if x.dim() == 2 else x.reshape(-1, 1)[: x.shape[-2]]
+
+
+class FlatteningModel(PyroModule):
+    """A hand-written model (no BNN, so no folding): draws reach ``Flattening`` as leading dimensions."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = BayesianLinear(2, 4)
+        self.flat = Flattening()
+        self.out = PyroModule[torch.nn.Linear](4, 1)
+
+    def forward(self, x, y=None):
+        mean = self.out(self.flat(self.fc(x))).squeeze(-1)
+        with pyro.plate("data", x.shape[0]):
+            return pyro.sample("y", dist.Normal(mean, 1.0), obs=y)
+
+
+def test_falls_back_to_a_loop_with_a_warning_when_the_model_cannot_be_vectorized():
+    model = FlatteningModel()
+    x = torch.randn(5, 2)
+    guide = fitted_guide(model, x, torch.randn(5))
+    with pytest.warns(UserWarning, match="falling back to one call per draw"):
+        pred = pyro_bbb.predict(model, guide, x, num_samples=4)
+    assert pred.mean.shape == (5,)
+    with pytest.raises(ValueError, match="vectorize=True"):
+        pyro_bbb.predict(model, guide, x, num_samples=4, vectorize=True)
+
+
+def test_hand_written_model_reading_draws_as_batch_falls_back_to_the_right_answer():
+    model = BatchCentred()
+    x = torch.randn(20, 3)
+    guide = fitted_guide(model, x, torch.randn(20), init_scale=0.3)
+    pyro.set_rng_seed(0)
+    with pytest.warns(UserWarning, match="other values"):
+        vectorized = pyro_bbb.predict(model, guide, x, num_samples=8)
+    pyro.set_rng_seed(0)
+    loop = pyro_bbb.predict(model, guide, x, num_samples=8, vectorize=False)
+    torch.testing.assert_close(vectorized.distribution.loc, loop.distribution.loc)
+
+
+def test_bnn_with_train_mode_batchnorm_falls_back_and_in_eval_mode_is_vectorized():
+    """BatchNorm in train mode pools its statistics over all S * B folded rows (draws mixed): draw 0 then differs
+    from draw 0 alone, which the check catches; in eval mode every row stands alone and nothing is mixed."""
+    net = torch.nn.Sequential(BayesianLinear(3, 4), torch.nn.BatchNorm1d(4), BayesianLinear(4, 1))
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.1))  # BatchNorm in train mode: statistics over all rows
+    x = torch.randn(20, 3)
+    guide = fitted_guide(bnn, x, torch.randn(20), init_scale=0.3)
+    with pytest.warns(UserWarning, match="other values"):
+        pyro_bbb.predict(bnn, guide, x, num_samples=8)
+    bnn.eval()  # running statistics: every row on its own, vectorized without a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pyro_bbb.predict(bnn, guide, x, num_samples=8)
+
+
+def test_works_with_a_plain_pyro_model():
+    model = Regression(in_features=3, sigma=0.5)
+    x, y = torch.randn(10, 3), torch.randn(10)
+    guide = fitted_guide(model, x, y)
+    pred = pyro_bbb.predict(model, guide, x, num_samples=8)
+    assert isinstance(pred, RegressionPrediction)
+    torch.testing.assert_close(pred.aleatoric_std, torch.full((10,), 0.5))
+
+
+def test_log_likelihood_is_log_mean_exp_over_draws():
+    bnn = regressor(likelihoods.Gaussian(scale=0.3))
+    x, y = torch.randn(12, 2), torch.randn(12)
+    guide = fitted_guide(bnn, x, y)
+    pred = pyro_bbb.predict(bnn, guide, x, num_samples=10)
+    log_p = dist.Normal(pred.distribution.loc, 0.3).log_prob(y)
+    expected = torch.log(log_p.exp().mean(0))
+    torch.testing.assert_close(pred.log_likelihood(y), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_arguments():
+    bnn = classifier()
+    x = torch.randn(5, 4)
+    guide = fitted_guide(bnn, x, torch.zeros(5, dtype=torch.long))
+    with pytest.raises(ValueError, match="num_samples"):
+        pyro_bbb.predict(bnn, guide, x, num_samples=0)
+    with pytest.raises(ValueError, match="NaN"):
+        pyro_bbb.predict(bnn, guide, torch.full((2, 4), math.nan))
+    with pytest.raises(ValueError, match="at least one input"):
+        pyro_bbb.predict(bnn, guide, torch.zeros(0, 4))
+
+
+class Subsampled(PyroModule):
+    """Pyro's subsampling idiom: the net outside, ``mu[..., idx]`` inside a subsampling data plate."""
+
+    def __init__(self, subsample_size=None):
+        super().__init__()
+        self.fc = BayesianLinear(2, 1)
+        self.subsample_size = subsample_size
+
+    def forward(self, x, y=None):
+        mu = self.fc(x).squeeze(-1)
+        with pyro.plate("data", len(x), subsample_size=self.subsample_size) as idx:
+            return pyro.sample("y", dist.Normal(mu[..., idx], 0.5), obs=None if y is None else y[idx])
+
+
+@pytest.mark.parametrize("vectorize", [None, False])
+@pytest.mark.parametrize("batch_size", [None, 25])
+def test_subsampling_data_plate_covers_every_input_in_order(vectorize, batch_size):
+    x, y = torch.randn(60, 2), torch.randn(60)
+    model = Subsampled(subsample_size=40)
+    guide = fitted_guide(model, x, y, init_scale=0.3)
+    pyro.set_rng_seed(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # vectorized without falling back, also for chunks smaller than the subsample
+        pred = pyro_bbb.predict(model, guide, x, num_samples=7, vectorize=vectorize, batch_size=batch_size)
+    assert len(pred) == 60
+    model.subsample_size = None  # the same guide and draws, without subsampling: the reference
+    pyro.set_rng_seed(3)
+    reference = pyro_bbb.predict(model, guide, x, num_samples=7, vectorize=vectorize, batch_size=batch_size)
+    torch.testing.assert_close(pred.distribution.loc, reference.distribution.loc)
+
+
+def test_export_of_a_subsampling_model_covers_every_input():
+    x, y = torch.randn(60, 2), torch.randn(60)
+    model = Subsampled(subsample_size=40)
+    guide = fitted_guide(model, x, y)
+    idata = pyro_bbb.to_inference_data(model, guide, x, y, num_samples=5)
+    assert idata.log_likelihood["y"].shape[-1] == 60
