@@ -225,11 +225,9 @@ class HeteroscedasticGaussian(Likelihood):
 
     Train it with ``fit(..., estimator="moments", lr_final=lr / 10)``. A constant learning rate keeps moving the
     predictions by more than the learned noise once that is small, and with Monte Carlo estimators the noise of the
-    weight draws reaches the scale head too: on UCI naval (lr 1e-2 constant) local reparameterization ran away
-    (loss per datum 0.26 -> 3.0 within 10 epochs); with the rate decaying to 1e-3 it trained smoothly (split 0:
-    test log-likelihood 6.41), but on protein it still ended 17% above its best epoch. Moment propagation observes
-    the expected log-likelihood exactly; with the decaying rate it trained smoothly on all nine UCI sets (standard
-    splits: naval 6.35, protein -2.86, against MCVI's 5.94 and -2.87; ``benchmarks/README.md``).
+    weight draws reaches the scale head too and can make training run away. Moment propagation observes the
+    expected log-likelihood exactly; with the decaying rate it trains smoothly on all nine UCI sets
+    (``benchmarks/README.md``).
 
     Parameters
     ----------

@@ -208,11 +208,11 @@ class LearnedNormal(Prior):
     depends on it; its optimum given a Normal posterior ``q`` is ``s^2 = mean(mu^2 + sigma^2)`` over the weights
     that share it, which training reaches by gradient steps on ``log s``.
 
-    Measured caveat: on a task whose likelihood sits on a plateau before it starts to learn (the Embedded Reber
-    Grammar LSTM of ``benchmarks/reber_convergence.py``), the optimum *given the current posterior* shrinks every
-    scale while the data has not yet pulled any weight away from zero, and the network collapses to its prior
-    (accuracy 0.5 on 5 of 5 seeds, with a floor of ``min_scale=0.1`` too). Adam moves ``log s`` at its learning
-    rate whatever the KL's weight, so a KL warm-up does not slow this. Use a fixed prior there.
+    Caveat: on a task whose likelihood sits on a plateau before it starts to learn (the Embedded Reber Grammar LSTM
+    of ``benchmarks/reber_convergence.py``), the optimum *given the current posterior* shrinks every scale while the
+    data has not yet pulled any weight away from zero, and the network collapses to its prior (also with a
+    ``min_scale`` floor). Adam moves ``log s`` at its learning rate whatever the KL's weight, so a KL warm-up does
+    not slow this. Use a fixed prior there.
 
     Parameters
     ----------
@@ -278,11 +278,10 @@ class EmpiricalBayesNormal(Prior):
     :class:`LearnedNormal`, does on a plateau); with many weights the data's term dominates. Nothing is learned by
     gradient steps: the scale follows the posterior exactly, see :class:`EmpiricalBayesNormalDistribution`.
 
-    Measured (``benchmarks/README.md``): on UCI (400 epochs, deterministic VI) the hyperprior removes the collapse of
-    the plain optimum (boston -3.66 -> -2.51) but no empirical-Bayes variant beats a fixed ``Normal(0, 1)`` across
-    four sets; on the Embedded Reber LSTM every seed ends at chance, as with :class:`LearnedNormal` -- with hundreds
-    of weights per tensor the data's term dominates the hyperprior, so the scale follows the weights' own
-    (initially small) magnitude. Use a fixed, wide prior there.
+    The hyperprior removes the collapse of the plain optimum; ``benchmarks/README.md`` compares both with a fixed
+    ``Normal(0, 1)`` on UCI. On a task whose likelihood sits on a plateau (the Embedded Reber LSTM) it collapses as
+    :class:`LearnedNormal` does -- with hundreds of weights per tensor the data's term dominates the hyperprior, so
+    the scale follows the weights' own (initially small) magnitude. Use a fixed, wide prior there.
     Needs :class:`pyro_bbb.ELBO` (what :func:`pyro_bbb.fit` uses) and a guide that samples each weight from a Normal
     (:class:`pyro_bbb.MeanFieldGuide`, a hand-written guide); Pyro's ``Trace_ELBO``/``TraceMeanField_ELBO`` (which
     score the weight draw under the prior) and ``AutoNormal`` (which samples each site through a ``Delta``) get a

@@ -74,8 +74,7 @@ def regression_data(n=100, d=3, sigma=0.5, seed=0):
 def digits_fit(kl_weight=1.0, epochs=300):
     """A 64-100-10 Bayesian MLP fitted to scikit-learn's digits (cached: several slow tests share the fits).
 
-    The N(0, 2) prior: with N(0, 1) the mean-field posterior is underconfident on digits (ECE 0.04-0.07 over
-    seeds); with N(0, 2) the ECE was 0.03-0.04 (see the closing note of issue 3).
+    The N(0, 2) prior: with N(0, 1) the mean-field posterior is underconfident on digits (``benchmarks/README.md``).
     """
     import pyro_bbb
     from pyro_bbb import likelihoods, priors

@@ -100,7 +100,7 @@ def test_saving_an_unfitted_guide_is_an_error(tmp_path):
 
 
 
-# -- checkpoints restore the whole model, or refuse (issue 13, F) -----------------------------------------------
+# -- checkpoints restore the whole model, or refuse -----------------------------------------------
 class WithFeatureNet(torch.nn.Module):
     """A custom model whose feature net is registered with pyro.module, outside any PyroModule attribute."""
 

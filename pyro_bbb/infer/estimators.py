@@ -95,7 +95,7 @@ def _lead(batch_shape: torch.Size, weight: torch.Tensor, feature_dims: int) -> t
 
 def _signs(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     """Independent random signs (+1 / -1) of the given shape."""
-    # randint is about 4x faster than bernoulli_ on a CPU (benchmarks/step_time.py)
+    # randint is cheaper than bernoulli_ on a CPU (benchmarks/step_time.py)
     return torch.randint(0, 2, shape, dtype=like.dtype, device=like.device).mul_(2).sub_(1)
 
 

@@ -124,7 +124,7 @@ def batched_conv(
     if input.device.type == "cpu" and len(weight_batch) == 2 and weight_batch[1] == 1 and len(input_batch) == 2 \
             and input_batch[0] == weight_batch[0] and (bias is None or bias.dim() == 1):  # fmt: skip
         # one draw per block of examples (folded draws, Flipout's perturbation): on a CPU one convolution per draw,
-        # written into one output, is 1.5-2.5x faster than the grouped convolution below (benchmarks/predict.py)
+        # written into one output, is faster than the grouped convolution below (benchmarks/predict.py measures both)
         first = conv(input[0], weight[0, 0], bias, groups)
         out = first.new_empty((input_batch[0], *first.shape))
         out[0] = first

@@ -32,10 +32,8 @@ from .recurrence import recurrence
 __all__ = ["BayesianLSTMCell", "BayesianGRUCell", "BayesianLSTM", "BayesianGRU", "DEFAULT_RECURRENT_PRIOR"]
 
 #: The prior of a recurrent layer's weights and biases when none is given: ``Normal(0, 2)``, twice the width of the
-#: feed-forward layers' ``Normal(0, 1)``. On the Embedded Reber Grammar (2000 strings, LSTM(8), 800 steps, five
-#: seeds; ``benchmarks/README.md``) the ``Normal(0, 1)`` prior's KL pulls the recurrent weights to zero faster than
-#: the data pins them down: the worst Bayesian seed ended 17-27 points below the deterministic LSTM's median, with
-#: ``Normal(0, 2)`` 3.6 points (GRU: 29 and 10-14); tighter priors collapse every seed to chance.
+#: feed-forward layers' ``Normal(0, 1)``, whose KL pulls recurrent weights to zero faster than the data pins them
+#: down (``benchmarks/README.md`` compares the widths on the Embedded Reber Grammar).
 DEFAULT_RECURRENT_PRIOR = Normal(0.0, 2.0)
 
 
@@ -440,9 +438,8 @@ class BayesianLSTM(_RecurrentLayer):
     product).
     ``PackedSequence`` inputs give packed outputs, as torch's do. Use ``fit(..., clip_norm=...)``: gradient
     clipping matters for recurrent nets, Bayesian or not; and warm the KL weight up over the first half of training
-    (``fit(..., kl_weight=schedules.LinearWarmup(steps // 2))``): on the Embedded Reber task the full KL from the
-    first step left the worst of ten seeds 6.8 points below a deterministic LSTM, the warm-up 4.0
-    (``benchmarks/README.md``).
+    (``fit(..., kl_weight=schedules.LinearWarmup(steps // 2))``), so that the KL does not pull the weights to
+    zero before the data has pinned them down (``benchmarks/README.md`` has the measurement).
 
     Parameters
     ----------
@@ -485,9 +482,8 @@ class BayesianGRU(_RecurrentLayer):
     update_bias : float or None
         Initial posterior mean of every update gate's input-to-hidden bias (``z`` in ``h' = (1 - z) n + z h``; the
         hidden-to-hidden ones start at 0): ``sigmoid(1) = 0.73`` keeps the state early in training, as an LSTM's
-        forget-gate bias does. On the Embedded Reber task (five seeds, ``benchmarks/README.md``) the worst Bayesian
-        GRU ended 14.3 points below the deterministic GRU's median with torch's initialisation (``None``), 4.2 with
-        a bias of 1 (both models alike).
+        forget-gate bias does (``benchmarks/README.md`` measures it on the Embedded Reber task); ``None`` keeps
+        torch's initialisation.
 
     Examples
     --------

@@ -1,4 +1,4 @@
-"""What users naturally pass (issue 13, H): numpy, dtypes, (N, 1) targets, numpy integers, torch distributions,
+"""What users naturally pass: numpy, dtypes, (N, 1) targets, numpy integers, torch distributions,
 a renamed data plate, conditioned weights, guides set up without targets."""
 
 import numpy as np
@@ -182,7 +182,7 @@ def test_helpers():
     assert cast_inputs(torch.zeros(2, dtype=torch.long), torch.float32).dtype == torch.long
 
 
-# -- inputs beyond one tensor (issue 18) -------------------------------------------------------------------------
+# -- inputs beyond one tensor -------------------------------------------------------------------------
 class Concatenated(torch.nn.Module):
     """The same Bayesian layer read from one tensor, from a tuple (net(a, b)) or from a dict (net(a=..., b=...))."""
 

@@ -360,7 +360,7 @@ def test_fast_normal_kl_equals_torchs_closed_form_and_its_gradient(prior_loc, pr
 
 
 def test_batched_normal_kls_equal_torchs_closed_form_per_site_and_its_gradients():
-    """Every site's KL against its own N(0, t) from one batched computation (issue 16): values and gradients as
+    """Every site's KL against its own N(0, t) from one batched computation: values and gradients as
     torch's kl_divergence gives them site by site; mixed dtypes take the per-site path with the same results."""
     from pyro.distributions.kl import kl_divergence
 
@@ -389,7 +389,7 @@ def test_batched_normal_kls_equal_torchs_closed_form_per_site_and_its_gradients(
     batched_normal_kls([(loc, torch.ones(2), 3.0)]).sum().backward()
     assert loc.grad is not None
 
-# -- the KL reaches every prior parameter (issue 13, B) --------------------------------------------------------
+# -- the KL reaches every prior parameter --------------------------------------------------------
 def _grads_of(elbo, model, guide, x, y, seed=0):
     pyro.set_rng_seed(seed)
     loss = elbo.loss_and_grads(model, guide, x, y)
@@ -481,7 +481,7 @@ def test_a_prior_tensor_changed_in_place_is_read_again():
     assert elbo.last_terms["kl"] == pytest.approx(expected, rel=1e-5)
 
 
-# -- the replayed step (issue 16) -------------------------------------------------------------------------------------
+# -- the replayed step -------------------------------------------------------------------------------------
 def _replay_run(build, replay, steps=6, handler=None, kl_weight=1.0, data=None, **elbo_options):
     """Train ``build()`` -> (model, guide, x, y) for ``steps`` SVI steps; the losses, the final parameters, the ELBO
     and which steps were replayed."""

@@ -115,7 +115,7 @@ def test_invalid_init_loc_and_unready_guide():
         MeanFieldGuide(MLP()).site_posteriors()
 
 
-# -- local latent variables in subsampled plates, AutoNormal's constructor and accessors (issue 19) --------------
+# -- local latent variables in subsampled plates, AutoNormal's constructor and accessors --------------
 N_LOCAL, TAU, SIGMA = 40, 0.5, 0.3
 
 

@@ -178,19 +178,14 @@ class LastStepClassifier(nn.Module):
 
 @pytest.mark.slow
 def test_worst_bayesian_lstm_seed_is_within_5_points_of_the_deterministic_median_on_the_reber_grammar():
-    """Issue 15's criterion on its configuration A (the user report: a Bayesian LSTM on the Embedded Reber Grammar
-    stays at 50%): strings up to 16 symbols, 2000 training strings, LSTM(8), batches of 100, 800 steps, Adam 1e-2
+    """A Bayesian LSTM learns the Embedded Reber Grammar (the user report's task, where it stayed at 50%): strings up to 16 symbols, 2000 training strings, LSTM(8), batches of 100, 800 steps, Adam 1e-2
     decaying to 1e-3 (``fit(lr_final=)``), ``clip_norm=5``, forget-gate bias 1 for both models (BayesianLSTM's
     default); Flipout, an N(0, 2) prior (the LSTM's default; the head needs it too) and the KL weight warmed up over
     the first 400 steps (``schedules.LinearWarmup(400)``) for the Bayesian one. Over three seeds the *worst*
     Bayesian run is within 5 points of the deterministic median at the same number of steps.
 
-    In float64, so that the verdict does not hang on the CPU's instruction set: in float32 the same three seeds
-    moved by up to 7 points between torch's AVX2 kernels and its portable ones (``ATEN_CPU_CAPABILITY=default``;
-    the deterministic seed 1 0.895 vs 0.822), in float64 by at most 0.8 (deterministic 0.8705 / 0.8915 / 0.884,
-    Bayesian 0.859 / 0.8755 / 0.8655 on AVX2: 2.5 points below; 2.3 with the portable kernels). Without the warm-up
-    the worst of ten float32 seeds ended 6.8 points below, with it 4.0 (``benchmarks/README.md``): early KL pressure,
-    not the estimator, holds the Bayesian LSTM back (KL weight 0: 1.7)."""
+    In float64, so that the verdict does not hang on the CPU's instruction set (float32 results move between torch's
+    vectorised and portable kernels; ``benchmarks/README.md`` has the figures)."""
     from pyro_bbb.data.datasets import embedded_reber
 
     dtype = torch.float64
@@ -222,7 +217,7 @@ def test_worst_bayesian_lstm_seed_is_within_5_points_of_the_deterministic_median
     assert min(accuracy["bayesian"]) >= deterministic_median - 0.05, accuracy
 
 
-# -- torch's fused kernel, packed sequences, projections (issue 15) --------------------------------------------------
+# -- torch's fused kernel, packed sequences, projections --------------------------------------------------
 LAYER = {"LSTM": BayesianLSTM, "GRU": BayesianGRU}
 SETTINGS = [
     {}, {"num_layers": 2, "bidirectional": True, "batch_first": True}, {"bias": False},

@@ -269,7 +269,7 @@ def test_digits_accuracy_and_calibration():
     assert pred.mutual_information[wrong].mean() > 2 * pred.mutual_information[~wrong].mean()
 
 
-# -- any Pyro guide (issue 13, D) ------------------------------------------------------------------------------
+# -- any Pyro guide ------------------------------------------------------------------------------
 def _guide_list(model):
     from pyro.infer import autoguide
 
@@ -346,7 +346,7 @@ def test_flipout_and_local_reparameterization_need_meanfieldguide_before_the_fir
     assert len(pyro.get_param_store()) == 0  # nothing set up, nothing changed
 
 
-# -- data checked before any parameter changes, DataLoaders too (issue 13, E) -----------------------------------
+# -- data checked before any parameter changes, DataLoaders too -----------------------------------
 class ListDataset(torch.utils.data.Dataset):
     """An indexable dataset that is not a TensorDataset: checked batch by batch."""
 
@@ -409,7 +409,7 @@ def test_num_data_of_a_distributed_sampler_is_its_total_size():
     assert history.last["num_data"] == 50 and len(history.step_loss) == 3  # this rank: 25 of the 50
 
 
-# -- fit gives back what it learned when it stops early (issue 13, G) -------------------------------------------
+# -- fit gives back what it learned when it stops early -------------------------------------------
 def test_diverged_error_carries_the_history_so_far():
     x, y = small_data()
     model = poisoned_model(at=9)  # call 1 sets the guide up; step 8 (full batches: epoch 8) is NaN
