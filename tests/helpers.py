@@ -8,7 +8,7 @@ import torch
 from pyro.nn import PyroModule
 
 import pyro_bbb
-from pyro_bbb import likelihoods
+from pyro_bbb import MeanFieldGuide, likelihoods
 from pyro_bbb.nn import BayesianLinear
 
 
@@ -120,3 +120,16 @@ def fitted_3_5_1(prior=None, init_scale=0.1):
     x, y = torch.randn(10, 3), torch.randn(10)
     guide(x, y)
     return bnn, guide, x, y
+
+
+def guide_for(model, *args, **kwargs):
+    """A MeanFieldGuide of ``model`` set up by one call on ``args``."""
+    guide = MeanFieldGuide(model, **kwargs)
+    guide(*args)
+    return guide
+
+
+def minibatches(n, batch_size, generator):
+    """A random permutation of ``range(n)`` in batches of ``batch_size`` (the last one partial)."""
+    perm = torch.randperm(n, generator=generator)
+    return [perm[i : i + batch_size] for i in range(0, n, batch_size)]

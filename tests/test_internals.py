@@ -7,7 +7,6 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
-from pyro.infer import TraceMeanField_ELBO
 from pyro.infer.autoguide import AutoNormal
 
 from pyro_bbb import _internals

@@ -1,0 +1,32 @@
+"""History: the records, the drift of a trace, the plot."""
+
+import math
+
+import pytest
+
+import pyro_bbb
+
+from ..helpers import regression_model, small_data
+
+
+def test_history_plot_writes_a_png(tmp_path):
+    model = regression_model()
+    history = pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), small_data(), epochs=2, progress=False)
+    history.plot(tmp_path / "history.png")
+    assert (tmp_path / "history.png").stat().st_size > 1000
+
+
+def test_history_drift_is_the_share_of_progress_made_over_the_last_tail():
+    history = pyro_bbb.History()
+    for epoch in range(1, 101):  # exponential convergence, then a steady linear trace
+        history.append({"epoch": epoch, "loss": math.exp(-epoch / 5), "nll": -epoch, "std_ratio": {"a": 1.0}})
+    assert history.drift("loss") < 1e-6
+    assert history.drift("nll") == pytest.approx(10 / 90)  # still improving at a steady rate: tail / (1 - tail)
+    assert history.drift("nll", tail=0.2) == pytest.approx(20 / 80)
+    assert history.drift("std_ratio") == {"a": 0.0}
+    short = pyro_bbb.History()
+    for epoch in (1, 2):
+        short.append({"epoch": epoch, "loss": 1.0})
+    assert math.isnan(short.drift())
+    with pytest.raises(ValueError, match="tail"):
+        history.drift(tail=0.5)
