@@ -11,11 +11,12 @@ then takes the full path again.
 Examples
 --------
 >>> bnn = BNN(BayesianLinear(2, 1), likelihoods.Gaussian(scale=0.1))
->>> guide = MeanFieldGuide(bnn)
->>> elbo = pyro_bbb.ELBO(num_data=8)
->>> x, y = torch.randn(8, 2), torch.randn(8)
->>> [(elbo.loss_and_grads(bnn, guide, x, y), elbo.last_step_replayed)[1] for _ in range(2)]
-[False, True]
+>>> elbo, guide, x = pyro_bbb.ELBO(num_data=8), MeanFieldGuide(bnn), torch.randn(8, 2)
+>>> for step in range(2):
+...     _ = elbo.loss_and_grads(bnn, guide, x, x.sum(-1))
+...     print(step, elbo.last_step_replayed)
+0 False
+1 True
 """
 
 from __future__ import annotations

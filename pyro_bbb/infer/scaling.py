@@ -3,11 +3,10 @@ likelihood stands for the whole training set.
 
 Examples
 --------
->>> def model(y):
-...     with pyro.plate("data", len(y)):
-...         pyro.sample("y", dist.Normal(0.0, 1.0), obs=y)
->>> poutine.trace(scale_data_plate(model, num_data=8)).get_trace(torch.zeros(2)).nodes["y"]["scale"]
-4.0
+>>> bnn = BNN(BayesianLinear(2, 1), likelihoods.Gaussian(scale=1.0))
+>>> trace = poutine.trace(scale_data_plate(bnn, num_data=8)).get_trace(torch.zeros(2, 2), torch.zeros(2))
+>>> trace.nodes["y"]["scale"], trace.nodes["net.weight"]["scale"]   # the likelihood scaled, the weights not
+(4.0, 1.0)
 """
 
 from __future__ import annotations

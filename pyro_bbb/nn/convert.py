@@ -24,14 +24,7 @@ from torch import nn
 
 from .._internals import ConvNd, ConvTransposeNd
 from ..priors import Prior
-from .conv import (
-    BayesianConv1d,
-    BayesianConv2d,
-    BayesianConv3d,
-    BayesianConvTranspose1d,
-    BayesianConvTranspose2d,
-    BayesianConvTranspose3d,
-)
+from . import conv
 from .linear import BayesianLinear
 from .module import BayesianModule
 from .recurrent import BayesianGRU, BayesianGRUCell, BayesianLSTM, BayesianLSTMCell
@@ -41,12 +34,12 @@ __all__ = ["bayesianize", "SUPPORTED"]
 #: Deterministic layer type -> its Bayesian twin. Selection is by ``isinstance``, never by class name.
 SUPPORTED: dict[type[nn.Module], type[BayesianModule]] = {
     nn.Linear: BayesianLinear,
-    nn.Conv1d: BayesianConv1d,
-    nn.Conv2d: BayesianConv2d,
-    nn.Conv3d: BayesianConv3d,
-    nn.ConvTranspose1d: BayesianConvTranspose1d,
-    nn.ConvTranspose2d: BayesianConvTranspose2d,
-    nn.ConvTranspose3d: BayesianConvTranspose3d,
+    nn.Conv1d: conv.BayesianConv1d,
+    nn.Conv2d: conv.BayesianConv2d,
+    nn.Conv3d: conv.BayesianConv3d,
+    nn.ConvTranspose1d: conv.BayesianConvTranspose1d,
+    nn.ConvTranspose2d: conv.BayesianConvTranspose2d,
+    nn.ConvTranspose3d: conv.BayesianConvTranspose3d,
     nn.LSTM: BayesianLSTM,
     nn.GRU: BayesianGRU,
     nn.LSTMCell: BayesianLSTMCell,

@@ -2,11 +2,9 @@
 
 Examples
 --------
->>> def model():
-...     with pyro.plate("data", 5, subsample_size=2) as idx:
-...         return idx
->>> cover_subsample(model, piece=2)().tolist()
-[4, 0]
+>>> bnn = BNN(BayesianLinear(2, 1), likelihoods.Gaussian(scale=1.0))
+>>> observation_placeholder(bnn)(torch.ones(3, 2)).shape   # the observation's zeros, no draw
+torch.Size([3])
 """
 
 from __future__ import annotations

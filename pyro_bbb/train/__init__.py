@@ -11,8 +11,8 @@ Examples
 2
 """
 
-from .loop import TrainingDivergedError, fit
 from .history import History
+from .loop import TrainingDivergedError, fit
 from .stopping import EarlyStopping
 
 __all__ = ["fit", "History", "EarlyStopping", "TrainingDivergedError"]

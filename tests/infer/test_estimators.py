@@ -12,15 +12,8 @@ from scipy import stats
 import pyro_bbb
 from pyro_bbb import likelihoods
 from pyro_bbb.infer.estimators import ESTIMATORS
-from pyro_bbb.nn import (
-    BayesianConv1d,
-    BayesianConv2d,
-    BayesianConv3d,
-    BayesianConvTranspose1d,
-    BayesianConvTranspose2d,
-    BayesianConvTranspose3d,
-    BayesianLinear,
-)
+from pyro_bbb.nn import BayesianLinear
+from pyro_bbb.nn import conv as bayesian_conv
 from pyro_bbb.nn.moments import MomentPropagationError, Moments
 
 #: The estimators that draw weights (moment propagation, which draws none, has its own tests).
@@ -59,12 +52,12 @@ def closed_form(layer, guide, x, conv=None):
 
 LAYERS = {
     "linear": (lambda: BayesianLinear(3, 2), (4, 3), None),
-    "conv1d": (lambda: BayesianConv1d(2, 3, 3, padding=1), (2, 2, 5), F.conv1d),
-    "conv2d": (lambda: BayesianConv2d(2, 3, 3, stride=2), (2, 2, 5, 5), F.conv2d),
-    "conv3d": (lambda: BayesianConv3d(1, 2, 2), (1, 1, 3, 3, 3), F.conv3d),
-    "convT1d": (lambda: BayesianConvTranspose1d(2, 3, 3, stride=2, output_padding=1), (2, 2, 4), F.conv_transpose1d),
-    "convT2d": (lambda: BayesianConvTranspose2d(2, 2, 3, stride=2, padding=1), (2, 2, 3, 3), F.conv_transpose2d),
-    "convT3d": (lambda: BayesianConvTranspose3d(1, 2, 2, stride=2), (1, 1, 2, 2, 2), F.conv_transpose3d),
+    "conv1d": (lambda: bayesian_conv.BayesianConv1d(2, 3, 3, padding=1), (2, 2, 5), F.conv1d),
+    "conv2d": (lambda: bayesian_conv.BayesianConv2d(2, 3, 3, stride=2), (2, 2, 5, 5), F.conv2d),
+    "conv3d": (lambda: bayesian_conv.BayesianConv3d(1, 2, 2), (1, 1, 3, 3, 3), F.conv3d),
+    "convT1d": (lambda: bayesian_conv.BayesianConvTranspose1d(2, 3, 3, stride=2, output_padding=1), (2, 2, 4), F.conv_transpose1d),
+    "convT2d": (lambda: bayesian_conv.BayesianConvTranspose2d(2, 2, 3, stride=2, padding=1), (2, 2, 3, 3), F.conv_transpose2d),
+    "convT3d": (lambda: bayesian_conv.BayesianConvTranspose3d(1, 2, 2, stride=2), (1, 1, 2, 2, 2), F.conv_transpose3d),
 }
 
 
@@ -168,7 +161,7 @@ def test_fit_with_particles_and_a_ragged_batch(estimator):
 
 
 def test_vectorized_particles_in_conv_nets():
-    net = torch.nn.Sequential(BayesianConv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.Flatten(-3), BayesianLinear(2 * 16, 3))
+    net = torch.nn.Sequential(bayesian_conv.BayesianConv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.Flatten(-3), BayesianLinear(2 * 16, 3))
     model = pyro_bbb.BNN(net, likelihoods.Categorical())
     x, y = torch.randn(5, 1, 6, 6), torch.randint(0, 3, (5,))
     guide = pyro_bbb.MeanFieldGuide(model)

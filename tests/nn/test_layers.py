@@ -10,22 +10,13 @@ from pyro.infer import Predictive
 from torch import nn
 
 from pyro_bbb import ELBO, MeanFieldGuide, priors
-from pyro_bbb.nn import (
-    BayesianConv1d,
-    BayesianConv2d,
-    BayesianConv3d,
-    BayesianConvTranspose1d,
-    BayesianConvTranspose2d,
-    BayesianConvTranspose3d,
-    BayesianLinear,
-    batched_conv,
-    batched_linear,
-)
+from pyro_bbb.nn import BayesianLinear, batched_conv, batched_linear
+from pyro_bbb.nn import conv as bayesian_conv
 
 from ..helpers import MLP, Regression
 
-CONV = {1: (BayesianConv1d, nn.Conv1d, F.conv1d), 2: (BayesianConv2d, nn.Conv2d, F.conv2d),
-        3: (BayesianConv3d, nn.Conv3d, F.conv3d)}  # fmt: skip
+CONV = {1: (bayesian_conv.BayesianConv1d, nn.Conv1d, F.conv1d), 2: (bayesian_conv.BayesianConv2d, nn.Conv2d, F.conv2d),
+        3: (bayesian_conv.BayesianConv3d, nn.Conv3d, F.conv3d)}  # fmt: skip
 
 
 def test_linear_is_twin_of_torch():
@@ -46,7 +37,7 @@ def test_repr_shows_prior():
     assert repr(BayesianLinear(3, 2, bias=False, prior=priors.Laplace(scale=0.1))) == (
         "BayesianLinear(in_features=3, out_features=2, bias=False, prior=Laplace(loc=0.0, scale=0.1))"
     )
-    assert repr(BayesianConv1d(2, 3, 3, prior=priors.ScaleMixtureNormal())).endswith(
+    assert repr(bayesian_conv.BayesianConv1d(2, 3, 3, prior=priors.ScaleMixtureNormal())).endswith(
         "prior=ScaleMixtureNormal(pi=0.5, sigma1=1.0, sigma2=0.0024787521766663585))"
     )
 
@@ -126,7 +117,7 @@ def test_wrong_input_shape_is_a_clear_error():
     with pytest.raises(ValueError, match=r"in_features=3\) expects an input whose last dimension is 3"):
         BayesianLinear(3, 2)(torch.randn(4, 5))
     with pytest.raises(ValueError, match=r"in_channels=3\) expects input of shape"):
-        BayesianConv2d(3, 2, 3)(torch.randn(4, 5, 8, 8))
+        bayesian_conv.BayesianConv2d(3, 2, 3)(torch.randn(4, 5, 8, 8))
 
 
 def test_vectorized_prediction_equals_sequential():
@@ -172,9 +163,9 @@ def test_calling_a_layer_inside_the_data_plate_is_an_error():
         model(torch.randn(4, 3), torch.randn(4))
 
 
-TRANSPOSED = {1: (BayesianConvTranspose1d, nn.ConvTranspose1d, F.conv_transpose1d),
-              2: (BayesianConvTranspose2d, nn.ConvTranspose2d, F.conv_transpose2d),
-              3: (BayesianConvTranspose3d, nn.ConvTranspose3d, F.conv_transpose3d)}  # fmt: skip
+TRANSPOSED = {1: (bayesian_conv.BayesianConvTranspose1d, nn.ConvTranspose1d, F.conv_transpose1d),
+              2: (bayesian_conv.BayesianConvTranspose2d, nn.ConvTranspose2d, F.conv_transpose2d),
+              3: (bayesian_conv.BayesianConvTranspose3d, nn.ConvTranspose3d, F.conv_transpose3d)}  # fmt: skip
 
 
 @pytest.mark.parametrize("d", [1, 2, 3])
@@ -213,13 +204,13 @@ def test_conv_transpose_is_twin_of_torch(d, kwargs):
 
 
 def test_conv_transpose_output_size_errors_like_torch():
-    up = BayesianConvTranspose2d(2, 2, 3, stride=2)
+    up = bayesian_conv.BayesianConvTranspose2d(2, 2, 3, stride=2)
     with pytest.raises(ValueError, match=r"valid sizes .* range from 9 to 10"):
         up(torch.randn(1, 2, 4, 4), output_size=[12, 12])
     with pytest.raises(ValueError, match="output_size must have 2 or 4 elements"):
         up(torch.randn(1, 2, 4, 4), output_size=[9])
     with pytest.raises(ValueError, match="output padding must be smaller"):
-        BayesianConvTranspose2d(2, 2, 3, stride=1, output_padding=1)
+        bayesian_conv.BayesianConvTranspose2d(2, 2, 3, stride=1, output_padding=1)
     with pytest.raises(ValueError, match=r"in_channels=2\) expects input of shape"):
         up(torch.randn(1, 3, 4, 4))
 
