@@ -21,7 +21,7 @@ from torch import nn
 
 import pyro_bbb
 from pyro_bbb import likelihoods, metrics, priors
-from pyro_bbb.data.datasets import digits
+from pyro_bbb.data import digits
 from pyro_bbb.nn import BayesianLinear
 
 
@@ -78,10 +78,12 @@ def main() -> None:
     for name, data in sets.items():
         for kind in ("deterministic", "full BbB", "Bayesian last layer"):
             row = evaluate(kind, data, epochs, ood=noise if name == "digits" else None)
-            ood = (f"{row['AUROC entropy']:.3f} | {row['AUROC information']:.3f}" if "AUROC entropy" in row
-                   else "– | –")  # fmt: skip
-            print(f"| {name} | {kind} | {row['accuracy']:.3f} | {row['NLL']:.3f} | {row['ECE']:.3f} | "
-                  f"{row['Brier']:.3f} | {ood} |", flush=True)  # fmt: skip
+            ood = f"{row['AUROC entropy']:.3f} | {row['AUROC information']:.3f}" if "AUROC entropy" in row else "– | –"
+            print(
+                f"| {name} | {kind} | {row['accuracy']:.3f} | {row['NLL']:.3f} | {row['ECE']:.3f} | "
+                f"{row['Brier']:.3f} | {ood} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

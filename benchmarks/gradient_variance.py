@@ -23,7 +23,7 @@ import torch
 
 import pyro_bbb
 from pyro_bbb import likelihoods
-from pyro_bbb.data.datasets import digits
+from pyro_bbb.data import digits
 from pyro_bbb.nn import BayesianLinear
 
 ESTIMATORS = {"reparam": nullcontext, "flipout": pyro_bbb.flipout, "local reparam": pyro_bbb.local_reparameterization}
@@ -74,9 +74,11 @@ def main() -> None:
     repeats = 20 if args.quick else args.repeats
     x, y, _, _ = digits()
     bnn, guide = trained_model(x, y, epochs=2 if args.quick else 300)
-    summary = pyro_bbb.evaluate.diagnostics.layer_summary(bnn, guide)["net.0"]
-    print(f"digits 64-100-10, N = {x.shape[0]}; posterior std / prior std of the hidden layer "
-          f"{summary['std_ratio_geomean']:.2f} (geometric mean); {repeats} gradient draws per cell")  # fmt: skip
+    summary = pyro_bbb.diagnostics.layer_summary(bnn, guide)["net.0"]
+    print(
+        f"digits 64-100-10, N = {x.shape[0]}; posterior std / prior std of the hidden layer "
+        f"{summary['std_ratio_geomean']:.2f} (geometric mean); {repeats} gradient draws per cell"
+    )
     results = {}
     for mode in ("total", "weights only"):
         print(f"\nvariance of d(loss per datum)/d(hidden-layer means), {mode}")

@@ -22,7 +22,7 @@ from models import BayesianMLP  # noqa: E402  (benchmarks/models.py)
 from pyro.infer import SVI, Predictive
 
 import pyro_bbb
-from pyro_bbb.data.datasets import toy_regression
+from pyro_bbb.data import toy_regression
 
 ARCHITECTURES = {"1-50-1 tanh": ([1, 50, 1], torch.tanh), "1-100-100-1 relu": ([1, 100, 100, 1], torch.relu)}
 
@@ -36,8 +36,9 @@ def run(arch: str, init_scale: float, seed: int, steps: int) -> tuple[float, flo
     x_test, y_test = toy_regression(500, seed=1000 + seed, gap=False)
     model = BayesianMLP(*ARCHITECTURES[arch])
     guide = pyro_bbb.MeanFieldGuide(model, init_scale=init_scale)
-    svi = SVI(model, guide, pyro.optim.ClippedAdam({"lr": 1e-2, "lrd": 0.1 ** (1 / steps)}),
-              pyro_bbb.ELBO(num_data=len(x)))  # fmt: skip
+    svi = SVI(
+        model, guide, pyro.optim.ClippedAdam({"lr": 1e-2, "lrd": 0.1 ** (1 / steps)}), pyro_bbb.ELBO(num_data=len(x))
+    )
     step = 0
     while step < steps:
         for idx in torch.randperm(len(x)).split(64):

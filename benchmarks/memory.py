@@ -17,8 +17,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-CONTENDERS = ["baseline (imports and data)", "hand-written PyTorch BbB", "pyro_bbb reparam", "pyro_bbb flipout",
-              "pyro_bbb local reparam"]  # fmt: skip
+CONTENDERS = [
+    "baseline (imports and data)",
+    "hand-written PyTorch BbB",
+    "pyro_bbb reparam",
+    "pyro_bbb flipout",
+    "pyro_bbb local reparam",
+]
 WIDTHS, BATCH, NUM_DATA = [784, 400, 400, 10], 128, 60_000
 
 
@@ -52,8 +57,12 @@ def main() -> None:
         return
     peaks = {}
     for contender in CONTENDERS:
-        out = subprocess.run([sys.executable, __file__, "--measure", contender, "--steps", str(steps)],
-                             check=True, capture_output=True, text=True).stdout  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, __file__, "--measure", contender, "--steps", str(steps)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         peaks[contender] = json.loads(out.strip().splitlines()[-1])["peak_mib"]
     base, hand = peaks[CONTENDERS[0]], peaks["hand-written PyTorch BbB"]
     print(f"medium MLP {'-'.join(map(str, WIDTHS))}, batch {BATCH}, {steps} steps; peak RSS per process")

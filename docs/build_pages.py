@@ -1,5 +1,5 @@
-"""Pages generated for the documentation: one API page per public module of pyro_bbb, one page per tutorial (its markdown
-cells as text, its code as code, and the figures it writes, from ``docs/figures/``)."""
+"""Pages generated for the documentation: one API page per public module of pyro_bbb, one page per tutorial (its
+markdown cells as text, its code as code, and the figures it writes, from ``docs/figures/``)."""
 
 from __future__ import annotations
 

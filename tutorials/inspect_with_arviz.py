@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 import pyro_bbb  # noqa: E402
 from pyro_bbb import likelihoods, plots  # noqa: E402
-from pyro_bbb.data.datasets import toy_regression  # noqa: E402
+from pyro_bbb.data import toy_regression  # noqa: E402
 from pyro_bbb.nn import BayesianLinear  # noqa: E402
 
 
@@ -51,7 +51,7 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
 
     with pd.option_context(*[item for pair in with_pandas_width.items() for item in pair]):
         print(pyro_bbb.summary(bnn, guide).round(3))
-        print(pyro_bbb.evaluate.diagnostics.parameter_summary(bnn, guide).head(6).round(3))
+        print(pyro_bbb.diagnostics.parameter_summary(bnn, guide).head(6).round(3))
         print(az.summary(idata, var_names=["net.2.bias", "likelihood.scale"], kind="stats").round(3))
 
     # %% Leave-one-out: reff=1.0 because the draws are independent.
@@ -59,8 +59,10 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
         warnings.simplefilter("ignore", UserWarning)  # ArviZ warns about high Pareto k; we report it ourselves
         loo = az.loo(idata, reff=1.0, pointwise=True)
     k = np.asarray(loo.pareto_k)
-    print(f"PSIS-LOO elpd {loo.elpd_loo:.1f} (se {loo.se:.1f}), p_loo {loo.p_loo:.1f}; "
-          f"Pareto k > 0.7 for {(k > 0.7).sum()} of {k.size} points")  # fmt: skip
+    print(
+        f"PSIS-LOO elpd {loo.elpd_loo:.1f} (se {loo.se:.1f}), p_loo {loo.p_loo:.1f}; "
+        f"Pareto k > 0.7 for {(k > 0.7).sum()} of {k.size} points"
+    )
 
     # %% ArviZ's plots on the export, and ours.
     az.plot_posterior(idata, var_names=["net.2.bias", "likelihood.scale"])

@@ -10,7 +10,7 @@
 #   `num_data` far too large), the posterior widths never leave their tiny initial values, the KL stays high and
 #   flat, the network is deterministic in all but name.
 #
-# `pyro_bbb.evaluate.diagnostics.check_posterior` names both from the guide alone (per layer: the KL carried by the best-
+# `pyro_bbb.diagnostics.check_posterior` names both from the guide alone (per layer: the KL carried by the best-
 # informed weights, and the posterior width against the prior's) and says what to change. This script trains the
 # same digits classifier three ways and plots, per run, the NLL, the KL per layer and the posterior/prior width
 # from `History`; it writes `tutorials/figures/why_is_my_kl_flat.png` and prints what `check_posterior` says.
@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 import pyro_bbb  # noqa: E402
 from pyro_bbb import diagnostics, likelihoods, metrics, plots, schedules  # noqa: E402
-from pyro_bbb.data.datasets import digits  # noqa: E402
+from pyro_bbb.data import digits  # noqa: E402
 from pyro_bbb.nn import BayesianLinear  # noqa: E402
 
 
@@ -51,8 +51,17 @@ def main(epochs: int, out_dir: Path) -> dict[str, dict[str, object]]:
         net = torch.nn.Sequential(BayesianLinear(64, 100), torch.nn.ReLU(), BayesianLinear(100, 10))
         bnn = pyro_bbb.BNN(net, likelihoods.Categorical())
         guide = pyro_bbb.MeanFieldGuide(bnn)
-        histories[name] = pyro_bbb.fit(bnn, guide, (x_train, y_train), epochs=epochs, batch_size=64, lr=1e-2,
-                                       kl_weight=kl_weight, progress=False, seed=0)  # fmt: skip
+        histories[name] = pyro_bbb.fit(
+            bnn,
+            guide,
+            (x_train, y_train),
+            epochs=epochs,
+            batch_size=64,
+            lr=1e-2,
+            kl_weight=kl_weight,
+            progress=False,
+            seed=0,
+        )
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", diagnostics.PosteriorWarning)
             report = diagnostics.check_posterior(bnn, guide)

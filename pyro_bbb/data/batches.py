@@ -30,8 +30,9 @@ class DataError(ValueError):
     """
 
 
-def check_batch(x: Any, y: Any, likelihood, what: str = "the data",
-                 dtype: torch.dtype | None = None) -> tuple[Inputs, torch.Tensor]:  # fmt: skip
+def check_batch(
+    x: Any, y: Any, likelihood, what: str = "the data", dtype: torch.dtype | None = None
+) -> tuple[Inputs, torch.Tensor]:
     """``(x, y)`` as tensors (numpy arrays converted, floating ``x`` cast to the model's ``dtype``), checked; ``x``
     may be a tuple or dict of tensors with a common first dimension."""
     try:

@@ -175,9 +175,13 @@ def is_embedded_reber(string: str) -> bool:
     (True, False)
     """
     return (
-        len(string) >= 9 and string[0] == "B" and string[1] in "TP" and string[-2] == string[1]
-        and string[-1] == "E" and is_reber(string[2:-2])
-    )  # fmt: skip
+        len(string) >= 9
+        and string[0] == "B"
+        and string[1] in "TP"
+        and string[-2] == string[1]
+        and string[-1] == "E"
+        and is_reber(string[2:-2])
+    )
 
 
 def _random_reber(rng: random.Random) -> str:

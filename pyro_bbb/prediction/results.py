@@ -1,6 +1,6 @@
 """The posterior predictive's results: :class:`Prediction` and its regression and classification kinds (moments,
-intervals, the entropy decomposition of uncertainty). :func:`pyro_bbb.predict` (in :mod:`pyro_bbb.prediction.predictive`)
-makes them.
+intervals, the entropy decomposition of uncertainty). :func:`pyro_bbb.predict` (in
+:mod:`pyro_bbb.prediction.predictive`) makes them.
 
 Examples
 --------

@@ -1,6 +1,5 @@
 """The data plate's N/B scaling against Pyro's own subsampling, and every error it raises."""
 
-
 import pyro
 import pyro.distributions as dist
 import pytest
