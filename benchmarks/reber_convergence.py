@@ -1,6 +1,6 @@
 """Does a Bayesian LSTM converge on every seed? Embedded Reber Grammar, deterministic vs Bayesian, over seeds.
 
-Issue 15's criterion: over 5 seeds, the worst Bayesian LSTM's test accuracy within 5 points of the deterministic
+The criterion: over 5 seeds, the worst Bayesian LSTM's test accuracy within 5 points of the deterministic
 LSTM's median *at the same number of steps*. Each run trains ``Classifier(rnn, head)`` (the last step of a
 batch-first LSTM, one logit) with ``pyro_bbb.fit`` and records the test accuracy (2000 fresh strings) after every
 epoch; the table reports the accuracy after the last epoch. The deterministic model is ``nn.LSTM`` + ``nn.Linear``
@@ -178,7 +178,7 @@ def main() -> None:
     gap = statistics.median(r["final"] for r in runs["deterministic"]) - min(r["final"] for r in runs["bayesian"])
     print(
         f"  worst Bayesian is {100 * gap:.1f} points below the deterministic median "
-        f"({'within' if gap <= 0.05 else 'outside'} issue 15's 5 points)"
+        f"({'within' if gap <= 0.05 else 'outside'} the criterion's 5 points)"
     )
 
 

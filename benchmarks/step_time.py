@@ -221,7 +221,7 @@ def time_contenders(builds: dict[str, Callable], data: list, repeats: int, round
     return {c: statistics.median(t) for c, t in times.items()}
 
 
-# -- a small CNN (issue 16): digits-sized images, two convolutions and a linear head ---------------------------------
+# -- a small CNN: digits-sized images, two convolutions and a linear head ---------------------------------
 CNN = ("CNN 8x8 digits: conv 1->8, conv 8->16 (3x3), linear 1024->10, batch 128", 128, 1_797)
 
 

@@ -73,3 +73,6 @@ def write_pages(docs: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
+    for folder in {path.parent for path in pages}:  # pages of modules or tutorials that no longer exist
+        for stale in set(folder.iterdir()) - set(pages):
+            stale.unlink()

@@ -43,8 +43,8 @@ class ELBO(TraceMeanFieldHooks):
     guide's draw otherwise (e.g. :class:`pyro_bbb.priors.ScaleMixtureNormal`); the closed-form KLs against
     zero-mean Normal priors of all sites are computed together, in a fixed number of operations (a small
     network's step time is the number of operations it runs). The ``N/B`` scale is applied by
-    :class:`DataPlateScaleMessenger` to every site inside ``pyro.plate(data_plate, B)``, so the user never
-    divides by the dataset size. Works unchanged with ``pyro.infer.SVI``.
+    :class:`~pyro_bbb.infer.scaling.DataPlateScaleMessenger` to every site inside ``pyro.plate(data_plate, B)``, so
+    the user never divides by the dataset size. Works unchanged with ``pyro.infer.SVI``.
 
     Parameters
     ----------
