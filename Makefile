@@ -11,6 +11,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet --no-deps ivon-opt==0.1.3  # IVON's reference implementation, for the tests only
 	touch $@
 
 install: $(VENV)/.installed

@@ -33,9 +33,7 @@ __all__ = [
     "Moped",
     "LearnedNormal",
     "EmpiricalBayesNormal",
-    "EmpiricalBayesNormalDistribution",
     "prior_in_force",
-    "ScaleMixtureNormalDistribution",
     "DistributionPrior",
     "as_prior",
     "prior_state",
@@ -277,7 +275,8 @@ class EmpiricalBayesNormal(Prior):
     ``(gain / sqrt(fan_in))^2`` and ``alpha = 4.4798`` (their choice). While the data says nothing about a layer, the
     hyperprior holds its scale near the mode instead of letting it shrink to zero (what a freely learned scale,
     :class:`LearnedNormal`, does on a plateau); with many weights the data's term dominates. Nothing is learned by
-    gradient steps: the scale follows the posterior exactly, see :class:`EmpiricalBayesNormalDistribution`.
+    gradient steps: the scale follows the posterior exactly, see
+    :class:`~pyro_bbb.distributions.EmpiricalBayesNormalDistribution`.
 
     The hyperprior removes the collapse of the plain optimum; ``benchmarks/README.md`` compares both with a fixed
     ``Normal(0, 1)`` on UCI. On a task whose likelihood sits on a plateau (the Embedded Reber LSTM) it collapses as

@@ -37,6 +37,7 @@ from ..infer.elbo import ELBO
 from ..infer.estimators import estimator as estimator_named
 from ..infer.guide import MeanFieldGuide, has_site_posteriors
 from ..likelihoods import TargetError
+from ..optim import IVON
 from ..optim import Adam as JointAdam
 from ..plates import data_plate_of
 from ..prediction.predictive import predict
@@ -272,9 +273,10 @@ def fit(
     lr : float
         Adam's learning rate (the first epoch's, with ``lr_final``).
     lr_final : float, optional
-        Decay the learning rate geometrically, epoch by epoch, from ``lr`` in the first epoch to ``lr_final`` in the
-        last (fit's own Adam only). A converged ELBO needs it, and a heteroscedastic likelihood needs it to stay
-        stable: as the learned noise shrinks, a constant step moves the predictions by more than the noise.
+        Decay the learning rate geometrically, epoch by epoch, from ``lr`` (a :mod:`pyro_bbb.optim` optimizer's own
+        rate) in the first epoch to ``lr_final`` in the last. A converged ELBO needs it with minibatches (their
+        noise keeps a constant step from settling), and a heteroscedastic likelihood needs it to stay stable: as the
+        learned noise shrinks, a constant step moves the predictions by more than the noise.
     kl_weight : float or schedule
         Weight of the KL (see :mod:`pyro_bbb.infer.schedules`); 1 is the ELBO.
     num_particles : int
@@ -325,6 +327,7 @@ def fit(
     estimator_context, per_layer = _check_guide(model, guide, estimator)
     batches, rank = _training_batches(model, data, batch_size, distributed, seed)
     validation_data = _validation_batch(model, validation_data)
+    _check_natural_gradient(optimizer, guide, kl_weight, batches.num_data)
     _check_early_stopping(early_stopping, validation_data is not None)
     if seed is not None:
         pyro.set_rng_seed(seed)
@@ -358,16 +361,37 @@ def _check_settings(epochs, batch_size, num_particles, num_validation_samples, l
         )
 
 
+def _check_natural_gradient(optimizer, guide, kl_weight, num_data: int) -> None:
+    """IVON reads the likelihood's gradients by removing the KL's: the KL must count once, for this guide and data."""
+    if not isinstance(optimizer, IVON):
+        return
+    if optimizer.guide is not guide:
+        raise ValueError("the IVON optimizer was built for another guide; build it with this one: IVON(guide, ...).")
+    if optimizer.num_data != num_data:
+        raise ValueError(
+            f"IVON(num_data={optimizer.num_data}) disagrees with the {num_data} data fit trains on; pass "
+            f"num_data={num_data}."
+        )
+    if callable(kl_weight) or kl_weight != 1.0:
+        raise ValueError(
+            f"kl_weight={kl_weight!r}: IVON sets each width from the likelihood's curvature and the prior's precision "
+            "and needs the full KL (kl_weight=1); it needs no KL warm-up."
+        )
+
+
 def _learning_rates(lr: float, lr_final: float | None, epochs: int, optimizer) -> Callable[[int], float] | None:
-    """Epoch -> learning rate, geometric from ``lr`` to ``lr_final``; ``None`` for a constant one."""
+    """Epoch -> learning rate, geometric from ``lr`` (a pyro_bbb optimizer's own rate) to ``lr_final``; ``None`` for
+    a constant one."""
     if lr_final is None:
         return None
     check_positive("lr_final", lr_final)
     if optimizer is not None:
-        raise ValueError(
-            "lr_final schedules fit's own Adam; give your optimizer its own schedule instead (e.g. "
-            "pyro.optim.ClippedAdam({'lr': 1e-2, 'lrd': 0.999})), or drop optimizer=."
-        )
+        if not hasattr(optimizer, "set_learning_rate"):
+            raise ValueError(
+                "lr_final schedules fit's own Adam or a pyro_bbb.optim optimizer; give your optimizer its own "
+                "schedule instead (e.g. pyro.optim.ClippedAdam({'lr': 1e-2, 'lrd': 0.999})), or drop optimizer=."
+            )
+        lr = optimizer.defaults["lr"]
     return lambda epoch: lr * (lr_final / lr) ** ((epoch - 1) / max(1, epochs - 1))
 
 

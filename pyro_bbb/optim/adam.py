@@ -23,7 +23,7 @@ from collections.abc import Iterable
 import torch
 from pyro.optim import PyroOptim
 
-from ._internals import fused_adam_step, optimizer_has_step_hooks
+from .._internals import fused_adam_step, optimizer_has_step_hooks
 
 __all__ = ["Adam"]
 

@@ -1,0 +1,298 @@
+"""``IVON``: natural-gradient variational learning of mean-field Gaussian posteriors (Shen et al., ICML 2024).
+
+Adam treats a weight's posterior mean and width as two unrelated parameters and rescales each by its own gradient
+history. IVON keeps, per weight, a running estimate ``h`` of the expected curvature of the loss per datum and *sets*
+the width from it, ``sigma = 1 / sqrt(N (h + delta))``, where ``N`` is the training-set size and ``delta = 1 / (N
+t^2)`` the per-datum precision of the weight's ``Normal(m, t)`` prior. The curvature is read off the ELBO's gradient
+with respect to the width (Price's theorem: ``d E[loss] / d sigma = sigma E[loss'']``), so it works with every
+estimator: reparameterization, Flipout, local reparameterization, and moment propagation, where that gradient is
+exact. Per weight, with ``g`` the per-datum gradient of the expected negative log-likelihood::
+
+    hhat     = (d E[nll] / d sigma) / (N sigma)                   Price's estimate of E[nll'']
+    momentum <- beta1 momentum + (1 - beta1) g
+    h        <- beta2 h + (1 - beta2) hhat + (1 - beta2)^2 / 2 (h - hhat)^2 / (h + delta)
+    m        <- m - lr (hess_init + delta) (momentum / (1 - beta1^k) + delta (m - m_prior)) / (h + delta)
+    sigma    <- 1 / sqrt(N (h + delta))
+
+At a fixed point ``h`` is the expected curvature and ``m`` the stationary point of the expected loss plus the prior:
+for a Gaussian likelihood with fixed noise that is exactly the optimal mean-field Gaussian of Bayesian linear
+regression. The update equals ``ivon-opt`` 0.1.3's (``ivon.IVON``) given the same draws (``tests/test_optim_ivon.py``).
+
+Examples
+--------
+>>> x, y = torch.randn(64, 2), torch.randn(64)
+>>> bnn = BNN(BayesianLinear(2, 1), likelihoods.Gaussian(scale=1.0))
+>>> guide = MeanFieldGuide(bnn)
+>>> history = pyro_bbb.fit(bnn, guide, (x, y), epochs=3, optimizer=IVON(guide, num_data=64), progress=False)
+>>> guide.site_posteriors()["net.weight"].scale.shape
+torch.Size([1, 2])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import pyro
+import torch
+from pyro.optim import PyroOptim
+from torch.distributions import transform_to
+
+from .._checks import check_count, check_nonnegative, check_positive
+from .._internals import pyro_name, site_name
+from ..nn.module import current_priors
+from ..priors import is_real_support, prior_in_force, strip_independent
+from .adam import Adam
+
+__all__ = ["IVON"]
+
+
+class IVON(PyroOptim):
+    """Natural-gradient variational learning for the weights of a mean-field guide; Adam for everything else.
+
+    The weights are the guide's real-valued latent sites under a Normal prior (fixed, :class:`~pyro_bbb.priors.
+    FanInNormal`, :class:`~pyro_bbb.priors.LearnedNormal` or :class:`~pyro_bbb.priors.EmpiricalBayesNormal`, whose
+    precision is read every step). Their posterior means are stepped by IVON and their widths set from its curvature
+    estimate; the other parameters a step passes (deterministic layers, a learned noise scale's posterior, a learned
+    prior scale) get :class:`~pyro_bbb.optim.Adam` with ``adam_lr``. The first step sets every weight's width from
+    ``hess_init`` (whatever the guide's ``init_scale``) and moves no mean: the widths are this optimizer's to choose.
+
+    Parameters
+    ----------
+    guide : MeanFieldGuide or AutoNormal
+        The guide whose weights it trains (its model's priors give each weight's precision).
+    num_data : int
+        ``N``, the size of the training set: the effective sample size of the posterior (as ``ELBO(num_data=N)``).
+    lr : float
+        Step size of the means, in units of ``1 / (hess_init + delta)`` (so ``lr`` is the first step's size).
+    beta1 : float
+        Momentum of the gradient.
+    beta2 : float
+        Memory of the curvature estimate: it averages over about ``1 / (1 - beta2)`` steps, so it must be well below
+        1 for the width to converge within a run (``ivon-opt``'s 0.99999 is set for runs of a million steps).
+    hess_init : float
+        Initial curvature ``h`` per datum: the first width is ``1 / sqrt(N (hess_init + delta))``.
+    clip_radius : float
+        Clip each element of the mean's preconditioned step to ``[-clip_radius, clip_radius]``.
+    adam_lr : float
+        Learning rate of the Adam that trains the other parameters.
+
+    Notes
+    -----
+    It reads the negative log-likelihood's gradients from the ELBO's by removing the closed-form KL's, so the KL
+    must enter with weight 1 (no KL schedule). Gradients averaged over ranks (``fit(distributed=True)``) average the
+    curvature estimate with them. :meth:`get_state` keys the state by site name.
+
+    Examples
+    --------
+    >>> bnn = BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5))
+    >>> guide = MeanFieldGuide(bnn)
+    >>> IVON(guide, num_data=100, lr=0.1)
+    IVON(num_data=100, lr=0.1, beta1=0.9, beta2=0.99, hess_init=1.0, clip_radius=inf, adam_lr=0.001)
+    """
+
+    def __init__(
+        self,
+        guide: Any,
+        num_data: int,
+        lr: float = 0.1,
+        beta1: float = 0.9,
+        beta2: float = 0.99,
+        hess_init: float = 1.0,
+        clip_radius: float = math.inf,
+        adam_lr: float = 1e-3,
+    ):
+        if not hasattr(guide, "scale_constraint") or not hasattr(guide, "model"):
+            raise TypeError(
+                f"IVON trains the weights of a mean-field guide (pyro_bbb.MeanFieldGuide or Pyro's AutoNormal), got "
+                f"{type(guide).__name__}."
+            )
+        for name, value in (("beta1", beta1), ("beta2", beta2)):
+            if not 0.0 <= check_nonnegative(name, value) < 1.0:
+                raise ValueError(f"`{name}` must lie in [0, 1), got {value!r}.")
+        self.guide = guide
+        self.num_data = check_count("num_data", num_data)
+        self.defaults = {
+            "lr": check_positive("lr", lr),
+            "beta1": float(beta1),
+            "beta2": float(beta2),
+            "hess_init": check_positive("hess_init", hess_init),
+            "clip_radius": float(clip_radius)
+            if clip_radius == math.inf
+            else check_positive("clip_radius", clip_radius),
+            "adam_lr": check_positive("adam_lr", adam_lr),
+        }
+        super().__init__(torch.optim.Adam, {"lr": adam_lr})
+        self.adam = Adam(lr=adam_lr)
+        self.steps = 0  # IVON steps taken (the momentum's debiasing counts them)
+        self._rate_ratio = 1.0  # the scheduled learning rate over the initial one: the curvature's step scales with it
+        self.site_state: dict[str, dict[str, torch.Tensor]] = {}  # site -> momentum, hess (flattened)
+        self._roles: dict[
+            torch.Tensor, tuple[str, str]
+        ] = {}  # unconstrained param (by identity) -> (site, "loc" | "scale")
+        self._transform = transform_to(guide.scale_constraint)
+
+    # -- which parameter is what ---------------------------------------------------------------------------------
+    def _weight_sites(self) -> dict[str, tuple[str, str]]:
+        """Site -> (loc name, scale name) in Pyro's param store, for every real latent site the guide has."""
+        prototype = self.guide.prototype_trace
+        if prototype is None:
+            return {}
+        prefix = pyro_name(self.guide)
+        return {
+            name: (site_name(prefix, f"locs.{name}"), site_name(prefix, f"scales.{name}"))
+            for name, site in prototype.iter_stochastic_nodes()
+            if is_real_support(site["fn"].support)
+        }
+
+    def _classify(self, params: list[torch.Tensor]) -> None:
+        store = pyro.get_param_store()
+        by_name = {}
+        for site, (loc, scale) in self._weight_sites().items():
+            by_name[loc], by_name[scale] = (site, "loc"), (site, "scale")
+        for p in params:
+            if p not in self._roles:
+                self._roles[p] = by_name.get(store.param_name(p), ("", "other"))
+
+    def _priors(self, sites: list[str], locs: list[torch.Tensor], scales: list[torch.Tensor]) -> list[tuple]:
+        """``(m, t)`` of each site's Normal prior as it is now (expanded to the site's shape)."""
+        priors = current_priors(self.guide.model)
+        prototype = self.guide.prototype_trace
+        found = []
+        for site, loc, scale in zip(sites, locs, scales):
+            prior = priors.get(site, prototype.nodes[site]["fn"])
+            posterior = torch.distributions.Normal(loc, scale)
+            base = strip_independent(prior_in_force(prior, torch.distributions.Independent(posterior, loc.dim())))
+            if not isinstance(base, torch.distributions.Normal):
+                raise ValueError(
+                    f"IVON needs a Normal prior at weight site {site!r} (its precision sets the posterior width), got "
+                    f"{type(base).__name__}. Use priors.Normal / FanInNormal / LearnedNormal / EmpiricalBayesNormal, "
+                    "or pyro_bbb.optim.Adam for this model."
+                )
+            found.append((base.loc.detach().expand(loc.shape), base.scale.detach().expand(loc.shape)))
+        return found
+
+    # -- one step ----------------------------------------------------------------------------------------------------
+    def __call__(self, params: Iterable[torch.Tensor], *args: Any, **kwargs: Any) -> None:
+        params = list(dict.fromkeys(params))
+        self._classify(params)
+        pairs: dict[str, dict[str, torch.Tensor]] = {}
+        others = []
+        for p in params:
+            site, role = self._roles[p]
+            if role == "other" or p.grad is None:
+                others.append(p)
+            else:
+                pairs.setdefault(site, {})[role] = p
+        incomplete = [site for site, pair in pairs.items() if len(pair) != 2]
+        for site in incomplete:  # a site whose mean or width this step did not reach: Adam leaves it alone too
+            others.extend(pairs.pop(site).values())
+        if pairs:
+            self._ivon_step(pairs)
+        if others:
+            self.adam([p for p in others if p.grad is not None])
+        for p in params:
+            p.grad = None
+
+    @torch.no_grad()
+    def _ivon_step(self, pairs: dict[str, dict[str, torch.Tensor]]) -> None:
+        sites = list(pairs)
+        new = [site for site in sites if site not in self.site_state]
+        if new:  # the first sight of a site: its width from hess_init, its mean left where it is
+            self._start(new, pairs)
+            sites = [site for site in sites if site not in new]
+            if not sites:
+                return
+        self.steps += 1
+        d = self.defaults
+        n = float(self.num_data)
+        locs = [pairs[site]["loc"] for site in sites]
+        raw_scales = [pairs[site]["scale"] for site in sites]
+        mu = torch.cat([p.reshape(-1) for p in locs])
+        grad_mu = torch.cat([p.grad.reshape(-1) for p in locs])
+        u = torch.cat([p.reshape(-1) for p in raw_scales])
+        grad_u = torch.cat([p.grad.reshape(-1) for p in raw_scales])
+        sigma = self._transform(u)
+        grad_sigma = grad_u / self._transform.log_abs_det_jacobian(u, sigma).exp()
+        shaped_sigma = sigma.split([p.numel() for p in locs])
+        priors = self._priors(sites, locs, [s.view(p.shape) for s, p in zip(shaped_sigma, locs)])
+        prior_loc = torch.cat([m.reshape(-1) for m, _ in priors]).to(mu.dtype)
+        delta = torch.cat([(1.0 / (n * t.square())).reshape(-1) for _, t in priors]).to(mu.dtype)
+        momentum = torch.cat([self.site_state[site]["momentum"] for site in sites])
+        hess = torch.cat([self.site_state[site]["hess"] for site in sites])
+
+        # the negative log-likelihood's per-datum gradient and Price's curvature estimate (the KL's parts removed)
+        grad = grad_mu / n - delta * (mu - prior_loc)
+        hess_hat = (grad_sigma / n - delta * sigma + 1.0 / (n * sigma)) / sigma
+        beta1, rho = d["beta1"], (1.0 - d["beta2"]) * self._rate_ratio  # the curvature's step follows the schedule
+        momentum = beta1 * momentum + (1.0 - beta1) * grad
+        hess = hess + rho * (hess_hat - hess) + 0.5 * rho**2 * (hess - hess_hat).square() / (hess + delta)
+        debias = 1.0 - beta1**self.steps
+        step = ((momentum / debias + delta * (mu - prior_loc)) / (hess + delta)).clamp(
+            -d["clip_radius"], d["clip_radius"]
+        )
+        mu = mu - d["lr"] * (d["hess_init"] + delta) * step
+        u = self._transform.inv(1.0 / (n * (hess + delta)).sqrt())
+
+        sizes = [p.numel() for p in locs]
+        for site, p, q, m_part, u_part, mom_part, h_part in zip(
+            sites, locs, raw_scales, mu.split(sizes), u.split(sizes), momentum.split(sizes), hess.split(sizes)
+        ):
+            p.copy_(m_part.view(p.shape))
+            q.copy_(u_part.view(q.shape))
+            self.site_state[site] = {"momentum": mom_part, "hess": h_part}
+
+    def _start(self, sites: list[str], pairs: dict[str, dict[str, torch.Tensor]]) -> None:
+        n = float(self.num_data)
+        locs = [pairs[site]["loc"] for site in sites]
+        scales = [self._transform(pairs[site]["scale"]) for site in sites]
+        for site, loc, (_, t) in zip(sites, locs, self._priors(sites, locs, scales)):
+            hess = torch.full((loc.numel(),), self.defaults["hess_init"], dtype=loc.dtype, device=loc.device)
+            delta = (1.0 / (n * t.square())).reshape(-1).to(loc.dtype)
+            pairs[site]["scale"].copy_(self._transform.inv(1.0 / (n * (hess + delta)).sqrt()).view(loc.shape))
+            self.site_state[site] = {"momentum": torch.zeros_like(hess), "hess": hess}
+
+    # -- the PyroOptim interface ---------------------------------------------------------------------------------
+    def set_learning_rate(self, lr: float) -> None:
+        """Use step size ``lr`` for the means from the next step on, and scale the curvature's step ``1 - beta2`` by
+        the same factor (as natural-gradient VI steps the precision with the mean's rate: a decaying rate averages
+        the curvature over more steps). Adam's rate for the other parameters is kept.
+
+        Examples
+        --------
+        >>> optimizer = IVON(MeanFieldGuide(BayesianLinear(2, 1)), num_data=10)
+        >>> optimizer.set_learning_rate(0.05)
+        >>> optimizer.defaults["lr"]
+        0.05
+        """
+        self._rate_ratio = check_positive("lr", lr) / self.defaults["lr"] * self._rate_ratio
+        self.defaults["lr"] = lr
+
+    def get_state(self) -> dict:
+        """The curvature and momentum of every weight site by name, the step count, and the Adam's state.
+
+        Examples
+        --------
+        >>> sorted(IVON(MeanFieldGuide(BayesianLinear(2, 1)), num_data=10).get_state())
+        ['adam', 'sites', 'steps']
+        """
+        sites = {site: {key: value.clone() for key, value in entry.items()} for site, entry in self.site_state.items()}
+        adam = self.adam.get_state() if self.adam.optimizer is not None else None
+        return {"steps": self.steps, "sites": sites, "adam": adam}
+
+    def set_state(self, state_dict: dict) -> None:
+        """Resume from :meth:`get_state`: each site's curvature and momentum by name (the widths follow from the
+        curvature at the next step), the step count, the Adam's state."""
+        if not isinstance(state_dict, dict) or not {"steps", "sites"} <= state_dict.keys():
+            raise ValueError("set_state takes what IVON.get_state returned (keys 'steps', 'sites', 'adam').")
+        self.steps = int(state_dict["steps"])
+        self.site_state = {
+            site: {key: value.clone() for key, value in entry.items()} for site, entry in state_dict["sites"].items()
+        }
+        if state_dict.get("adam") is not None:
+            self.adam.set_state(state_dict["adam"])
+
+    def __repr__(self) -> str:
+        settings = {"num_data": self.num_data, **self.defaults}
+        return ", ".join(f"{k}={v}" for k, v in settings.items()).join((f"{type(self).__name__}(", ")"))

@@ -1,0 +1,180 @@
+"""IVON against its reference implementation (``ivon-opt`` 0.1.3, the same draws) and against the closed-form optimal
+mean-field Gaussian of Bayesian linear regression; its state, errors, and what it leaves to Adam."""
+
+import math
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import SVI
+from pyro.poutine.messenger import Messenger
+
+import pyro_bbb
+from pyro_bbb import ELBO, MeanFieldGuide, likelihoods, priors
+from pyro_bbb.nn import BayesianLinear
+from pyro_bbb.optim import IVON
+
+ivon = pytest.importorskip("ivon", reason="the reference implementation: pip install --no-deps ivon-opt==0.1.3")
+
+
+class FixedDraws(Messenger):
+    """The guide draws ``loc + scale * z`` with ``z`` chosen so that the draw equals a given value (gradients still
+    reach ``loc`` and ``scale``, as a reparameterized draw's do)."""
+
+    def __init__(self, values):
+        super().__init__()
+        self.values = values
+
+    def _pyro_sample(self, msg):
+        if msg["name"] in self.values:
+            base = msg["fn"].base_dist
+            z = ((self.values[msg["name"]] - base.loc) / base.scale).detach()
+            msg["value"] = base.loc + base.scale * z
+
+
+def _regression(n=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, generator=g, dtype=torch.float64)
+    y = (
+        x @ torch.tensor([1.0, -0.5, 0.3], dtype=torch.float64)
+        + 0.2
+        + 0.5 * torch.randn(n, generator=g, dtype=torch.float64)
+    )
+    return x, y
+
+
+def test_the_trajectory_equals_ivon_opt_given_the_same_draws():
+    """Every weight Bayesian under N(0, t), float64, minibatches with a partial last one: 100 steps of ``ivon.IVON`` on
+    the deterministic net (the mean NLL per datum, ``ess=N``, ``weight_decay=1/(N t^2)``) and of ``pyro_bbb.optim.IVON``
+    on the guide (the ELBO's gradients), fed the draws ivon-opt made, agree to 1e-8 in every mean and width."""
+    torch.manual_seed(0)
+    n, prior_scale, noise, batch = 40, 0.8, 0.5, 16
+    x, y = _regression(n)
+    settings = {"lr": 0.05, "beta1": 0.9, "beta2": 0.99, "hess_init": 0.75}
+    delta = 1.0 / (n * prior_scale**2)
+
+    net = torch.nn.Linear(3, 1).double()
+    reference = ivon.IVON(net.parameters(), ess=n, weight_decay=delta, **settings)
+    layer = BayesianLinear(3, 1, prior=priors.Normal(0.0, prior_scale), dtype=torch.float64)
+    layer.set_initial_value("weight", net.weight.detach().clone())
+    layer.set_initial_value("bias", net.bias.detach().clone())
+    bnn = pyro_bbb.BNN(layer, likelihoods.Gaussian(scale=noise))
+    guide = MeanFieldGuide(bnn)
+    ours = IVON(guide, num_data=n, **settings)
+    svi = SVI(bnn, guide, ours, ELBO(num_data=n))
+    svi.step(x[:batch], y[:batch])  # the first step only sets the widths from hess_init
+
+    batches = [torch.arange(i, min(i + batch, n)) for i in range(0, n, batch)]
+    worst = 0.0
+    for step in range(100):
+        idx = batches[step % len(batches)]
+        with reference.sampled_params(train=True):
+            reference.zero_grad()
+            mean = net(x[idx]).squeeze(-1)
+            (-dist.Normal(mean, noise).log_prob(y[idx]).mean()).backward()
+            draws = {"net.weight": net.weight.detach().clone(), "net.bias": net.bias.detach().clone()}
+        reference.step()
+        svi.guide = FixedDraws(draws)(guide)
+        svi.step(x[idx], y[idx])
+        posteriors = guide.site_posteriors()
+        reference_width = 1.0 / (n * (reference.param_groups[0]["hess"] + delta)).sqrt()
+        ours_mean = torch.cat([posteriors["net.weight"].loc.reshape(-1), posteriors["net.bias"].loc])
+        ours_width = torch.cat([posteriors["net.weight"].scale.reshape(-1), posteriors["net.bias"].scale])
+        reference_mean = torch.cat([net.weight.detach().reshape(-1), net.bias.detach()])
+        worst = max(
+            worst, float((ours_mean - reference_mean).abs().max()), float((ours_width - reference_width).abs().max())
+        )
+    assert worst < 1e-8
+    assert (
+        float((reference_mean - torch.cat([layer.weight_init.reshape(-1), layer.bias_init])).abs().max()) > 0.1
+    )  # it moved
+
+
+def _closed_form(x, y, noise, prior_scale):
+    design = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], 1)
+    precision = design.T @ design / noise**2 + torch.eye(design.shape[1], dtype=x.dtype) / prior_scale**2
+    mean = torch.linalg.solve(precision, design.T @ y / noise**2)
+    return mean, 1.0 / precision.diagonal().sqrt()  # the mean-field optimum: the exact mean, 1 / sqrt(diag precision)
+
+
+def test_exact_gradients_reach_the_closed_form_optimal_mean_field_gaussian():
+    """Under moment propagation the ELBO and its gradients are exact for a linear-Gaussian model, and IVON's fixed
+    point is the optimal mean-field Gaussian: means to 1e-5 posterior stds and widths to 1e-10 of the closed form after
+    300 full-batch steps (Adam-BbB's widths are still far off at the same budget)."""
+    x, y = _regression(200, seed=1)
+    mean, std = _closed_form(x, y, 0.5, 1.0)
+    results = {}
+    for name in ("ivon", "adam"):
+        pyro.clear_param_store()
+        bnn = pyro_bbb.BNN(
+            BayesianLinear(3, 1, prior=priors.Normal(0.0, 1.0), dtype=torch.float64), likelihoods.Gaussian(scale=0.5)
+        )
+        guide = MeanFieldGuide(bnn)
+        optimizer = IVON(guide, num_data=200, lr=0.1, beta2=0.9) if name == "ivon" else pyro_bbb.optim.Adam(lr=1e-2)
+        pyro_bbb.fit(bnn, guide, (x, y), epochs=300, optimizer=optimizer, estimator="moments", progress=False)
+        q = guide.site_posteriors()
+        fitted_mean = torch.cat([q["net.weight"].loc.reshape(-1), q["net.bias"].loc])
+        fitted_std = torch.cat([q["net.weight"].scale.reshape(-1), q["net.bias"].scale])
+        results[name] = (float(((fitted_mean - mean) / std).abs().max()), float((fitted_std / std - 1).abs().max()))
+    assert results["ivon"][0] < 1e-5 and results["ivon"][1] < 1e-10, results
+    assert results["adam"][1] > 0.5, results
+
+
+def test_state_is_kept_by_site_name_and_resumes_the_same_run():
+    x, y = _regression(40)
+
+    def run(steps, restore_after=None):
+        pyro.clear_param_store()
+        pyro.set_rng_seed(0)
+        bnn = pyro_bbb.BNN(BayesianLinear(3, 1, dtype=torch.float64), likelihoods.Gaussian(scale=0.5))
+        guide = MeanFieldGuide(bnn)
+        optimizer = IVON(guide, num_data=40)
+        svi = SVI(bnn, guide, optimizer, ELBO(num_data=40))
+        for step in range(steps):
+            if step == restore_after:
+                params, state = pyro.get_param_store().get_state(), optimizer.get_state()
+                optimizer = IVON(guide, num_data=40)  # a fresh optimizer, restored by name
+                optimizer.set_state(state)
+                pyro.get_param_store().set_state(params)
+                svi = SVI(bnn, guide, optimizer, ELBO(num_data=40))
+            svi.step(x, y)
+        return torch.cat([t.detach().reshape(-1) for t in pyro.get_param_store().values()])
+
+    torch.testing.assert_close(run(12, restore_after=6), run(12), rtol=0, atol=1e-12)
+
+
+def test_other_parameters_get_adam_and_a_non_normal_prior_is_a_clear_error():
+    x, y = _regression(40)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(3, 4).double(), torch.nn.Tanh(), BayesianLinear(4, 1, dtype=torch.float64)
+    )
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian())  # a deterministic layer and a learned noise scale
+    guide = MeanFieldGuide(bnn)
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=3, optimizer=IVON(guide, num_data=40), progress=False)
+    assert math.isfinite(history.last["loss"])
+    assert float(net[0].weight.detach().std()) > 0  # trained by Adam: present and finite
+    pyro.clear_param_store()
+    laplace = pyro_bbb.BNN(BayesianLinear(3, 1, prior=priors.Laplace(0.0, 1.0)), likelihoods.Gaussian(scale=0.5))
+    guide = MeanFieldGuide(laplace)
+    guide(x.float(), y.float())
+    before = {name: value.detach().clone() for name, value in pyro.get_param_store().items()}
+    with pytest.raises(ValueError, match="Normal prior at weight site 'net.weight'"):
+        pyro_bbb.fit(
+            laplace, guide, (x.float(), y.float()), epochs=1, optimizer=IVON(guide, num_data=40), progress=False
+        )
+    assert all(torch.equal(before[name], value) for name, value in pyro.get_param_store().items())
+    with pytest.raises(ValueError, match="kl_weight"):
+        pyro_bbb.fit(
+            laplace,
+            guide,
+            (x.float(), y.float()),
+            epochs=1,
+            optimizer=IVON(guide, num_data=40),
+            kl_weight=0.5,
+            progress=False,
+        )
+    with pytest.raises(TypeError, match="mean-field guide"):
+        IVON(lambda x, y: None, num_data=10)
+    with pytest.raises(ValueError, match="beta2"):
+        IVON(MeanFieldGuide(laplace), num_data=10, beta2=1.0)
