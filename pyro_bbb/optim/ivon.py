@@ -16,7 +16,7 @@ exact. Per weight, with ``g`` the per-datum gradient of the expected negative lo
 
 At a fixed point ``h`` is the expected curvature and ``m`` the stationary point of the expected loss plus the prior:
 for a Gaussian likelihood with fixed noise that is exactly the optimal mean-field Gaussian of Bayesian linear
-regression. The update equals ``ivon-opt`` 0.1.3's (``ivon.IVON``) given the same draws (``tests/test_optim_ivon.py``).
+regression. The update equals ``ivon-opt`` 0.1.3's (``ivon.IVON``) given the same draws (``tests/optim/test_ivon.py``).
 
 Examples
 --------

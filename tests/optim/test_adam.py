@@ -60,7 +60,7 @@ def test_set_learning_rate_applies_to_the_parameters_there_and_those_that_join_l
 
 
 def test_runs_torchs_fused_kernel_and_falls_back_to_foreach_where_torch_has_none(monkeypatch):
-    from pyro_bbb import optim
+    from pyro_bbb.optim import adam as optim
 
     def run(optimizer):
         torch.manual_seed(1)
@@ -92,7 +92,7 @@ def test_runs_torchs_fused_kernel_and_falls_back_to_foreach_where_torch_has_none
 
 def _train(direct: bool, monkeypatch) -> tuple[list, list]:
     """Ten steps of a joint Adam through every situation the direct fused call must stand aside for."""
-    from pyro_bbb import optim
+    from pyro_bbb.optim import adam as optim
 
     if not direct:
         monkeypatch.setattr(optim._FusedStep, "for_step", classmethod(lambda cls, params, optimizer: None))
@@ -126,7 +126,7 @@ def test_the_direct_fused_call_makes_torchs_updates_bit_for_bit(monkeypatch):
 
 
 def test_the_direct_fused_call_stands_aside_for_step_hooks():
-    from pyro_bbb import optim
+    from pyro_bbb.optim import adam as optim
 
     p = torch.nn.Parameter(torch.zeros(3))
     optimizer, calls = optim.Adam(lr=0.1), []
