@@ -74,7 +74,9 @@ class IVON(PyroOptim):
     hess_init : float
         Initial curvature ``h`` per datum: the first width is ``1 / sqrt(N (hess_init + delta))``.
     clip_radius : float
-        Clip each element of the mean's preconditioned step to ``[-clip_radius, clip_radius]``.
+        Clip each element of the mean's preconditioned step ``(momentum + delta m) / (h + delta)`` to ``[-clip_radius,
+        clip_radius]``: a weight whose curvature estimate is near zero would otherwise take a Newton step of the order
+        of ``N``. ``ivon-opt``'s default is no clipping (``math.inf``); ``benchmarks/README.md`` shows the choice.
     adam_lr : float
         Learning rate of the Adam that trains the other parameters.
 
@@ -89,7 +91,7 @@ class IVON(PyroOptim):
     >>> bnn = BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5))
     >>> guide = MeanFieldGuide(bnn)
     >>> IVON(guide, num_data=100, lr=0.1)
-    IVON(num_data=100, lr=0.1, beta1=0.9, beta2=0.99, hess_init=1.0, clip_radius=inf, adam_lr=0.001)
+    IVON(num_data=100, lr=0.1, beta1=0.9, beta2=0.99, hess_init=1.0, clip_radius=0.1, adam_lr=0.001)
     """
 
     def __init__(
@@ -100,7 +102,7 @@ class IVON(PyroOptim):
         beta1: float = 0.9,
         beta2: float = 0.99,
         hess_init: float = 1.0,
-        clip_radius: float = math.inf,
+        clip_radius: float = 0.1,
         adam_lr: float = 1e-3,
     ):
         if not hasattr(guide, "scale_constraint") or not hasattr(guide, "model"):

@@ -51,7 +51,7 @@ def test_the_trajectory_equals_ivon_opt_given_the_same_draws():
     torch.manual_seed(0)
     n, prior_scale, noise, batch = 40, 0.8, 0.5, 16
     x, y = _regression(n)
-    settings = {"lr": 0.05, "beta1": 0.9, "beta2": 0.99, "hess_init": 0.75}
+    settings = {"lr": 0.05, "beta1": 0.9, "beta2": 0.99, "hess_init": 0.75, "clip_radius": math.inf}
     delta = 1.0 / (n * prior_scale**2)
 
     net = torch.nn.Linear(3, 1).double()

@@ -1,0 +1,262 @@
+"""Natural-gradient variational learning (IVON) against Bayes-by-Backprop with Adam, side by side in one run.
+
+Three tasks, each with the same model, data, batches and epochs for every contender:
+
+* ``blr``: Bayesian linear regression (fixed noise, N(0, 1) prior, minibatches of 32 with a partial last one), whose
+  optimal mean-field Gaussian is known in closed form: the first epoch at which every posterior std is within 2% and
+  every mean within 0.1 posterior std of it (and stays so), for IVON and Adam-BbB, each with a geometric rate decay
+  over the run (``fit(lr_final=)``), under reparameterization and local reparameterization;
+* ``digits``: a 64-100-10 ReLU MLP on scikit-learn's digits: a deterministic net with Adam, Adam-BbB, pyro_bbb's
+  IVON, and ``ivon-opt`` 0.1.3 on the deterministic net (the paper's way: predictions average sampled weights) --
+  accuracy, NLL, ECE; a reliability diagram and the loss traces;
+* ``uci``: the standard splits of UCI boston and concrete (``../shared/uci``), a 1x50 ReLU net with a learned
+  homoscedastic noise, test log-likelihood per datum of Adam-BbB and IVON at the same epochs.
+
+    python benchmarks/ivon.py                 # all three, prints tables, writes ivon_*.png
+    python benchmarks/ivon.py --task digits   # one of them
+    python benchmarks/ivon.py --quick         # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from pathlib import Path
+
+import numpy
+import pyro
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import pyro_bbb
+from pyro_bbb import likelihoods, metrics, plots
+from pyro_bbb.data import digits
+from pyro_bbb.nn import BayesianLinear
+from pyro_bbb.optim import IVON
+
+HERE = Path(__file__).resolve().parent
+UCI = HERE.parent.parent / "shared" / "uci"
+
+
+# -- Bayesian linear regression against its closed form ------------------------------------------------------------
+def linear_problem(n=200, noise=0.5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, generator=g, dtype=torch.float64) * torch.tensor([1.0, 0.5, 2.0], dtype=torch.float64)
+    y = x @ torch.randn(3, generator=g, dtype=torch.float64) + noise * torch.randn(n, generator=g, dtype=torch.float64)
+    design = torch.cat([x, torch.ones(n, 1, dtype=torch.float64)], 1)
+    precision = design.T @ design / noise**2 + torch.eye(4, dtype=torch.float64)
+    return x, y, torch.linalg.solve(precision, design.T @ y / noise**2), 1.0 / precision.diagonal().sqrt()
+
+
+def blr_run(optimizer_name, estimator, epochs, seed):
+    x, y, mean, std = linear_problem(seed=seed)
+    pyro.clear_param_store()
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1, dtype=torch.float64), likelihoods.Gaussian(scale=0.5))
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    errors = []
+
+    def record(epoch, history):
+        q = guide.site_posteriors()
+        m = torch.cat([q["net.weight"].loc.reshape(-1), q["net.bias"].loc])
+        s = torch.cat([q["net.weight"].scale.reshape(-1), q["net.bias"].scale])
+        errors.append((float((s / std - 1).abs().max()), float(((m - mean) / std).abs().max())))
+
+    if optimizer_name == "IVON":
+        options = {"optimizer": IVON(guide, num_data=len(x), lr=0.1), "lr_final": 1e-3}
+    else:
+        options = {"lr": 3e-2, "lr_final": 1e-4}
+    pyro_bbb.fit(
+        bnn,
+        guide,
+        (x, y),
+        epochs=epochs,
+        batch_size=32,
+        estimator=estimator,
+        callbacks=[record],
+        progress=False,
+        seed=seed,
+        **options,
+    )
+    within = [s < 0.02 and m < 0.1 for s, m in errors]
+    first = next((i + 1 for i in range(len(within)) if all(within[i:])), None)
+    return first, errors[-1]
+
+
+def blr(quick: bool) -> None:
+    epochs, seeds = (60, [0]) if quick else (300, [0, 1, 2])
+    print(
+        f"\nBayesian linear regression (N = 200, batch 32): first epoch from which the fit stays within 2% of every"
+        f" closed-form std and 0.1 std of every mean ({epochs} epochs, seeds {seeds})"
+    )
+    print(f"  {'':28s} {'median first epoch':>19s} {'final std err':>14s} {'final mean err':>15s}")
+    for estimator in ("reparam", "local_reparam"):
+        for name in ("Adam-BbB", "IVON"):
+            runs = [blr_run(name, estimator, epochs, seed) for seed in seeds]
+            firsts = [r[0] if r[0] is not None else math.inf for r in runs]
+            print(
+                f"  {name + ' (' + estimator + ')':28s} {statistics.median(firsts):19} "
+                f"{statistics.median(r[1][0] for r in runs):14.3f} {statistics.median(r[1][1] for r in runs):15.3f}"
+            )
+
+
+# -- digits: the classifier side by side ----------------------------------------------------------------------------
+def mlp(bayesian: bool) -> nn.Module:
+    make = BayesianLinear if bayesian else nn.Linear
+    return nn.Sequential(make(64, 100), nn.ReLU(), make(100, 10))
+
+
+def digits_contenders(epochs: int, batch: int, seed: int):
+    import ivon  # the reference implementation: pip install --no-deps ivon-opt==0.1.3
+
+    x_train, y_train, x_test, y_test = digits()
+    n = len(y_train)
+    results, traces, predictions = {}, {}, {}
+
+    torch.manual_seed(seed)
+    net = mlp(False)
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    for _ in range(epochs):
+        for idx in torch.randperm(n).split(batch):
+            optimizer.zero_grad()
+            F.cross_entropy(net(x_train[idx]), y_train[idx]).backward()
+            optimizer.step()
+    with torch.no_grad():
+        predictions["deterministic Adam"] = net(x_test).softmax(-1)
+
+    torch.manual_seed(seed)
+    net = mlp(False)
+    reference = ivon.IVON(net.parameters(), lr=0.1, ess=n, beta2=0.99, weight_decay=1.0 / n)
+    for _ in range(epochs):
+        for idx in torch.randperm(n).split(batch):
+            with reference.sampled_params(train=True):
+                reference.zero_grad()
+                F.cross_entropy(net(x_train[idx]), y_train[idx]).backward()
+            reference.step()
+    with torch.no_grad():
+        draws = []
+        for _ in range(32):
+            with reference.sampled_params():
+                draws.append(net(x_test).softmax(-1))
+        predictions["ivon-opt (deterministic net)"] = torch.stack(draws).mean(0)
+
+    for name in ("Adam-BbB", "IVON"):
+        pyro.clear_param_store()
+        torch.manual_seed(seed)
+        bnn = pyro_bbb.BNN(mlp(True), likelihoods.Categorical())
+        guide = pyro_bbb.MeanFieldGuide(bnn)
+        options = {"optimizer": IVON(guide, num_data=n, lr=0.1)} if name == "IVON" else {"lr": 1e-3}
+        start = time.perf_counter()
+        history = pyro_bbb.fit(
+            bnn, guide, (x_train, y_train), epochs=epochs, batch_size=batch, progress=False, seed=seed, **options
+        )
+        traces[name] = (history["loss_per_datum"], time.perf_counter() - start)
+        pyro.set_rng_seed(seed)
+        predictions[name] = pyro_bbb.predict(bnn, guide, x_test, num_samples=32).probs
+
+    for name, probs in predictions.items():
+        results[name] = {
+            "accuracy": metrics.accuracy(probs, y_test),
+            "NLL": float(-probs.clamp_min(1e-12).log().gather(-1, y_test[:, None]).mean()),
+            "ECE": metrics.expected_calibration_error(probs, y_test),
+        }
+    return results, traces, predictions, y_test
+
+
+def digits_task(quick: bool, out: Path) -> None:
+    epochs, seeds = (3, [0]) if quick else (100, [0, 1, 2])
+    print(f"\ndigits, 64-100-10 ReLU MLP, batch 64, {epochs} epochs, medians over seeds {seeds}")
+    runs = [digits_contenders(epochs, 64, seed) for seed in seeds]
+    print(f"  {'':30s} {'accuracy':>9s} {'NLL':>7s} {'ECE':>7s}")
+    for name in runs[0][0]:
+        row = {key: statistics.median(run[0][name][key] for run in runs) for key in ("accuracy", "NLL", "ECE")}
+        print(f"  {name:30s} {row['accuracy']:9.4f} {row['NLL']:7.4f} {row['ECE']:7.4f}")
+    import matplotlib.pyplot as plt
+
+    results, traces, predictions, y_test = runs[0]
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for name, (trace, _) in traces.items():
+        axes[0].plot(range(1, len(trace) + 1), trace, label=name)
+    axes[0].set(xlabel="epoch", ylabel="negative ELBO per datum (nats)", yscale="log", title="loss (seed 0)")
+    axes[0].legend()
+    for name, probs in predictions.items():
+        confidence, guess = probs.max(-1)
+        bins = torch.linspace(0, 1, 11)
+        index = torch.bucketize(confidence, bins[1:-1])
+        centres, accuracy = [], []
+        for b in range(10):
+            chosen = index == b
+            if chosen.any():
+                centres.append(float(confidence[chosen].mean()))
+                accuracy.append(float((guess[chosen] == y_test[chosen]).float().mean()))
+        axes[1].plot(centres, accuracy, "o-", label=name)
+    axes[1].plot([0, 1], [0, 1], "k:", lw=1)
+    axes[1].set(xlabel="confidence", ylabel="accuracy", title="reliability (seed 0)")
+    axes[1].legend(fontsize=8)
+    figure.tight_layout()
+    plots.save_figure(figure, out / "ivon_digits.png")
+    print(f"  wrote {out / 'ivon_digits.png'}")
+
+
+# -- UCI -------------------------------------------------------------------------------------------------------------
+def uci_split(name: str, split: int):
+    folder = UCI / name
+    data = torch.as_tensor(numpy.loadtxt(folder / "data.txt"), dtype=torch.float32)
+    train, test = (
+        torch.as_tensor(numpy.loadtxt(folder / f"index_{kind}_{split}.txt"), dtype=torch.long)
+        for kind in ("train", "test")
+    )
+    features = numpy.loadtxt(folder / "index_features.txt").astype(int)
+    x, y = data[:, features], data[:, int(numpy.loadtxt(folder / "index_target.txt"))]
+    mx, sx = x[train].mean(0), x[train].std(0).clamp_min(1e-6)
+    my, sy = y[train].mean(), y[train].std()
+    return (x[train] - mx) / sx, (y[train] - my) / sy, (x[test] - mx) / sx, y[test], my, sy
+
+
+def uci_run(name, split, optimizer_name, epochs):
+    x, y, x_test, y_test, my, sy = uci_split(name, split)
+    pyro.clear_param_store()
+    torch.manual_seed(split)
+    net = nn.Sequential(BayesianLinear(x.shape[1], 50), nn.ReLU(), BayesianLinear(50, 1))
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian())
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    options = {"optimizer": IVON(guide, num_data=len(y), lr=0.1)} if optimizer_name == "IVON" else {}
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=32, progress=False, seed=split, **options)
+    pyro.set_rng_seed(0)
+    pred = pyro_bbb.predict(bnn, guide, x_test, num_samples=100)
+    return metrics.log_likelihood(pred, (y_test - my) / sy) - math.log(float(sy))
+
+
+def uci(quick: bool) -> None:
+    if not UCI.exists():
+        print(f"\nUCI: {UCI} not found; skipped")
+        return
+    epochs, splits = (5, [0]) if quick else (40, [0, 1, 2])
+    print(
+        f"\nUCI, 1x50 ReLU, learned noise, batch 32, fit defaults otherwise: test log-likelihood per datum, mean over "
+        f"splits {splits}"
+    )
+    for name in ("bostonHousing", "concrete"):
+        for epochs_here in [epochs] if quick else [40, 300]:
+            row = {o: statistics.mean(uci_run(name, s, o, epochs_here) for s in splits) for o in ("Adam-BbB", "IVON")}
+            print(f"  {name:14s} {epochs_here:4d} epochs  Adam-BbB {row['Adam-BbB']:7.3f}   IVON {row['IVON']:7.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--task", choices=["blr", "digits", "uci", "all"], default="all")
+    parser.add_argument("--out-dir", type=Path, default=HERE)
+    args = parser.parse_args()
+    if args.task in ("blr", "all"):
+        blr(args.quick)
+    if args.task in ("digits", "all"):
+        digits_task(args.quick, args.out_dir)
+    if args.task in ("uci", "all"):
+        uci(args.quick)
+
+
+if __name__ == "__main__":
+    main()
