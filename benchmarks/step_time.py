@@ -165,10 +165,12 @@ def plain_pyro(widths, batch, num_data):
     return svi.step
 
 
-def svi_step(model, num_data: int, estimator: Callable):
-    """pyro_bbb's training step for ``model``: MeanFieldGuide, pyro_bbb.ELBO and Adam in SVI, under ``estimator``."""
+def svi_step(model, num_data: int, estimator: Callable, natural_gradient: bool = False):
+    """pyro_bbb's training step for ``model``: MeanFieldGuide, pyro_bbb.ELBO and Adam (or IVON) in SVI, under
+    ``estimator``."""
     guide = pyro_bbb.MeanFieldGuide(model)
-    svi = SVI(model, guide, pyro_bbb.optim.Adam(lr=1e-3), pyro_bbb.ELBO(num_data=num_data))
+    optimizer = pyro_bbb.optim.IVON(guide, num_data=num_data) if natural_gradient else pyro_bbb.optim.Adam(lr=1e-3)
+    svi = SVI(model, guide, optimizer, pyro_bbb.ELBO(num_data=num_data))
 
     def step(x, y):
         with estimator():
@@ -177,11 +179,27 @@ def svi_step(model, num_data: int, estimator: Callable):
     return step
 
 
-def ours(estimator: Callable):
+def ours(estimator: Callable, natural_gradient: bool = False):
     def build(widths, batch, num_data):
-        return svi_step(bayesian_model(widths), num_data, estimator)
+        return svi_step(bayesian_model(widths), num_data, estimator, natural_gradient)
 
     return build
+
+
+def ivon_opt(widths, batch, num_data):
+    """``ivon-opt`` 0.1.3 on the deterministic net (its own weight sampling, one draw per step)."""
+    import ivon
+
+    net = mlp(widths)
+    optimizer = ivon.IVON(net.parameters(), lr=0.1, ess=num_data, beta2=0.99, weight_decay=1.0 / num_data)
+
+    def step(x, y):
+        with optimizer.sampled_params(train=True):
+            optimizer.zero_grad()
+            (negative_log_likelihood(net(x), y) / x.shape[0]).backward()
+        optimizer.step()
+
+    return step
 
 
 CONTENDERS = {
@@ -191,7 +209,10 @@ CONTENDERS = {
     "pyro_bbb reparam": ours(contextlib.nullcontext),
     "pyro_bbb flipout": ours(pyro_bbb.flipout),
     "pyro_bbb local reparam": ours(pyro_bbb.local_reparameterization),
+    "pyro_bbb IVON reparam": ours(contextlib.nullcontext, natural_gradient=True),
 }
+if importlib.util.find_spec("ivon") is not None:  # pip install --no-deps ivon-opt==0.1.3
+    CONTENDERS["ivon-opt (deterministic net)"] = ivon_opt
 if HAVE_BAYESIAN_TORCH:
     CONTENDERS |= {
         "bayesian-torch reparam": bayesian_torch("Reparameterization"),

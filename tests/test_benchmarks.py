@@ -23,6 +23,7 @@ UCI = BENCHMARKS.parents[1] / "shared" / "uci"
         "uci.py",
         "reber_convergence.py",
         "memory.py",
+        "natural_gradient.py",
     ],
 )
 def test_benchmark_quick_mode(script):

@@ -74,3 +74,12 @@ def test_bayesian_transformer_head(tmp_path):
     results = load("bayesian_transformer_head").main(epochs=2, out_dir=tmp_path, progress=False, seeds=1)
     assert set(results) == {"deterministic", "Bayesian head", "Bayesian last block + head"}
     assert (tmp_path / "transformer_calibration.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_natural_gradient(tmp_path):
+    results = load("natural_gradient").main(epochs=3, out_dir=tmp_path, progress=False)
+    assert set(results) == {"Adam-BbB", "IVON"} and all(
+        math.isfinite(r["test_log_likelihood"]) for r in results.values()
+    )
+    assert (tmp_path / "natural_gradient.png").stat().st_size > 10_000

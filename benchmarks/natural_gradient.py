@@ -12,9 +12,9 @@ Three tasks, each with the same model, data, batches and epochs for every conten
 * ``uci``: the standard splits of UCI boston and concrete (``../shared/uci``), a 1x50 ReLU net with a learned
   homoscedastic noise, test log-likelihood per datum of Adam-BbB and IVON at the same epochs.
 
-    python benchmarks/ivon.py                 # all three, prints tables, writes ivon_*.png
-    python benchmarks/ivon.py --task digits   # one of them
-    python benchmarks/ivon.py --quick         # smoke run
+    python benchmarks/natural_gradient.py                 # all three, prints tables, writes natural_gradient_*.png
+    python benchmarks/natural_gradient.py --task digits   # one of them
+    python benchmarks/natural_gradient.py --quick         # smoke run
 """
 
 from __future__ import annotations
@@ -196,8 +196,8 @@ def digits_task(quick: bool, out: Path) -> None:
     axes[1].set(xlabel="confidence", ylabel="accuracy", title="reliability (seed 0)")
     axes[1].legend(fontsize=8)
     figure.tight_layout()
-    plots.save_figure(figure, out / "ivon_digits.png")
-    print(f"  wrote {out / 'ivon_digits.png'}")
+    plots.save_figure(figure, out / "natural_gradient_digits.png")
+    print(f"  wrote {out / 'natural_gradient_digits.png'}")
 
 
 # -- UCI -------------------------------------------------------------------------------------------------------------
