@@ -157,7 +157,8 @@ def digits_contenders(epochs: int, batch: int, seed: int):
         predictions[name] = pyro_bbb.predict(bnn, guide, x_test, num_samples=32).probs
 
     for name, probs in predictions.items():
-        results[name] = {
+        results[name] = {"-ELBO/datum": traces[name][0][-1] if name in traces else math.nan}
+        results[name] |= {
             "accuracy": metrics.accuracy(probs, y_test),
             "NLL": float(-probs.clamp_min(1e-12).log().gather(-1, y_test[:, None]).mean()),
             "ECE": metrics.expected_calibration_error(probs, y_test),
@@ -169,10 +170,11 @@ def digits_task(quick: bool, out: Path) -> None:
     epochs, seeds = (3, [0]) if quick else (100, [0, 1, 2])
     print(f"\ndigits, 64-100-10 ReLU MLP, batch 64, {epochs} epochs, medians over seeds {seeds}")
     runs = [digits_contenders(epochs, 64, seed) for seed in seeds]
-    print(f"  {'':30s} {'accuracy':>9s} {'NLL':>7s} {'ECE':>7s}")
+    print(f"  {'':30s} {'accuracy':>9s} {'NLL':>7s} {'ECE':>7s} {'-ELBO/datum':>12s}")
     for name in runs[0][0]:
-        row = {key: statistics.median(run[0][name][key] for run in runs) for key in ("accuracy", "NLL", "ECE")}
-        print(f"  {name:30s} {row['accuracy']:9.4f} {row['NLL']:7.4f} {row['ECE']:7.4f}")
+        keys = ("accuracy", "NLL", "ECE", "-ELBO/datum")
+        row = {key: statistics.median(run[0][name][key] for run in runs) for key in keys}
+        print(f"  {name:30s} {row['accuracy']:9.4f} {row['NLL']:7.4f} {row['ECE']:7.4f} {row['-ELBO/datum']:12.4f}")
     import matplotlib.pyplot as plt
 
     results, traces, predictions, y_test = runs[0]
@@ -223,10 +225,10 @@ def uci_run(name, split, optimizer_name, epochs):
     bnn = pyro_bbb.BNN(net, likelihoods.Gaussian())
     guide = pyro_bbb.MeanFieldGuide(bnn)
     options = {"optimizer": IVON(guide, num_data=len(y), lr=0.1)} if optimizer_name == "IVON" else {}
-    pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=32, progress=False, seed=split, **options)
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=32, progress=False, seed=split, **options)
     pyro.set_rng_seed(0)
     pred = pyro_bbb.predict(bnn, guide, x_test, num_samples=100)
-    return metrics.log_likelihood(pred, (y_test - my) / sy) - math.log(float(sy))
+    return metrics.log_likelihood(pred, (y_test - my) / sy) - math.log(float(sy)), history.last["loss_per_datum"]
 
 
 def uci(quick: bool) -> None:
@@ -240,8 +242,13 @@ def uci(quick: bool) -> None:
     )
     for name in ("bostonHousing", "concrete"):
         for epochs_here in [epochs] if quick else [40, 300]:
-            row = {o: statistics.mean(uci_run(name, s, o, epochs_here) for s in splits) for o in ("Adam-BbB", "IVON")}
-            print(f"  {name:14s} {epochs_here:4d} epochs  Adam-BbB {row['Adam-BbB']:7.3f}   IVON {row['IVON']:7.3f}")
+            runs = {o: [uci_run(name, s, o, epochs_here) for s in splits] for o in ("Adam-BbB", "IVON")}
+            row = {o: [statistics.mean(r[i] for r in rs) for i in (0, 1)] for o, rs in runs.items()}
+            print(
+                f"  {name:14s} {epochs_here:4d} epochs  test log-lik: Adam-BbB {row['Adam-BbB'][0]:7.3f}, IVON "
+                f"{row['IVON'][0]:7.3f};  final -ELBO/datum (standardised y): Adam-BbB {row['Adam-BbB'][1]:7.3f}, "
+                f"IVON {row['IVON'][1]:7.3f}"
+            )
 
 
 def main() -> None:
