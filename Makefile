@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install quickstart test test-fast lint format benchmarks docs figures
+.PHONY: install quickstart test test-fast lint benchmarks docs figures
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,13 +26,8 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
 
-# ruff's linter and its formatter (`make format` rewrites the files the check would complain about).
 lint: install
 	$(VENV)/bin/ruff check pyro_bbb tests tutorials benchmarks docs conftest.py
-	$(VENV)/bin/ruff format --check pyro_bbb tests tutorials benchmarks docs conftest.py
-
-format: install
-	$(VENV)/bin/ruff format pyro_bbb tests tutorials benchmarks docs conftest.py
 
 # HTML documentation in docs/_build/html: the README, the tutorials with their figures (docs/figures, written by
 # `make figures`), an API page per module. Warnings are errors: a broken docstring fails the build.

@@ -21,27 +21,15 @@ from pyro_bbb.nn import BayesianLinear
 collect_ignore = []
 if importlib.util.find_spec("lightning") is None:
     collect_ignore += [
-        "pyro_bbb/train/lightning.py",
-        "tests/train/lightning_script.py",
-        "tests/train/test_lightning.py",
-    ]
+        "pyro_bbb/train/lightning.py", "tests/train/lightning_script.py", "tests/train/test_lightning.py"]
 
 
 @pytest.fixture(autouse=True)
 def doctest_names(request, doctest_namespace):
     """For docstring examples: the common imports, and an empty param store with a fixed seed."""
-    doctest_namespace.update(
-        torch=torch,
-        pyro=pyro,
-        dist=dist,
-        poutine=poutine,
-        pyro_bbb=pyro_bbb,
-        likelihoods=likelihoods,
-        priors=priors,
-        BNN=BNN,
-        MeanFieldGuide=MeanFieldGuide,
-        BayesianLinear=BayesianLinear,
-    )
+    doctest_namespace.update(torch=torch, pyro=pyro, dist=dist, poutine=poutine, pyro_bbb=pyro_bbb,
+                             likelihoods=likelihoods, priors=priors, BNN=BNN, MeanFieldGuide=MeanFieldGuide,
+                             BayesianLinear=BayesianLinear)
     if isinstance(request.node, pytest.DoctestItem):
         pyro.clear_param_store()
         pyro.set_rng_seed(0)

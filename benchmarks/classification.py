@@ -78,12 +78,10 @@ def main() -> None:
     for name, data in sets.items():
         for kind in ("deterministic", "full BbB", "Bayesian last layer"):
             row = evaluate(kind, data, epochs, ood=noise if name == "digits" else None)
-            ood = f"{row['AUROC entropy']:.3f} | {row['AUROC information']:.3f}" if "AUROC entropy" in row else "– | –"
-            print(
-                f"| {name} | {kind} | {row['accuracy']:.3f} | {row['NLL']:.3f} | {row['ECE']:.3f} | "
-                f"{row['Brier']:.3f} | {ood} |",
-                flush=True,
-            )
+            ood = (f"{row['AUROC entropy']:.3f} | {row['AUROC information']:.3f}" if "AUROC entropy" in row
+                   else "– | –")
+            print(f"| {name} | {kind} | {row['accuracy']:.3f} | {row['NLL']:.3f} | {row['ECE']:.3f} | "
+                  f"{row['Brier']:.3f} | {ood} |", flush=True)
 
 
 if __name__ == "__main__":

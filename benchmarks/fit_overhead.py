@@ -66,10 +66,8 @@ def main() -> None:
         results["SVI loop"].append(time_svi(x, y, epochs))
         results["fit"].append(time_fit(x, y, epochs))
         results["fit, clip_norm=5"].append(time_fit(x, y, epochs, clip_norm=5.0))
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; {epochs} epochs = {steps} steps, "
-        f"medians of {rounds} rounds"
-    )
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {epochs} epochs = {steps} steps, "
+          f"medians of {rounds} rounds")
     base = statistics.median(results["SVI loop"])
     for name, times in results.items():
         ms = 1000 * statistics.median(times) / steps

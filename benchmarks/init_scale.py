@@ -36,9 +36,8 @@ def run(arch: str, init_scale: float, seed: int, steps: int) -> tuple[float, flo
     x_test, y_test = toy_regression(500, seed=1000 + seed, gap=False)
     model = BayesianMLP(*ARCHITECTURES[arch])
     guide = pyro_bbb.MeanFieldGuide(model, init_scale=init_scale)
-    svi = SVI(
-        model, guide, pyro.optim.ClippedAdam({"lr": 1e-2, "lrd": 0.1 ** (1 / steps)}), pyro_bbb.ELBO(num_data=len(x))
-    )
+    svi = SVI(model, guide, pyro.optim.ClippedAdam({"lr": 1e-2, "lrd": 0.1 ** (1 / steps)}),
+              pyro_bbb.ELBO(num_data=len(x)))
     step = 0
     while step < steps:
         for idx in torch.randperm(len(x)).split(64):

@@ -17,13 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-CONTENDERS = [
-    "baseline (imports and data)",
-    "hand-written PyTorch BbB",
-    "pyro_bbb reparam",
-    "pyro_bbb flipout",
-    "pyro_bbb local reparam",
-]
+CONTENDERS = ["baseline (imports and data)", "hand-written PyTorch BbB", "pyro_bbb reparam", "pyro_bbb flipout",
+              "pyro_bbb local reparam"]
 WIDTHS, BATCH, NUM_DATA = [784, 400, 400, 10], 128, 60_000
 
 
@@ -57,12 +52,8 @@ def main() -> None:
         return
     peaks = {}
     for contender in CONTENDERS:
-        out = subprocess.run(
-            [sys.executable, __file__, "--measure", contender, "--steps", str(steps)],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
+        out = subprocess.run([sys.executable, __file__, "--measure", contender, "--steps", str(steps)],
+                             check=True, capture_output=True, text=True).stdout
         peaks[contender] = json.loads(out.strip().splitlines()[-1])["peak_mib"]
     base, hand = peaks[CONTENDERS[0]], peaks["hand-written PyTorch BbB"]
     print(f"medium MLP {'-'.join(map(str, WIDTHS))}, batch {BATCH}, {steps} steps; peak RSS per process")

@@ -32,12 +32,8 @@ def converted_cnn(num_inputs=450):
     """A trained-style torch CNN (conv, BatchNorm, MaxPool, nn.Flatten, linear head) converted by bayesianize."""
     torch.manual_seed(0)
     cnn = torch.nn.Sequential(
-        torch.nn.Conv2d(1, 8, 3, padding=1),
-        torch.nn.BatchNorm2d(8),
-        torch.nn.ReLU(),
-        torch.nn.MaxPool2d(2),
-        torch.nn.Flatten(),
-        torch.nn.Linear(8 * 4 * 4, 10),
+        torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 10),
     )
     cnn(torch.randn(64, 1, 8, 8))  # running statistics
     model = pyro_bbb.BNN(pyro_bbb.bayesianize(cnn), likelihoods.Categorical()).eval()
@@ -60,11 +56,9 @@ def reber_lstm():
     return pyro_bbb.BNN(LastStep(), likelihoods.Categorical()), torch.randn(200, 12, 7), torch.randint(0, 2, (200,))
 
 
-MODELS = {
-    "converted CNN (BatchNorm, MaxPool, Flatten), 450 inputs": converted_cnn,
-    "converted CNN (BatchNorm, MaxPool, Flatten), 32 inputs": lambda: converted_cnn(32),
-    "LSTM(8) last step, ERG 200 x 12": reber_lstm,
-}
+MODELS = {"converted CNN (BatchNorm, MaxPool, Flatten), 450 inputs": converted_cnn,
+          "converted CNN (BatchNorm, MaxPool, Flatten), 32 inputs": lambda: converted_cnn(32),
+          "LSTM(8) last step, ERG 200 x 12": reber_lstm}
 
 
 def build(widths, likelihood):
@@ -119,12 +113,8 @@ def sweep_block_sizes(name, model, guide, x, num_samples, repeats, rounds) -> No
     automatic = pyro_bbb.prediction.predictive.draws_per_block(num_samples, x, shapes)
     print(f"    draws per vectorized call (automatic choice on this device: {automatic}):")
     for block in (1, 4, 8, 16, 32, num_samples):
-        times = [
-            median_ms(
-                lambda b=block: pyro_bbb.predict(model, guide, x, num_samples=num_samples, sample_batch_size=b), repeats
-            )
-            for _ in range(rounds)
-        ]
+        times = [median_ms(lambda b=block: pyro_bbb.predict(model, guide, x, num_samples=num_samples,
+                                                             sample_batch_size=b), repeats) for _ in range(rounds)]
         print(f"      sample_batch_size={block:4d}: {statistics.median(times):7.1f} ms")
 
 

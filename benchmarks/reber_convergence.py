@@ -84,11 +84,8 @@ def train(config: dict, kind: str, mode: str, seed: int, args) -> dict:
         if args.forget_bias is not None:  # an LSTM's forget gate, a GRU's update gate (both the second chunk)
             set_forget_bias(rnn, args.forget_bias, hidden)
     else:
-        prior = {
-            "learned": priors.LearnedNormal,
-            "eb": lambda: priors.EmpiricalBayesNormal(gain=args.prior_scale),
-            "normal": lambda: priors.Normal(0.0, args.prior_scale),
-        }[args.prior]()
+        prior = {"learned": priors.LearnedNormal, "eb": lambda: priors.EmpiricalBayesNormal(gain=args.prior_scale),
+                 "normal": lambda: priors.Normal(0.0, args.prior_scale)}[args.prior]()
         # the flag, or torch's initialisation like the deterministic model's (not the layers' default of 1)
         extra = {"forget_bias" if mode == "LSTM" else "update_bias": args.forget_bias}
         rnn = BAYESIAN[mode](7, hidden, batch_first=True, prior=prior, **extra)
@@ -106,30 +103,13 @@ def train(config: dict, kind: str, mode: str, seed: int, args) -> dict:
     start = time.perf_counter()
     if args.lr_final is not None:
         settings["lr_final"] = args.lr_final
-    history = pyro_bbb.fit(
-        model,
-        guide,
-        (x, y),
-        epochs=config["epochs"],
-        batch_size=config["batch_size"],
-        lr=args.lr,
-        clip_norm=5.0,
-        estimator=args.estimator if kind == "bayesian" else "reparam",
-        validation_data=(x_test, y_test),
-        progress=False,
-        seed=seed,
-        **settings,
-    )
-    return {
-        "kind": kind,
-        "mode": mode,
-        "seed": seed,
-        "final": history.last["val_accuracy"],
-        "best": max(history["val_accuracy"]),
-        "curve": history["val_accuracy"],
-        "steps": config["epochs"] * -(-config["num_train"] // config["batch_size"]),
-        "seconds": time.perf_counter() - start,
-    }
+    history = pyro_bbb.fit(model, guide, (x, y), epochs=config["epochs"], batch_size=config["batch_size"],
+                           lr=args.lr, clip_norm=5.0, estimator=args.estimator if kind == "bayesian" else "reparam",
+                           validation_data=(x_test, y_test), progress=False, seed=seed, **settings)
+    return {"kind": kind, "mode": mode, "seed": seed, "final": history.last["val_accuracy"],
+            "best": max(history["val_accuracy"]), "curve": history["val_accuracy"],
+            "steps": config["epochs"] * -(-config["num_train"] // config["batch_size"]),
+            "seconds": time.perf_counter() - start}
 
 
 def main() -> None:
@@ -169,17 +149,13 @@ def main() -> None:
         if not results:
             continue
         finals = ", ".join(f"{r['final']:.3f}" for r in results)
-        print(
-            f"  {kind:13s} final {finals}  (median {statistics.median(r['final'] for r in results):.3f}, "
-            f"best-epoch median {statistics.median(r['best'] for r in results):.3f})"
-        )
+        print(f"  {kind:13s} final {finals}  (median {statistics.median(r['final'] for r in results):.3f}, "
+              f"best-epoch median {statistics.median(r['best'] for r in results):.3f})")
     if args.bayesian_only:
         return
     gap = statistics.median(r["final"] for r in runs["deterministic"]) - min(r["final"] for r in runs["bayesian"])
-    print(
-        f"  worst Bayesian is {100 * gap:.1f} points below the deterministic median "
-        f"({'within' if gap <= 0.05 else 'outside'} the criterion's 5 points)"
-    )
+    print(f"  worst Bayesian is {100 * gap:.1f} points below the deterministic median "
+          f"({'within' if gap <= 0.05 else 'outside'} the criterion's 5 points)")
 
 
 if __name__ == "__main__":

@@ -117,17 +117,8 @@ def bayesian_torch_step(net: torch.nn.Module, loss: Callable, num_data: int, kin
     from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn, get_kl_loss
 
     rho = float(torch.log(torch.expm1(torch.tensor(init_scale))))
-    dnn_to_bnn(
-        net,
-        {
-            "prior_mu": 0.0,
-            "prior_sigma": 1.0,
-            "posterior_mu_init": 0.0,
-            "posterior_rho_init": rho,
-            "type": kind,
-            "moped_enable": False,
-        },
-    )
+    dnn_to_bnn(net, {"prior_mu": 0.0, "prior_sigma": 1.0, "posterior_mu_init": 0.0, "posterior_rho_init": rho,
+                     "type": kind, "moped_enable": False})
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
 
     def step(x, y):
@@ -214,10 +205,8 @@ CONTENDERS = {
 if importlib.util.find_spec("ivon") is not None:  # pip install --no-deps ivon-opt==0.1.3
     CONTENDERS["ivon-opt (deterministic net)"] = ivon_opt
 if HAVE_BAYESIAN_TORCH:
-    CONTENDERS |= {
-        "bayesian-torch reparam": bayesian_torch("Reparameterization"),
-        "bayesian-torch flipout": bayesian_torch("Flipout"),
-    }
+    CONTENDERS |= {"bayesian-torch reparam": bayesian_torch("Reparameterization"),
+                   "bayesian-torch flipout": bayesian_torch("Flipout")}
 
 
 def run(name, widths, batch, num_data, repeats, rounds) -> dict[str, float]:
@@ -248,21 +237,13 @@ CNN = ("CNN 8x8 digits: conv 1->8, conv 8->16 (3x3), linear 1024->10, batch 128"
 
 def cnn_data(batch, num_batches=8):
     g = torch.Generator().manual_seed(0)
-    return [
-        (torch.randn(batch, 1, 8, 8, generator=g), torch.randint(0, 10, (batch,), generator=g))
-        for _ in range(num_batches)
-    ]
+    return [(torch.randn(batch, 1, 8, 8, generator=g), torch.randint(0, 10, (batch,), generator=g))
+            for _ in range(num_batches)]
 
 
 def cnn_modules(conv, linear):
-    return [
-        conv(1, 8, 3, padding=1),
-        torch.nn.ReLU(),
-        conv(8, 16, 3, padding=1),
-        torch.nn.ReLU(),
-        torch.nn.Flatten(),
-        linear(16 * 8 * 8, 10),
-    ]
+    return [conv(1, 8, 3, padding=1), torch.nn.ReLU(), conv(8, 16, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.Flatten(), linear(16 * 8 * 8, 10)]
 
 
 def cnn_deterministic(batch, num_data):
@@ -303,9 +284,8 @@ def cnn_hand_written(batch, num_data, init_scale=1e-4):
 
 def cnn_ours(estimator: Callable):
     def build(batch, num_data):
-        model = pyro_bbb.BNN(
-            torch.nn.Sequential(*cnn_modules(BayesianConv2d, BayesianLinear)), likelihoods.Categorical()
-        )
+        model = pyro_bbb.BNN(torch.nn.Sequential(*cnn_modules(BayesianConv2d, BayesianLinear)),
+                             likelihoods.Categorical())
         return svi_step(model, num_data, estimator)
 
     return build
@@ -327,10 +307,8 @@ CNN_CONTENDERS = {
     "pyro_bbb local reparam": cnn_ours(pyro_bbb.local_reparameterization),
 }
 if HAVE_BAYESIAN_TORCH:
-    CNN_CONTENDERS |= {
-        "bayesian-torch reparam": cnn_bayesian_torch("Reparameterization"),
-        "bayesian-torch flipout": cnn_bayesian_torch("Flipout"),
-    }
+    CNN_CONTENDERS |= {"bayesian-torch reparam": cnn_bayesian_torch("Reparameterization"),
+                       "bayesian-torch flipout": cnn_bayesian_torch("Flipout")}
 
 
 def run_cnn(batch, num_data, repeats, rounds) -> dict[str, float]:
@@ -393,10 +371,8 @@ def recurrent_steps(input_size, hidden, steps, batch):
     model = pyro_bbb.BNN(LastStep(BayesianLSTM(input_size, hidden, batch_first=True)), likelihoods.Bernoulli())
     guide = pyro_bbb.MeanFieldGuide(model)
     svi = SVI(model, guide, pyro_bbb.optim.Adam(lr=1e-3), pyro_bbb.ELBO(num_data=10 * batch))
-    for name, estimator in (
-        ("BayesianLSTM reparam", lambda: pyro.poutine.messenger.Messenger()),
-        ("BayesianLSTM flipout", pyro_bbb.flipout),
-    ):
+    for name, estimator in (("BayesianLSTM reparam", lambda: pyro.poutine.messenger.Messenger()),
+                            ("BayesianLSTM flipout", pyro_bbb.flipout)):
 
         def step(estimator=estimator):
             with estimator():
@@ -438,10 +414,8 @@ def main() -> None:
         profile(*CONFIGS[args.profile])
         return
     repeats, rounds = (5, 1) if args.quick else (40, 7)
-    print(
-        f"torch {torch.__version__}, pyro {pyro.__version__}, {torch.get_num_threads()} threads; "
-        f"median ms per step over {rounds} interleaved rounds x {repeats} steps"
-    )
+    print(f"torch {torch.__version__}, pyro {pyro.__version__}, {torch.get_num_threads()} threads; "
+          f"median ms per step over {rounds} interleaved rounds x {repeats} steps")
     for name, sizes in RECURRENT.items():
         contenders = recurrent_steps(*sizes)
         times = {c: [] for c in contenders}
@@ -454,15 +428,12 @@ def main() -> None:
         return
     for name, (widths, batch, num_data) in CONFIGS.items():
         result = run(name, widths, batch, num_data, repeats, rounds)
-        print_table(
-            f"{name} (N = {num_data})", result, "hand-written PyTorch BbB", "deterministic MLP", "deterministic", 28
-        )
+        print_table(f"{name} (N = {num_data})", result, "hand-written PyTorch BbB", "deterministic MLP",
+                    "deterministic", 28)
     name, batch, num_data = CNN
     result = run_cnn(batch, num_data, repeats, rounds)
-    print_table(
-        f"{name} (N = {num_data})", result, "hand-written PyTorch BbB", "deterministic CNN", "deterministic", 28
-    )
-
+    print_table(f"{name} (N = {num_data})", result, "hand-written PyTorch BbB", "deterministic CNN", "deterministic",
+                28)
 
 if __name__ == "__main__":
     main()

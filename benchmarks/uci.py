@@ -58,15 +58,8 @@ PUBLISHED = {
 
 #: Wu et al. (2019)'s deterministic VI (their own 90/10 splits, not the protocol's): test log-likelihood.
 DVI = {
-    "bostonHousing": -2.41,
-    "concrete": -3.06,
-    "energy": -1.01,
-    "kin8nm": 1.13,
-    "naval-propulsion-plant": 6.29,
-    "power-plant": -2.80,
-    "protein-tertiary-structure": -2.85,
-    "wine-quality-red": -0.90,
-    "yacht": -0.47,
+    "bostonHousing": -2.41, "concrete": -3.06, "energy": -1.01, "kin8nm": 1.13, "naval-propulsion-plant": 6.29,
+    "power-plant": -2.80, "protein-tertiary-structure": -2.85, "wine-quality-red": -0.90, "yacht": -0.47,
 }
 
 #: The weight priors of the variants: N(0, 1); empirical Bayes with a learned scale; empirical Bayes with the
@@ -143,19 +136,9 @@ def run_split(task: tuple) -> tuple:
         held = max(1, len(order) // 10)
         fit_rows, validation_rows = order[:-held], order[-held:]
         stop = pyro_bbb.EarlyStopping(patience)
-        bnn, guide, history = _train(
-            x_train[fit_rows],
-            y_train[fit_rows],
-            hidden,
-            outputs,
-            prior,
-            estimator,
-            split,
-            epochs,
-            lr_final,
-            early_stopping=stop,
-            validation_data=(x_train[validation_rows], y_train[validation_rows]),
-        )
+        bnn, guide, history = _train(x_train[fit_rows], y_train[fit_rows], hidden, outputs, prior, estimator, split,
+                                     epochs, lr_final, early_stopping=stop,
+                                     validation_data=(x_train[validation_rows], y_train[validation_rows]))
         trained = stop.best_epoch or len(history)
         if refit:  # the whole training split, for the chosen epochs, on the schedule cut at that epoch
             cut = None if lr_final is None else 1e-2 * (lr_final / 1e-2) ** ((trained - 1) / max(1, epochs - 1))
@@ -173,29 +156,15 @@ def _train(x_train, y_train, hidden, outputs, prior, estimator, split, epochs, l
     pyro.clear_param_store()
     torch.manual_seed(split)
     weight_prior = PRIORS[prior]()
-    layers = [
-        BayesianLinear(x_train.shape[1], hidden, prior=weight_prior),
-        torch.nn.ReLU(),
-        BayesianLinear(hidden, outputs, prior=weight_prior),
-    ]
+    layers = [BayesianLinear(x_train.shape[1], hidden, prior=weight_prior), torch.nn.ReLU(),
+              BayesianLinear(hidden, outputs, prior=weight_prior)]
     net = torch.nn.Sequential(*layers)
     likelihood = likelihoods.HeteroscedasticGaussian() if outputs == 2 else likelihoods.Gaussian(prior_median=0.1)
     bnn = pyro_bbb.BNN(net, likelihood)
     guide = pyro_bbb.MeanFieldGuide(bnn)
-    history = pyro_bbb.fit(
-        bnn,
-        guide,
-        (x_train, y_train),
-        epochs=epochs,
-        batch_size=32,
-        lr=1e-2,
-        lr_final=lr_final,
-        estimator=estimator,
-        progress=False,
-        seed=split,
-        num_validation_samples=100,
-        **fit_options,
-    )
+    history = pyro_bbb.fit(bnn, guide, (x_train, y_train), epochs=epochs, batch_size=32, lr=1e-2, lr_final=lr_final,
+                           estimator=estimator, progress=False, seed=split, num_validation_samples=100,
+                           **fit_options)
     return bnn, guide, history
 
 
@@ -214,26 +183,14 @@ def main() -> None:
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
     parser.add_argument("--epochs", type=int, default=None, help="default: the protocol's n_epochs.txt (40)")
     parser.add_argument("--samples", type=int, default=200)
-    parser.add_argument(
-        "--lr-final",
-        type=float,
-        default=None,
-        help="decay the learning rate from 1e-2 to this by the last epoch (default: constant)",
-    )
+    parser.add_argument("--lr-final", type=float, default=None,
+                        help="decay the learning rate from 1e-2 to this by the last epoch (default: constant)")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument(
-        "--early-stopping",
-        type=int,
-        default=None,
-        metavar="PATIENCE",
-        help="hold out 10%% of each training split and stop once its log-likelihood has not improved "
-        "for PATIENCE epochs (--epochs is then the most)",
-    )
-    parser.add_argument(
-        "--refit",
-        action="store_true",
-        help="with --early-stopping: retrain on the whole training split for the chosen epochs",
-    )
+    parser.add_argument("--early-stopping", type=int, default=None, metavar="PATIENCE",
+                        help="hold out 10%% of each training split and stop once its log-likelihood has not improved "
+                             "for PATIENCE epochs (--epochs is then the most)")
+    parser.add_argument("--refit", action="store_true",
+                        help="with --early-stopping: retrain on the whole training split for the chosen epochs")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.refit and args.early_stopping is None:
@@ -246,10 +203,8 @@ def main() -> None:
         splits = int(_read(name, "n_splits.txt"))
         epochs = args.epochs or int(_read(name, "n_epochs.txt"))
         for split in range(args.first_split, min(splits, args.first_split + (args.splits or splits))):
-            tasks += [
-                (name, split, variant, epochs, args.samples, args.lr_final, args.early_stopping, args.refit)
-                for variant in args.variants
-            ]
+            tasks += [(name, split, variant, epochs, args.samples, args.lr_final, args.early_stopping, args.refit)
+                      for variant in args.variants]
     start = time.perf_counter()
     fields = ("set", "variant", "log_lik", "rmse", "seconds", "elbo_change", "elbo_drift", "epochs", "std_drift")
     results = []
@@ -257,25 +212,19 @@ def main() -> None:
         # each run reported as it ends (hours-long runs show progress, and what ended survives an interruption)
         for task, row in zip(tasks, pool.imap(run_split, tasks, chunksize=1)):
             results.append(row)
-            print(
-                f"[{len(results)}/{len(tasks)}, {time.perf_counter() - start:.0f} s] {task[0]} split {task[1]}, "
-                f"{task[2]}: test log-lik {row[2]:.3f}, RMSE {row[3]:.3f}, {row[4]:.0f} s, {row[7]} epochs, "
-                f"ELBO change over the last 10% {row[5]:.1%}, drift {row[6]:.1%}, std-ratio drift {row[8]:.1%}",
-                flush=True,
-            )
+            print(f"[{len(results)}/{len(tasks)}, {time.perf_counter() - start:.0f} s] {task[0]} split {task[1]}, "
+                  f"{task[2]}: test log-lik {row[2]:.3f}, RMSE {row[3]:.3f}, {row[4]:.0f} s, {row[7]} epochs, "
+                  f"ELBO change over the last 10% {row[5]:.1%}, drift {row[6]:.1%}, std-ratio drift {row[8]:.1%}",
+                  flush=True)
             if args.raw is not None:
                 args.raw.write_text(json.dumps([dict(zip(fields, r, strict=True)) for r in results], indent=1))
     print(f"{len(tasks)} runs in {time.perf_counter() - start:.0f} s ({args.workers} processes)\n")
     if args.early_stopping is not None:
-        print(
-            f"Early-stopped on a 10% validation split (patience {args.early_stopping}, at most "
-            f"{args.epochs or 'the protocol’s'} epochs"
-            f"{', then refitted on the whole training split' if args.refit else ''}): not a converged ELBO.\n"
-        )
-    print(
-        "| set | model | splits | test log-lik | test RMSE | PBP | MCVI | DVI | s / run | epochs | "
-        "ELBO change, last 10% | ELBO drift | std-ratio drift |"
-    )
+        print(f"Early-stopped on a 10% validation split (patience {args.early_stopping}, at most "
+              f"{args.epochs or 'the protocol’s'} epochs"
+              f"{', then refitted on the whole training split' if args.refit else ''}): not a converged ELBO.\n")
+    print("| set | model | splits | test log-lik | test RMSE | PBP | MCVI | DVI | s / run | epochs | "
+          "ELBO change, last 10% | ELBO drift | std-ratio drift |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.sets:
         for variant in args.variants:
@@ -286,11 +235,9 @@ def main() -> None:
             seconds = statistics.median(r[4] for r in rows)
             change, drift, std_drift = (statistics.median(r[i] for r in rows) for i in (5, 6, 8))
             trained = statistics.median(r[7] for r in rows)
-            print(
-                f"| {name} | {variant} | {len(rows)} | {ll:.2f} ± {ll_se:.2f} | {rmse:.2f} ± {rmse_se:.2f} | "
-                f"{pbp:.2f} | {mcvi:.2f} | {dvi:.2f} | {seconds:.0f} | {trained:.0f} | {change:.1%} | "
-                f"{drift:.1%} | {std_drift:.1%} |"
-            )
+            print(f"| {name} | {variant} | {len(rows)} | {ll:.2f} ± {ll_se:.2f} | {rmse:.2f} ± {rmse_se:.2f} | "
+                  f"{pbp:.2f} | {mcvi:.2f} | {dvi:.2f} | {seconds:.0f} | {trained:.0f} | {change:.1%} | "
+                  f"{drift:.1%} | {std_drift:.1%} |")
 
 
 if __name__ == "__main__":

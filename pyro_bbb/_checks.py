@@ -18,12 +18,7 @@ from numbers import Integral, Real
 from typing import Any
 
 __all__ = [
-    "check_count",
-    "check_positive",
-    "check_nonnegative",
-    "check_finite",
-    "is_set_up",
-    "require_set_up",
+    "check_count", "check_positive", "check_nonnegative", "check_finite", "is_set_up", "require_set_up",
     "GuideNotSetUpError",
 ]
 

@@ -30,32 +30,11 @@ from torch.distributions import transform_to
 from torch.nn.modules.conv import _ConvNd, _ConvTransposeNd
 
 __all__ = [
-    "CHECKED_ON",
-    "site_name",
-    "pyro_name",
-    "module_local_params_enabled",
-    "check_mean_field_requirement",
-    "autonormal_loc_and_scale",
-    "set_up_autoguide",
-    "autonormal_event_dim",
-    "param_captures",
-    "ParamReader",
-    "preset_samples",
-    "sample_priors",
-    "is_deterministic_site",
-    "AutoNormalHooks",
-    "TraceMeanFieldHooks",
-    "is_tracing",
-    "tensor_version",
-    "module_buffer",
-    "foreach_norm",
-    "foreach_copy_",
-    "all_finite",
-    "fused_adam_step",
-    "optimizer_has_step_hooks",
-    "recurrent_kernel",
-    "ConvNd",
-    "ConvTransposeNd",
+    "CHECKED_ON", "site_name", "pyro_name", "module_local_params_enabled", "check_mean_field_requirement",
+    "autonormal_loc_and_scale", "set_up_autoguide", "autonormal_event_dim", "param_captures", "ParamReader",
+    "preset_samples", "sample_priors", "is_deterministic_site", "AutoNormalHooks", "TraceMeanFieldHooks",
+    "is_tracing", "tensor_version", "module_buffer", "foreach_norm", "foreach_copy_", "all_finite",
+    "fused_adam_step", "optimizer_has_step_hooks", "recurrent_kernel", "ConvNd", "ConvTransposeNd",
 ]
 
 #: The releases every access below was checked on.
@@ -194,23 +173,9 @@ class ParamReader:
             value = transform[1](unconstrained)
             value.unconstrained = weakref.ref(unconstrained)
             for trace in captures:
-                trace.add_node(
-                    name,
-                    type="param",
-                    name=name,
-                    value=value,
-                    args=(),
-                    kwargs={},
-                    infer={},
-                    scale=1.0,
-                    mask=None,
-                    cond_indep_stack=(),
-                    done=True,
-                    stop=False,
-                    continuation=None,
-                    is_observed=False,
-                    fn=None,
-                )
+                trace.add_node(name, type="param", name=name, value=value, args=(), kwargs={}, infer={},
+                               scale=1.0, mask=None, cond_indep_stack=(), done=True, stop=False, continuation=None,
+                               is_observed=False, fn=None)
             values.append(value)
         return values
 
@@ -493,13 +458,8 @@ def all_finite(tensors: list[torch.Tensor]) -> bool:
     return bool(torch.stack([t.sum() for t in tensors]).isfinite().all())
 
 
-def fused_adam_step(
-    params: list[torch.Tensor],
-    exp_avgs: list[torch.Tensor],
-    exp_avg_sqs: list[torch.Tensor],
-    steps: list[torch.Tensor],
-    group: dict[str, Any],
-) -> None:
+def fused_adam_step(params: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
+                    steps: list[torch.Tensor], group: dict[str, Any]) -> None:
     """One step of torch's fused Adam kernel, as ``torch.optim.Adam(fused=True).step()`` calls it for a param group
     of plain settings: the step counts advance, then every parameter moves by its gradient.
 
@@ -514,23 +474,10 @@ def fused_adam_step(
     """
     torch._foreach_add_(steps, 1)
     with torch.no_grad():
-        torch._fused_adam_(
-            params,
-            [p.grad for p in params],
-            exp_avgs,
-            exp_avg_sqs,
-            [],
-            steps,
-            amsgrad=False,
-            lr=group["lr"],
-            beta1=group["betas"][0],
-            beta2=group["betas"][1],
-            weight_decay=group["weight_decay"],
-            eps=group["eps"],
-            maximize=False,
-            grad_scale=None,
-            found_inf=None,
-        )
+        torch._fused_adam_(params, [p.grad for p in params], exp_avgs, exp_avg_sqs, [], steps, amsgrad=False,
+                           lr=group["lr"], beta1=group["betas"][0], beta2=group["betas"][1],
+                           weight_decay=group["weight_decay"], eps=group["eps"], maximize=False, grad_scale=None,
+                           found_inf=None)
 
 
 def optimizer_has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
@@ -542,12 +489,10 @@ def optimizer_has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
     >>> optimizer_has_step_hooks(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1))
     False
     """
-    hook_lists = (
-        getattr(optimizer, "_optimizer_step_pre_hooks", None),
-        getattr(optimizer, "_optimizer_step_post_hooks", None),
-        getattr(optimizer_module, "_global_optimizer_pre_hooks", None),
-        getattr(optimizer_module, "_global_optimizer_post_hooks", None),
-    )
+    hook_lists = (getattr(optimizer, "_optimizer_step_pre_hooks", None),
+                  getattr(optimizer, "_optimizer_step_post_hooks", None),
+                  getattr(optimizer_module, "_global_optimizer_pre_hooks", None),
+                  getattr(optimizer_module, "_global_optimizer_post_hooks", None))
     return any(hooks is None or len(hooks) > 0 for hooks in hook_lists)
 
 

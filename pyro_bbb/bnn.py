@@ -115,13 +115,8 @@ class BNN(PyroModule):
     torch.Size([5])
     """
 
-    def __init__(
-        self,
-        net: torch.nn.Module,
-        likelihood: Likelihood,
-        data_plate: str = DATA_PLATE,
-        output_adapter: Callable[[Any], torch.Tensor] | None = None,
-    ):
+    def __init__(self, net: torch.nn.Module, likelihood: Likelihood, data_plate: str = DATA_PLATE,
+                 output_adapter: Callable[[Any], torch.Tensor] | None = None):
         super().__init__()
         if not isinstance(net, torch.nn.Module):
             raise TypeError(f"`net` must be a torch.nn.Module, got {type(net).__name__}.")

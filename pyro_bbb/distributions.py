@@ -21,7 +21,6 @@ from torch.distributions.kl import register_kl
 
 __all__ = ["EmpiricalBayesNormalDistribution", "ScaleMixtureNormalDistribution", "ExpectedNormal"]
 
-
 class EmpiricalBayesNormalDistribution(TorchDistribution):
     r"""``Normal(0, s)`` over a weight tensor whose variance is set from the posterior (Wu et al. 2019).
 
@@ -59,9 +58,8 @@ class EmpiricalBayesNormalDistribution(TorchDistribution):
     support = constraints.real
     has_rsample = False
 
-    def __init__(
-        self, mode_scale, concentration: float | None, weight_dims: int, per_unit: bool = False, validate_args=None
-    ):
+    def __init__(self, mode_scale, concentration: float | None, weight_dims: int, per_unit: bool = False,
+                 validate_args=None):
         self.mode_scale = torch.as_tensor(mode_scale)
         if weight_dims > self.mode_scale.dim():
             raise ValueError(f"weight_dims={weight_dims} exceeds the {self.mode_scale.dim()} dimensions of mode_scale.")
@@ -238,43 +236,23 @@ class ExpectedNormal(TorchDistribution):
     -0.5
     """
 
-    arg_constraints = {
-        "loc": constraints.real,
-        "loc_variance": constraints.greater_than_eq(0.0),
-        "expected_log_scale": constraints.real,
-        "expected_precision": constraints.positive,
-        "deviation_precision": constraints.real,
-        "variance_precision": constraints.greater_than_eq(0.0),
-    }
+    arg_constraints = {"loc": constraints.real, "loc_variance": constraints.greater_than_eq(0.0),
+                       "expected_log_scale": constraints.real, "expected_precision": constraints.positive,
+                       "deviation_precision": constraints.real,
+                       "variance_precision": constraints.greater_than_eq(0.0)}
     support = constraints.real
     has_rsample = False
-    _PARAMETERS = (
-        "loc",
-        "loc_variance",
-        "expected_log_scale",
-        "expected_precision",
-        "deviation_precision",
-        "variance_precision",
-    )
+    _PARAMETERS = ("loc", "loc_variance", "expected_log_scale", "expected_precision", "deviation_precision",
+                   "variance_precision")
 
-    def __init__(
-        self,
-        loc,
-        loc_variance,
-        expected_log_scale,
-        expected_precision,
-        validate_args=None,
-        *,
-        deviation_precision=None,
-        variance_precision=None,
-    ):
+    def __init__(self, loc, loc_variance, expected_log_scale, expected_precision, validate_args=None, *,
+                 deviation_precision=None, variance_precision=None):
         if deviation_precision is None:
             deviation_precision = torch.zeros_like(torch.as_tensor(loc))
         if variance_precision is None:
             variance_precision = loc_variance * expected_precision
-        values = broadcast_all(
-            loc, loc_variance, expected_log_scale, expected_precision, deviation_precision, variance_precision
-        )
+        values = broadcast_all(loc, loc_variance, expected_log_scale, expected_precision, deviation_precision,
+                               variance_precision)
         for name, value in zip(self._PARAMETERS, values, strict=True):
             setattr(self, name, value)
         super().__init__(self.loc.shape, validate_args=validate_args)

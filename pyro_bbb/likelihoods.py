@@ -97,9 +97,8 @@ class Likelihood(PyroModule):
         """Summarise ``distribution`` (batch ``(S, batch)``: one member per weight draw) and predictive samples."""
         raise NotImplementedError
 
-    def forward(
-        self, output: torch.Tensor, y: torch.Tensor | None = None, data_plate: str = DATA_PLATE
-    ) -> torch.Tensor:
+    def forward(self, output: torch.Tensor, y: torch.Tensor | None = None,
+                data_plate: str = DATA_PLATE) -> torch.Tensor:
         fn, y = self.observation(output, y)
         with pyro.plate(data_plate, fn.batch_shape[-1] if fn.batch_shape else 1, dim=-1):
             return pyro.sample(self.site, fn, obs=y)
@@ -285,14 +284,9 @@ class HeteroscedasticGaussian(Likelihood):
         sd = variance[..., 0].clamp_min(tiny).sqrt()
         slope = torch.minimum(torch.maximum(covariance / raw_var.clamp_min(tiny).sqrt(), -sd), sd)
         residual = (variance[..., 0] - slope.pow(2)).clamp_min(0)
-        return ExpectedNormal(
-            mean[..., 0],
-            variance[..., 0],
-            expected_log_scale,
-            precision,
-            deviation_precision=slope * precision_z,
-            variance_precision=slope.pow(2) * precision_z2 + residual * precision,
-        )
+        return ExpectedNormal(mean[..., 0], variance[..., 0], expected_log_scale, precision,
+                              deviation_precision=slope * precision_z,
+                              variance_precision=slope.pow(2) * precision_z2 + residual * precision)
 
     def _scale(self, raw: torch.Tensor) -> torch.Tensor:
         return F.softplus(raw) + self.min_scale

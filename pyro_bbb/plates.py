@@ -15,11 +15,7 @@ from contextvars import ContextVar
 from typing import Any
 
 __all__ = [
-    "DATA_PLATE",
-    "data_plate_named",
-    "current_data_plate",
-    "data_plate_of",
-    "data_plate_frame",
+    "DATA_PLATE", "data_plate_named", "current_data_plate", "data_plate_of", "data_plate_frame",
     "trace_data_plate_frame",
 ]
 
@@ -57,7 +53,6 @@ def current_data_plate() -> str:
     'data'
     """
     return _CURRENT_DATA_PLATE.get()
-
 
 def data_plate_of(model: Any) -> str:
     """The name of a model's data plate: its ``data_plate`` attribute, else :data:`DATA_PLATE`.

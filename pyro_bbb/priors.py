@@ -238,9 +238,8 @@ class LearnedNormal(Prior):
     def __init__(self, init_scale: float = 1.0, per: str = "tensor", min_scale: float = 1e-3):
         self.init_scale = check_positive("init_scale", init_scale)
         if per not in ("tensor", "unit"):
-            raise ValueError(
-                f'`per` must be "tensor" (one scale per weight tensor) or "unit" (one per output unit), got {per!r}.'
-            )
+            raise ValueError(f'`per` must be "tensor" (one scale per weight tensor) or "unit" (one per output unit), '
+                             f"got {per!r}.")
         self.per = per
         self.min_scale = check_positive("min_scale", min_scale)
         if self.min_scale >= self.init_scale:
@@ -314,9 +313,8 @@ class EmpiricalBayesNormal(Prior):
             concentration = check_positive("concentration", concentration)
         self.concentration = concentration
         if per not in ("tensor", "unit"):
-            raise ValueError(
-                f'`per` must be "tensor" (one scale per weight tensor) or "unit" (one per output unit), got {per!r}.'
-            )
+            raise ValueError(f'`per` must be "tensor" (one scale per weight tensor) or "unit" (one per output unit), '
+                             f"got {per!r}.")
         self.per = per
 
     def distribution(self, shape, fan_in, *, device=None, dtype=None):
@@ -435,11 +433,8 @@ def _value_state(value):
     if isinstance(value, torch.Tensor):
         return ("tensor", id(value), tensor_version(value))
     if isinstance(value, torch.distributions.Distribution):
-        return (
-            "distribution",
-            id(value),
-            tuple(_value_state(v) for v in vars(value).values() if isinstance(v, torch.Tensor)),
-        )
+        return ("distribution", id(value), tuple(_value_state(v) for v in vars(value).values()
+                                                 if isinstance(v, torch.Tensor)))
     try:
         hash(value)
     except TypeError:

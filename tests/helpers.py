@@ -89,17 +89,8 @@ def digits_fit(kl_weight=1.0, epochs=300):
     )
     bnn = pyro_bbb.BNN(net, likelihoods.Categorical())
     guide = pyro_bbb.MeanFieldGuide(bnn)
-    history = pyro_bbb.fit(
-        bnn,
-        guide,
-        (x_train, y_train),
-        epochs=epochs,
-        batch_size=128,
-        lr=1e-2,
-        kl_weight=kl_weight,
-        progress=False,
-        seed=0,
-    )
+    history = pyro_bbb.fit(bnn, guide, (x_train, y_train), epochs=epochs, batch_size=128, lr=1e-2,
+                           kl_weight=kl_weight, progress=False, seed=0)
     return bnn, guide, history, (x_train, y_train, x_test, y_test)
 
 

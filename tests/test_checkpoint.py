@@ -99,6 +99,7 @@ def test_saving_an_unfitted_guide_is_an_error(tmp_path):
         pyro_bbb.save(tmp_path / "x.pt", model, pyro_bbb.MeanFieldGuide(model))
 
 
+
 # -- checkpoints restore the whole model, or refuse -----------------------------------------------
 class WithFeatureNet(torch.nn.Module):
     """A custom model whose feature net is registered with pyro.module, outside any PyroModule attribute."""

@@ -104,7 +104,8 @@ def _check_recurrent_kernels():
     lstm = torch.nn.LSTM(3, 4)
     x = torch.randn(5, 2, 3)
     hx = (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4))
-    output, *_ = _internals.recurrent_kernel("LSTM")(x, hx, list(lstm.parameters()), True, 1, 0.0, False, False, False)
+    output, *_ = _internals.recurrent_kernel("LSTM")(x, hx, list(lstm.parameters()), True, 1, 0.0, False, False,
+                                                     False)
     torch.testing.assert_close(output, lstm(x)[0])
     assert _internals.recurrent_kernel("GRU") is torch.gru
 
@@ -113,45 +114,38 @@ CHECKS = {
     "pyro.nn.module._make_name": lambda: _internals.site_name("net.0", "weight") == "net.0.weight",
     "pyro.nn.module._is_module_local_param_enabled": lambda: _internals.module_local_params_enabled() is False,
     "pyro.infer.trace_mean_field_elbo._check_mean_field_requirement": lambda: (
-        _internals.check_mean_field_requirement(pyro.poutine.Trace(), pyro.poutine.Trace()) is None
-    ),
+        _internals.check_mean_field_requirement(pyro.poutine.Trace(), pyro.poutine.Trace()) is None),
     "pyro.poutine.runtime._PYRO_STACK": _check_pyro_stack,
     "ParamStoreDict._params / _constraints": _check_param_store,
     "PyroModule._pyro_context": _check_pyro_module_context,
     "PyroModule._pyro_samples": _check_pyro_module_samples,
-    "PyroModule._pyro_name": lambda: (
-        _internals.pyro_name(pyro.nn.PyroModule[torch.nn.Sequential](pyro.nn.PyroModule[torch.nn.Linear](2, 1))[0])
-        == "0"
-    ),
-    "AutoNormal._setup_prototype / _get_loc_and_scale / _event_dims / _create_plates": _check_autonormal_hooks,
+    "PyroModule._pyro_name": lambda: _internals.pyro_name(pyro.nn.PyroModule[torch.nn.Sequential](
+        pyro.nn.PyroModule[torch.nn.Linear](2, 1))[0]) == "0",
+    "AutoNormal._setup_prototype / _get_loc_and_scale / _event_dims / _create_plates / _pyro_name":
+        _check_autonormal_hooks,
     "AutoNormal._get_loc_and_scale (a plain AutoNormal)": lambda: (
-        _internals.autonormal_loc_and_scale(_autonormal(), "bias")[1].item() == pytest.approx(0.1)
-    ),
+        _internals.autonormal_loc_and_scale(_autonormal(), "bias")[1].item() == pytest.approx(0.1)),
     "AutoNormal._event_dims (a plain AutoNormal)": lambda: (
-        _internals.autonormal_event_dim(_autonormal(), "weight") == 2
-    ),
-    "AutoGuide._setup_prototype (a plain AutoNormal)": lambda: (
-        _internals.set_up_autoguide(AutoNormal(BayesianLinear(2, 1)), torch.zeros(1, 2)) is None
-    ),
-    "TraceMeanField_ELBO._get_trace / _get_traces / _differentiable_loss_particle": _check_elbo_hooks,
+        _internals.autonormal_event_dim(_autonormal(), "weight") == 2),
+    "AutoGuide._setup_prototype (a plain AutoNormal)": lambda: _internals.set_up_autoguide(
+        AutoNormal(BayesianLinear(2, 1)), torch.zeros(1, 2)) is None,
+    "TraceMeanField_ELBO._get_trace / _get_traces / _differentiable_loss_particle / _vectorized_num_particles":
+        _check_elbo_hooks,
     'msg["infer"]["_deterministic"]': _check_deterministic_flag,
     "torch._C._get_tracing_state": lambda: _internals.is_tracing() is False,
     "Tensor._version": lambda: _internals.tensor_version(torch.zeros(1).add_(1)) == 1,
-    "nn.Module._buffers": lambda: torch.equal(
-        _internals.module_buffer(torch.nn.BatchNorm1d(2), "running_mean"), torch.zeros(2)
-    ),
+    "nn.Module._buffers": lambda: torch.equal(_internals.module_buffer(torch.nn.BatchNorm1d(2), "running_mean"),
+                                              torch.zeros(2)),
     "torch._foreach_norm": lambda: [float(n) for n in _internals.foreach_norm([torch.ones(4)])] == [2.0],
     "torch._foreach_copy_": lambda: _internals.foreach_copy_([torch.zeros(1)], [torch.ones(1)]) is None,
     "torch._amp_foreach_non_finite_check_and_unscale_": lambda: (
-        not _internals.all_finite([torch.tensor([1.0, float("nan")])]) and _internals.all_finite([torch.ones(2)])
-    ),
+        not _internals.all_finite([torch.tensor([1.0, float("nan")])]) and _internals.all_finite([torch.ones(2)])),
     "torch._foreach_add_ / torch._fused_adam_": _check_fused_adam,
     "Optimizer._optimizer_step_pre_hooks / _global_optimizer_pre_hooks": _check_step_hooks,
     "torch.lstm / torch.gru (positional)": _check_recurrent_kernels,
     "torch.nn.modules.conv._ConvNd / _ConvTransposeNd": lambda: (
         isinstance(torch.nn.Conv2d(1, 1, 1), _internals.ConvNd)
-        and isinstance(torch.nn.ConvTranspose1d(1, 1, 1), _internals.ConvTransposeNd)
-    ),
+        and isinstance(torch.nn.ConvTranspose1d(1, 1, 1), _internals.ConvTransposeNd)),
 }
 
 
@@ -160,13 +154,10 @@ def test_private_name_still_works(name):
     try:
         result = CHECKS[name]()
     except Exception as error:  # noqa: BLE001 (any failure means the private name moved or changed)
-        pytest.fail(
-            f"{name} moved or changed in this release; pyro_bbb._internals was checked on "
-            f"{_internals.CHECKED_ON}: {error!r}"
-        )
-    assert result is not False, (
-        f"{name} behaves differently in this release; pyro_bbb._internals was checked on {_internals.CHECKED_ON}"
-    )
+        pytest.fail(f"{name} moved or changed in this release; pyro_bbb._internals was checked on "
+                    f"{_internals.CHECKED_ON}: {error!r}")
+    assert result is not False, (f"{name} behaves differently in this release; pyro_bbb._internals was checked on "
+                                 f"{_internals.CHECKED_ON}")
 
 
 def test_the_checked_versions_are_the_installed_ones_or_newer():
@@ -182,18 +173,16 @@ def test_every_private_access_of_the_package_is_in_the_adapter():
     from pathlib import Path
 
     root = Path(_internals.__file__).parent
-    pattern = re.compile(
-        r"torch\._[a-z]|(?<=[\w)\]])\._(pyro_name|pyro_context|pyro_samples|setup_prototype|"
-        r"get_loc_and_scale|event_dims|get_traces?|differentiable_loss_particle|"
-        r"vectorized_num_particles|create_plates|buffers|version|params|constraints)\b|_PYRO_STACK|"
-        r"\"_deterministic\""
-    )
+    pattern = re.compile(r"torch\._[a-z]|(?<=[\w)\]])\._(pyro_name|pyro_context|pyro_samples|setup_prototype|"
+                         r"get_loc_and_scale|event_dims|get_traces?|differentiable_loss_particle|"
+                         r"vectorized_num_particles|create_plates|buffers|version|params|constraints)\b|_PYRO_STACK|"
+                         r"\"_deterministic\"")
     offenders = []
     for path in root.rglob("*.py"):
         if path.name in ("_internals.py", "_replay.py"):
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split("#")[0]
-            if pattern.search(code) and not code.lstrip().startswith(('"', "'", ">>>")):
+            if pattern.search(code) and not code.lstrip().startswith(("\"", "'", ">>>")):
                 offenders.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
     assert not offenders, "\n".join(offenders)

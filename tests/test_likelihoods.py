@@ -103,24 +103,13 @@ def heteroscedastic_fit(noise: torch.Tensor, x: torch.Tensor, epochs: int = 150)
 
     pyro.clear_param_store()
     torch.manual_seed(0)
-    net = torch.nn.Sequential(
-        BayesianLinear(1, 32), torch.nn.ReLU(), BayesianLinear(32, 32), torch.nn.ReLU(), BayesianLinear(32, 2)
-    )
+    net = torch.nn.Sequential(BayesianLinear(1, 32), torch.nn.ReLU(), BayesianLinear(32, 32), torch.nn.ReLU(),
+                              BayesianLinear(32, 2))
     bnn = pyro_bbb.BNN(net, likelihoods.HeteroscedasticGaussian())
     guide = pyro_bbb.MeanFieldGuide(bnn)
     y = torch.sin(2 * x).squeeze(-1) + noise
-    history = pyro_bbb.fit(
-        bnn,
-        guide,
-        (x, y),
-        epochs=epochs,
-        batch_size=64,
-        lr=1e-2,
-        lr_final=1e-3,
-        estimator="moments",
-        progress=False,
-        seed=0,
-    )
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=64, lr=1e-2, lr_final=1e-3,
+                           estimator="moments", progress=False, seed=0)
     grid = torch.linspace(-1.8, 1.8, 50).unsqueeze(-1)
     return history, pyro_bbb.predict(bnn, guide, grid, num_samples=100), torch.sin(2 * grid).squeeze(-1)
 

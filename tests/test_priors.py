@@ -119,9 +119,8 @@ def _regression(n=200, seed=0):
 
 def _learned_bnn(prior=None, hidden=16):
     prior = prior or priors.LearnedNormal()
-    net = torch.nn.Sequential(
-        BayesianLinear(3, hidden, prior=prior), torch.nn.ReLU(), BayesianLinear(hidden, 1, prior=prior)
-    )
+    net = torch.nn.Sequential(BayesianLinear(3, hidden, prior=prior), torch.nn.ReLU(),
+                              BayesianLinear(hidden, 1, prior=prior))
     return pyro_bbb.BNN(net, pyro_bbb.likelihoods.Gaussian(scale=0.1))
 
 
@@ -130,8 +129,7 @@ def test_learned_normal_is_a_parameter_of_the_layer():
     assert layer.weight_prior_scale.shape == (2, 1) and layer.bias_prior_scale.shape == (2,)
     assert torch.allclose(layer.weight_prior_scale, torch.tensor(0.5))
     assert {"weight_prior_scale_unconstrained", "bias_prior_scale_unconstrained"} <= dict(
-        layer.named_parameters()
-    ).keys()
+        layer.named_parameters()).keys()
     d = layer.prior_distribution("weight")
     assert d.event_shape == (2, 3) and d.base_dist.scale.requires_grad
     layer.double()
@@ -141,12 +139,8 @@ def test_learned_normal_is_a_parameter_of_the_layer():
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [
-        ({"init_scale": 0.0}, "init_scale"),
-        ({"per": "layer"}, "per"),
-        ({"min_scale": -1.0}, "min_scale"),
-        ({"init_scale": 0.01, "min_scale": 0.1}, "below"),
-    ],
+    [({"init_scale": 0.0}, "init_scale"), ({"per": "layer"}, "per"), ({"min_scale": -1.0}, "min_scale"),
+     ({"init_scale": 0.01, "min_scale": 0.1}, "below")],
 )
 def test_learned_normal_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -214,10 +208,8 @@ def test_learned_prior_trains_with_pyros_own_svi_and_guide():
 
 def test_learned_prior_round_trips_through_save_and_bayesianize(tmp_path):
     pyro.clear_param_store()
-    net = pyro_bbb.bayesianize(
-        torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)),
-        prior=priors.LearnedNormal(init_scale=0.4),
-    )
+    net = pyro_bbb.bayesianize(torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)),
+                               prior=priors.LearnedNormal(init_scale=0.4))
     model = pyro_bbb.BNN(net, pyro_bbb.likelihoods.Gaussian(scale=0.1))
     guide = pyro_bbb.MeanFieldGuide(model)
     x, y = _regression()
@@ -226,10 +218,8 @@ def test_learned_prior_round_trips_through_save_and_bayesianize(tmp_path):
     assert learned != pytest.approx(0.4)
     pyro_bbb.save(tmp_path / "m.pt", model, guide)
     pyro.clear_param_store()
-    net2 = pyro_bbb.bayesianize(
-        torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)),
-        prior=priors.LearnedNormal(init_scale=0.4),
-    )
+    net2 = pyro_bbb.bayesianize(torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)),
+                                prior=priors.LearnedNormal(init_scale=0.4))
     model2 = pyro_bbb.BNN(net2, pyro_bbb.likelihoods.Gaussian(scale=0.1))
     guide2 = pyro_bbb.MeanFieldGuide(model2)
     pyro_bbb.load(tmp_path / "m.pt", model2, guide2)
@@ -289,7 +279,6 @@ def test_empirical_bayes_kl_value_and_gradient_are_those_of_the_maximised_object
             s2 = math.exp(log_s2)
             kl = float((0.5 * math.log(s2) - np.log(s) + (s**2 + m**2) / (2 * s2) - 0.5).sum())
             return kl - ((-alpha - 1) * log_s2 - beta / s2)  # minus log IG(s^2) up to its constant
-
         return optimize.minimize_scalar(f, bounds=(-10, 5), method="bounded", options={"xatol": 1e-12}).fun
 
     kl = torch.distributions.kl_divergence(dist.Normal(mu, sigma).to_event(2), p)
@@ -299,7 +288,7 @@ def test_empirical_bayes_kl_value_and_gradient_are_those_of_the_maximised_object
     grad_mu, grad_sigma = torch.autograd.grad(kl, [mu, sigma])
     m0, s0 = mu.detach().numpy(), sigma.detach().numpy()
     h = 1e-5
-    for i, j in [(0, 0), (3, 2), (5, 3)]:
+    for (i, j) in [(0, 0), (3, 2), (5, 3)]:
         for grad, which in ((grad_mu, "mu"), (grad_sigma, "sigma")):
             plus, minus = [a.copy() for a in (m0, s0)], [a.copy() for a in (m0, s0)]
             k = 0 if which == "mu" else 1
@@ -363,13 +352,10 @@ def test_empirical_bayes_with_a_hand_written_guide_and_pyros_elbos():
     for name, shape in shapes.items():
         mu, sigma = pyro.param(f"{name}_loc").detach(), pyro.param(f"{name}_scale").detach()
         s = _eb_scale_by_hand(mu, sigma, tuple(range(len(shape))), 4.4798, 1 / math.sqrt(fan_in[name[:5]]))
-        expected = s.log() - sigma.double().log() + (sigma.double() ** 2 + mu.double() ** 2) / (2 * s**2) - 0.5
+        expected = (s.log() - sigma.double().log() + (sigma.double() ** 2 + mu.double() ** 2) / (2 * s**2) - 0.5)
         assert float(elbo.last_terms["kl_by_site"][name]) == pytest.approx(float(expected.sum()), rel=1e-5)
-    cases = [
-        (guide, Trace_ELBO()),
-        (guide, pyro.infer.TraceMeanField_ELBO()),
-        (AutoNormal(model), pyro_bbb.ELBO(num_data=len(x))),
-    ]
+    cases = [(guide, Trace_ELBO()), (guide, pyro.infer.TraceMeanField_ELBO()),
+             (AutoNormal(model), pyro_bbb.ELBO(num_data=len(x)))]
     for guide_, elbo in cases:
         pyro.clear_param_store()
         guide_(x, y)
@@ -380,9 +366,8 @@ def test_empirical_bayes_with_a_hand_written_guide_and_pyros_elbos():
         assert all(torch.equal(before[k], v.detach()) for k, v in pyro.get_param_store().items())
 
 
-@pytest.mark.parametrize(
-    "kwargs, match", [({"gain": 0.0}, "gain"), ({"concentration": -1.0}, "concentration"), ({"per": "layer"}, "per")]
-)
+@pytest.mark.parametrize("kwargs, match", [({"gain": 0.0}, "gain"), ({"concentration": -1.0}, "concentration"),
+                                           ({"per": "layer"}, "per")])
 def test_empirical_bayes_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         priors.EmpiricalBayesNormal(**kwargs)
@@ -405,9 +390,8 @@ def test_empirical_bayes_through_bayesianize_and_deterministic_vi():
     guide = pyro_bbb.MeanFieldGuide(model)
     x = torch.randn(64, 1, 4, 4)
     y = x.mean((1, 2, 3))
-    history = pyro_bbb.fit(
-        model, guide, (x, y), epochs=20, batch_size=32, lr=1e-2, estimator="moments", progress=False, seed=0
-    )
+    history = pyro_bbb.fit(model, guide, (x, y), epochs=20, batch_size=32, lr=1e-2, estimator="moments",
+                           progress=False, seed=0)
     assert all(math.isfinite(v) for v in history["loss"])
     summary = pyro_bbb.evaluate.diagnostics.layer_summary(model, guide)
     mu, sigma = (t.detach() for t in site_loc_scale(guide, "net.0.weight"))
@@ -415,4 +399,4 @@ def test_empirical_bayes_through_bayesianize_and_deterministic_vi():
     assert per_unit.reshape(-1).unique().numel() == 3  # one scale per output channel
     fig = pyro_bbb.evaluate.plots.plot_std_ratio(model, guide)
     lines = [line.get_xdata()[0] for line in fig.axes[0].lines]
-    assert any(math.isclose(10**v, summary["net.0"]["prior_std"], rel_tol=1e-4) for v in lines)
+    assert any(math.isclose(10 ** v, summary["net.0"]["prior_std"], rel_tol=1e-4) for v in lines)

@@ -52,10 +52,7 @@ def variants(num_train: int):
         "Bayesian LSTM(4), Flipout": (lambda: Classifier(bayesian_lstm(), nn.Linear(4, 1)), "flipout", 1.0),
         "LSTM(4) + Bayesian head": (lambda: Classifier(lstm(), BayesianLinear(4, 1)), "flipout", 1.0),
         "Bayesian LSTM(4), KL x N (mis-scaled)": (
-            lambda: Classifier(bayesian_lstm(), nn.Linear(4, 1)),
-            "flipout",
-            float(num_train),
-        ),
+            lambda: Classifier(bayesian_lstm(), nn.Linear(4, 1)), "flipout", float(num_train)),
     }
 
 
@@ -69,35 +66,19 @@ def main(epochs: int, num_train: int, out_dir: Path, progress: bool = True) -> d
         bnn = pyro_bbb.BNN(make(), likelihoods.Bernoulli())
         guide = pyro_bbb.MeanFieldGuide(bnn)
         start = time.perf_counter()
-        history = pyro_bbb.fit(
-            bnn,
-            guide,
-            (x, y),
-            epochs=epochs,
-            batch_size=32,
-            lr=0.01,
-            clip_norm=5.0,
-            estimator=estimator,
-            kl_weight=kl_weight,
-            validation_data=validation,
-            progress=progress,
-            seed=0,
-        )
+        history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=32, lr=0.01, clip_norm=5.0,
+                               estimator=estimator, kl_weight=kl_weight, validation_data=validation,
+                               progress=progress, seed=0)
         histories[name] = history
-        results[name] = {
-            "best val accuracy": max(history["val_accuracy"]),
-            "final val accuracy": history.last["val_accuracy"],
-            "KL (nats)": history.last["kl"],
-            "seconds": time.perf_counter() - start,
-        }
+        results[name] = {"best val accuracy": max(history["val_accuracy"]),
+                         "final val accuracy": history.last["val_accuracy"], "KL (nats)": history.last["kl"],
+                         "seconds": time.perf_counter() - start}
 
     print(f"\nEmbedded Reber Grammar: {num_train} training strings, 1000 validation, {epochs} epochs")
     print(f"{'model':40s} {'best acc':>9s} {'final acc':>10s} {'KL':>9s} {'s':>6s}")
     for name, r in results.items():
-        print(
-            f"{name:40s} {r['best val accuracy']:9.3f} {r['final val accuracy']:10.3f} {r['KL (nats)']:9.1f} "
-            f"{r['seconds']:6.1f}"
-        )
+        print(f"{name:40s} {r['best val accuracy']:9.3f} {r['final val accuracy']:10.3f} {r['KL (nats)']:9.1f} "
+              f"{r['seconds']:6.1f}")
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for i, (name, history) in enumerate(histories.items()):  # one colour per model in both panels
@@ -144,24 +125,14 @@ def main(epochs: int, num_train: int, out_dir: Path, progress: bool = True) -> d
 # seed is 6-11 points below its median; the Bayesian median matches or beats it there.
 
 
-def convergence_over_seeds(
-    seeds: int,
-    epochs: int,
-    num_train: int,
-    out_dir: Path,
-    max_len: int = 16,
-    progress: bool = False,
-    warmup_steps: int = 400,
-) -> dict[str, list[float]]:
+def convergence_over_seeds(seeds: int, epochs: int, num_train: int, out_dir: Path, max_len: int = 16,
+                           progress: bool = False, warmup_steps: int = 400) -> dict[str, list[float]]:
     """Deterministic LSTM(8) vs Bayesian LSTM(8) (Flipout, Normal(0, 2) prior) with and without a KL warm-up over
     the first ``warmup_steps`` steps, per seed; test accuracy after every epoch. Adam 1e-2 decaying to 1e-3 and
     ``clip_norm=5`` for all three."""
     test = embedded_reber(2000, max_len=max_len, seed=999)
-    names = [
-        "deterministic LSTM(8)",
-        f"Bayesian LSTM(8), KL warm-up {warmup_steps} steps",
-        "Bayesian LSTM(8), no warm-up",
-    ]
+    names = ["deterministic LSTM(8)", f"Bayesian LSTM(8), KL warm-up {warmup_steps} steps",
+             "Bayesian LSTM(8), no warm-up"]
     curves: dict[str, list[list[float]]] = {name: [] for name in names}
     steps_per_epoch = -(-num_train // 100)
     for seed in range(seeds):
@@ -182,51 +153,26 @@ def convergence_over_seeds(
                     settings["kl_weight"] = schedules.LinearWarmup(warmup_steps)
             bnn = pyro_bbb.BNN(Classifier(rnn, head), likelihoods.Bernoulli())
             guide = pyro_bbb.MeanFieldGuide(bnn)
-            history = pyro_bbb.fit(
-                bnn,
-                guide,
-                (x, y),
-                epochs=epochs,
-                batch_size=100,
-                lr=1e-2,
-                lr_final=1e-3,
-                clip_norm=5.0,
-                validation_data=test,
-                progress=progress,
-                seed=seed,
-                **settings,
-            )
+            history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=100, lr=1e-2, lr_final=1e-3,
+                                   clip_norm=5.0, validation_data=test, progress=progress, seed=seed,
+                                   **settings)
             curves[name].append(history["val_accuracy"])
     finals = {name: [run[-1] for run in runs] for name, runs in curves.items()}
     fig, (ax, right) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [2, 1]})
     for i, (name, runs) in enumerate(curves.items()):
         for j, run in enumerate(runs):
-            ax.plot(
-                [steps_per_epoch * (e + 1) for e in range(len(run))],
-                run,
-                color=f"C{i}",
-                alpha=0.7,
-                label=name if j == 0 else None,
-            )
+            ax.plot([steps_per_epoch * (e + 1) for e in range(len(run))], run, color=f"C{i}", alpha=0.7,
+                    label=name if j == 0 else None)
         right.plot([i] * len(runs), finals[name], "o", color=f"C{i}", alpha=0.8)
     ax.axhline(0.5, color="k", lw=0.8, ls=":")
-    ax.set(
-        xlabel="step",
-        ylabel="test accuracy",
-        ylim=(0.4, 1.0),
-        title=f"Embedded Reber Grammar, {seeds} seeds: every run at the same steps",
-    )
+    ax.set(xlabel="step", ylabel="test accuracy", ylim=(0.4, 1.0),
+           title=f"Embedded Reber Grammar, {seeds} seeds: every run at the same steps")
     ax.legend(fontsize=8)
     median = statistics.median(finals[names[0]])
     right.axhline(median, color="C0", lw=1, label="deterministic median")
     right.axhline(median - 0.05, color="C0", lw=1, ls="--", label="5 points below it")
-    right.set(
-        xticks=range(len(names)),
-        xticklabels=["deterministic", "warm-up", "no warm-up"],
-        xlim=(-0.5, 2.5),
-        ylabel="final test accuracy",
-        title="every seed's final accuracy",
-    )
+    right.set(xticks=range(len(names)), xticklabels=["deterministic", "warm-up", "no warm-up"], xlim=(-0.5, 2.5),
+              ylabel="final test accuracy", title="every seed's final accuracy")
     right.legend(fontsize=8)
     plots.save_figure(fig, out_dir / "reber_seeds.png", dpi=110)
     for name, values in finals.items():

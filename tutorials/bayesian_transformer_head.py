@@ -52,15 +52,8 @@ VOCAB, LENGTH, MARKER = 24, 12, 5
 def tiny_bert(seed: int = 0) -> transformers.BertForSequenceClassification:
     torch.manual_seed(seed)
     config = transformers.BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=16,
-        num_labels=2,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=16, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
     )
     return transformers.BertForSequenceClassification(config)
 
@@ -93,10 +86,8 @@ def train_deterministic(x, y, epochs: int, lr: float, batch_size: int, seed: int
     return model.eval()
 
 
-BAYESIAN = {
-    "Bayesian head": ["classifier"],
-    "Bayesian last block + head": ["bert.encoder.layer.1", "bert.pooler", "classifier"],
-}
+BAYESIAN = {"Bayesian head": ["classifier"],
+            "Bayesian last block + head": ["bert.encoder.layer.1", "bert.pooler", "classifier"]}
 
 
 def train_bayesian(include, x, y, epochs: int, lr: float, batch_size: int, seed: int, progress: bool):
@@ -105,9 +96,8 @@ def train_bayesian(include, x, y, epochs: int, lr: float, batch_size: int, seed:
     net = pyro_bbb.bayesianize(tiny_bert(seed), include=include)
     bnn = pyro_bbb.BNN(net, likelihoods.Categorical())
     guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=0.05)
-    history = pyro_bbb.fit(
-        bnn, guide, (x, y), epochs=epochs, batch_size=batch_size, lr=lr, progress=progress, seed=seed
-    )
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=batch_size, lr=lr, progress=progress,
+                           seed=seed)
     net.eval()
     return bnn, guide, history
 
@@ -137,24 +127,14 @@ def main(epochs: int, out_dir: Path, progress: bool = True, seeds: int = 3) -> d
 
     results = {}
     for label, per_seed in probs.items():
-        scores = torch.tensor(
-            [
-                [
-                    metrics.accuracy(p, y_test),
-                    metrics.expected_calibration_error(p, y_test),
-                    float(p[torch.arange(len(y_test)), y_test].clamp_min(1e-12).log().mean()),
-                ]
-                for p in per_seed
-            ]
-        )
+        scores = torch.tensor([[metrics.accuracy(p, y_test), metrics.expected_calibration_error(p, y_test),
+                                float(p[torch.arange(len(y_test)), y_test].clamp_min(1e-12).log().mean())]
+                               for p in per_seed])
         results[label] = dict(zip(("accuracy", "ece", "log_likelihood"), scores.mean(0).tolist()))
         results[label]["worst_ece"] = float(scores[:, 1].max())
-        cells = "  ".join(
-            f"{name} {m:.3f} ({lo:.3f}-{hi:.3f})"
-            for name, m, lo, hi in zip(
-                ("accuracy", "ECE", "test log-lik"), scores.mean(0), scores.min(0).values, scores.max(0).values
-            )
-        )
+        cells = "  ".join(f"{name} {m:.3f} ({lo:.3f}-{hi:.3f})" for name, m, lo, hi in
+                          zip(("accuracy", "ECE", "test log-lik"), scores.mean(0), scores.min(0).values,
+                              scores.max(0).values))
         print(f"[transformer] {label:28s} over {seeds} seeds, mean (min-max): {cells}")
 
     fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
@@ -168,10 +148,8 @@ def main(epochs: int, out_dir: Path, progress: bool = True, seeds: int = 3) -> d
         ax.hist(inside, bins=bins, alpha=0.5, density=True, color=f"C{2 * i}", label=f"{label}: test")
         ax.hist(outside, bins=bins, alpha=0.5, density=True, color=f"C{2 * i + 1}", label=f"{label}: unseen tokens")
         results[label]["mi_test"], results[label]["mi_unseen"] = float(inside.mean()), float(outside.mean())
-        print(
-            f"[transformer] {label}: mean mutual information {results[label]['mi_test']:.3f} on test sequences, "
-            f"{results[label]['mi_unseen']:.3f} on sequences of unseen tokens"
-        )
+        print(f"[transformer] {label}: mean mutual information {results[label]['mi_test']:.3f} on test sequences, "
+              f"{results[label]['mi_unseen']:.3f} on sequences of unseen tokens")
     ax.set(xlabel="mutual information (nats)", ylabel="density", title="epistemic uncertainty")
     ax.legend(fontsize=7)
     plots.save_figure(fig, out_dir / "transformer_calibration.png")

@@ -33,38 +33,24 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     torch.manual_seed(0)
     x_train, y_train, x_test, y_test = digits()
     prior = priors.Normal(0.0, 2.0)
-    net = torch.nn.Sequential(
-        BayesianLinear(64, 100, prior=prior), torch.nn.ReLU(), BayesianLinear(100, 10, prior=prior)
-    )
+    net = torch.nn.Sequential(BayesianLinear(64, 100, prior=prior), torch.nn.ReLU(),
+                              BayesianLinear(100, 10, prior=prior))
     bnn = pyro_bbb.BNN(net, likelihoods.Categorical())
     guide = pyro_bbb.MeanFieldGuide(bnn)
-    history = pyro_bbb.fit(
-        bnn,
-        guide,
-        (x_train, y_train),
-        epochs=epochs,
-        batch_size=128,
-        lr=1e-2,
-        validation_data=(x_test, y_test),
-        progress=progress,
-        seed=0,
-    )
+    history = pyro_bbb.fit(bnn, guide, (x_train, y_train), epochs=epochs, batch_size=128, lr=1e-2,
+                           validation_data=(x_test, y_test), progress=progress, seed=0)
     history.plot(out_dir / "calibration_history.png")
     pred = pyro_bbb.predict(bnn, guide, x_test, num_samples=100)
     acc, ece = metrics.accuracy(pred, y_test), metrics.expected_calibration_error(pred, y_test)
-    print(
-        f"[digits] accuracy {acc:.1%}, ECE {ece:.3f}, Brier {metrics.brier_score(pred, y_test):.3f}, "
-        f"test log-lik {metrics.log_likelihood(pred, y_test):.3f}"
-    )
+    print(f"[digits] accuracy {acc:.1%}, ECE {ece:.3f}, Brier {metrics.brier_score(pred, y_test):.3f}, "
+          f"test log-lik {metrics.log_likelihood(pred, y_test):.3f}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report = diagnostics.check_posterior(bnn, guide)
     for layer, entry in report.items():
         if "std_ratio" in entry:
-            print(
-                f"[digits] {layer}: KL {entry['kl']:.0f} nats, posterior/prior std {entry['std_ratio_geomean']:.2f} "
-                f"(geometric mean), status {entry['status']}"
-            )
+            print(f"[digits] {layer}: KL {entry['kl']:.0f} nats, posterior/prior std {entry['std_ratio_geomean']:.2f} "
+                  f"(geometric mean), status {entry['status']}")
     for w in caught:
         print(f"[digits] warning: {w.message}")
 
@@ -82,18 +68,13 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     noise = torch.rand(len(x_test), 64, generator=torch.Generator().manual_seed(1))
     outside = pyro_bbb.predict(bnn, guide, noise, num_samples=100)
     for label, p in (("test digits", pred), ("uniform noise", outside)):
-        print(
-            f"[digits] {label}: mean predictive entropy {float(p.predictive_entropy.mean()):.3f}, "
-            f"mean mutual information {float(p.mutual_information.mean()):.3f}"
-        )
+        print(f"[digits] {label}: mean predictive entropy {float(p.predictive_entropy.mean()):.3f}, "
+              f"mean mutual information {float(p.mutual_information.mean()):.3f}")
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     axes[2].scatter(pred.expected_entropy, pred.mutual_information, s=6, alpha=0.5, label="test digits")
     axes[2].scatter(outside.expected_entropy, outside.mutual_information, s=6, alpha=0.5, label="uniform noise")
-    axes[2].set(
-        xlabel="expected entropy (aleatoric), nats",
-        ylabel="mutual information (epistemic), nats",
-        title="in- vs out-of-distribution",
-    )
+    axes[2].set(xlabel="expected entropy (aleatoric), nats", ylabel="mutual information (epistemic), nats",
+                title="in- vs out-of-distribution")
     axes[2].legend(fontsize=8)
     wrong = pred.predicted_class != y_test
     mi = pred.mutual_information
@@ -103,15 +84,13 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     axes[0].set(xlabel="mutual information (nats)", ylabel="density", title="epistemic uncertainty", yscale="log")
     axes[0].legend(fontsize=8)
     axes[1].plot([100 * f for f in fractions], [100 * a for a in pruned_accuracy], "o-")
-    axes[1].set(
-        xlabel="% of weights removed (lowest |mu|/sigma)",
-        ylabel="test accuracy (%)",
-        title="pruning by signal-to-noise",
-    )
+    axes[1].set(xlabel="% of weights removed (lowest |mu|/sigma)", ylabel="test accuracy (%)",
+                title="pruning by signal-to-noise")
     fig.tight_layout()
     fig.savefig(out_dir / "calibration_uncertainty.png", dpi=110)
     plt.close("all")
     return {"accuracy": acc, "ece": ece, "pruned_90_accuracy": pruned_accuracy[fractions.index(0.9)]}
+
 
 
 # %%

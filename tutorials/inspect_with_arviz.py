@@ -59,10 +59,8 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
         warnings.simplefilter("ignore", UserWarning)  # ArviZ warns about high Pareto k; we report it ourselves
         loo = az.loo(idata, reff=1.0, pointwise=True)
     k = np.asarray(loo.pareto_k)
-    print(
-        f"PSIS-LOO elpd {loo.elpd_loo:.1f} (se {loo.se:.1f}), p_loo {loo.p_loo:.1f}; "
-        f"Pareto k > 0.7 for {(k > 0.7).sum()} of {k.size} points"
-    )
+    print(f"PSIS-LOO elpd {loo.elpd_loo:.1f} (se {loo.se:.1f}), p_loo {loo.p_loo:.1f}; "
+          f"Pareto k > 0.7 for {(k > 0.7).sum()} of {k.size} points")
 
     # %% ArviZ's plots on the export, and ours.
     az.plot_posterior(idata, var_names=["net.2.bias", "likelihood.scale"])

@@ -73,9 +73,8 @@ def linear_regression(epochs: int) -> dict[str, float]:
         pyro.clear_param_store()
         bnn = pyro_bbb.BNN(BayesianLinear(3, 1, prior=priors.Normal(0.0, 1.0)), likelihoods.Gaussian(scale=0.5))
         guide = pyro_bbb.MeanFieldGuide(bnn)
-        pyro_bbb.fit(
-            bnn, guide, (x, y), epochs=epochs, batch_size=BATCH, lr=0.02, kl_weight=kl_weight, progress=False, seed=0
-        )
+        pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=BATCH, lr=0.02, kl_weight=kl_weight,
+                     progress=False, seed=0)
         q = guide.site_posteriors()
         std = torch.cat([q["net.weight"].scale.reshape(-1), q["net.bias"].scale]).double()
         ratios[name] = float((std / best_std).mean())
@@ -93,17 +92,8 @@ def classifier(epochs: int) -> dict[str, float]:
         net = torch.nn.Sequential(BayesianLinear(64, 100), torch.nn.ReLU(), BayesianLinear(100, 10))
         bnn = pyro_bbb.BNN(net, likelihoods.Categorical())
         guide = pyro_bbb.MeanFieldGuide(bnn)
-        pyro_bbb.fit(
-            bnn,
-            guide,
-            (x_train, y_train),
-            epochs=epochs,
-            batch_size=BATCH,
-            lr=1e-2,
-            kl_weight=kl_weight,
-            progress=False,
-            seed=0,
-        )
+        pyro_bbb.fit(bnn, guide, (x_train, y_train), epochs=epochs, batch_size=BATCH, lr=1e-2, kl_weight=kl_weight,
+                     progress=False, seed=0)
         accuracies[name] = metrics.accuracy(pyro_bbb.predict(bnn, guide, x_test, num_samples=50), y_test)
         print(f"[digits] {name:18s} test accuracy = {accuracies[name]:.3f}")
     return accuracies
@@ -116,9 +106,8 @@ def main(regression_epochs: int, digits_epochs: int, out_dir: Path) -> dict[str,
     names = list(ratios)
     axes[0].bar(names, list(ratios.values()), color=["C2", "C3", "C1", "C3", "C0"])
     axes[0].axhline(1.0, color="k", ls="--", lw=1)
-    axes[0].set(
-        yscale="log", ylabel="posterior std / closed-form optimum", title="Bayesian linear regression (N = 500, B = 32)"
-    )
+    axes[0].set(yscale="log", ylabel="posterior std / closed-form optimum",
+                title="Bayesian linear regression (N = 500, B = 32)")
     axes[1].bar(names, list(accuracies.values()), color=["C2", "C3", "C1", "C3", "C0"])
     axes[1].set(ylim=(0, 1), ylabel="test accuracy", title="digits, 64-100-10 Bayesian MLP")
     for ax in axes:

@@ -38,15 +38,13 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     x_test, y_test = toy_regression(500, seed=1)
 
     # %% The three lines (plus the network).
-    net = torch.nn.Sequential(
-        BayesianLinear(1, 50), torch.nn.ReLU(), BayesianLinear(50, 50), torch.nn.ReLU(), BayesianLinear(50, 1)
-    )
+    net = torch.nn.Sequential(BayesianLinear(1, 50), torch.nn.ReLU(), BayesianLinear(50, 50), torch.nn.ReLU(),
+                              BayesianLinear(50, 1))
     bnn = pyro_bbb.BNN(net, likelihood=likelihoods.Gaussian(prior_median=0.1))  # learned noise scale
     guide = pyro_bbb.MeanFieldGuide(bnn)
     start = time.perf_counter()
-    history = pyro_bbb.fit(
-        bnn, guide, (x_train, y_train), epochs=epochs, batch_size=64, lr=1e-2, progress=progress, seed=0
-    )
+    history = pyro_bbb.fit(bnn, guide, (x_train, y_train), epochs=epochs, batch_size=64, lr=1e-2,
+                           progress=progress, seed=0)
     seconds = time.perf_counter() - start
     pred = pyro_bbb.predict(bnn, guide, x_test, num_samples=200)
     grid = torch.linspace(-3, 3, 601).unsqueeze(-1)
@@ -68,16 +66,13 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     print(f"test RMSE            {results['test_rmse']:.3f}   (noise sd 0.1)")
     print(f"test log-likelihood  {results['test_log_lik']:.3f} per point")
     print(f"90% interval covers  {results['coverage_90']:.1%} of test points")
-    print(
-        f"KL(q || p)           {results['kl']:.1f} nats over {len(x_train)} data; per layer "
-        + ", ".join(f"{k}: {v:.0f}" for k, v in history.last["kl_by_layer"].items())
-    )
+    print(f"KL(q || p)           {results['kl']:.1f} nats over {len(x_train)} data; per layer "
+          + ", ".join(f"{k}: {v:.0f}" for k, v in history.last["kl_by_layer"].items()))
     print(f"epistemic std beyond |x| = 2.5 is {results['epistemic_ratio']:.1f}x its value inside the data")
 
     # %% The predictive band: epistemic uncertainty grows in the gap and beyond the data.
-    fig = plots.plot_predictive_band(
-        band, grid, x_train=x_train, y_train=y_train, truth=lambda g: torch.sin(3 * g), level=0.95
-    )
+    fig = plots.plot_predictive_band(band, grid, x_train=x_train, y_train=y_train, truth=lambda g: torch.sin(3 * g),
+                                     level=0.95)
     fig.axes[0].set(title="pyro_bbb quickstart: Bayes-by-Backprop regression", ylim=(-3, 3))
     plots.save_figure(fig, out_dir / "quickstart_band.png", dpi=120)
     history.plot(out_dir / "quickstart_history.png")

@@ -35,13 +35,8 @@ from pyro_bbb.nn import BayesianLinear  # noqa: E402
 
 def heteroscedastic_bnn(prior: priors.Prior | None = None) -> pyro_bbb.BNN:
     """A 1-32-32-2 ReLU net (mean and raw noise scale) with a heteroscedastic Gaussian likelihood."""
-    net = torch.nn.Sequential(
-        BayesianLinear(1, 32, prior=prior),
-        torch.nn.ReLU(),
-        BayesianLinear(32, 32, prior=prior),
-        torch.nn.ReLU(),
-        BayesianLinear(32, 2, prior=prior),
-    )
+    net = torch.nn.Sequential(BayesianLinear(1, 32, prior=prior), torch.nn.ReLU(), BayesianLinear(32, 32, prior=prior),
+                              torch.nn.ReLU(), BayesianLinear(32, 2, prior=prior))
     return pyro_bbb.BNN(net, likelihoods.HeteroscedasticGaussian())
 
 
@@ -103,29 +98,19 @@ def compare_estimators(steps: int, out_dir: Path, progress: bool = True) -> dict
         torch.manual_seed(0)
         bnn = heteroscedastic_bnn(prior)
         guide = pyro_bbb.MeanFieldGuide(bnn)
-        history = pyro_bbb.fit(
-            bnn, guide, (x, y), epochs=steps, batch_size=len(x), lr=1e-2, estimator=estimator, progress=progress, seed=0
-        )
+        history = pyro_bbb.fit(bnn, guide, (x, y), epochs=steps, batch_size=len(x), lr=1e-2, estimator=estimator,
+                               progress=progress, seed=0)
         pred = pyro_bbb.predict(bnn, guide, x_test, num_samples=200)
-        results[name] = {
-            "test_log_lik": metrics.log_likelihood(pred, y_test),
-            "rmse": metrics.rmse(pred, y_test),
-            "coverage_90": metrics.interval_coverage(pred, y_test, level=0.9),
-            "final_loss_per_datum": history["loss_per_datum"][-1],
-        }
+        results[name] = {"test_log_lik": metrics.log_likelihood(pred, y_test), "rmse": metrics.rmse(pred, y_test),
+                         "coverage_90": metrics.interval_coverage(pred, y_test, level=0.9),
+                         "final_loss_per_datum": history["loss_per_datum"][-1]}
         r = results[name]
-        print(
-            f"[{name}] test log-lik {r['test_log_lik']:.3f}, RMSE {r['rmse']:.3f}, 90% coverage "
-            f"{r['coverage_90']:.1%}, final loss per datum {r['final_loss_per_datum']:.3f}"
-        )
+        print(f"[{name}] test log-lik {r['test_log_lik']:.3f}, RMSE {r['rmse']:.3f}, 90% coverage "
+              f"{r['coverage_90']:.1%}, final loss per datum {r['final_loss_per_datum']:.3f}")
         axes[0].plot(history["loss_per_datum"], lw=1, label=name)
         axes[1].plot(grid.squeeze(-1), pyro_bbb.predict(bnn, guide, grid, num_samples=200).epistemic_std, label=name)
-    axes[0].set(
-        xlabel="step (full batch)",
-        ylabel="loss per datum (negative ELBO / N)",
-        yscale="symlog",
-        title="training loss: Monte Carlo vs deterministic",
-    )
+    axes[0].set(xlabel="step (full batch)", ylabel="loss per datum (negative ELBO / N)", yscale="symlog",
+                title="training loss: Monte Carlo vs deterministic")
     axes[0].set_ylim(top=max(1.0, axes[0].get_ylim()[1]))
     axes[0].legend(fontsize=8)
     axes[1].axvspan(-2, 2, color="grey", alpha=0.08, label="training inputs")

@@ -51,17 +51,8 @@ def main(epochs: int, out_dir: Path) -> dict[str, dict[str, object]]:
         net = torch.nn.Sequential(BayesianLinear(64, 100), torch.nn.ReLU(), BayesianLinear(100, 10))
         bnn = pyro_bbb.BNN(net, likelihoods.Categorical())
         guide = pyro_bbb.MeanFieldGuide(bnn)
-        histories[name] = pyro_bbb.fit(
-            bnn,
-            guide,
-            (x_train, y_train),
-            epochs=epochs,
-            batch_size=64,
-            lr=1e-2,
-            kl_weight=kl_weight,
-            progress=False,
-            seed=0,
-        )
+        histories[name] = pyro_bbb.fit(bnn, guide, (x_train, y_train), epochs=epochs, batch_size=64, lr=1e-2,
+                                       kl_weight=kl_weight, progress=False, seed=0)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", diagnostics.PosteriorWarning)
             report = diagnostics.check_posterior(bnn, guide)

@@ -30,9 +30,8 @@ class DataError(ValueError):
     """
 
 
-def check_batch(
-    x: Any, y: Any, likelihood, what: str = "the data", dtype: torch.dtype | None = None
-) -> tuple[Inputs, torch.Tensor]:
+def check_batch(x: Any, y: Any, likelihood, what: str = "the data",
+                 dtype: torch.dtype | None = None) -> tuple[Inputs, torch.Tensor]:
     """``(x, y)`` as tensors (numpy arrays converted, floating ``x`` cast to the model's ``dtype``), checked; ``x``
     may be a tuple or dict of tensors with a common first dimension."""
     try:

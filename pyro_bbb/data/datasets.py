@@ -175,12 +175,8 @@ def is_embedded_reber(string: str) -> bool:
     (True, False)
     """
     return (
-        len(string) >= 9
-        and string[0] == "B"
-        and string[1] in "TP"
-        and string[-2] == string[1]
-        and string[-1] == "E"
-        and is_reber(string[2:-2])
+        len(string) >= 9 and string[0] == "B" and string[1] in "TP" and string[-2] == string[1]
+        and string[-1] == "E" and is_reber(string[2:-2])
     )
 
 

@@ -31,21 +31,9 @@ import numpy as np
 import torch
 
 __all__ = [
-    "Inputs",
-    "as_tensor",
-    "targets_like",
-    "targets_of_shape",
-    "model_dtype",
-    "cast_inputs",
-    "map_inputs",
-    "input_tensors",
-    "num_rows",
-    "select_rows",
-    "split_rows",
-    "first_tensor",
-    "inputs_to",
-    "check_finite_inputs",
-    "input_shapes",
+    "Inputs", "as_tensor", "targets_like", "targets_of_shape", "model_dtype", "cast_inputs", "map_inputs",
+    "input_tensors", "num_rows", "select_rows", "split_rows", "first_tensor", "inputs_to",
+    "check_finite_inputs", "input_shapes",
 ]
 
 #: What ``x`` may be: one tensor, a tuple/list of tensors, or a mapping from names to tensors.

@@ -16,13 +16,6 @@ from .diagnostics import check_posterior, layer_summary, parameter_summary, summ
 from .export import to_inference_data
 
 __all__ = [
-    "diagnostics",
-    "metrics",
-    "plots",
-    "pruning",
-    "summary",
-    "parameter_summary",
-    "layer_summary",
-    "check_posterior",
+    "diagnostics", "metrics", "plots", "pruning", "summary", "parameter_summary", "layer_summary", "check_posterior",
     "to_inference_data",
 ]

@@ -42,6 +42,7 @@ __all__ = [
 ]
 
 
+
 class PosteriorWarning(UserWarning):
     """A posterior that sits on its prior, or has collapsed to a point estimate.
 
@@ -259,20 +260,8 @@ def summary(model: Callable, guide):
             row["prior_sigma"] = entry.get("prior_std", math.nan)
             row |= dict(zip(("snr_q05", "snr_q50", "snr_q95"), torch.quantile(snr, q).tolist()))
         rows[layer] = row
-    columns = [
-        "num_weights",
-        "mean_abs_mu",
-        "sigma_mean",
-        "sigma_q05",
-        "sigma_q50",
-        "sigma_q95",
-        "prior_sigma",
-        "kl",
-        "kl_per_weight",
-        "snr_q05",
-        "snr_q50",
-        "snr_q95",
-    ]
+    columns = ["num_weights", "mean_abs_mu", "sigma_mean", "sigma_q05", "sigma_q50", "sigma_q95", "prior_sigma",
+               "kl", "kl_per_weight", "snr_q05", "snr_q50", "snr_q95"]
     return pd.DataFrame.from_dict(rows, orient="index").reindex(columns=columns)
 
 

@@ -100,11 +100,8 @@ def plot_history(history, path: str | Path | None = None):
     for layer, values in (history["std_ratio"] if per_layer else {}).items():
         axes[3].plot(epochs, values, label=layer)
     axes[3].axhline(1.0, color="k", lw=0.8, ls="--")
-    axes[3].set(
-        xlabel="epoch",
-        title="posterior std / prior std" if per_layer else "posterior std (not available)",
-        yscale="log",
-    )
+    axes[3].set(xlabel="epoch", title="posterior std / prior std" if per_layer else "posterior std (not available)",
+                yscale="log")
     best = getattr(history, "best_epoch", None)
     if best is not None:
         for ax in axes:
@@ -147,24 +144,14 @@ def plot_std_ratio(model: Callable, guide, path: str | Path | None = None, bins:
         ax.hist(std.numpy(), bins=bins, range=(low - 0.05 * span, low + 1.05 * span), color="C0", alpha=0.8)
         # the layer's mean prior std over its weights and biases (an empirical-Bayes prior at its scale given q)
         ax.axvline(math.log10(kl[layer]["prior_std"]), color="k", ls="--", label="prior std")
-        ax.set(
-            xlabel="log10 posterior std",
-            ylabel="weights",
-            title=f"{layer}: KL {kl[layer]['kl']:.0f} nats, {kl[layer]['num_weights']} weights",
-        )
+        ax.set(xlabel="log10 posterior std", ylabel="weights",
+               title=f"{layer}: KL {kl[layer]['kl']:.0f} nats, {kl[layer]['num_weights']} weights")
         ax.legend(fontsize=7)
     return _finish(fig, path)
 
 
-def plot_reliability(
-    prediction: ClassificationPrediction | torch.Tensor,
-    y: torch.Tensor,
-    num_bins: int = 10,
-    path: str | Path | None = None,
-    *,
-    ax=None,
-    title: str = "reliability",
-):
+def plot_reliability(prediction: ClassificationPrediction | torch.Tensor, y: torch.Tensor, num_bins: int = 10,
+                     path: str | Path | None = None, *, ax=None, title: str = "reliability"):
     """Reliability diagram: accuracy against confidence in equal-width bins, with counts and the ECE.
 
     ``prediction`` may also be a tensor of class probabilities (a deterministic model's, to compare); ``ax`` draws

@@ -26,16 +26,7 @@ from .guide import DEFAULT_INIT_SCALE, MeanFieldGuide
 from .scaling import DataPlateScaleMessenger, scale_data_plate
 
 __all__ = [
-    "ELBO",
-    "MeanFieldGuide",
-    "DEFAULT_INIT_SCALE",
-    "flipout",
-    "local_reparameterization",
-    "moment_propagation",
-    "FlipoutMessenger",
-    "LocalReparameterizationMessenger",
-    "MomentPropagationMessenger",
-    "DataPlateScaleMessenger",
-    "scale_data_plate",
-    "schedules",
+    "ELBO", "MeanFieldGuide", "DEFAULT_INIT_SCALE", "flipout", "local_reparameterization", "moment_propagation",
+    "FlipoutMessenger", "LocalReparameterizationMessenger", "MomentPropagationMessenger", "DataPlateScaleMessenger",
+    "scale_data_plate", "schedules",
 ]

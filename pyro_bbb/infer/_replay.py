@@ -124,9 +124,8 @@ def replay_captures(plan: ReplayPlan, model, guide, args: tuple, kwargs: dict) -
     return stack
 
 
-def replay_terms(
-    plan: ReplayPlan, captures: list, estimators: list, x, y, num_data: int | None, data_plate: str
-) -> tuple[torch.Tensor, dict, dict, int]:
+def replay_terms(plan: ReplayPlan, captures: list, estimators: list, x, y, num_data: int | None,
+                 data_plate: str) -> tuple[torch.Tensor, dict, dict, int]:
     """One step's terms as the ELBO's own path computes them, from the same draws in the same order, without the
     handlers but the estimator's (told each site's posterior as the guide's draw would): ``(scaled negative
     log-likelihood, KL by site (``None`` for the closed-form sites), closed-form sites' ``(loc, scale, t)``, batch

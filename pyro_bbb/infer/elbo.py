@@ -145,23 +145,15 @@ class ELBO(TraceMeanFieldHooks):
         if isinstance(weight, torch.Tensor):
             weight = weight.item()
         if not isinstance(weight, Real) or not math.isfinite(weight) or weight < 0:
-            raise ValueError(
-                f"kl_weight schedule {self.kl_weight!r} returned {weight!r} at step {self.step}; "
-                "a KL weight must be a finite number >= 0."
-            )
+            raise ValueError(f"kl_weight schedule {self.kl_weight!r} returned {weight!r} at step {self.step}; "
+                             "a KL weight must be a finite number >= 0.")
         return float(weight)
 
     # -- one call = one set of terms ----------------------------------------------------------------------------
     @contextmanager
     def _recording(self):
-        self._current_call = {
-            "weight": self.current_kl_weight(),
-            "nll": 0.0,
-            "kl": 0.0,
-            "kl_by_site": {},
-            "loss": 0.0,
-            "frame": None,
-        }
+        self._current_call = {"weight": self.current_kl_weight(), "nll": 0.0, "kl": 0.0, "kl_by_site": {},
+                      "loss": 0.0, "frame": None}
         validating = is_validation_enabled()
         skip = validating and self._validated and not self.revalidate
         try:
@@ -205,9 +197,8 @@ class ELBO(TraceMeanFieldHooks):
 
     def _replay_loss_and_grads(self, captures: list, estimators: list, x, y) -> float:
         """One replayed step: the plan's terms, accounted for and differentiated as on the full path."""
-        nll, kl_by_site, closed_form, batch = replay_terms(
-            self._plan, captures, estimators, x, y, self.num_data, self.data_plate
-        )
+        nll, kl_by_site, closed_form, batch = replay_terms(self._plan, captures, estimators, x, y, self.num_data,
+                                                           self.data_plate)
         self._current_call["frame"] = _Frame(batch, None)
         loss, surrogate_loss = self._account(nll, kl_by_site, closed_form)
         if getattr(surrogate_loss, "requires_grad", False):
@@ -256,9 +247,8 @@ class ELBO(TraceMeanFieldHooks):
             return
         if self._vectorized_ok is None:
             traces = next(self.pyro_particle_traces(model, guide, args, kwargs))
-            self._vectorized_ok = _particle_matches_alone(
-                self.vectorized_model(model), model, traces[1], self.max_plate_nesting, args, kwargs
-            )
+            self._vectorized_ok = _particle_matches_alone(self.vectorized_model(model), model, traces[1],
+                                                          self.max_plate_nesting, args, kwargs)
             if self._vectorized_ok:
                 yield traces
                 return
@@ -295,11 +285,8 @@ class ELBO(TraceMeanFieldHooks):
                     f"guide site {name!r} ({type(guide_site['fn']).__name__}) is not reparameterizable; "
                     "pyro_bbb.ELBO needs reparameterized guide draws (MeanFieldGuide's are)."
                 )
-            q = (
-                base_normal(guide_site["fn"])
-                if guide_site["mask"] is None and is_unscaled(guide_site["scale"])
-                else None
-            )
+            plain = guide_site["mask"] is None and is_unscaled(guide_site["scale"])
+            q = base_normal(guide_site["fn"]) if plain else None
             t = None if q is None else zero_mean_prior_scale(q.loc, model_site["fn"])
             if t is not None:
                 closed_form[name] = (q.loc, q.scale, t)
@@ -363,11 +350,9 @@ class ELBO(TraceMeanFieldHooks):
         return loss
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(num_data={self.num_data}, kl_weight={self.kl_weight!r}, "
-            f"num_particles={self.num_particles}, vectorize_particles={self.vectorize_particles}, "
-            f"data_plate={self.data_plate!r})"
-        )
+        return (f"{type(self).__name__}(num_data={self.num_data}, kl_weight={self.kl_weight!r}, "
+                f"num_particles={self.num_particles}, vectorize_particles={self.vectorize_particles}, "
+                f"data_plate={self.data_plate!r})")
 
 
 def _first_particle(value: torch.Tensor, event_dim: int, max_plate_nesting: int) -> torch.Tensor:
@@ -385,10 +370,8 @@ def _particle_matches_alone(vectorized_model, model, guide_trace, max_plate_nest
     """Whether the observed log-densities of particle 0 equal those of its weight draw run without the plate
     (both with the estimators' handlers hidden: Flipout's signs are not part of the draw)."""
     draws = {name: site["value"] for name, site in guide_trace.iter_stochastic_nodes()}
-    first = {
-        name: _first_particle(value, guide_trace.nodes[name]["fn"].event_dim, max_plate_nesting)
-        for name, value in draws.items()
-    }
+    first = {name: _first_particle(value, guide_trace.nodes[name]["fn"].event_dim, max_plate_nesting)
+             for name, value in draws.items()}
     try:
         with poutine.block(hide_types=["bayesian_affine", "bayesian_affine_map"]), poutine.block():
             together = poutine.trace(poutine.condition(vectorized_model, data=draws)).get_trace(*args, **kwargs)

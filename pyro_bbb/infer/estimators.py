@@ -31,13 +31,8 @@ from ..nn.moments import affine_moments, tracking_modules
 from .guide import POSTERIOR_KEY
 
 __all__ = [
-    "FlipoutMessenger",
-    "LocalReparameterizationMessenger",
-    "flipout",
-    "local_reparameterization",
-    "MomentPropagationMessenger",
-    "moment_propagation",
-    "ESTIMATORS",
+    "FlipoutMessenger", "LocalReparameterizationMessenger", "flipout", "local_reparameterization",
+    "MomentPropagationMessenger", "moment_propagation", "ESTIMATORS",
     "estimator",
 ]
 
@@ -75,9 +70,8 @@ class _PosteriorReader(Messenger):
         kwargs = msg["kwargs"]
         weight_posterior = self._posterior(kwargs["weight_site"])
         bias_posterior = None if kwargs["bias_site"] is None else self._posterior(kwargs["bias_site"])
-        msg["value"] = self._output(
-            input, weight, bias, kwargs["apply"], kwargs["feature_dims"], weight_posterior, bias_posterior
-        )
+        msg["value"] = self._output(input, weight, bias, kwargs["apply"], kwargs["feature_dims"], weight_posterior,
+                                    bias_posterior)
         msg["done"] = True
 
     def _output(self, input, weight, bias, apply, feature_dims, weight_posterior, bias_posterior) -> torch.Tensor:
@@ -135,6 +129,7 @@ class FlipoutMessenger(_PosteriorReader):
         sign_in, sign_out = _signs(lead + (sum(sizes),) + trailing, input).split(sizes, dim=-feature_dims)
         return torch.addcmul(mean, apply(input * sign_in, weight - loc, bias_delta), sign_out)
 
+
     def _pyro_bayesian_affine_map(self, msg: dict[str, Any]) -> None:
         """A recurrent weight's map for the whole sequence: signs drawn once per example, shared by all steps."""
         weight, bias = msg["args"]
@@ -151,9 +146,8 @@ class FlipoutMessenger(_PosteriorReader):
         lead = _lead(torch.Size(kwargs["example_shape"]), weight, 1)
         sign_in = _signs(lead + time + weight.shape[-1:], weight)
         sign_out = _signs(lead + time + weight.shape[-2:-1], weight)
-        msg["value"] = FlipoutMap(
-            loc, bias_loc, weight - loc, bias_delta, sign_in, sign_out, apply=apply, time_dims=len(time)
-        )
+        msg["value"] = FlipoutMap(loc, bias_loc, weight - loc, bias_delta, sign_in, sign_out, apply=apply,
+                                  time_dims=len(time))
         msg["done"] = True
 
 
@@ -305,3 +299,5 @@ def estimator(name: str) -> Callable[[], Any]:
 
 
 # -- the data plate ---------------------------------------------------------------------------------------------
+
+

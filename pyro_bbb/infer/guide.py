@@ -26,13 +26,8 @@ from ..nn.module import BayesianModule
 from ..priors import is_real_support
 
 __all__ = [
-    "MeanFieldGuide",
-    "DEFAULT_INIT_SCALE",
-    "POSTERIOR_KEY",
-    "has_site_posteriors",
-    "require_site_posteriors",
-    "require_fitted_posteriors",
-    "site_loc_scale",
+    "MeanFieldGuide", "DEFAULT_INIT_SCALE", "POSTERIOR_KEY", "has_site_posteriors", "require_site_posteriors",
+    "require_fitted_posteriors", "site_loc_scale",
     "site_posterior",
 ]
 
@@ -197,9 +192,8 @@ class MeanFieldGuide(AutoNormalHooks):
         """
         names = self.__dict__.setdefault("_param_names", {}).get(name)
         if names is None:
-            names = self._param_names[name] = tuple(
-                site_name(self.module_name, f"{kind}.{name}") for kind in ("locs", "scales")
-            )
+            names = self._param_names[name] = tuple(site_name(self.module_name, f"{kind}.{name}")
+                                                    for kind in ("locs", "scales"))
         store = pyro.get_param_store()
         if module_local_params_enabled() or not all(n in store for n in names):
             return None

@@ -25,17 +25,8 @@ from .._internals import foreach_norm, tensor_version
 from ..priors import strip_independent
 
 __all__ = [
-    "log_prob_sum",
-    "base_normal",
-    "has_trainable_parameters",
-    "normal_kl_sum",
-    "normal_kl_of",
-    "zero_mean_prior_scale",
-    "batched_normal_kls",
-    "site_kl",
-    "is_unscaled",
-    "elementwise_kl",
-    "total_kl",
+    "log_prob_sum", "base_normal", "has_trainable_parameters", "normal_kl_sum", "normal_kl_of", "zero_mean_prior_scale",
+    "batched_normal_kls", "site_kl", "is_unscaled", "elementwise_kl", "total_kl",
 ]
 
 
@@ -176,9 +167,8 @@ def is_unscaled(scale) -> bool:
     return isinstance(scale, Real) and scale == 1.0
 
 
-def elementwise_kl(
-    q: torch.distributions.Distribution, p: torch.distributions.Distribution, draws: int = 256
-) -> torch.Tensor:
+def elementwise_kl(q: torch.distributions.Distribution, p: torch.distributions.Distribution,
+                   draws: int = 256) -> torch.Tensor:
     """Elementwise ``KL(q_i || p_i)`` of a mean-field site; closed form where registered, else a Monte Carlo
     estimate from ``draws`` draws of ``q``.
 
@@ -196,9 +186,8 @@ def elementwise_kl(
         return (q.log_prob(values) - p.log_prob(values)).mean(0)
 
 
-def total_kl(
-    q: torch.distributions.Distribution, p: torch.distributions.Distribution, draws: int = 256
-) -> torch.Tensor:
+def total_kl(q: torch.distributions.Distribution, p: torch.distributions.Distribution,
+             draws: int = 256) -> torch.Tensor:
     """``KL(q || p)`` of a mean-field site: :func:`elementwise_kl` summed.
 
     Examples

@@ -95,9 +95,8 @@ class DataPlateScaleMessenger(Messenger):
             )
 
 
-def scale_data_plate(
-    fn: Callable | None = None, num_data: int | None = None, data_plate: str = DATA_PLATE
-) -> DataPlateScaleMessenger | Callable:
+def scale_data_plate(fn: Callable | None = None, num_data: int | None = None,
+                     data_plate: str = DATA_PLATE) -> DataPlateScaleMessenger | Callable:
     """Scale the data plate of ``fn`` to ``num_data`` data (see :class:`DataPlateScaleMessenger`); without ``fn``
     the messenger, for ``with scale_data_plate(num_data=N):``.
 

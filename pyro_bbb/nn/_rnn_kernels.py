@@ -70,31 +70,14 @@ class RecurrentKernel:
     See the module example.
     """
 
-    def __init__(
-        self,
-        mode: str,
-        input_size: int,
-        hidden_size: int,
-        num_layers: int = 1,
-        *,
-        has_biases: bool,
-        batch_first: bool = False,
-        dropout: float = 0.0,
-        bidirectional: bool = False,
-        proj_size: int = 0,
-    ):
+    def __init__(self, mode: str, input_size: int, hidden_size: int, num_layers: int = 1, *, has_biases: bool,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0):
         self.mode, self.hidden_size, self.num_layers = mode, hidden_size, num_layers
         self.has_biases, self.batch_first, self.dropout = has_biases, batch_first, float(dropout)
         self.bidirectional, self.proj_size = bidirectional, proj_size
         self.num_directions = 2 if bidirectional else 1
-        settings = dict(
-            num_layers=num_layers,
-            bias=has_biases,
-            batch_first=batch_first,
-            dropout=dropout,
-            bidirectional=bidirectional,
-            **({"proj_size": proj_size} if proj_size else {}),
-        )
+        settings = dict(num_layers=num_layers, bias=has_biases, batch_first=batch_first, dropout=dropout,
+                        bidirectional=bidirectional, **({"proj_size": proj_size} if proj_size else {}))
         # run with the drawn weights (torch.func.functional_call); its own parameters live on the meta device
         self.module = getattr(nn, mode)(input_size, hidden_size, device="meta", **settings)
         self.flat_weight_names = [name for name, _ in self.module.named_parameters()]  # torch's flat-weight order
@@ -154,7 +137,8 @@ class RecurrentKernel:
         """The kernel with the drawn weights when a single plain draw serves every example; else ``None``."""
         return self.call(maps, input, hx, training) if self.fusable(maps, input, hx, weight_dims=2) else None
 
-    def per_draw(self, maps: dict[str, list], input: torch.Tensor, hx, num_draws: int, batch_dim: int, training: bool):
+    def per_draw(self, maps: dict[str, list], input: torch.Tensor, hx, num_draws: int, batch_dim: int,
+                 training: bool):
         """S folded draws of plain maps (weights ``(S, 1, out, in)``): the kernel once per draw on its block of
         rows -- the same computation as that draw run alone -- the outputs and states joined in the folded layout;
         else ``None``."""
@@ -173,7 +157,8 @@ class RecurrentKernel:
             return output, tuple(torch.cat([state[i] for state in states], 1) for i in range(2))
         return output, torch.cat(states, 1)
 
-    def grouped(self, maps: dict[str, list], input: torch.Tensor, hx, num_draws: int, batch_dim: int, training: bool):
+    def grouped(self, maps: dict[str, list], input: torch.Tensor, hx, num_draws: int, batch_dim: int,
+                training: bool):
         """S folded draws of plain maps without gradients (a vectorized ``predict``): the kernel once per group of G
         draws, each group one wider layer whose weights are the G draws on a block diagonal (gate-major rows, so
         every gate's slice holds the G draws side by side) -- the same arithmetic per draw, the zeros adding nothing,
@@ -194,11 +179,8 @@ class RecurrentKernel:
             draws = slice(start, min(start + group, num_draws))
             count = draws.stop - draws.start
             block_input = sequence[0] if shared else sequence[draws].movedim(0, -2).flatten(-2)
-            state = (
-                None
-                if hx is None
-                else tuple(unfold_rows(h, num_draws, 1)[:, draws].movedim(1, -2).flatten(-2) for h in hx)
-            )
+            state = None if hx is None else tuple(unfold_rows(h, num_draws, 1)[:, draws].movedim(1, -2).flatten(-2)
+                                                  for h in hx)
             output, state = self.op(self._grouped_weights(maps, draws, shared), block_input, state, training=training)
             outputs.append(output.unflatten(-1, (directions, count, size)).movedim(-2, 0).flatten(-2))
             states.append([h.unflatten(-1, (count, size)).movedim(-2, 1) for h in state])  # (L * D, G, rows, H)

@@ -17,12 +17,8 @@ from .functional import batched_conv
 from .module import BayesianModule
 
 __all__ = [
-    "BayesianConv1d",
-    "BayesianConv2d",
-    "BayesianConv3d",
-    "BayesianConvTranspose1d",
-    "BayesianConvTranspose2d",
-    "BayesianConvTranspose3d",
+    "BayesianConv1d", "BayesianConv2d", "BayesianConv3d",
+    "BayesianConvTranspose1d", "BayesianConvTranspose2d", "BayesianConvTranspose3d",
 ]
 
 _Size = int | tuple[int, ...]
@@ -95,46 +91,19 @@ class _BayesianConvNd(_ConvLayer):
         super().__init__(prior)
         # The torch twin validates and normalises the arguments and draws the initial values.
         twin = self._twin_class(
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            padding,
-            dilation,
-            groups,
-            bias,
-            padding_mode,
-            device=device,
-            dtype=dtype,
+            in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
+            device=device, dtype=dtype,
         )
-        for attr in (
-            "in_channels",
-            "out_channels",
-            "kernel_size",
-            "stride",
-            "padding",
-            "dilation",
-            "groups",
-            "padding_mode",
-            "_reversed_padding_repeated_twice",
-        ):
+        for attr in ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups",
+                     "padding_mode", "_reversed_padding_repeated_twice"):
             setattr(self, attr, getattr(twin, attr))
         fan_in = in_channels // groups * math.prod(self.kernel_size)
         self._declare_bayesian("weight", twin.weight, fan_in=fan_in)
         self._declare_bayesian("bias", twin.bias, fan_in=fan_in)
 
     def _twin_arguments(self) -> tuple:
-        return (
-            self.in_channels,
-            self.out_channels,
-            self.kernel_size,
-            self.stride,
-            self.padding,
-            self.dilation,
-            self.groups,
-            "bias" in self._bayesian,
-            self.padding_mode,
-        )
+        return (self.in_channels, self.out_channels, self.kernel_size, self.stride, self.padding, self.dilation,
+                self.groups, "bias" in self._bayesian, self.padding_mode)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         d = self._spatial_dims
@@ -145,14 +114,8 @@ class _BayesianConvNd(_ConvLayer):
             flat = F.pad(input.reshape((-1, *features)), self._reversed_padding_repeated_twice, mode=self.padding_mode)
             input = flat.reshape(input.shape[: -(d + 1)] + flat.shape[1:])
             padding = (0,) * d
-        apply = partial(
-            batched_conv,
-            spatial_dims=d,
-            stride=self.stride,
-            padding=padding,
-            dilation=self.dilation,
-            groups=self.groups,
-        )
+        apply = partial(batched_conv, spatial_dims=d, stride=self.stride, padding=padding, dilation=self.dilation,
+                        groups=self.groups)
         return self._affine(input, apply, feature_dims=d + 1)
 
 
@@ -229,18 +192,8 @@ class _BayesianConvTransposeNd(_ConvLayer):
         super().__init__(prior)
         # The torch twin validates the arguments (e.g. only zero padding) and draws the initial values.
         twin = self._twin_class(
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            padding,
-            output_padding,
-            groups,
-            bias,
-            dilation,
-            padding_mode,
-            device=device,
-            dtype=dtype,
+            in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, bias, dilation,
+            padding_mode, device=device, dtype=dtype,
         )
         if any(p >= max(s, d) for p, s, d in zip(twin.output_padding, twin.stride, twin.dilation)):
             # torch only finds out at the first forward
@@ -248,17 +201,8 @@ class _BayesianConvTransposeNd(_ConvLayer):
                 f"output padding must be smaller than either stride or dilation, got output_padding="
                 f"{twin.output_padding}, stride={twin.stride}, dilation={twin.dilation}."
             )
-        for attr in (
-            "in_channels",
-            "out_channels",
-            "kernel_size",
-            "stride",
-            "padding",
-            "output_padding",
-            "groups",
-            "dilation",
-            "padding_mode",
-        ):
+        for attr in ("in_channels", "out_channels", "kernel_size", "stride", "padding", "output_padding", "groups",
+                     "dilation", "padding_mode"):
             setattr(self, attr, getattr(twin, attr))
         # Each output position sums in_channels/groups * prod(kernel) / prod(stride) weighted inputs on average.
         fan_in = max(1, round(in_channels // groups * math.prod(self.kernel_size) / math.prod(self.stride)))
@@ -266,18 +210,8 @@ class _BayesianConvTransposeNd(_ConvLayer):
         self._declare_bayesian("bias", twin.bias, fan_in=fan_in)
 
     def _twin_arguments(self) -> tuple:
-        return (
-            self.in_channels,
-            self.out_channels,
-            self.kernel_size,
-            self.stride,
-            self.padding,
-            self.output_padding,
-            self.groups,
-            "bias" in self._bayesian,
-            self.dilation,
-            self.padding_mode,
-        )
+        return (self.in_channels, self.out_channels, self.kernel_size, self.stride, self.padding, self.output_padding,
+                self.groups, "bias" in self._bayesian, self.dilation, self.padding_mode)
 
     def output_padding_for(self, input: torch.Tensor, output_size: Sequence[int] | None) -> tuple[int, ...]:
         """The ``output_padding`` that gives the requested ``output_size`` (its last ``spatial_dims`` entries are
@@ -312,16 +246,9 @@ class _BayesianConvTransposeNd(_ConvLayer):
 
     def forward(self, input: torch.Tensor, output_size: Sequence[int] | None = None) -> torch.Tensor:
         self._check_channels(input)
-        apply = partial(
-            batched_conv,
-            spatial_dims=self._spatial_dims,
-            stride=self.stride,
-            padding=self.padding,
-            dilation=self.dilation,
-            groups=self.groups,
-            transposed=True,
-            output_padding=self.output_padding_for(input, output_size),
-        )
+        apply = partial(batched_conv, spatial_dims=self._spatial_dims, stride=self.stride, padding=self.padding,
+                        dilation=self.dilation, groups=self.groups, transposed=True,
+                        output_padding=self.output_padding_for(input, output_size))
         return self._affine(input, apply, feature_dims=self._spatial_dims + 1)
 
 

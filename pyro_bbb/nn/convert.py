@@ -87,45 +87,20 @@ def _make_twin(module: nn.Module, twin: type[BayesianModule], prior: Prior | Non
     if isinstance(module, nn.Linear):
         new = twin(module.in_features, module.out_features, bias=module.bias is not None, **kwargs)
     elif isinstance(module, ConvTransposeNd):
-        new = twin(
-            module.in_channels,
-            module.out_channels,
-            module.kernel_size,
-            stride=module.stride,
-            padding=module.padding,
-            output_padding=module.output_padding,
-            groups=module.groups,
-            bias=module.bias is not None,
-            dilation=module.dilation,
-            padding_mode=module.padding_mode,
-            **kwargs,
-        )
+        new = twin(module.in_channels, module.out_channels, module.kernel_size, stride=module.stride,
+                   padding=module.padding, output_padding=module.output_padding, groups=module.groups,
+                   bias=module.bias is not None, dilation=module.dilation, padding_mode=module.padding_mode,
+                   **kwargs)
     elif isinstance(module, ConvNd):
-        new = twin(
-            module.in_channels,
-            module.out_channels,
-            module.kernel_size,
-            stride=module.stride,
-            padding=module.padding,
-            dilation=module.dilation,
-            groups=module.groups,
-            bias=module.bias is not None,
-            padding_mode=module.padding_mode,
-            **kwargs,
-        )
+        new = twin(module.in_channels, module.out_channels, module.kernel_size, stride=module.stride,
+                   padding=module.padding, dilation=module.dilation, groups=module.groups,
+                   bias=module.bias is not None, padding_mode=module.padding_mode, **kwargs)
     elif isinstance(module, nn.RNNBase):
         if getattr(module, "proj_size", 0):
             kwargs["proj_size"] = module.proj_size
-        new = twin(
-            module.input_size,
-            module.hidden_size,
-            num_layers=module.num_layers,
-            bias=module.bias,
-            batch_first=module.batch_first,
-            dropout=module.dropout,
-            bidirectional=module.bidirectional,
-            **kwargs,
-        )
+        new = twin(module.input_size, module.hidden_size, num_layers=module.num_layers, bias=module.bias,
+                   batch_first=module.batch_first, dropout=module.dropout, bidirectional=module.bidirectional,
+                   **kwargs)
     else:  # recurrent cells
         new = twin(module.input_size, module.hidden_size, bias=module.bias, **kwargs)
     if from_weights:
@@ -207,13 +182,9 @@ def bayesianize(
         # a matched container (children, no parameters of its own) stands for the layers inside it; a module named
         # exactly that cannot be converted is an error, one that a wildcard or a predicate swept up is passed over
         named_exactly = set() if callable(include) else {p for p in include if not any(c in p for c in "*?[")}
-        unsupported = [
-            f"{n} ({type(m).__name__})"
-            for n, m in direct
-            if n in named_exactly
-            and (_twin_type(m) is None or inside(n, opaque))
-            and not (list(m.children()) and not list(m.parameters(recurse=False)))
-        ]
+        unsupported = [f"{n} ({type(m).__name__})" for n, m in direct
+                       if n in named_exactly and (_twin_type(m) is None or inside(n, opaque))
+                       and not (list(m.children()) and not list(m.parameters(recurse=False)))]
         if unsupported:
             raise ValueError(
                 f"cannot make these modules Bayesian: {', '.join(unsupported)}. Supported types: {_supported_names()} "

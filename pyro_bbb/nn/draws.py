@@ -29,12 +29,7 @@ from contextvars import ContextVar
 import torch
 
 __all__ = [
-    "fold_draws",
-    "folded_draws",
-    "fold_rows",
-    "unfold_rows",
-    "draws_leading",
-    "unfold_affine_input",
+    "fold_draws", "folded_draws", "fold_rows", "unfold_rows", "draws_leading", "unfold_affine_input",
     "fold_affine_output",
 ]
 

@@ -106,18 +106,9 @@ def batched_conv(
     kernel_dims = spatial_dims + 2
     weight, bias = _global(weight, kernel_dims), _global(bias, 1)
     if bias is not None and bias.dim() > 1:  # bias draws: added after the convolution, broadcast over positions
-        out = batched_conv(
-            input,
-            weight,
-            None,
-            spatial_dims=spatial_dims,
-            stride=stride,
-            padding=padding,
-            dilation=dilation,
-            groups=groups,
-            transposed=transposed,
-            output_padding=output_padding,
-        )
+        out = batched_conv(input, weight, None, spatial_dims=spatial_dims, stride=stride, padding=padding,
+                           dilation=dilation, groups=groups, transposed=transposed,
+                           output_padding=output_padding)
         return out + bias.reshape(bias.shape + (1,) * spatial_dims)
     if weight.dim() == kernel_dims and (bias is None or bias.dim() == 1):
         if input.dim() <= spatial_dims + 2:
@@ -130,14 +121,8 @@ def batched_conv(
 
     weight_batch = weight.shape[:-kernel_dims]
     input_batch = input.shape[: -(spatial_dims + 1)]
-    if (
-        input.device.type == "cpu"
-        and len(weight_batch) == 2
-        and weight_batch[1] == 1
-        and len(input_batch) == 2
-        and input_batch[0] == weight_batch[0]
-        and (bias is None or bias.dim() == 1)
-    ):
+    if input.device.type == "cpu" and len(weight_batch) == 2 and weight_batch[1] == 1 and len(input_batch) == 2 \
+            and input_batch[0] == weight_batch[0] and (bias is None or bias.dim() == 1):
         # one draw per block of examples (folded draws, Flipout's perturbation): on a CPU one convolution per draw,
         # written into one output, is faster than the grouped convolution below (benchmarks/predict.py measures both)
         first = conv(input[0], weight[0, 0], bias, groups)
@@ -231,15 +216,9 @@ class AffineMap:
     (torch.Size([3, 2]), torch.Size([2, 2]))
     """
 
-    def __init__(
-        self,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        *,
-        apply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
-        param_dims: int = 2,
-        time_dims: int = 0,
-    ):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *,
+                 apply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
+                 param_dims: int = 2, time_dims: int = 0):
         self.weight, self.bias, self.apply = weight, bias, apply
         self._weight, self._bias = with_time_dims(weight, param_dims, time_dims), with_time_dims(bias, 1, time_dims)
 
@@ -264,18 +243,10 @@ class FlipoutMap:
             [0., 0.]])
     """
 
-    def __init__(
-        self,
-        loc: torch.Tensor,
-        bias_loc: torch.Tensor | None,
-        delta: torch.Tensor,
-        bias_delta: torch.Tensor | None,
-        sign_in: torch.Tensor,
-        sign_out: torch.Tensor,
-        *,
-        apply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
-        time_dims: int = 0,
-    ):
+    def __init__(self, loc: torch.Tensor, bias_loc: torch.Tensor | None, delta: torch.Tensor,
+                 bias_delta: torch.Tensor | None, sign_in: torch.Tensor, sign_out: torch.Tensor, *,
+                 apply: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
+                 time_dims: int = 0):
         self.loc, self.bias_loc, self.delta, self.bias_delta = loc, bias_loc, delta, bias_delta
         self.sign_in, self.sign_out, self.apply = sign_in, sign_out, apply
         self._delta, self._bias_delta = with_time_dims(delta, 2, time_dims), with_time_dims(bias_delta, 1, time_dims)

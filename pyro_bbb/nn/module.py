@@ -18,10 +18,7 @@ from .draws import draws_leading, fold_affine_output, folded_draws, unfold_affin
 from .functional import bayesian_affine
 
 __all__ = [
-    "BayesianModule",
-    "is_layer_prior",
-    "site_owners",
-    "current_priors",
+    "BayesianModule", "is_layer_prior", "site_owners", "current_priors",
 ]
 
 
@@ -249,13 +246,8 @@ class BayesianModule(PyroModule):
                 weight = weight.expand((num_draws, *weight.shape[-param_dims:])).unsqueeze(1)
                 bias = None if bias is None else bias.expand((num_draws, bias.shape[-1])).unsqueeze(1)
         output = bayesian_affine(
-            rows if folded else input,
-            weight,
-            bias,
-            apply=apply,
-            feature_dims=feature_dims,
-            weight_site=site_name(prefix, "weight"),
-            bias_site=site_name(prefix, "bias") if has_bias else None,
+            rows if folded else input, weight, bias, apply=apply, feature_dims=feature_dims,
+            weight_site=site_name(prefix, "weight"), bias_site=site_name(prefix, "bias") if has_bias else None,
         )
         return fold_affine_output(output, input, feature_dims) if folded else output
 

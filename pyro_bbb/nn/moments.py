@@ -40,16 +40,8 @@ import torch.nn.functional as F
 from .._internals import pyro_name
 
 __all__ = [
-    "Moments",
-    "MomentPropagationError",
-    "QUADRATURE_NODES",
-    "gaussian_expectation",
-    "standardized_expectations",
-    "elementwise_moments",
-    "relu_moments",
-    "leaky_relu_moments",
-    "affine_moments",
-    "tracking_modules",
+    "Moments", "MomentPropagationError", "QUADRATURE_NODES", "gaussian_expectation", "standardized_expectations",
+    "elementwise_moments", "relu_moments", "leaky_relu_moments", "affine_moments", "tracking_modules",
 ]
 
 #: Gauss-Hermite nodes for smooth activations and a random noise scale: for tanh, the hardest, the mean and variance
@@ -142,12 +134,8 @@ def _quadrature_points(mean: torch.Tensor, variance: torch.Tensor, num_nodes: in
     return mean + std * nodes, weights.reshape(shape), nodes
 
 
-def gaussian_expectation(
-    fn: Callable[[torch.Tensor], torch.Tensor],
-    mean: torch.Tensor,
-    variance: torch.Tensor,
-    num_nodes: int = QUADRATURE_NODES,
-) -> torch.Tensor:
+def gaussian_expectation(fn: Callable[[torch.Tensor], torch.Tensor], mean: torch.Tensor, variance: torch.Tensor,
+                         num_nodes: int = QUADRATURE_NODES) -> torch.Tensor:
     """``E[fn(X)]`` for independent ``X ~ Normal(mean, variance)`` elementwise, by Gauss-Hermite quadrature.
 
     Examples
@@ -159,12 +147,8 @@ def gaussian_expectation(
     return (weights * fn(points)).sum(0)
 
 
-def standardized_expectations(
-    fn: Callable[[torch.Tensor], torch.Tensor],
-    mean: torch.Tensor,
-    variance: torch.Tensor,
-    num_nodes: int = QUADRATURE_NODES,
-) -> tuple[torch.Tensor, ...]:
+def standardized_expectations(fn: Callable[[torch.Tensor], torch.Tensor], mean: torch.Tensor, variance: torch.Tensor,
+                              num_nodes: int = QUADRATURE_NODES) -> tuple[torch.Tensor, ...]:
     """``E[fn(X)]``, ``E[fn(X) Z]`` and ``E[fn(X) Z^2]`` for ``X ~ Normal(mean, variance)`` and its standardised
     ``Z = (X - mean) / sqrt(variance)``, elementwise, by Gauss-Hermite quadrature (well defined at a zero variance,
     where they are ``fn(mean)``, ``0`` and ``fn(mean)``). A variable correlated with ``X`` is ``a + k Z + e`` with
@@ -181,12 +165,8 @@ def standardized_expectations(
     return weighted.sum(0), (weighted * nodes).sum(0), (weighted * nodes.pow(2)).sum(0)
 
 
-def elementwise_moments(
-    fn: Callable[[torch.Tensor], torch.Tensor],
-    mean: torch.Tensor,
-    variance: torch.Tensor,
-    num_nodes: int = QUADRATURE_NODES,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def elementwise_moments(fn: Callable[[torch.Tensor], torch.Tensor], mean: torch.Tensor, variance: torch.Tensor,
+                        num_nodes: int = QUADRATURE_NODES) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and variance of ``fn(X)`` for ``X ~ Normal(mean, variance)`` (a smooth elementwise ``fn``), by
     Gauss-Hermite quadrature (the variance from centred values, so that it never comes out negative).
 
@@ -232,9 +212,8 @@ def _relu_moments_and_cdf(mean: torch.Tensor, variance: torch.Tensor) -> tuple[t
     return out_mean, out_var.clamp_min(0), cdf
 
 
-def leaky_relu_moments(
-    mean: torch.Tensor, variance: torch.Tensor, negative_slope: float = 0.01
-) -> tuple[torch.Tensor, torch.Tensor]:
+def leaky_relu_moments(mean: torch.Tensor, variance: torch.Tensor,
+                       negative_slope: float = 0.01) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and variance of ``leaky_relu(X) = a X + (1 - a) relu(X)`` for ``X ~ Normal(mean, variance)``, in closed
     form (``Cov(X, relu(X)) = variance Phi(mean / s)`` by Stein's lemma).
 
@@ -251,14 +230,9 @@ def leaky_relu_moments(
     return out_mean, out_var.clamp_min(0)
 
 
-def affine_moments(
-    input: torch.Tensor | Moments,
-    apply: Callable,
-    weight_posterior: tuple[torch.Tensor, torch.Tensor],
-    bias_posterior: tuple[torch.Tensor, torch.Tensor] | None = None,
-    *,
-    linear: bool = False,
-) -> Moments:
+def affine_moments(input: torch.Tensor | Moments, apply: Callable, weight_posterior: tuple[torch.Tensor, torch.Tensor],
+                   bias_posterior: tuple[torch.Tensor, torch.Tensor] | None = None, *,
+                   linear: bool = False) -> Moments:
     """The moments of ``apply(x, W, b)`` (linear in ``W``, ``b`` and ``x``) for independent ``W ~ N(mu, sigma^2)``,
     ``b ~ N(mu_b, sigma_b^2)`` and inputs ``x`` with mean ``m`` and variance ``v`` (a plain tensor: ``v = 0``):
     mean ``apply(m, mu, mu_b)``, variance ``apply(m^2 + v, sigma^2, sigma_b^2) + apply(v, mu^2)``. Exact for any
@@ -364,10 +338,8 @@ def _linear(input: Moments, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def _conv(conv: Callable) -> Callable:
     def rule(input: Moments, weight: torch.Tensor, bias: torch.Tensor | None = None, *args, **kwargs) -> Moments:
-        return Moments(
-            conv(input.mean, weight, bias, *args, **kwargs), conv(input.variance, weight.pow(2), None, *args, **kwargs)
-        )
-
+        return Moments(conv(input.mean, weight, bias, *args, **kwargs),
+                       conv(input.variance, weight.pow(2), None, *args, **kwargs))
     return rule
 
 
@@ -388,28 +360,17 @@ def _leaky_relu(input: Moments, negative_slope: float = 0.01, inplace: bool = Fa
 def _smooth(fn: Callable) -> Callable:
     def rule(input: Moments, *args, **kwargs) -> Moments:
         return Moments(*elementwise_moments(lambda x: fn(x, *args, **kwargs), input.mean, input.variance))
-
     return rule
 
 
-_SHAPE_FUNCTIONS = (
-    torch.flatten,
-    torch.reshape,
-    torch.squeeze,
-    torch.unsqueeze,
-    torch.transpose,
-    torch.permute,
-    torch.movedim,
-    torch.narrow,
-    torch.select,
-)
+_SHAPE_FUNCTIONS = (torch.flatten, torch.reshape, torch.squeeze, torch.unsqueeze, torch.transpose, torch.permute,
+                    torch.movedim, torch.narrow, torch.select)
 _SMOOTH_FUNCTIONS = (torch.tanh, torch.sigmoid, F.softplus, F.gelu, F.silu)
 
 
 def _shape(fn: Callable) -> Callable:
     def rule(input: Moments, *args, **kwargs) -> Moments:
         return _same_map(fn, input, *args, **kwargs)
-
     return rule
 
 
@@ -419,33 +380,15 @@ _RULES: dict[Callable, Callable] = {
     torch.cat: lambda values, *a, **k: _cat(values, *a, **k),
     torch.concat: lambda values, *a, **k: _cat(values, *a, **k),
     torch.stack: lambda values, *a, **k: _join(torch.stack, values, *a, **k),
-    torch.add: _add,
-    torch.Tensor.__add__: _add,
-    torch.Tensor.__radd__: lambda a, b: _add(b, a),
-    torch.sub: _sub,
-    torch.Tensor.__sub__: _sub,
-    torch.Tensor.__rsub__: lambda a, b: _sub(b, a),
-    torch.mul: _mul,
-    torch.Tensor.__mul__: _mul,
-    torch.Tensor.__rmul__: _mul,
-    torch.div: _div,
-    torch.Tensor.__truediv__: _div,
-    torch.Tensor.__rtruediv__: lambda a, b: _div(b, a),
-    torch.matmul: _matmul,
-    torch.Tensor.__matmul__: _matmul,
-    torch.Tensor.__rmatmul__: lambda a, b: _matmul(b, a),
+    torch.add: _add, torch.Tensor.__add__: _add, torch.Tensor.__radd__: lambda a, b: _add(b, a),
+    torch.sub: _sub, torch.Tensor.__sub__: _sub, torch.Tensor.__rsub__: lambda a, b: _sub(b, a),
+    torch.mul: _mul, torch.Tensor.__mul__: _mul, torch.Tensor.__rmul__: _mul,
+    torch.div: _div, torch.Tensor.__truediv__: _div, torch.Tensor.__rtruediv__: lambda a, b: _div(b, a),
+    torch.matmul: _matmul, torch.Tensor.__matmul__: _matmul, torch.Tensor.__rmatmul__: lambda a, b: _matmul(b, a),
     torch.neg: lambda input: Moments(-input.mean, input.variance),
-    F.linear: _linear,
-    F.conv1d: _conv(F.conv1d),
-    F.conv2d: _conv(F.conv2d),
-    F.conv3d: _conv(F.conv3d),
-    torch.relu: _relu,
-    F.relu: _relu,
-    F.leaky_relu: _leaky_relu,
-    F.dropout: _dropout,
-    F.dropout1d: _dropout,
-    F.dropout2d: _dropout,
-    F.dropout3d: _dropout,
+    F.linear: _linear, F.conv1d: _conv(F.conv1d), F.conv2d: _conv(F.conv2d), F.conv3d: _conv(F.conv3d),
+    torch.relu: _relu, F.relu: _relu, F.leaky_relu: _leaky_relu,
+    F.dropout: _dropout, F.dropout1d: _dropout, F.dropout2d: _dropout, F.dropout3d: _dropout,
 }
 
 

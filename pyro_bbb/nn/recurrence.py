@@ -61,9 +61,8 @@ class _Recurrence(torch.autograd.Function):
         for t in order:
             previous.append(h)
             if mode == "LSTM":
-                gates = _hidden_product(
-                    h, weight, inputs[t] if bias is None else inputs[t] + bias, delta, bias_delta, sign_in, sign_out
-                )
+                gates = _hidden_product(h, weight, inputs[t] if bias is None else inputs[t] + bias, delta, bias_delta,
+                                        sign_in, sign_out)
                 act = gates.sigmoid()
                 i, f, _, o = act.chunk(4, -1)
                 cell = gates[:, 2 * size : 3 * size].tanh()
@@ -131,19 +130,8 @@ class _Recurrence(torch.autograd.Function):
             signed = (flat.view(steps, -1, gates) * sign_out).reshape(-1, gates)
             grad_delta = signed.T @ (previous.view(steps, -1, size) * sign_in).reshape(-1, size)
             grad_bias_delta = signed.sum(0) if ctx.has_bias_delta else None
-        return (
-            None,
-            None,
-            torch.stack(grad_inputs, 1),
-            grad_h,
-            grad_c if mode == "LSTM" else None,
-            grad_weight,
-            grad_bias,
-            grad_delta,
-            grad_bias_delta,
-            None,
-            None,
-        )
+        return (None, None, torch.stack(grad_inputs, 1), grad_h, grad_c if mode == "LSTM" else None, grad_weight,
+                grad_bias, grad_delta, grad_bias_delta, None, None)
 
 
 def recurrence(
@@ -192,7 +180,6 @@ def recurrence(
     if mode not in ("LSTM", "GRU"):
         raise ValueError(f"recurrence: mode must be 'LSTM' or 'GRU', got {mode!r}.")
     h0, c0 = state if mode == "LSTM" else (state, None)
-    output, *final = _Recurrence.apply(
-        mode, reverse, projected, h0, c0, weight, bias, delta, bias_delta, sign_in, sign_out
-    )
+    output, *final = _Recurrence.apply(mode, reverse, projected, h0, c0, weight, bias, delta, bias_delta, sign_in,
+                                       sign_out)
     return output, (tuple(final) if mode == "LSTM" else final[0])

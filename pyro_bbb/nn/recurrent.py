@@ -71,14 +71,8 @@ def _whole_sequence(maps, projected, state, alive) -> dict | None:
             return None
         if hidden.bias_loc is not None and hidden.bias_loc.dim() != 1:
             return None
-        return {
-            "weight": hidden.loc,
-            "bias": hidden.bias_loc,
-            "delta": hidden.delta,
-            "bias_delta": hidden.bias_delta,
-            "sign_in": hidden.sign_in,
-            "sign_out": hidden.sign_out,
-        }
+        return {"weight": hidden.loc, "bias": hidden.bias_loc, "delta": hidden.delta, "bias_delta": hidden.bias_delta,
+                "sign_in": hidden.sign_in, "sign_out": hidden.sign_out}
     if isinstance(hidden, AffineMap) and hidden.weight.dim() == 2 and (hidden.bias is None or hidden.bias.dim() == 1):
         return {"weight": hidden.weight, "bias": hidden.bias}
     return None
@@ -123,18 +117,12 @@ class _Recurrent(BayesianModule):
                 weight, bias = draws_leading(weight, 2, num_draws), draws_leading(bias, 1, num_draws)
                 weight = weight.unsqueeze(1) if weight.dim() > 2 else weight
                 bias = bias.unsqueeze(1) if bias is not None and bias.dim() > 1 else bias
-            maps.append(
-                bayesian_affine_map(
-                    weight,
-                    bias,
-                    apply=batched_linear,
-                    feature_dims=1,
-                    example_shape=tuple(example_shape),
-                    time_dims=time_dims,
-                    weight_site=site_name(prefix, weight_name),
-                    bias_site=site_name(prefix, bias_name) if has_bias else None,
-                )
-            )
+            maps.append(bayesian_affine_map(
+                weight, bias,
+                apply=batched_linear, feature_dims=1, example_shape=tuple(example_shape), time_dims=time_dims,
+                weight_site=site_name(prefix, weight_name),
+                bias_site=site_name(prefix, bias_name) if has_bias else None,
+            ))
         return maps
 
     def _step(self, maps, x_t: torch.Tensor, state, projected: bool = False):
@@ -177,9 +165,8 @@ class _Recurrent(BayesianModule):
 class _RecurrentCell(_Recurrent):
     """One time step; weights and Flipout signs are reused by every call within one model run."""
 
-    def __init__(
-        self, input_size, hidden_size, bias=True, prior=None, recurrent_prior=None, *, device=None, dtype=None
-    ):
+    def __init__(self, input_size, hidden_size, bias=True, prior=None, recurrent_prior=None, *, device=None,
+                 dtype=None):
         super().__init__(DEFAULT_RECURRENT_PRIOR if prior is None else prior)
         self.input_size, self.hidden_size = input_size, hidden_size
         twin = getattr(nn, f"{self._mode}Cell")(input_size, hidden_size, bias=bias, device=device, dtype=dtype)
@@ -238,18 +225,8 @@ class BayesianLSTMCell(_RecurrentCell):
 
     _mode = "LSTM"
 
-    def __init__(
-        self,
-        input_size,
-        hidden_size,
-        bias=True,
-        prior=None,
-        recurrent_prior=None,
-        *,
-        forget_bias: float | None = 1.0,
-        device=None,
-        dtype=None,
-    ):
+    def __init__(self, input_size, hidden_size, bias=True, prior=None, recurrent_prior=None, *,
+                 forget_bias: float | None = 1.0, device=None, dtype=None):
         super().__init__(input_size, hidden_size, bias, prior, recurrent_prior, device=device, dtype=dtype)
         self._set_keep_gate_bias(forget_bias)
 
@@ -275,18 +252,8 @@ class BayesianGRUCell(_RecurrentCell):
 
     _mode = "GRU"
 
-    def __init__(
-        self,
-        input_size,
-        hidden_size,
-        bias=True,
-        prior=None,
-        recurrent_prior=None,
-        *,
-        update_bias: float | None = 1.0,
-        device=None,
-        dtype=None,
-    ):
+    def __init__(self, input_size, hidden_size, bias=True, prior=None, recurrent_prior=None, *,
+                 update_bias: float | None = 1.0, device=None, dtype=None):
         super().__init__(input_size, hidden_size, bias, prior, recurrent_prior, device=device, dtype=dtype)
         self._set_keep_gate_bias(update_bias)
 
@@ -303,44 +270,17 @@ class BayesianGRUCell(_RecurrentCell):
 class _RecurrentLayer(_Recurrent):
     _first_suffix = "_l0"
 
-    def __init__(
-        self,
-        input_size,
-        hidden_size,
-        num_layers=1,
-        bias=True,
-        batch_first=False,
-        dropout=0.0,
-        bidirectional=False,
-        prior=None,
-        recurrent_prior=None,
-        *,
-        proj_size=0,
-        device=None,
-        dtype=None,
-    ):
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+                 bidirectional=False, prior=None, recurrent_prior=None, *, proj_size=0, device=None,
+                 dtype=None):
         super().__init__(DEFAULT_RECURRENT_PRIOR if prior is None else prior)
-        settings = dict(
-            num_layers=num_layers,
-            bias=bias,
-            batch_first=batch_first,
-            dropout=dropout,
-            bidirectional=bidirectional,
-            **({"proj_size": proj_size} if proj_size else {}),
-        )
+        settings = dict(num_layers=num_layers, bias=bias, batch_first=batch_first, dropout=dropout,
+                        bidirectional=bidirectional, **({"proj_size": proj_size} if proj_size else {}))
         twin = getattr(nn, self._mode)(input_size, hidden_size, device=device, dtype=dtype, **settings)
         # torch's fused kernel, run with the drawn weights where it applies
-        self.__dict__["_kernel"] = RecurrentKernel(
-            self._mode,
-            input_size,
-            hidden_size,
-            num_layers,
-            has_biases=bias,
-            batch_first=batch_first,
-            dropout=dropout,
-            bidirectional=bidirectional,
-            proj_size=proj_size,
-        )
+        self.__dict__["_kernel"] = RecurrentKernel(self._mode, input_size, hidden_size, num_layers, has_biases=bias,
+                                                   batch_first=batch_first, dropout=dropout,
+                                                   bidirectional=bidirectional, proj_size=proj_size)
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.batch_first, self.dropout, self.bidirectional = batch_first, float(dropout), bidirectional
         self.proj_size = proj_size
@@ -364,10 +304,8 @@ class _RecurrentLayer(_Recurrent):
             return self._forward_packed(input, hx)
         self._check_input(input, self.input_size, "an input")
         if input.dim() < 3:
-            raise ValueError(
-                f"{type(self).__name__} expects (T, B, features) or (B, T, features), got "
-                f"{tuple(input.shape)}; feed single steps to the cell instead."
-            )
+            raise ValueError(f"{type(self).__name__} expects (T, B, features) or (B, T, features), got "
+                             f"{tuple(input.shape)}; feed single steps to the cell instead.")
         return self._forward_padded(input, hx)
 
     def _forward_packed(self, packed: PackedSequence, hx):
@@ -385,9 +323,8 @@ class _RecurrentLayer(_Recurrent):
         data = pack_padded_sequence(output, lengths, batch_first=self.batch_first, enforce_sorted=True).data
         return PackedSequence(data, packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices), state
 
-    def _forward_padded(
-        self, input: torch.Tensor, hx, lengths: torch.Tensor | None = None, packed: PackedSequence | None = None
-    ):
+    def _forward_padded(self, input: torch.Tensor, hx, lengths: torch.Tensor | None = None,
+                        packed: PackedSequence | None = None):
         num_draws = self._unfolds()
         if num_draws is None:
             return self._run(input, hx, lengths, packed)
@@ -402,11 +339,8 @@ class _RecurrentLayer(_Recurrent):
                 per_draw = kernel.per_draw(maps, input, hx, num_draws, batch_dim, self.training)
             if per_draw is not None:
                 return per_draw
-        state = (
-            None
-            if hx is None
-            else self._map_state(hx, lambda h: unfold_rows(h, num_draws, h.dim() - 2).movedim(h.dim() - 2, 0))
-        )
+        state = None if hx is None else self._map_state(hx, lambda h: unfold_rows(h, num_draws, h.dim() - 2)
+                                                        .movedim(h.dim() - 2, 0))
         lengths = None if lengths is None else unfold_rows(lengths, num_draws, 0)
         output, state = self._run(sequence, state, lengths, maps=maps)
         output = fold_rows(output.movedim(0, batch_dim), batch_dim)
@@ -414,20 +348,11 @@ class _RecurrentLayer(_Recurrent):
 
     def _all_maps(self, example_shape: torch.Size) -> dict[str, list]:
         """Every layer's and direction's maps (each site read once, in torch's parameter order)."""
-        return {
-            suffix: self._map(suffix, example_shape, sequence=True, projection=bool(self.proj_size))
-            for layer in range(self.num_layers)
-            for suffix in self._suffixes(layer)
-        }
+        return {suffix: self._map(suffix, example_shape, sequence=True, projection=bool(self.proj_size))
+                for layer in range(self.num_layers) for suffix in self._suffixes(layer)}
 
-    def _run(
-        self,
-        input: torch.Tensor,
-        hx,
-        lengths: torch.Tensor | None = None,
-        packed: PackedSequence | None = None,
-        maps: dict[str, list] | None = None,
-    ):
+    def _run(self, input: torch.Tensor, hx, lengths: torch.Tensor | None = None,
+             packed: PackedSequence | None = None, maps: dict[str, list] | None = None):
         sequence_in = input if self.batch_first else input.movedim(-3, -2)  # (..., B, T, features)
         example_shape = sequence_in.shape[:-2]
         maps = self._all_maps(example_shape) if maps is None else maps
@@ -540,37 +465,11 @@ weight_hh_l1_prior=Normal(loc=0.0, scale=0.5), weight_hh_l1_reverse_prior=Normal
 
     _mode = "LSTM"
 
-    def __init__(
-        self,
-        input_size,
-        hidden_size,
-        num_layers=1,
-        bias=True,
-        batch_first=False,
-        dropout=0.0,
-        bidirectional=False,
-        prior=None,
-        recurrent_prior=None,
-        *,
-        proj_size=0,
-        forget_bias: float | None = 1.0,
-        device=None,
-        dtype=None,
-    ):
-        super().__init__(
-            input_size,
-            hidden_size,
-            num_layers,
-            bias,
-            batch_first,
-            dropout,
-            bidirectional,
-            prior,
-            recurrent_prior,
-            proj_size=proj_size,
-            device=device,
-            dtype=dtype,
-        )
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+                 bidirectional=False, prior=None, recurrent_prior=None, *, proj_size=0,
+                 forget_bias: float | None = 1.0, device=None, dtype=None):
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, prior,
+                         recurrent_prior, proj_size=proj_size, device=device, dtype=dtype)
         self._set_keep_gate_bias(forget_bias)
 
 
@@ -595,33 +494,9 @@ class BayesianGRU(_RecurrentLayer):
 
     _mode = "GRU"
 
-    def __init__(
-        self,
-        input_size,
-        hidden_size,
-        num_layers=1,
-        bias=True,
-        batch_first=False,
-        dropout=0.0,
-        bidirectional=False,
-        prior=None,
-        recurrent_prior=None,
-        *,
-        update_bias: float | None = 1.0,
-        device=None,
-        dtype=None,
-    ):
-        super().__init__(
-            input_size,
-            hidden_size,
-            num_layers,
-            bias,
-            batch_first,
-            dropout,
-            bidirectional,
-            prior,
-            recurrent_prior,
-            device=device,
-            dtype=dtype,
-        )
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+                 bidirectional=False, prior=None, recurrent_prior=None, *, update_bias: float | None = 1.0,
+                 device=None, dtype=None):
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, prior,
+                         recurrent_prior, device=device, dtype=dtype)
         self._set_keep_gate_bias(update_bias)

@@ -108,6 +108,7 @@ class Adam(PyroOptim):
         return ", ".join(f"{k}={v}" for k, v in self.defaults.items()).join((f"{type(self).__name__}(", ")"))
 
 
+
 #: Device types with a fused Adam kernel (CPU from torch 2.4); a type torch refuses is dropped (see `_joint_adam`).
 _FUSED_DEVICES = {"cpu", "cuda", "mps", "xpu"}
 
@@ -155,11 +156,9 @@ class _FusedStep:
 
     @torch.no_grad()
     def __call__(self, params: list[torch.Tensor], optimizer: torch.optim.Adam) -> bool:
-        if (
-            frozenset(map(id, params)) != self.key
-            or optimizer.state is not self.state
-            or optimizer_has_step_hooks(optimizer)
-        ):
+        if frozenset(map(id, params)) != self.key or optimizer.state is not self.state:
+            return False
+        if optimizer_has_step_hooks(optimizer):
             return False
         if any(p.grad is None for p in params) or not all(_plain_fused(bucket[0]) for bucket in self.buckets):
             return False
@@ -172,8 +171,8 @@ def _plain_fused(group: dict) -> bool:
     """A param group the direct kernel call covers: fused, number hyperparameters, no variant flags."""
     flags = ("amsgrad", "maximize", "capturable", "differentiable", "decoupled_weight_decay")
     numbers = (group.get("lr"), *group.get("betas", (None, None)), group.get("eps"), group.get("weight_decay"))
-    return (
-        bool(group.get("fused"))
-        and not any(group.get(flag) for flag in flags)
-        and all(isinstance(x, float | int) and not isinstance(x, bool) for x in numbers)
-    )
+    return bool(group.get("fused")) and not any(group.get(flag) for flag in flags) and \
+        all(isinstance(x, float | int) and not isinstance(x, bool) for x in numbers)
+
+
+

@@ -91,9 +91,8 @@ class SubsampleCoverMessenger(Messenger):
         msg["value"] = torch.arange(start, start + subsample_size, device=fn.device) % size
 
 
-def cover_subsample(
-    fn: Callable | None = None, data_plate: str = DATA_PLATE, piece: int = 0
-) -> SubsampleCoverMessenger | Callable:
+def cover_subsample(fn: Callable | None = None, data_plate: str = DATA_PLATE,
+                    piece: int = 0) -> SubsampleCoverMessenger | Callable:
     """Factory of :class:`SubsampleCoverMessenger` (``cover_subsample(model, piece=1)`` or a context).
 
     Examples

@@ -169,9 +169,8 @@ def _run_covering(model, draws, shapes, x, obs, data_plate: str, nesting: int, b
     parts, piece = [], 0
     while True:
         cover = SubsampleCoverMessenger(data_plate, piece)
-        family, reinterpreted, params = _run_draws(
-            cover(model), draws, shapes, x, obs, data_plate, nesting, block, num_samples
-        )
+        family, reinterpreted, params = _run_draws(cover(model), draws, shapes, x, obs, data_plate, nesting, block,
+                                                   num_samples)
         if cover.size is None:
             return family, reinterpreted, params
         keep = min(cover.subsample_size, cover.size - piece * cover.subsample_size)
@@ -189,10 +188,8 @@ def _vectorized_mismatch(result, alone: dict[str, torch.Tensor]) -> str | None:
     for name, value in alone.items():
         first = vectorized[name][:1, : value.shape[1]] if value.dim() > 1 else vectorized[name][:1]  # piece 0
         if value.shape[1:] != first.shape[1:]:
-            return (
-                f"the vectorized draws gave the observation's {name!r} shape {tuple(vectorized[name].shape[1:])} "
-                f"per draw, one draw alone {tuple(value.shape[1:])}"
-            )
+            return (f"the vectorized draws gave the observation's {name!r} shape {tuple(vectorized[name].shape[1:])} "
+                    f"per draw, one draw alone {tuple(value.shape[1:])}")
         if not torch.allclose(first, value, rtol=1e-4, atol=1e-5):
             return f"the vectorized draws gave other values of the observation's {name!r} than one draw alone"
     return None
@@ -214,11 +211,8 @@ def set_up_guide(model: Callable, guide: Callable, x: Inputs) -> None:
     data_plate = data_plate_of(model)
     with torch.random.fork_rng(devices=[]), torch.no_grad(), poutine.block():
         trace = poutine.trace(model).get_trace(x)
-        observations = [
-            site["value"]
-            for site in trace.nodes.values()
-            if site["type"] == "sample" and data_plate_frame(site, data_plate) is not None
-        ]
+        observations = [site["value"] for site in trace.nodes.values()
+                        if site["type"] == "sample" and data_plate_frame(site, data_plate) is not None]
         guide(x, *observations[:1])
 
 
@@ -338,10 +332,8 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
     draws = {name: guide_trace.nodes[name]["value"] for name in latent}  # (S, 1, ..., *site shape)
     # draw 0 is the plain pass's draw (just as independent), so that the plain pass is also the lone run of draw 0
     # that checks the vectorized one
-    draws = {
-        name: torch.cat([plain_guide.nodes[name]["value"].reshape((1, *value.shape[1:])), value[1:]])
-        for name, value in draws.items()
-    }
+    draws = {name: torch.cat([plain_guide.nodes[name]["value"].reshape((1, *value.shape[1:])), value[1:]])
+             for name, value in draws.items()}
     shapes = {name: site["value"].shape for name, site in latent.items()}
     alone = {k: v.unsqueeze(0) for k, v in _params(plain_model.nodes[obs]["fn"], plain_model.nodes[obs], 0)[2].items()}
     if cover.size is not None:  # piece 0 of a subsampling plate: only its first min(m, n) entries are distinct data
@@ -351,10 +343,8 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
     results = None
     if vectorize is not False:
         try:
-            results = [
-                _run_covering(model, draws, shapes, chunk, obs, data_plate, nesting, block, num_samples)
-                for chunk in chunks
-            ]
+            results = [_run_covering(model, draws, shapes, chunk, obs, data_plate, nesting, block, num_samples)
+                       for chunk in chunks]
             mismatch = _vectorized_mismatch(results[0], alone)
         except (RuntimeError, ValueError, IndexError) as error:
             results, mismatch = None, f"it could not run several weight draws in one call ({error})"
@@ -370,9 +360,8 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
                 stacklevel=6,  # the caller of predict (through predict_with_draws and torch.no_grad wrappers)
             )
     if results is None:
-        results = [
-            _run_covering(model, draws, shapes, chunk, obs, data_plate, nesting, None, num_samples) for chunk in chunks
-        ]
+        results = [_run_covering(model, draws, shapes, chunk, obs, data_plate, nesting, None, num_samples)
+                   for chunk in chunks]
 
     family, reinterpreted, _ = results[0]
     params = {name: torch.cat([p[name] for _, _, p in results], dim=1) for name in results[0][2]}

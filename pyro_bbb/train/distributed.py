@@ -27,14 +27,8 @@ import torch.distributed as dist
 from ..data.inputs import inputs_to, num_rows, select_rows
 
 __all__ = [
-    "ShardedBatches",
-    "synchronise_parameters",
-    "synchronise_buffers",
-    "combine_gradients",
-    "raise_if_any_rank_failed",
-    "collective_device",
-    "all_reduce_sum",
-    "require_process_group",
+    "ShardedBatches", "synchronise_parameters", "synchronise_buffers", "combine_gradients",
+    "raise_if_any_rank_failed", "collective_device", "all_reduce_sum", "require_process_group",
 ]
 
 
@@ -70,7 +64,8 @@ class ShardedBatches:
             ...
     """
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, rank: int, world: int, seed: int, device):
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, rank: int, world: int, seed: int,
+                 device):
         self.x, self.y, self.batch_size, self.rank, self.world = x, y, batch_size, rank, world
         self.seed, self.device, self.epoch = seed, device, 0
         self.num_data = num_rows(x)

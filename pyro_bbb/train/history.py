@@ -98,20 +98,15 @@ class History:
     def to_dict(self) -> dict[str, Any]:
         """Plain lists and dicts (JSON-serialisable)."""
         return {key: self[key] for key in self.keys()} | {
-            "step_loss": list(self.step_loss),
-            "interrupted": self.interrupted,
-            "best_epoch": self.best_epoch,
-            "stopped_epoch": self.stopped_epoch,
-        }
+            "step_loss": list(self.step_loss), "interrupted": self.interrupted, "best_epoch": self.best_epoch,
+            "stopped_epoch": self.stopped_epoch}
 
     def __repr__(self) -> str:
         if not self.records:
             return "History(epochs=0)"
         r = self.last
-        return (
-            f"History(epochs={len(self)}, loss_per_datum={r['loss_per_datum']:.4g}, nll={r['nll']:.4g}, "
-            f"kl={r['kl']:.4g}, kl_weight={r['kl_weight']:.3g})"
-        )
+        return (f"History(epochs={len(self)}, loss_per_datum={r['loss_per_datum']:.4g}, nll={r['nll']:.4g}, "
+                f"kl={r['kl']:.4g}, kl_weight={r['kl_weight']:.3g})")
 
     def plot(self, path: str | Path | None = None):
         """Loss, KL per layer, KL weight and posterior/prior std per layer against the epoch (see

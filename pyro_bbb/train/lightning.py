@@ -87,9 +87,8 @@ class BayesianLightningModule(pl.LightningModule):
     ):
         super().__init__()
         self.model, self.guide = model, guide
-        self.elbo = ELBO(
-            num_data=num_data, kl_weight=kl_weight, num_particles=num_particles, data_plate=data_plate_of(model)
-        )
+        self.elbo = ELBO(num_data=num_data, kl_weight=kl_weight, num_particles=num_particles,
+                         data_plate=data_plate_of(model))
         self.estimator = estimator_named(estimator)
         self.lr = lr
         if not is_set_up(guide):
@@ -119,14 +118,10 @@ class BayesianLightningModule(pl.LightningModule):
             raise error
         self.elbo.step += 1
         terms = self.elbo.last_terms
-        self.log_dict(
-            {"nll": terms["nll"], "kl": terms["kl"], "kl_weight": terms["kl_weight"]},
-            on_step=True,
-            on_epoch=True,
-            batch_size=num_rows(x),
-            sync_dist=True,
-        )
+        self.log_dict({"nll": terms["nll"], "kl": terms["kl"], "kl_weight": terms["kl_weight"]},
+                      on_step=True, on_epoch=True, batch_size=num_rows(x), sync_dist=True)
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=self.lr)
+

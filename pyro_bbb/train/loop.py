@@ -68,16 +68,8 @@ class TrainingDivergedError(FloatingPointError):
 class _Stepper:
     """SVI steps with global gradient clipping and a rollback to the last parameters that gave a finite loss."""
 
-    def __init__(
-        self,
-        model,
-        guide,
-        elbo: ELBO,
-        optimizer: PyroOptim,
-        clip_norm: float | None,
-        estimator,
-        distributed: bool = False,
-    ):
+    def __init__(self, model, guide, elbo: ELBO, optimizer: PyroOptim, clip_norm: float | None, estimator,
+                 distributed: bool = False):
         self.model, self.guide, self.elbo, self.optimizer = model, guide, elbo, optimizer
         self.clip_norm, self.estimator, self.distributed = clip_norm, estimator, distributed
         self.snapshot: dict[torch.Tensor, torch.Tensor] = {}
@@ -332,18 +324,15 @@ def fit(
     if seed is not None:
         pyro.set_rng_seed(seed)
 
-    elbo = ELBO(
-        num_data=batches.num_data, kl_weight=kl_weight, num_particles=num_particles, data_plate=data_plate_of(model)
-    )
-    stepper = _Stepper(
-        model, guide, elbo, optimizer or JointAdam(lr=lr), clip_norm, estimator_context, distributed=distributed
-    )
+    elbo = ELBO(num_data=batches.num_data, kl_weight=kl_weight, num_particles=num_particles,
+                data_plate=data_plate_of(model))
+    stepper = _Stepper(model, guide, elbo, optimizer or JointAdam(lr=lr), clip_norm, estimator_context,
+                       distributed=distributed)
     if distributed:
         stepper.set_up_everywhere(batches)
     record = _EpochRecorder(model, guide, elbo, batches.num_data, per_layer, validation_data, num_validation_samples)
-    return _train(
-        stepper, batches, record, epochs, list(callbacks), progress and rank == 0, distributed, lr_at, early_stopping
-    )
+    return _train(stepper, batches, record, epochs, list(callbacks), progress and rank == 0, distributed, lr_at,
+                  early_stopping)
 
 
 # -- fit's chapters ---------------------------------------------------------------------------------------------
@@ -429,9 +418,8 @@ def _training_batches(model, data, batch_size, distributed: bool, seed):
         error = caught
     distributed_.raise_if_any_rank_failed(error)
     if batches.loader is None:
-        batches = distributed_.ShardedBatches(
-            batches.x, batches.y, batch_size or -(-batches.num_data // world), rank, world, seed or 0, device
-        )
+        batches = distributed_.ShardedBatches(batches.x, batches.y, batch_size or -(-batches.num_data // world),
+                                              rank, world, seed or 0, device)
     return batches, rank
 
 
@@ -457,23 +445,14 @@ def _validation_batch(model, validation_data):
     return inputs_to(x, device), y
 
 
-def _train(
-    stepper: _Stepper,
-    batches,
-    record,
-    epochs: int,
-    callbacks,
-    progress: bool,
-    distributed: bool,
-    lr_at: Callable[[int], float] | None = None,
-    early_stopping: EarlyStopping | None = None,
-) -> History:
+def _train(stepper: _Stepper, batches, record, epochs: int, callbacks, progress: bool, distributed: bool,
+           lr_at: Callable[[int], float] | None = None,
+           early_stopping: EarlyStopping | None = None) -> History:
     """The epochs: steps, one record per epoch, callbacks, early stopping; a bad batch, a NaN or Ctrl-C end it
     cleanly."""
     history = History()
-    bar = tqdm(
-        range(1, epochs + 1), desc="fit", unit="epoch", disable=not progress, dynamic_ncols=True, mininterval=0.5
-    )
+    bar = tqdm(range(1, epochs + 1), desc="fit", unit="epoch", disable=not progress, dynamic_ncols=True,
+               mininterval=0.5)
     stop = _StopAfterStep(enabled=not distributed)  # Ctrl-C ends the current step, then fit returns
     try:
         with stop:
@@ -485,9 +464,8 @@ def _train(
                 for x, y in stepper.guarded(batches):
                     stepper(x, y)
                     terms, b = stepper.elbo.last_terms, num_rows(x)
-                    history.step_loss.append(
-                        stepper.global_loss / batches.num_data if distributed else terms["loss_per_datum"]
-                    )
+                    history.step_loss.append(stepper.global_loss / batches.num_data if distributed
+                                             else terms["loss_per_datum"])
                     if b:
                         for key in ("loss", "nll", "kl"):
                             totals[key] += b * terms[key]
@@ -524,9 +502,8 @@ def _train(
     return history
 
 
-def _note_for_early_stopping(
-    early_stopping: EarlyStopping, epoch: int, history: History, stepper: _Stepper, distributed: bool
-) -> None:
+def _note_for_early_stopping(early_stopping: EarlyStopping, epoch: int, history: History, stepper: _Stepper,
+                             distributed: bool) -> None:
     """Show the epoch to ``early_stopping``; a metric this model does not record is an error with nothing lost.
     Distributed, it sees the mean over ranks of the monitored value, so that every rank decides alike."""
     record = history.last
@@ -544,9 +521,8 @@ def _note_for_early_stopping(
 class _EpochRecorder:
     """One History record per epoch: the averaged terms, the per-layer KL and widths, the validation metrics."""
 
-    def __init__(
-        self, model, guide, elbo: ELBO, num_data: int, per_layer: bool, validation_data, num_validation_samples: int
-    ):
+    def __init__(self, model, guide, elbo: ELBO, num_data: int, per_layer: bool, validation_data,
+                 num_validation_samples: int):
         self.model, self.guide, self.elbo, self.num_data = model, guide, elbo, num_data
         self.per_layer, self.validation_data = per_layer, validation_data
         self.num_validation_samples = num_validation_samples
@@ -564,9 +540,8 @@ class _EpochRecorder:
             record["std_ratio"] = {k: e["std_ratio"] for k, e in summary.items() if "std_ratio" in e}
             record["prior_std"] = {k: e["prior_std"] for k, e in summary.items() if "prior_std" in e}
         if self.validation_data is not None:
-            record.update(
-                _validation_metrics(self.model, self.guide, self.validation_data, self.num_validation_samples)
-            )
+            record.update(_validation_metrics(self.model, self.guide, self.validation_data,
+                                              self.num_validation_samples))
         record["seconds"] = time.perf_counter() - start
         if interrupted:
             record["interrupted"] = True
@@ -574,12 +549,8 @@ class _EpochRecorder:
 
 
 def _postfix(record: dict[str, Any]) -> dict[str, str]:
-    postfix = {
-        "loss/datum": f"{record['loss_per_datum']:.4g}",
-        "nll": f"{record['nll']:.4g}",
-        "kl": f"{record['kl']:.4g}",
-        "kl_w": f"{record['kl_weight']:.3g}",
-    }
+    postfix = {"loss/datum": f"{record['loss_per_datum']:.4g}", "nll": f"{record['nll']:.4g}",
+               "kl": f"{record['kl']:.4g}", "kl_w": f"{record['kl_weight']:.3g}"}
     if "val_log_likelihood" in record:
         postfix["val_ll"] = f"{record['val_log_likelihood']:.3f}"
     return postfix

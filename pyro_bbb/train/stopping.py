@@ -78,14 +78,8 @@ class EarlyStopping:
     (False, True)
     """
 
-    def __init__(
-        self,
-        patience: int,
-        monitor: str = "val_log_likelihood",
-        mode: str | None = None,
-        min_delta: float = 0.0,
-        restore_best: bool = True,
-    ):
+    def __init__(self, patience: int, monitor: str = "val_log_likelihood", mode: str | None = None,
+                 min_delta: float = 0.0, restore_best: bool = True):
         check_count("patience", patience)
         if monitor not in MONITORABLE:
             raise ValueError(f"monitor must be one of {MONITORABLE} (History keys), got {monitor!r}.")
@@ -157,7 +151,5 @@ class EarlyStopping:
                 kept.copy_(param)
 
     def __repr__(self) -> str:
-        return (
-            f"EarlyStopping(patience={self.patience}, monitor={self.monitor!r}, mode={self.mode!r}, "
-            f"min_delta={self.min_delta}, restore_best={self.restore_best})"
-        )
+        return (f"EarlyStopping(patience={self.patience}, monitor={self.monitor!r}, mode={self.mode!r}, "
+                f"min_delta={self.min_delta}, restore_best={self.restore_best})")

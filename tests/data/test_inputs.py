@@ -33,21 +33,13 @@ def test_n_by_1_targets_give_the_same_fit_metrics_and_export_as_n_targets():
         torch.manual_seed(0)
         model = bnn()
         guide = pyro_bbb.MeanFieldGuide(model)
-        history = pyro_bbb.fit(
-            model, guide, (x, targets), epochs=3, batch_size=16, progress=False, seed=0, validation_data=(x, targets)
-        )
+        history = pyro_bbb.fit(model, guide, (x, targets), epochs=3, batch_size=16, progress=False, seed=0,
+                               validation_data=(x, targets))
         pyro.set_rng_seed(1)
         pred = pyro_bbb.predict(model, guide, x, num_samples=20)
         idata = pyro_bbb.to_inference_data(model, guide, x, targets, num_samples=10)
-        results.append(
-            (
-                history["loss"],
-                metrics.rmse(pred, targets),
-                metrics.log_likelihood(pred, targets),
-                metrics.interval_coverage(pred, targets),
-                idata.log_likelihood["y"].values,
-            )
-        )
+        results.append((history["loss"], metrics.rmse(pred, targets), metrics.log_likelihood(pred, targets),
+                        metrics.interval_coverage(pred, targets), idata.log_likelihood["y"].values))
     (loss_a, rmse_a, ll_a, cov_a, lik_a), (loss_b, rmse_b, ll_b, cov_b, lik_b) = results
     assert loss_a == loss_b and rmse_a == rmse_b and ll_a == ll_b and cov_a == cov_b
     np.testing.assert_array_equal(lik_a, lik_b)
@@ -152,7 +144,6 @@ def test_conditioning_a_global_weight_is_not_an_unscaled_likelihood():
     elbo = pyro_bbb.ELBO(num_data=100)
     elbo.loss(conditioned, guide, x[:5], y[:5])
     assert list(elbo.last_terms["kl_by_site"]) == ["fc1.bias"]
-
     # a real likelihood outside the plate is still refused
     def unscaled(x, y=None):
         return pyro.sample("y", dist.Normal(torch.zeros(len(x)), 1.0).to_event(1), obs=y)
@@ -217,9 +208,8 @@ def run_everything(kind, x, y, tmp_path):
     model = pyro_bbb.BNN(Concatenated(), likelihoods.Gaussian(scale=0.3))
     guide = pyro_bbb.MeanFieldGuide(model)
     inputs = split_inputs(x, kind)
-    history = pyro_bbb.fit(
-        model, guide, (inputs, y), epochs=4, batch_size=16, progress=False, seed=0, validation_data=(inputs, y)
-    )
+    history = pyro_bbb.fit(model, guide, (inputs, y), epochs=4, batch_size=16, progress=False, seed=0,
+                           validation_data=(inputs, y))
     pyro.set_rng_seed(1)
     vectorized = pyro_bbb.predict(model, guide, inputs, num_samples=30, batch_size=7, vectorize=True)
     pyro.set_rng_seed(1)

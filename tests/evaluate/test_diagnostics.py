@@ -38,9 +38,8 @@ def test_monte_carlo_kl_for_a_scale_mixture_prior():
     draws = q.sample((20000,))
     reference = float((q.log_prob(draws).sum((-1, -2)) - p.log_prob(draws)).mean())
     summary = diagnostics.layer_summary(bnn, guide)["net.0"]
-    weight_kl = summary["kl"] - float(
-        elementwise_kl(guide.site_posteriors()["net.0.bias"], bnn.net[0].prior_distribution("bias")).sum()
-    )
+    weight_kl = summary["kl"] - float(elementwise_kl(guide.site_posteriors()["net.0.bias"],
+                                                                   bnn.net[0].prior_distribution("bias")).sum())
     # 256 draws per estimate for 15 weights: the total's Monte Carlo error is well under 2%
     assert weight_kl == pytest.approx(reference, rel=0.02)
 

@@ -37,13 +37,8 @@ def fitted():
 def test_groups_dims_and_shapes(fitted):
     bnn, guide, x, y = fitted
     idata = pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=100, num_chains=2)
-    assert set(idata.groups()) == {
-        "posterior",
-        "posterior_predictive",
-        "log_likelihood",
-        "observed_data",
-        "constant_data",
-    }
+    assert set(idata.groups()) == {"posterior", "posterior_predictive", "log_likelihood", "observed_data",
+                                   "constant_data"}
     assert idata.posterior["net.weight"].dims == ("chain", "draw", "net_out", "net_in")
     assert idata.posterior["net.weight"].shape == (2, 100, 1, 2)
     assert idata.posterior["net.bias"].dims == ("chain", "draw", "net_out")
@@ -77,12 +72,8 @@ def test_loo_and_arviz_summary_and_plots(fitted):
     assert lppd - 5 < loo.elpd_loo <= lppd  # leave-one-out costs a little on a well-specified 3-weight model
     table = az.summary(idata, kind="stats")
     assert {"net.weight[0, 0]", "net.bias[0]"} <= set(table.index)
-    for plot in (
-        lambda: az.plot_posterior(idata, var_names=["net.weight"]),
-        lambda: az.plot_forest(idata),
-        lambda: az.plot_ppc(idata, num_pp_samples=20),
-        lambda: az.plot_loo_pit(idata, y="y"),
-    ):
+    for plot in (lambda: az.plot_posterior(idata, var_names=["net.weight"]), lambda: az.plot_forest(idata),
+                 lambda: az.plot_ppc(idata, num_pp_samples=20), lambda: az.plot_loo_pit(idata, y="y")):
         plot()
         plt.close("all")
 

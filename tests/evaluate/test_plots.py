@@ -17,15 +17,8 @@ def test_history_and_std_ratio_plots(tmp_path):
     bnn = pyro_bbb.BNN(net, likelihoods.Gaussian())
     guide = pyro_bbb.MeanFieldGuide(bnn)
     x, y = torch.randn(40, 1), torch.randn(40)
-    history = pyro_bbb.fit(
-        bnn,
-        guide,
-        (x, y),
-        epochs=3,
-        progress=False,
-        validation_data=(x, y),
-        early_stopping=pyro_bbb.EarlyStopping(patience=5),
-    )
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=3, progress=False, validation_data=(x, y),
+                           early_stopping=pyro_bbb.EarlyStopping(patience=5))
     fig = plots.plot_history(history, tmp_path / "history.png")
     assert "best epoch" in fig.axes[0].get_legend_handles_labels()[1]
     fig = plots.plot_std_ratio(bnn, guide, tmp_path / "std.png")
@@ -41,9 +34,8 @@ def test_reliability_and_band(tmp_path):
     plots.plot_reliability(binary, torch.randint(0, 2, (40,)))
     grid = torch.linspace(-2, 2, 30).unsqueeze(-1)
     band = RegressionPrediction(dist.Normal(torch.randn(10, 30), 0.2), torch.zeros(10, 30))
-    plots.plot_predictive_band(
-        band, grid, x_train=grid, y_train=torch.zeros(30), truth=torch.sin, path=tmp_path / "band.png"
-    )
+    plots.plot_predictive_band(band, grid, x_train=grid, y_train=torch.zeros(30), truth=torch.sin,
+                               path=tmp_path / "band.png")
     assert (tmp_path / "reliability.png").exists() and (tmp_path / "band.png").exists()
     with pytest.raises(ValueError, match="1-D inputs"):
         plots.plot_predictive_band(band, torch.randn(30, 2))

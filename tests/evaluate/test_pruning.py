@@ -24,7 +24,8 @@ def test_signal_to_noise_and_pruning():
         assert torch.all(values[name]["value"][~keep].abs() < 1e-30)
         assert torch.all(values[name]["value"][keep] != 0)
     # the original guide is untouched
-    assert all(torch.all(v["value"] != 0) for k, v in pyro.poutine.trace(guide).get_trace(x).nodes.items() if k in snr)
+    assert all(torch.all(v["value"] != 0) for k, v in pyro.poutine.trace(guide).get_trace(x).nodes.items()
+               if k in snr)
     pred = pyro_bbb.predict(bnn, pruned, x, num_samples=5)
     assert torch.isfinite(pred.mean).all()
 

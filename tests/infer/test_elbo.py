@@ -72,10 +72,8 @@ def test_loss_equals_hand_computation(batch):
     draw = poutine.trace(guide).get_trace(x, y)
     w, b = draw.nodes["fc.weight"]["value"], draw.nodes["fc.bias"]["value"]
     log_lik = torch.distributions.Normal(x @ w.T.squeeze(-1) + b, 0.5).log_prob(y).sum()
-    kl_by_site = {
-        name: torch.distributions.kl_divergence(q, torch.distributions.Normal(0.0, 0.7)).sum().item()
-        for name, q in guide.site_posteriors().items()
-    }
+    kl_by_site = {name: torch.distributions.kl_divergence(q, torch.distributions.Normal(0.0, 0.7)).sum().item()
+                  for name, q in guide.site_posteriors().items()}
     kl = sum(kl_by_site.values())
     expected = -(N / batch * log_lik.item() - kl)
     assert loss == pytest.approx(expected, rel=1e-5)
@@ -273,9 +271,8 @@ def test_a_prior_tensor_changed_in_place_is_read_again():
     scale.fill_(0.25)
     elbo.loss(model, guide, x, y)
     q = guide.site_posteriors()
-    expected = sum(
-        float(torch.distributions.kl_divergence(q[n], dist.Normal(0.0, 0.25)).sum()) for n in ("fc.weight", "fc.bias")
-    )
+    expected = sum(float(torch.distributions.kl_divergence(q[n], dist.Normal(0.0, 0.25)).sum())
+                   for n in ("fc.weight", "fc.bias"))
     assert elbo.last_terms["kl"] == pytest.approx(expected, rel=1e-5)
 
 

@@ -55,16 +55,10 @@ LAYERS = {
     "conv1d": (lambda: bayesian_conv.BayesianConv1d(2, 3, 3, padding=1), (2, 2, 5), F.conv1d),
     "conv2d": (lambda: bayesian_conv.BayesianConv2d(2, 3, 3, stride=2), (2, 2, 5, 5), F.conv2d),
     "conv3d": (lambda: bayesian_conv.BayesianConv3d(1, 2, 2), (1, 1, 3, 3, 3), F.conv3d),
-    "convT1d": (
-        lambda: bayesian_conv.BayesianConvTranspose1d(2, 3, 3, stride=2, output_padding=1),
-        (2, 2, 4),
-        F.conv_transpose1d,
-    ),
-    "convT2d": (
-        lambda: bayesian_conv.BayesianConvTranspose2d(2, 2, 3, stride=2, padding=1),
-        (2, 2, 3, 3),
-        F.conv_transpose2d,
-    ),
+    "convT1d": (lambda: bayesian_conv.BayesianConvTranspose1d(2, 3, 3, stride=2, output_padding=1), (2, 2, 4),
+                F.conv_transpose1d),
+    "convT2d": (lambda: bayesian_conv.BayesianConvTranspose2d(2, 2, 3, stride=2, padding=1), (2, 2, 3, 3),
+                F.conv_transpose2d),
     "convT3d": (lambda: bayesian_conv.BayesianConvTranspose3d(1, 2, 2, stride=2), (1, 1, 2, 2, 2), F.conv_transpose3d),
 }
 
@@ -163,25 +157,14 @@ def test_fit_with_particles_and_a_ragged_batch(estimator):
     x = torch.randn(70, 2, generator=g)
     y = torch.tanh(x.sum(-1)) + 0.1 * torch.randn(70, generator=g)
     guide = pyro_bbb.MeanFieldGuide(model)
-    history = pyro_bbb.fit(
-        model,
-        guide,
-        (x, y),
-        epochs=40,
-        batch_size=32,
-        num_particles=2,
-        lr=0.02,
-        estimator=estimator,
-        progress=False,
-        seed=0,
-    )
+    history = pyro_bbb.fit(model, guide, (x, y), epochs=40, batch_size=32, num_particles=2, lr=0.02,
+                           estimator=estimator, progress=False, seed=0)
     assert history["nll"][-1] < 0.5 * history["nll"][0]
 
 
 def test_vectorized_particles_in_conv_nets():
-    net = torch.nn.Sequential(
-        bayesian_conv.BayesianConv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.Flatten(-3), BayesianLinear(2 * 16, 3)
-    )
+    net = torch.nn.Sequential(bayesian_conv.BayesianConv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.Flatten(-3),
+                              BayesianLinear(2 * 16, 3))
     model = pyro_bbb.BNN(net, likelihoods.Categorical())
     x, y = torch.randn(5, 1, 6, 6), torch.randint(0, 3, (5,))
     guide = pyro_bbb.MeanFieldGuide(model)
@@ -369,7 +352,6 @@ def test_the_heteroscedastic_loss_sees_the_heads_covariance():
             losses[drop] = pyro_bbb.ELBO(num_data=16).loss(model, guide, x, y)
             if not drop:
                 output = poutine.replay(model.net, trace=poutine.trace(guide).get_trace(x, y))(x)
-
     def expected_log_likelihood(moments):
         return float(model.likelihood.moment_distribution(moments).log_prob(y).sum().detach())
 
@@ -381,7 +363,6 @@ def test_the_heteroscedastic_loss_sees_the_heads_covariance():
 
 def test_moments_of_a_one_hidden_layer_net_with_a_custom_forward_equal_monte_carlo():
     """indexing, cat with the input and view in forward: still exact (the input is not random)."""
-
     class Net(PyroModule):
         def __init__(self):
             super().__init__()
@@ -402,16 +383,12 @@ def test_moments_of_a_one_hidden_layer_net_with_a_custom_forward_equal_monte_car
     torch.testing.assert_close(draws.var(0), moments.variance, rtol=0.05, atol=0)
 
 
-@pytest.mark.parametrize(
-    "likelihood",
-    [likelihoods.Gaussian(scale=0.3), likelihoods.HeteroscedasticGaussian()],
-    ids=["gaussian", "heteroscedastic"],
-)
+@pytest.mark.parametrize("likelihood", [likelihoods.Gaussian(scale=0.3), likelihoods.HeteroscedasticGaussian()],
+                         ids=["gaussian", "heteroscedastic"])
 def test_moment_propagation_is_deterministic(likelihood):
     out = 1 if isinstance(likelihood, likelihoods.Gaussian) else 2
-    net = torch.nn.Sequential(
-        BayesianLinear(2, 8), torch.nn.ReLU(), BayesianLinear(8, 8), torch.nn.GELU(), BayesianLinear(8, out)
-    )
+    net = torch.nn.Sequential(BayesianLinear(2, 8), torch.nn.ReLU(), BayesianLinear(8, 8), torch.nn.GELU(),
+                              BayesianLinear(8, out))
     model = pyro_bbb.BNN(net, likelihood)
     x, y = torch.randn(16, 2), torch.randn(16)
     guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.2)
@@ -430,9 +407,8 @@ def test_fit_with_moments_does_not_depend_on_the_random_stream():
         guide = pyro_bbb.MeanFieldGuide(model)
         pyro.clear_param_store()
         pyro.set_rng_seed(seed)  # the guide's weight draws (unused by moments) and the order of the rows
-        history = pyro_bbb.fit(
-            model, guide, (x, y), epochs=60, batch_size=64, lr=0.02, estimator=estimator, progress=False
-        )
+        history = pyro_bbb.fit(model, guide, (x, y), epochs=60, batch_size=64, lr=0.02, estimator=estimator,
+                               progress=False)
         return torch.tensor(history["loss"]), history["nll"]
 
     (first, nll), (second, _) = losses("moments", 0), losses("moments", 1)
@@ -459,9 +435,8 @@ def test_moment_propagation_errors_name_the_problem_before_anything_changes():
     pyro.clear_param_store()
     model = mlp_model()
     with pytest.raises(ValueError, match="num_particles=1"), pyro_bbb.moment_propagation():
-        pyro_bbb.ELBO(num_data=8, num_particles=2, vectorize_particles=True).loss(
-            model, pyro_bbb.MeanFieldGuide(model), x, y
-        )
+        pyro_bbb.ELBO(num_data=8, num_particles=2, vectorize_particles=True).loss(model, pyro_bbb.MeanFieldGuide(model),
+                                                                                  x, y)
     with pytest.raises(ValueError, match="moment propagation needs the posterior mean"), pyro_bbb.moment_propagation():
         pyro_bbb.ELBO(num_data=8).loss(model, AutoNormal(model), x, y)
     with pytest.raises(ValueError, match="MeanFieldGuide"):

@@ -158,9 +158,8 @@ def _mean_field_optimum(x, y):
 
 
 def _local_guide(model):
-    return MeanFieldGuide(
-        model, init_scale=0.05, create_plates=lambda x, y=None: pyro.plate("data", N_LOCAL, subsample=x[:, -1].long())
-    )
+    return MeanFieldGuide(model, init_scale=0.05,
+                          create_plates=lambda x, y=None: pyro.plate("data", N_LOCAL, subsample=x[:, -1].long()))
 
 
 def _assert_matches_the_optimum(guide, x, y, std_rtol=0.1, mean_in_stds=0.3):
@@ -197,16 +196,8 @@ def test_local_latents_train_with_fit_on_minibatches():
     x, y = _local_data()
     model = LocalLatent()
     guide = _local_guide(model)
-    pyro_bbb.fit(
-        model,
-        guide,
-        (x, y),
-        epochs=1000,
-        batch_size=10,
-        progress=False,
-        seed=0,
-        optimizer=pyro.optim.ClippedAdam({"lr": 0.02, "lrd": 0.9993}),
-    )
+    pyro_bbb.fit(model, guide, (x, y), epochs=1000, batch_size=10, progress=False, seed=0,
+                 optimizer=pyro.optim.ClippedAdam({"lr": 0.02, "lrd": 0.9993}))
     _assert_matches_the_optimum(guide, x, y, std_rtol=0.12, mean_in_stds=0.5)  # one particle: noisier
 
 

@@ -1,5 +1,6 @@
 """The KL arithmetic against torch's closed forms and Monte Carlo references, values and gradients."""
 
+
 import math
 
 import pyro.distributions as dist
@@ -36,6 +37,7 @@ def test_fast_normal_kl_equals_torchs_closed_form_and_its_gradient(prior_loc, pr
     assert normal_kl_sum(q.base_dist.loc, q.base_dist.scale, varying) is None
 
 
+
 def test_batched_normal_kls_equal_torchs_closed_form_per_site_and_its_gradients():
     """Every site's KL against its own N(0, t) from one batched computation: values and gradients as
     torch's kl_divergence gives them site by site; mixed dtypes take the per-site path with the same results."""
@@ -50,12 +52,10 @@ def test_batched_normal_kls_equal_torchs_closed_form_per_site_and_its_gradients(
         raws = [torch.randn(s, dtype=d, requires_grad=True) for s, d in zip(shapes, dtypes)]
         scales = [torch.nn.functional.softplus(r) for r in raws]
         batched = batched_normal_kls(list(zip(locs, scales, ts)))
-        reference = torch.stack(
-            [
-                kl_divergence(dist.Normal(m, s), dist.Normal(torch.zeros_like(m), torch.full_like(m, t))).sum()
-                for m, s, t in zip(locs, scales, ts)
-            ]
-        ).to(batched.dtype)
+        reference = torch.stack([
+            kl_divergence(dist.Normal(m, s), dist.Normal(torch.zeros_like(m), torch.full_like(m, t))).sum()
+            for m, s, t in zip(locs, scales, ts)
+        ]).to(batched.dtype)
         torch.testing.assert_close(batched, reference, rtol=1e-5, atol=1e-5)
         weights = torch.arange(1.0, 5.0, dtype=batched.dtype)  # a different weight per site: no cancellation
         grads = torch.autograd.grad((batched * weights).sum(), locs + raws, retain_graph=True)

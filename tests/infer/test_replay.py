@@ -56,12 +56,8 @@ def _classifier_with_a_deterministic_layer():
     net = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), BayesianLinear(6, 3, prior=priors.Normal(0.2, 2)))
     bnn = pyro_bbb.BNN(net, likelihoods.Categorical())
     g = torch.Generator().manual_seed(2)
-    return (
-        bnn,
-        MeanFieldGuide(bnn, init_scale=0.05),
-        torch.randn(30, 4, generator=g),
-        torch.randint(0, 3, (30,), generator=g),
-    )
+    return bnn, MeanFieldGuide(bnn, init_scale=0.05), torch.randn(30, 4, generator=g), torch.randint(0, 3, (30,),
+                                                                                                      generator=g)
 
 
 def _regression_bnn_with_other_priors():
@@ -70,23 +66,17 @@ def _regression_bnn_with_other_priors():
     import pyro_bbb
     from pyro_bbb import likelihoods
 
-    net = torch.nn.Sequential(
-        BayesianLinear(3, 8, prior=priors.EmpiricalBayesNormal()),
-        torch.nn.ReLU(),
-        BayesianLinear(8, 8, prior=priors.Laplace(0.0, 0.5)),
-        torch.nn.ReLU(),
-        BayesianLinear(8, 1, prior=priors.ScaleMixtureNormal()),
-    )
+    net = torch.nn.Sequential(BayesianLinear(3, 8, prior=priors.EmpiricalBayesNormal()), torch.nn.ReLU(),
+                              BayesianLinear(8, 8, prior=priors.Laplace(0.0, 0.5)), torch.nn.ReLU(),
+                              BayesianLinear(8, 1, prior=priors.ScaleMixtureNormal()))
     bnn = pyro_bbb.BNN(net, likelihoods.Gaussian())
     g = torch.Generator().manual_seed(3)
     return bnn, MeanFieldGuide(bnn, init_scale=0.1), torch.randn(20, 3, generator=g), torch.randn(20, 1, generator=g)
 
 
-@pytest.mark.parametrize(
-    "build",
-    [_regression_bnn, _classifier_with_a_deterministic_layer, _regression_bnn_with_other_priors],
-    ids=["regression", "classifier", "other-priors"],
-)
+@pytest.mark.parametrize("build", [_regression_bnn, _classifier_with_a_deterministic_layer,
+                                   _regression_bnn_with_other_priors],
+                         ids=["regression", "classifier", "other-priors"])
 @pytest.mark.parametrize("kl_weight", [1.0, LinearWarmup(4)], ids=["kl", "warmup"])
 def test_replayed_steps_equal_the_full_pyro_path_bit_for_bit(build, kl_weight):
     """Same draws, losses, KL terms and parameters after every step as Pyro's handlers compute them -- including a
@@ -102,6 +92,7 @@ def test_replayed_steps_equal_the_full_pyro_path_bit_for_bit(build, kl_weight):
         assert torch.equal(fast[1][name], full[1][name]), name
 
 
+
 @pytest.mark.parametrize("estimator", [None, "flipout", "local_reparameterization"])
 def test_vectorized_particles_run_the_full_path_with_or_without_replay(estimator):
     """Several particles (vectorized) are not replayed: the step is Pyro's full path whether ``replay`` is on or off,
@@ -109,23 +100,13 @@ def test_vectorized_particles_run_the_full_path_with_or_without_replay(estimator
     import pyro_bbb
 
     handler = getattr(pyro_bbb, estimator) if estimator else None
-    runs = [
-        _replay_run(
-            _classifier_with_a_deterministic_layer,
-            replay,
-            steps=4,
-            handler=handler,
-            kl_weight=LinearWarmup(3),
-            num_particles=3,
-            vectorize_particles=True,
-        )
-        for replay in (True, False)
-    ]
+    runs = [_replay_run(_classifier_with_a_deterministic_layer, replay, steps=4, handler=handler,
+                        kl_weight=LinearWarmup(3), num_particles=3, vectorize_particles=True)
+            for replay in (True, False)]
     (fast_losses, fast_params, fast_elbo, fast_replayed), (losses, params, elbo, _) = runs
     assert not any(fast_replayed) and fast_losses == losses and fast_elbo.last_terms == elbo.last_terms
     assert all(torch.equal(fast_params[name], params[name]) for name in params)
     assert fast_elbo.last_terms["kl"] > 0 and len(set(fast_losses)) == 4
-
 
 def test_replay_equals_the_full_path_through_fit_history_included(monkeypatch):
     import functools
@@ -139,19 +120,16 @@ def test_replay_equals_the_full_path_through_fit_history_included(monkeypatch):
         pyro.clear_param_store()
         torch.manual_seed(0)
         model, guide, x, y = _classifier_with_a_deterministic_layer()
-        histories.append(
-            pyro_bbb.fit(model, guide, (x, y), epochs=4, batch_size=8, seed=3, progress=False, validation_data=(x, y))
-        )
+        histories.append(pyro_bbb.fit(model, guide, (x, y), epochs=4, batch_size=8, seed=3, progress=False,
+                                      validation_data=(x, y)))
     for fast, full in zip(histories[0].records, histories[1].records, strict=True):
         assert {k: v for k, v in fast.items() if k != "seconds"} == {k: v for k, v in full.items() if k != "seconds"}
 
 
 @pytest.mark.parametrize("estimator", ["flipout", "local_reparameterization"])
-@pytest.mark.parametrize(
-    "build",
-    [_regression_bnn, _classifier_with_a_deterministic_layer, _regression_bnn_with_other_priors],
-    ids=["regression", "classifier", "other-priors"],
-)
+@pytest.mark.parametrize("build", [_regression_bnn, _classifier_with_a_deterministic_layer,
+                                   _regression_bnn_with_other_priors],
+                         ids=["regression", "classifier", "other-priors"])
 def test_replay_under_flipout_and_local_reparameterization_equals_the_full_path(estimator, build):
     """The estimators' handlers stay active in a replayed step, told each weight's posterior as the guide's draw
     would tell them: same signs and noise in the same order, same numbers (with a KL warm-up)."""
@@ -238,11 +216,8 @@ def test_replay_is_off_for_what_it_does_not_cover():
     svi.step(x, y)
     svi.step(x, y)
     assert elbo.last_step_replayed
-    keep = {
-        name: torch.ones_like(p.loc, dtype=torch.bool)
-        for name, p in guide.site_posteriors().items()
-        if name.startswith("net.")
-    }
+    keep = {name: torch.ones_like(p.loc, dtype=torch.bool) for name, p in guide.site_posteriors().items()
+            if name.startswith("net.")}
     with guide.pruned(keep):
         svi.step(x, y)
     assert not elbo.last_step_replayed

@@ -1,5 +1,6 @@
 """The data plate's N/B scaling against Pyro's own subsampling, and every error it raises."""
 
+
 import pyro
 import pyro.distributions as dist
 import pytest

@@ -190,9 +190,8 @@ def test_a_converted_convolutional_autoencoder_trains(estimator):
     guide = pyro_bbb.MeanFieldGuide(bnn)
     targets = x.flatten(1)
     baseline = float(((targets - targets.mean(0)) ** 2).mean())  # predicting the mean image
-    pyro_bbb.fit(
-        bnn, guide, (x, targets), epochs=60, batch_size=32, lr=0.02, estimator=estimator, progress=False, seed=0
-    )
+    pyro_bbb.fit(bnn, guide, (x, targets), epochs=60, batch_size=32, lr=0.02, estimator=estimator,
+                 progress=False, seed=0)
     pyro.set_rng_seed(1)
     fast = pyro_bbb.predict(bnn, guide, x, num_samples=8, vectorize=True)
     pyro.set_rng_seed(1)

@@ -14,15 +14,8 @@ transformers = pytest.importorskip("transformers")
 def tiny_bert(seed=0):
     torch.manual_seed(seed)
     config = transformers.BertConfig(
-        vocab_size=24,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=16,
-        num_labels=2,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
+        vocab_size=24, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=16, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
     )
     return transformers.BertForSequenceClassification(config)
 

@@ -96,12 +96,8 @@ def test_view_by_batch_size_cat_on_dim_1_and_mean_over_dims_are_vectorized_and_e
 def test_converted_cnn_with_batchnorm_maxpool_flatten_is_vectorized_and_equals_the_loop():
     torch.manual_seed(0)
     cnn = torch.nn.Sequential(
-        torch.nn.Conv2d(1, 4, 3, padding=1),
-        torch.nn.BatchNorm2d(4),
-        torch.nn.ReLU(),
-        torch.nn.MaxPool2d(2),
-        torch.nn.Flatten(),
-        torch.nn.Linear(4 * 4 * 4, 3),
+        torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 3),
     )
     cnn(torch.randn(32, 1, 8, 8))  # running statistics
     bnn = pyro_bbb.BNN(pyro_bbb.bayesianize(cnn), likelihoods.Categorical()).eval()

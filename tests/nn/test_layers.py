@@ -15,11 +15,8 @@ from pyro_bbb.nn import conv as bayesian_conv
 
 from ..helpers import MLP, Regression
 
-CONV = {
-    1: (bayesian_conv.BayesianConv1d, nn.Conv1d, F.conv1d),
-    2: (bayesian_conv.BayesianConv2d, nn.Conv2d, F.conv2d),
-    3: (bayesian_conv.BayesianConv3d, nn.Conv3d, F.conv3d),
-}
+CONV = {1: (bayesian_conv.BayesianConv1d, nn.Conv1d, F.conv1d), 2: (bayesian_conv.BayesianConv2d, nn.Conv2d, F.conv2d),
+        3: (bayesian_conv.BayesianConv3d, nn.Conv3d, F.conv3d)}
 
 
 def test_linear_is_twin_of_torch():
@@ -54,12 +51,8 @@ def test_site_names_follow_module_paths():
 @pytest.mark.parametrize("d", [1, 2, 3])
 @pytest.mark.parametrize(
     "kwargs",
-    [
-        dict(),
-        dict(stride=2, padding=1, dilation=1, groups=2),
-        dict(padding="same", dilation=2, bias=False),
-        dict(padding=1, padding_mode="reflect"),
-    ],
+    [dict(), dict(stride=2, padding=1, dilation=1, groups=2), dict(padding="same", dilation=2, bias=False),
+     dict(padding=1, padding_mode="reflect")],
     ids=["plain", "strided-grouped", "same-dilated", "reflect"],
 )
 def test_conv_is_twin_of_torch(d, kwargs):
@@ -170,22 +163,16 @@ def test_calling_a_layer_inside_the_data_plate_is_an_error():
         model(torch.randn(4, 3), torch.randn(4))
 
 
-TRANSPOSED = {
-    1: (bayesian_conv.BayesianConvTranspose1d, nn.ConvTranspose1d, F.conv_transpose1d),
-    2: (bayesian_conv.BayesianConvTranspose2d, nn.ConvTranspose2d, F.conv_transpose2d),
-    3: (bayesian_conv.BayesianConvTranspose3d, nn.ConvTranspose3d, F.conv_transpose3d),
-}
+TRANSPOSED = {1: (bayesian_conv.BayesianConvTranspose1d, nn.ConvTranspose1d, F.conv_transpose1d),
+              2: (bayesian_conv.BayesianConvTranspose2d, nn.ConvTranspose2d, F.conv_transpose2d),
+              3: (bayesian_conv.BayesianConvTranspose3d, nn.ConvTranspose3d, F.conv_transpose3d)}
 
 
 @pytest.mark.parametrize("d", [1, 2, 3])
 @pytest.mark.parametrize(
     "kwargs",
-    [
-        dict(),
-        dict(stride=2, padding=1, output_padding=1, groups=2),
-        dict(stride=3, dilation=2, bias=False),
-        dict(stride=2, output_padding=1, dilation=2, groups=2),
-    ],
+    [dict(), dict(stride=2, padding=1, output_padding=1, groups=2), dict(stride=3, dilation=2, bias=False),
+     dict(stride=2, output_padding=1, dilation=2, groups=2)],
     ids=["plain", "strided-grouped-outpad", "dilated-nobias", "all"],
 )
 def test_conv_transpose_is_twin_of_torch(d, kwargs):

@@ -57,9 +57,8 @@ def test_relu_moments_of_a_point_mass_are_relu_and_zero_with_finite_gradients():
 
 @pytest.mark.parametrize("slope", [0.01, 0.2, -0.5])
 def test_leaky_relu_moments_equal_the_integrals(slope):
-    check_against_integration(
-        lambda m, v: leaky_relu_moments(m, v, slope), lambda x: F.leaky_relu(x, slope), 1e-7, 1e-6
-    )
+    check_against_integration(lambda m, v: leaky_relu_moments(m, v, slope),
+                              lambda x: F.leaky_relu(x, slope), 1e-7, 1e-6)
 
 
 @pytest.mark.parametrize("fn", [torch.tanh, torch.sigmoid, F.softplus, F.gelu, F.silu], ids=lambda f: f.__name__)
@@ -101,7 +100,6 @@ def test_affine_moments_equal_monte_carlo(kind):
 
         def apply(x, w, b):
             return F.conv1d(x, w, b, padding=1)
-
     x_mean, x_var = torch.randn(in_shape), torch.rand(in_shape) + 0.1
     loc, scale = torch.randn(w_shape), torch.rand(w_shape) * 0.5 + 0.1
     b_loc, b_scale = torch.randn(b_shape), torch.rand(b_shape) * 0.5 + 0.1
@@ -112,11 +110,8 @@ def test_affine_moments_equal_monte_carlo(kind):
         x = x_mean + x_var.sqrt() * torch.randn(n, *in_shape)
         w = loc + scale * torch.randn(n, *w_shape)
         b = b_loc + b_scale * torch.randn(n, *b_shape)
-        draws.append(
-            torch.stack([apply(x[i], w[i], b[i]) for i in range(n)])
-            if kind == "conv1d"
-            else torch.einsum("nbi,noi->nbo", x, w) + b[:, None]
-        )
+        draws.append(torch.stack([apply(x[i], w[i], b[i]) for i in range(n)]) if kind == "conv1d"
+                     else torch.einsum("nbi,noi->nbo", x, w) + b[:, None])
     draws = torch.cat(draws)
     se = draws.std(0) / math.sqrt(len(draws))
     assert ((out.mean - draws.mean(0)).abs() < 4 * se).all()
@@ -148,19 +143,11 @@ def test_moments_follow_shape_operations_and_constants():
     assert torch.nn.Dropout(0.3).eval()(m) is m
 
 
-@pytest.mark.parametrize(
-    "expression",
-    [
-        lambda m: torch.softmax(m, -1),
-        lambda m: m.exp(),
-        lambda m: m + m,
-        lambda m: 1 / m,
-        lambda m: torch.nn.Dropout(0.3).train()(m),
-        lambda m: torch.nn.LayerNorm(3)(m),
-        lambda m: torch.distributions.Normal(m, 1.0),
-    ],
-    ids=["softmax", "exp", "m+m", "1/m", "dropout", "layernorm", "distribution"],
-)
+@pytest.mark.parametrize("expression", [
+    lambda m: torch.softmax(m, -1), lambda m: m.exp(), lambda m: m + m, lambda m: 1 / m,
+    lambda m: torch.nn.Dropout(0.3).train()(m), lambda m: torch.nn.LayerNorm(3)(m),
+    lambda m: torch.distributions.Normal(m, 1.0),
+], ids=["softmax", "exp", "m+m", "1/m", "dropout", "layernorm", "distribution"])
 def test_an_operation_without_a_rule_is_a_clear_error(expression):
     m = Moments(torch.zeros(2, 3), torch.ones(2, 3))
     with pytest.raises((MomentPropagationError, AttributeError), match="moment propagation|pyro_bbb likelihood"):
@@ -207,9 +194,8 @@ def test_heteroscedastic_expected_log_likelihood_with_a_correlated_scale_equals_
     same outputs miss by more than 20 (the test has power)."""
     torch.manual_seed(4)
     likelihood = likelihoods.HeteroscedasticGaussian(min_scale=0.01)
-    hidden = Moments(
-        torch.tensor([[0.5, -0.2, 1.0], [1.0, 0.3, -0.5]]), torch.tensor([[0.4, 0.9, 0.2], [0.3, 0.5, 1.0]])
-    )
+    hidden = Moments(torch.tensor([[0.5, -0.2, 1.0], [1.0, 0.3, -0.5]]),
+                     torch.tensor([[0.4, 0.9, 0.2], [0.3, 0.5, 1.0]]))
     loc, bias = torch.tensor([[1.0, 0.5, -1.0], [0.8, 0.7, -0.6]]), torch.tensor([0.0, 0.5])
     output = affine_moments(hidden, F.linear, (loc, torch.zeros(2, 3)), (bias, torch.zeros(2)), linear=True)
     y = torch.tensor([0.0, 2.0])
@@ -224,9 +210,8 @@ def test_heteroscedastic_expected_log_likelihood_with_a_correlated_scale_equals_
 
 def test_standardized_expectations_against_integration():
     for mean, std in [(0.3, 0.5), (-1.0, 2.0)]:
-        e0, e1, e2 = standardized_expectations(
-            torch.sigmoid, torch.tensor([mean], dtype=torch.float64), torch.tensor([std**2], dtype=torch.float64)
-        )
+        e0, e1, e2 = standardized_expectations(torch.sigmoid, torch.tensor([mean], dtype=torch.float64),
+                                               torch.tensor([std**2], dtype=torch.float64))
         for power, value in enumerate((e0, e1, e2)):
             exact, _ = integrated(lambda x, p=power, m=mean, s=std: torch.sigmoid(x) * ((x - m) / s) ** p, mean, std)
             assert abs(float(value) - exact) < 1e-8

@@ -58,23 +58,14 @@ def test_initial_values_priors_and_sites():
     assert float(fan.prior_distribution("weight_ih_l0").base_dist.scale.reshape(-1)[0]) == pytest.approx(3**-0.5)
 
 
-@pytest.mark.parametrize(
-    "make, twin, keyword",
-    [
-        (
-            lambda **kw: BayesianLSTM(3, 5, num_layers=2, bidirectional=True, **kw),
-            lambda: torch.nn.LSTM(3, 5, num_layers=2, bidirectional=True),
-            "forget_bias",
-        ),
-        (lambda **kw: BayesianLSTMCell(3, 5, **kw), lambda: torch.nn.LSTMCell(3, 5), "forget_bias"),
-        (
-            lambda **kw: BayesianGRU(3, 5, num_layers=2, bidirectional=True, **kw),
-            lambda: torch.nn.GRU(3, 5, num_layers=2, bidirectional=True),
-            "update_bias",
-        ),
-        (lambda **kw: BayesianGRUCell(3, 5, **kw), lambda: torch.nn.GRUCell(3, 5), "update_bias"),
-    ],
-)
+@pytest.mark.parametrize("make, twin, keyword", [
+    (lambda **kw: BayesianLSTM(3, 5, num_layers=2, bidirectional=True, **kw),
+     lambda: torch.nn.LSTM(3, 5, num_layers=2, bidirectional=True), "forget_bias"),
+    (lambda **kw: BayesianLSTMCell(3, 5, **kw), lambda: torch.nn.LSTMCell(3, 5), "forget_bias"),
+    (lambda **kw: BayesianGRU(3, 5, num_layers=2, bidirectional=True, **kw),
+     lambda: torch.nn.GRU(3, 5, num_layers=2, bidirectional=True), "update_bias"),
+    (lambda **kw: BayesianGRUCell(3, 5, **kw), lambda: torch.nn.GRUCell(3, 5), "update_bias"),
+])
 def test_keep_gate_bias_starts_at_one_and_none_keeps_torchs_initialisation(make, twin, keyword):
     """An LSTM's forget gate (gates i, f, g, o) and a GRU's update gate (gates r, z, n) are the second block."""
     torch.manual_seed(0)
@@ -117,7 +108,7 @@ def test_flipout_signs_are_shared_across_time_and_unbiased():
     for name, handler in (("reparam", None), ("flipout", pyro_bbb.flipout)):
         runs = []
         for _ in range(4):
-            with handler() if handler else poutine.messenger.Messenger(), pyro.plate("draws", 2000, dim=-2):
+            with (handler() if handler else poutine.messenger.Messenger()), pyro.plate("draws", 2000, dim=-2):
                 trace = poutine.trace(guide).get_trace(x)
                 runs.append(poutine.replay(layer, trace=trace)(x)[0].detach())
         outputs[name] = torch.cat(runs)
@@ -159,18 +150,8 @@ def test_trains_with_fit_and_flipout_and_clipping():
     y = (x[:, :, 0].sum(-1) > 0).float()
     bnn = pyro_bbb.BNN(LastStep(BayesianLSTM(2, 4, batch_first=True), 4), likelihoods.Bernoulli())
     guide = pyro_bbb.MeanFieldGuide(bnn)
-    history = pyro_bbb.fit(
-        bnn,
-        guide,
-        (x, y),
-        epochs=30,
-        batch_size=16,
-        lr=0.03,
-        clip_norm=5.0,
-        estimator="flipout",
-        progress=False,
-        seed=0,
-    )
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=30, batch_size=16, lr=0.03, clip_norm=5.0,
+                           estimator="flipout", progress=False, seed=0)
     assert history["nll"][-1] < 0.6 * history["nll"][0]
     assert math.isfinite(history.last["kl"]) and set(history.last["kl_by_layer"]) == {"net.rnn"}
 
@@ -223,25 +204,13 @@ def test_worst_bayesian_lstm_seed_is_within_5_points_of_the_deterministic_median
                     lstm.bias_ih_l0[8:16], lstm.bias_hh_l0[8:16] = 1.0, 0.0
                 net = LastStepClassifier(lstm, nn.Linear(8, 1))
             else:
-                net = LastStepClassifier(
-                    BayesianLSTM(7, 8, batch_first=True), BayesianLinear(8, 1, prior=priors.Normal(0.0, 2.0))
-                )
+                net = LastStepClassifier(BayesianLSTM(7, 8, batch_first=True),
+                                         BayesianLinear(8, 1, prior=priors.Normal(0.0, 2.0)))
                 settings = {"estimator": "flipout", "kl_weight": pyro_bbb.infer.schedules.LinearWarmup(400)}
             bnn = pyro_bbb.BNN(net.to(dtype), likelihoods.Bernoulli())
             guide = pyro_bbb.MeanFieldGuide(bnn)
-            pyro_bbb.fit(
-                bnn,
-                guide,
-                (x.to(dtype), y.to(dtype)),
-                epochs=40,
-                batch_size=100,
-                lr=1e-2,
-                lr_final=1e-3,
-                clip_norm=5.0,
-                progress=False,
-                seed=seed,
-                **settings,
-            )
+            pyro_bbb.fit(bnn, guide, (x.to(dtype), y.to(dtype)), epochs=40, batch_size=100, lr=1e-2, lr_final=1e-3,
+                         clip_norm=5.0, progress=False, seed=seed, **settings)
             prediction = pyro_bbb.predict(bnn, guide, x_test.to(dtype), num_samples=32)
             accuracy[kind].append(pyro_bbb.evaluate.metrics.accuracy(prediction, y_test.to(dtype)))
     deterministic_median = sorted(accuracy["deterministic"])[1]
@@ -252,11 +221,8 @@ def test_worst_bayesian_lstm_seed_is_within_5_points_of_the_deterministic_median
 # -- torch's fused kernel, packed sequences, projections --------------------------------------------------
 LAYER = {"LSTM": BayesianLSTM, "GRU": BayesianGRU}
 SETTINGS = [
-    {},
-    {"num_layers": 2, "bidirectional": True, "batch_first": True},
-    {"bias": False},
-    {"proj_size": 2, "num_layers": 2},
-    {"proj_size": 3, "bidirectional": True, "batch_first": True},
+    {}, {"num_layers": 2, "bidirectional": True, "batch_first": True}, {"bias": False},
+    {"proj_size": 2, "num_layers": 2}, {"proj_size": 3, "bidirectional": True, "batch_first": True},
 ]
 
 
@@ -303,7 +269,7 @@ def test_fused_kernel_gradients_equal_the_time_loop():
         weights = {k: p.detach().reshape(lead + p.shape).requires_grad_() for k, p in twin.named_parameters()}
         out, _ = poutine.condition(layer, data=weights)(x)
         (out**2).sum().backward()
-        grads.append({k: w.grad.reshape(w.shape[len(lead) :]) for k, w in weights.items()})
+        grads.append({k: w.grad.reshape(w.shape[len(lead):]) for k, w in weights.items()})
     for name in grads[0]:
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-6)
 
@@ -312,9 +278,8 @@ def packed_batch(batch_first, lengths=(6, 2, 4, 1, 5), features=3, seed=0):
     g = torch.Generator().manual_seed(seed)
     sequences = [torch.randn(n, features, generator=g) for n in lengths]
     padded = nn.utils.rnn.pad_sequence(sequences, batch_first=batch_first)
-    packed = nn.utils.rnn.pack_padded_sequence(
-        padded, torch.tensor(lengths), batch_first=batch_first, enforce_sorted=False
-    )
+    packed = nn.utils.rnn.pack_padded_sequence(padded, torch.tensor(lengths), batch_first=batch_first,
+                                               enforce_sorted=False)
     return sequences, packed
 
 
@@ -396,9 +361,8 @@ def test_projection_is_converted_and_vectorized():
 
 
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
-@pytest.mark.parametrize(
-    "kwargs", [{"batch_first": True}, {"num_layers": 2, "bidirectional": True}, {"bias": False, "num_layers": 2}]
-)
+@pytest.mark.parametrize("kwargs", [{"batch_first": True}, {"num_layers": 2, "bidirectional": True},
+                                    {"bias": False, "num_layers": 2}])
 @pytest.mark.parametrize("shared_input", [True, False])
 @pytest.mark.parametrize("with_state", [False, True])
 def test_grouped_draws_equal_each_draw_alone(mode, kwargs, shared_input, with_state, monkeypatch):
@@ -415,10 +379,8 @@ def test_grouped_draws_equal_each_draw_alone(mode, kwargs, shared_input, with_st
     layer = {"LSTM": BayesianLSTM, "GRU": BayesianGRU}[mode](3, hidden, **kwargs)
     states = layer.num_layers * layer.num_directions
     batch_first = kwargs.get("batch_first", False)
-    draws = {
-        name: torch.randn(num_draws, 1, *getattr(layer, f"{name}_init").shape) * 0.7
-        for name in layer.bayesian_parameters()
-    }
+    draws = {name: torch.randn(num_draws, 1, *getattr(layer, f"{name}_init").shape) * 0.7
+             for name in layer.bayesian_parameters()}
     per_draw = [torch.randn(rows, 6, 3) if batch_first else torch.randn(6, rows, 3) for _ in range(num_draws)]
     inputs = [per_draw[0]] * num_draws if shared_input else per_draw
     batch_dim = 0 if batch_first else 1
@@ -433,11 +395,8 @@ def test_grouped_draws_equal_each_draw_alone(mode, kwargs, shared_input, with_st
 
     widths = []  # the hidden width of every direct kernel call
     kernel = _rnn_kernels.RecurrentKernel.op
-    monkeypatch.setattr(
-        _rnn_kernels.RecurrentKernel,
-        "op",
-        lambda self, w, *a, **k: widths.append(w[1].shape[1]) or kernel(self, w, *a, **k),
-    )
+    monkeypatch.setattr(_rnn_kernels.RecurrentKernel, "op", lambda self, w, *a, **k: widths.append(w[1].shape[1])
+                        or kernel(self, w, *a, **k))
     with torch.no_grad(), pyro.plate("draws", num_draws, dim=-2), fold_draws(num_draws):
         output, state = poutine.condition(layer, data=draws)(torch.cat(inputs, batch_dim), *initial(range(num_draws)))
     if mode == "LSTM":  # one kernel call per group of draws: 3 + 3 + 1

@@ -31,18 +31,9 @@ def main(devices: int, out: str, mode: str = "fit") -> None:
     bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.2))
     guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=0.05)
     module = BayesianLightningModule(bnn, guide, num_data=64, example_batch=(x[:2], y[:2]), lr=0.02)
-    trainer = pl.Trainer(
-        max_epochs=30,
-        accelerator="cpu",
-        devices=devices,
-        strategy="ddp" if devices > 1 else "auto",
-        use_distributed_sampler=False,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[SameNoise()],
-    )
+    trainer = pl.Trainer(max_epochs=30, accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
+                         use_distributed_sampler=False, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[SameNoise()])
     # rank r reads points r, r + devices, ...: every step's global batch is the single process's batch of 32
     if mode == "nan":  # a NaN in the data that only rank 1 reads (and the single process at its step 2)
         x = x.clone()
@@ -52,6 +43,7 @@ def main(devices: int, out: str, mode: str = "fit") -> None:
     trainer.fit(module, DataLoader(dataset, batch_size=32 // devices, sampler=sampler))
     if trainer.global_rank == 0:
         pyro_bbb.save(out, bnn, guide)
+
 
 
 if __name__ == "__main__":

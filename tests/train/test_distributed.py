@@ -59,32 +59,15 @@ def _worker(rank, world, init_file, out_dir, mode):
         if mode == "early":  # rank 0 validates on data it gets worse at, rank 1 on data it gets better at: they
             g = torch.Generator().manual_seed(10)  # must still stop and rewind alike
             x_val = torch.randn(20, 2, generator=g)
-            kwargs |= {
-                "validation_data": (x_val, (1 if rank else -1) * torch.tanh(x_val.sum(-1))),
-                "early_stopping": pyro_bbb.EarlyStopping(patience=2),
-            }
-        history = pyro_bbb.fit(
-            bnn,
-            guide,
-            data,
-            epochs=30 if mode == "early" else 3,
-            lr=0.02,
-            seed=0,
-            progress=False,
-            distributed=True,
-            **kwargs,
-        )
+            kwargs |= {"validation_data": (x_val, (1 if rank else -1) * torch.tanh(x_val.sum(-1))),
+                       "early_stopping": pyro_bbb.EarlyStopping(patience=2)}
+        history = pyro_bbb.fit(bnn, guide, data, epochs=30 if mode == "early" else 3, lr=0.02, seed=0,
+                               progress=False, distributed=True, **kwargs)
         state = {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
         buffers = {k: v.detach().clone() for k, v in bnn.named_buffers()}
-        torch.save(
-            {
-                "params": state,
-                "nll": history["nll"],
-                "buffers": buffers,
-                "epochs": [len(history), history.best_epoch or 0],
-            },
-            Path(out_dir) / f"{mode}-{world}-{rank}.pt",
-        )
+        torch.save({"params": state, "nll": history["nll"], "buffers": buffers,
+                    "epochs": [len(history), history.best_epoch or 0]},
+                   Path(out_dir) / f"{mode}-{world}-{rank}.pt")
     except Exception as error:  # noqa: BLE001 - reported to the test through a file
         (Path(out_dir) / f"{mode}-{world}-{rank}.err").write_text(f"{type(error).__name__}: {error}")
     finally:
@@ -93,9 +76,8 @@ def _worker(rank, world, init_file, out_dir, mode):
 
 def _launch(tmp_path, world, mode, timeout=120):
     init_file = tmp_path / f"init-{mode}-{world}"
-    context = mp.start_processes(
-        _worker, args=(world, str(init_file), str(tmp_path), mode), nprocs=world, join=False, start_method="spawn"
-    )
+    context = mp.start_processes(_worker, args=(world, str(init_file), str(tmp_path), mode), nprocs=world,
+                                 join=False, start_method="spawn")
     deadline = time.time() + timeout
     while not context.join(timeout=1):
         if time.time() > deadline:
@@ -109,10 +91,8 @@ def _launch(tmp_path, world, mode, timeout=120):
 def runs(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("ddp")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    return {
-        (mode, world): _launch(tmp_path, world, mode)
-        for mode, world in (("fit", 1), ("fit", 2), ("misscaled", 2), ("nan", 2), ("batchnorm", 2), ("early", 2))
-    }
+    return {(mode, world): _launch(tmp_path, world, mode) for mode, world in
+            (("fit", 1), ("fit", 2), ("misscaled", 2), ("nan", 2), ("batchnorm", 2), ("early", 2))}
 
 
 def _params(path):

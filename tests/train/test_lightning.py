@@ -15,13 +15,8 @@ SCRIPT = Path(__file__).with_name("lightning_script.py")
 
 
 def _run(devices, out):
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), str(devices), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=SCRIPT.parent.parent,
-    )
+    result = subprocess.run([sys.executable, str(SCRIPT), str(devices), str(out)], capture_output=True, text=True,
+                            timeout=300, cwd=SCRIPT.parent.parent)
     assert result.returncode == 0, result.stderr[-3000:]
 
 
@@ -50,12 +45,8 @@ def test_lightning_ddp_on_two_processes_matches_one_process(tmp_path):
 
 @pytest.mark.slow
 def test_lightning_ddp_nan_on_one_rank_stops_every_rank_with_its_message(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "2", str(tmp_path / "nan.pt"), "nan"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=SCRIPT.parent.parent,
-    )
+    result = subprocess.run([sys.executable, str(SCRIPT), "2", str(tmp_path / "nan.pt"), "nan"], capture_output=True,
+                            text=True, timeout=300, cwd=SCRIPT.parent.parent)
     assert result.returncode != 0
     assert "rank 1 failed" in result.stderr and "nan" in result.stderr.lower(), result.stderr[-3000:]
+

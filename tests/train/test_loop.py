@@ -52,19 +52,8 @@ def test_history_records_everything_per_epoch():
     x, y = small_data(60)
     history = fit(model, guide, (x, y), epochs=3, batch_size=20, validation_data=small_data(30, seed=1))
     record = history.last
-    for key in (
-        "loss",
-        "loss_per_datum",
-        "nll",
-        "kl",
-        "kl_weight",
-        "kl_by_layer",
-        "posterior_std",
-        "std_ratio",
-        "val_log_likelihood",
-        "val_rmse",
-        "seconds",
-    ):
+    for key in ("loss", "loss_per_datum", "nll", "kl", "kl_weight", "kl_by_layer", "posterior_std", "std_ratio",
+                "val_log_likelihood", "val_rmse", "seconds"):
         assert key in record, key
     assert set(record["kl_by_layer"]) == {"net.0", "net.2", "likelihood.scale"}
     assert set(record["std_ratio"]) == {"net.0", "net.2"}
@@ -108,17 +97,9 @@ def test_same_seed_same_result_with_gradient_clipping():
         layers = [BayesianLinear(2, 8)] + [BayesianLinear(8, 8) for _ in range(8)] + [BayesianLinear(8, 1)]
         net = torch.nn.Sequential(*[m for layer in layers for m in (layer, torch.nn.Tanh())][:-1])
         model = pyro_bbb.BNN(net, likelihoods.Gaussian(0.1))
-        fit(
-            model,
-            pyro_bbb.MeanFieldGuide(model),
-            small_data(),
-            epochs=4,
-            batch_size=16,
-            lr=1e-2,
-            clip_norm=0.05,
+        fit(model, pyro_bbb.MeanFieldGuide(model), small_data(), epochs=4, batch_size=16, lr=1e-2, clip_norm=0.05,
             seed=7,
-            progress=False,
-        )
+            progress=False)
         results.append(params())
     for other in results[1:]:
         for name in results[0]:
@@ -253,9 +234,8 @@ def test_stale_parameters_of_another_model_are_a_clear_error():
 def test_heteroscedastic_intervals_cover_and_epistemic_std_grows_away_from_the_data():
     torch.manual_seed(0)
     x, y = heteroscedastic_regression(2000, seed=0)  # x in [-2, 2]
-    net = torch.nn.Sequential(
-        BayesianLinear(1, 32), torch.nn.ReLU(), BayesianLinear(32, 32), torch.nn.ReLU(), BayesianLinear(32, 2)
-    )
+    net = torch.nn.Sequential(BayesianLinear(1, 32), torch.nn.ReLU(), BayesianLinear(32, 32), torch.nn.ReLU(),
+                              BayesianLinear(32, 2))
     bnn = pyro_bbb.BNN(net, likelihoods.HeteroscedasticGaussian())
     guide = pyro_bbb.MeanFieldGuide(bnn)
     pyro_bbb.fit(bnn, guide, (x, y), epochs=300, batch_size=200, lr=1e-2, progress=False, seed=0)
@@ -471,9 +451,8 @@ def test_lr_final_decays_the_learning_rate_geometrically_epoch_by_epoch(monkeypa
     model = pyro_bbb.BNN(BayesianLinear(2, 1), likelihoods.Gaussian(0.5))
     x, y = torch.randn(20, 2), torch.randn(20)
     pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=4, lr=1e-2, lr_final=1e-5, progress=False)
-    torch.testing.assert_close(
-        torch.tensor(rates, dtype=torch.float64), torch.tensor([1e-2, 1e-3, 1e-4, 1e-5], dtype=torch.float64)
-    )
+    torch.testing.assert_close(torch.tensor(rates, dtype=torch.float64), torch.tensor([1e-2, 1e-3, 1e-4, 1e-5],
+                                                                                    dtype=torch.float64))
     guide = pyro_bbb.MeanFieldGuide(model)
     with pytest.raises(ValueError, match="give your optimizer its own schedule"):
         pyro_bbb.fit(model, guide, (x, y), epochs=2, lr_final=1e-4, optimizer=pyro.optim.Adam({"lr": 1e-2}))
@@ -505,3 +484,5 @@ def test_the_gradient_check_falls_back_to_sums_without_torchs_amp_kernel(monkeyp
     monkeypatch.setattr(torch, "_amp_foreach_non_finite_check_and_unscale_", missing)
     assert all_finite([torch.ones(3), torch.zeros(2)])
     assert not all_finite([torch.ones(3), torch.tensor([0.0, float("inf")])])
+
+

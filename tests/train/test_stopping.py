@@ -40,12 +40,7 @@ def test_improvement_patience_and_mode():
     stop = EarlyStopping(patience=2)
     values = [-1.0, -0.5, -0.5, math.nan, -0.4]
     assert [stop.improved(e, {"val_log_likelihood": v}) for e, v in enumerate(values, 1)] == [
-        True,
-        True,
-        False,
-        False,
-        True,
-    ]
+        True, True, False, False, True]
     assert stop.best_epoch == 5 and stop.best_value == -0.4
     assert not stop.should_stop(6) and stop.should_stop(7) and stop.stopped_epoch == 7
     loss = EarlyStopping(patience=1, monitor="loss", min_delta=0.5)
@@ -75,17 +70,8 @@ def test_fit_stops_after_patience_and_returns_the_best_epochs_parameters():
     guide = pyro_bbb.MeanFieldGuide(model)
     # validation targets of the opposite sign: the better the net fits, the worse it validates, so it must stop
     stop = EarlyStopping(patience=3)
-    history, seen = fit_recording(
-        model,
-        guide,
-        (x[:60], y[:60]),
-        epochs=100,
-        batch_size=16,
-        lr=3e-2,
-        seed=0,
-        validation_data=(x[60:], -y[60:]),
-        early_stopping=stop,
-    )
+    history, seen = fit_recording(model, guide, (x[:60], y[:60]), epochs=100, batch_size=16, lr=3e-2, seed=0,
+                                  validation_data=(x[60:], -y[60:]), early_stopping=stop)
     values = history["val_log_likelihood"]
     best = max(range(len(values)), key=values.__getitem__) + 1
     assert history.best_epoch == stop.best_epoch == best
@@ -101,17 +87,9 @@ def test_all_epochs_run_still_return_the_best_and_restore_best_false_keeps_the_l
         pyro.clear_param_store()
         model = regression_model()
         stop = EarlyStopping(patience=100, restore_best=restore_best)
-        history, seen = fit_recording(
-            model,
-            pyro_bbb.MeanFieldGuide(model),
-            (x[:60], y[:60]),
-            epochs=8,
-            batch_size=16,
-            lr=3e-2,
-            seed=1,
-            validation_data=(x[60:], -y[60:]),
-            early_stopping=stop,
-        )
+        history, seen = fit_recording(model, pyro_bbb.MeanFieldGuide(model), (x[:60], y[:60]), epochs=8,
+                                      batch_size=16, lr=3e-2, seed=1, validation_data=(x[60:], -y[60:]),
+                                      early_stopping=stop)
         assert len(history) == 8 and history.stopped_epoch is None
         assert history.best_epoch == 1 + max(range(8), key=history["val_log_likelihood"].__getitem__)
         assert_params_equal(params(), seen[history.best_epoch if restore_best else 8])
@@ -120,15 +98,8 @@ def test_all_epochs_run_still_return_the_best_and_restore_best_false_keeps_the_l
 def test_monitoring_the_training_loss_needs_no_validation_data():
     x, y = data()
     model = regression_model()
-    history, seen = fit_recording(
-        model,
-        pyro_bbb.MeanFieldGuide(model),
-        (x, y),
-        epochs=6,
-        batch_size=16,
-        seed=0,
-        early_stopping=EarlyStopping(patience=50, monitor="loss"),
-    )
+    history, seen = fit_recording(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=6, batch_size=16, seed=0,
+                                  early_stopping=EarlyStopping(patience=50, monitor="loss"))
     assert history.best_epoch == 1 + min(range(6), key=history["loss"].__getitem__)
     assert_params_equal(params(), seen[history.best_epoch])
 
@@ -149,16 +120,8 @@ def test_with_a_dataloader_and_pyros_autonormal():
     model = regression_model()
     guide = autoguide.AutoNormal(model)
     loader = DataLoader(TensorDataset(x[:60], y[:60]), batch_size=16, shuffle=True)
-    history, seen = fit_recording(
-        model,
-        guide,
-        loader,
-        epochs=40,
-        seed=0,
-        lr=3e-2,
-        validation_data=(x[60:], -y[60:]),
-        early_stopping=EarlyStopping(patience=2),
-    )
+    history, seen = fit_recording(model, guide, loader, epochs=40, seed=0, lr=3e-2,
+                                  validation_data=(x[60:], -y[60:]), early_stopping=EarlyStopping(patience=2))
     assert history.stopped_epoch == len(history) == history.best_epoch + 2
     assert_params_equal(params(), seen[history.best_epoch])
 
@@ -180,15 +143,8 @@ def test_a_metric_the_model_does_not_record_is_an_error_with_the_parameters_rest
     pyro_bbb.fit(model, guide, (x, labels), epochs=1, progress=False, seed=0)
     before = params()
     with pytest.raises(ValueError, match="val_rmse.*restored to their state at the start of fit"):
-        pyro_bbb.fit(
-            model,
-            guide,
-            (x, labels),
-            epochs=3,
-            progress=False,
-            validation_data=(x, labels),
-            early_stopping=EarlyStopping(patience=2, monitor="val_rmse"),
-        )
+        pyro_bbb.fit(model, guide, (x, labels), epochs=3, progress=False, validation_data=(x, labels),
+                     early_stopping=EarlyStopping(patience=2, monitor="val_rmse"))
     assert_params_equal(params(), before)
 
 
@@ -202,12 +158,6 @@ def test_not_an_early_stopping_object_is_a_type_error():
 def test_the_progress_bar_shows_the_best_epoch(capsys):
     x, y = data()
     model = regression_model()
-    pyro_bbb.fit(
-        model,
-        pyro_bbb.MeanFieldGuide(model),
-        (x[:60], y[:60]),
-        epochs=3,
-        validation_data=(x[60:], y[60:]),
-        early_stopping=EarlyStopping(patience=5),
-    )
+    pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), (x[:60], y[:60]), epochs=3, validation_data=(x[60:], y[60:]),
+                 early_stopping=EarlyStopping(patience=5))
     assert "best=" in capsys.readouterr().err
