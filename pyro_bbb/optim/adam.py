@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import pyro
 import torch
 from pyro.optim import PyroOptim
 
@@ -54,6 +55,7 @@ class Adam(PyroOptim):
         self.optimizer: torch.optim.Adam | None = None
         self._known: set[torch.Tensor] = set()
         self._fused_step: _FusedStep | None = None
+        self._pending: dict[str, dict[str, torch.Tensor]] = {}  # restored state, by parameter name, not yet attached
 
     def __call__(self, params: Iterable[torch.Tensor], *args, **kwargs) -> None:
         params = list(dict.fromkeys(params))  # the caller's order (Pyro's SVI passes a set; fit passes the store's)
@@ -71,6 +73,8 @@ class Adam(PyroOptim):
             else:
                 self.optimizer.add_param_group({"params": new, "lr": self.defaults["lr"], **_kernel_options(new)})
             self._known.update(new)
+            if self._pending:
+                self._attach(new)
         # parameters not in this step keep their state: hide their gradients from the joint step
         hidden = {p: p.grad for p in self._known.difference(params) if p.grad is not None}
         for p in hidden:
@@ -95,14 +99,61 @@ class Adam(PyroOptim):
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
 
-    def get_state(self) -> dict:
-        """The torch optimizer's state dict (parameters in the order they joined)."""
-        return {"joint_adam": self.optimizer.state_dict() if self.optimizer is not None else None}
+    def get_state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Each parameter's moments and step count, keyed by its name in Pyro's param store (as
+        :class:`pyro.optim.PyroOptim` keys its state), so that :meth:`set_state` can give them back to whichever
+        tensors carry those names then.
 
-    def set_state(self, state_dict: dict) -> None:
-        if self.optimizer is None or state_dict.get("joint_adam") is None:
-            raise ValueError("set_state needs an optimizer that has already stepped every parameter once.")
-        self.optimizer.load_state_dict(state_dict["joint_adam"])
+        Examples
+        --------
+        >>> p = pyro.param("state_example", torch.zeros(2))
+        >>> optimizer = Adam(lr=0.1)
+        >>> p.unconstrained().grad = torch.ones(2)
+        >>> optimizer([p.unconstrained()])
+        >>> sorted(optimizer.get_state()["state_example"])
+        ['exp_avg', 'exp_avg_sq', 'step']
+        """
+        store = pyro.get_param_store()
+        state = {name: {key: value.detach().clone() for key, value in entry.items()}
+                 for name, entry in self._pending.items()}  # fmt: skip
+        if self.optimizer is not None:
+            for p, entry in self.optimizer.state.items():
+                name = store.param_name(p)
+                if name is not None and entry:
+                    state[name] = {key: value.detach().clone() for key, value in entry.items()}
+        return state
+
+    def set_state(self, state_dict: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Resume from :meth:`get_state`: each saved moment goes to the parameter that carries its name when that
+        parameter next steps (after ``pyro.get_param_store().set_state(...)``, or in a new process), so a restored run
+        continues as the uninterrupted one would.
+
+        Examples
+        --------
+        >>> optimizer = Adam(lr=0.1)
+        >>> moments = {"exp_avg": torch.ones(2), "exp_avg_sq": torch.ones(2), "step": torch.tensor(3.0)}
+        >>> optimizer.set_state({"w": moments})
+        >>> sorted(optimizer.get_state())
+        ['w']
+        """
+        keys = {"exp_avg", "exp_avg_sq", "step"}
+        if not isinstance(state_dict, dict) or not all(
+            isinstance(entry, dict) and keys <= entry.keys() for entry in state_dict.values()
+        ):
+            raise ValueError(
+                "set_state takes what pyro_bbb.optim.Adam.get_state returned: parameter name -> {'exp_avg', "
+                "'exp_avg_sq', 'step'}."
+            )
+        self._pending = {name: dict(entry) for name, entry in state_dict.items()}
+        # the next step starts a fresh torch optimizer: restored tensors are new objects, their state attaches by name
+        self.optimizer, self._known, self._fused_step = None, set(), None
+
+    def _attach(self, params: list[torch.Tensor]) -> None:
+        store = pyro.get_param_store()
+        for p in params:
+            entry = self._pending.pop(store.param_name(p), None)
+            if entry is not None:
+                self.optimizer.state[p] = {key: value.detach().clone().to(p.device) for key, value in entry.items()}
 
     def __repr__(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.defaults.items()).join((f"{type(self).__name__}(", ")"))
