@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from numbers import Real
@@ -120,16 +121,41 @@ class ELBO(TraceMeanFieldHooks):
         self.num_data = num_data
         self.kl_weight = _check_kl_weight(kl_weight)
         self.data_plate = data_plate
-        self.step = 0
+        self._pairs: dict[tuple[int, int], _PairState] = {}
+        self._pair = _PairState(None, None)  # the pair of the latest call (a fresh one before any)
         self.revalidate = revalidate
-        self._validated = False
         self.last_terms: dict[str, Any] = {}
         self._current_call: dict[str, Any] | None = None
-        self._vectorized_ok: bool | None = None  # vectorized particles checked against one particle alone
         self.replay = replay
         self.last_step_replayed = False
         self._plan: ReplayPlan | None = None
         self._last_traces: tuple | None = None
+
+    # -- per (model, guide) pair: the schedule step, validation, the vectorized-particle check ------------------
+    @property
+    def step(self) -> int:
+        """The KL schedule's step for the latest (model, guide) pair: ``loss_and_grads`` calls made with it so far.
+
+        Examples
+        --------
+        >>> ELBO(num_data=10).step
+        0
+        """
+        return self._pair.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._pair.step = value
+
+    def _select_pair(self, model, guide) -> None:
+        """Make ``(model, guide)``'s state current: what one pair learned (its structure validated, its vectorized
+        particles checked, its schedule step) never stands for another's."""
+        key = (id(model), id(guide))
+        state = self._pairs.get(key)
+        if state is None or not state.holds(model, guide):
+            self._pairs = {k: v for k, v in self._pairs.items() if v.alive()}
+            state = self._pairs[key] = _PairState(model, guide)
+        self._pair = state
 
     # -- the schedule -------------------------------------------------------------------------------------------
     def current_kl_weight(self) -> float:
@@ -151,16 +177,17 @@ class ELBO(TraceMeanFieldHooks):
 
     # -- one call = one set of terms ----------------------------------------------------------------------------
     @contextmanager
-    def _recording(self):
+    def _recording(self, model, guide):
+        self._select_pair(model, guide)
         self._current_call = {"weight": self.current_kl_weight(), "nll": 0.0, "kl": 0.0, "kl_by_site": {},
                       "loss": 0.0, "frame": None}
         validating = is_validation_enabled()
-        skip = validating and self._validated and not self.revalidate
+        skip = validating and self._pair.validated and not self.revalidate
         try:
             with pyro.validation_enabled(False) if skip else nullcontext():
                 yield
             self._finish_call()
-            self._validated = self._validated or validating
+            self._pair.validated = self._pair.validated or validating
         finally:
             self._current_call = None
 
@@ -191,7 +218,7 @@ class ELBO(TraceMeanFieldHooks):
     # -- the replayed step (pyro_bbb.infer._replay) ----------------------------------------------------------------
     def _replayable(self, model, guide, args, kwargs) -> tuple | None:
         """The parameter-capture traces and estimators when this call can be replayed, else ``None``."""
-        if self._plan is None or (is_validation_enabled() and (self.revalidate or not self._validated)):
+        if self._plan is None or (is_validation_enabled() and (self.revalidate or not self._pair.validated)):
             return None
         return replay_captures(self._plan, model, guide, args, kwargs)
 
@@ -242,14 +269,14 @@ class ELBO(TraceMeanFieldHooks):
         """Pyro's particles; the first vectorized call checks that particle 0 equals the same draw run alone (a
         model whose code reads the particle dimension as its batch gives other numbers) and otherwise falls back,
         with a warning, to one particle at a time."""
-        if not (self.vectorize_particles and self.num_particles > 1) or self._vectorized_ok:
+        if not (self.vectorize_particles and self.num_particles > 1) or self._pair.vectorized_ok:
             yield from self.pyro_particle_traces(model, guide, args, kwargs)
             return
-        if self._vectorized_ok is None:
+        if self._pair.vectorized_ok is None:
             traces = next(self.pyro_particle_traces(model, guide, args, kwargs))
-            self._vectorized_ok = _particle_matches_alone(self.vectorized_model(model), model, traces[1],
+            self._pair.vectorized_ok = _particle_matches_alone(self.vectorized_model(model), model, traces[1],
                                                           self.max_plate_nesting, args, kwargs)
-            if self._vectorized_ok:
+            if self._pair.vectorized_ok:
                 yield traces
                 return
             warnings.warn(
@@ -325,15 +352,15 @@ class ELBO(TraceMeanFieldHooks):
         return loss, surrogate_loss
 
     def loss(self, model, guide, *args, **kwargs):
-        with self._recording():
+        with self._recording(model, guide):
             return super().loss(model, guide, *args, **kwargs)
 
     def differentiable_loss(self, model, guide, *args, **kwargs):
-        with self._recording():
+        with self._recording(model, guide):
             return super().differentiable_loss(model, guide, *args, **kwargs)
 
     def loss_and_grads(self, model, guide, *args, **kwargs):
-        with self._recording():
+        with self._recording(model, guide):
             replayable = self._replayable(model, guide, args, kwargs)
             loss = None
             if replayable is not None:
@@ -406,3 +433,26 @@ class _Frame:
 
     def __init__(self, size: int, full_size: int | None):
         self.size, self.full_size = size, full_size
+
+
+class _PairState:
+    """What an :class:`ELBO` keeps for one (model, guide) pair: the KL schedule's step, whether Pyro's validation has
+    checked the pair once, and whether its vectorized particles equal one particle alone (``None``: not checked)."""
+
+    def __init__(self, model, guide):
+        self.step, self.validated, self.vectorized_ok = 0, False, None
+        self._refs = tuple(_reference(obj) for obj in (model, guide))
+
+    def holds(self, model, guide) -> bool:
+        return all(ref() is obj for ref, obj in zip(self._refs, (model, guide)))
+
+    def alive(self) -> bool:
+        return all(ref() is not None for ref in self._refs)
+
+
+def _reference(obj) -> Callable[[], Any]:
+    """A weak reference where the object allows one (a module, a function), else a strong one."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj

@@ -284,3 +284,35 @@ def test_invalid_kl_weight():
     elbo = ELBO(kl_weight=lambda step: -0.5)
     with pytest.raises(ValueError, match="returned -0.5 at step 0"):
         elbo.current_kl_weight()
+
+
+def test_one_elbo_reused_for_another_model_checks_and_schedules_that_model_afresh():
+    """An ELBO keeps its particle check, its validation and its KL schedule's step per (model, guide) pair: a second
+    model whose code reads the particle dimension as its batch is caught (and run one particle at a time, matching
+    the sequential estimator) even after a first model passed the check, and its KL warm-up starts at step 0."""
+    import warnings
+
+    import pyro_bbb
+    from pyro_bbb.infer.schedules import LinearWarmup
+    from pyro_bbb.nn import BayesianLinear
+
+    from ..helpers import BatchCentred
+
+    x, y = torch.randn(20, 3), torch.randn(20)
+    good = pyro_bbb.BNN(BayesianLinear(3, 1), pyro_bbb.likelihoods.Gaussian(scale=0.5))
+    good_guide = MeanFieldGuide(good)
+    elbo = ELBO(num_data=20, num_particles=4, vectorize_particles=True, kl_weight=LinearWarmup(4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            elbo.loss_and_grads(good, good_guide, x, y)
+    assert elbo.step == 3 and elbo.current_kl_weight() == 0.75
+    bad = BatchCentred()
+    bad_guide = MeanFieldGuide(bad, init_scale=1e-6)
+    with pytest.warns(UserWarning, match="one at a time"):
+        vectorized = elbo.loss(bad, bad_guide, x, y)
+    assert elbo.step == 0 and elbo.last_terms["kl_weight"] == 0.0  # the second pair's own schedule
+    sequential = ELBO(num_data=20, num_particles=4, kl_weight=0.0).loss(bad, bad_guide, x, y)
+    assert vectorized == pytest.approx(sequential, rel=1e-4)
+    elbo.loss_and_grads(good, good_guide, x, y)  # back to the first pair: its own step goes on
+    assert elbo.step == 4
