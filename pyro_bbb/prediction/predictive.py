@@ -322,7 +322,9 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
     plain_model = poutine.trace(plain_pass).get_trace(chunks[0])
     obs = _observation_site(plain_model, plain_guide, data_plate)
     nesting = max((_site_plate_dims(site) for _, site in plain_model.iter_stochastic_nodes()), default=0)
-    latent = {name: site for name, site in plain_guide.iter_stochastic_nodes()}
+    # a latent site the model observes itself (poutine.condition on a weight) is data: its value, not the guide's draws
+    latent = {name: site for name, site in plain_guide.iter_stochastic_nodes()
+              if not (name in plain_model.nodes and plain_model.nodes[name]["is_observed"])}
     local = [name for name, site in latent.items() if data_plate_frame(site, data_plate) is not None]
     if local:
         raise ValueError(f"predict draws global weights only; the guide samples {local} inside the data plate.")

@@ -3,6 +3,7 @@ import warnings
 
 import pyro
 import pyro.distributions as dist
+import pyro.poutine as poutine
 import pytest
 import torch
 from pyro.nn import PyroModule
@@ -252,3 +253,21 @@ def test_export_of_a_subsampling_model_covers_every_input():
     guide = fitted_guide(model, x, y)
     idata = pyro_bbb.to_inference_data(model, guide, x, y, num_samples=5)
     assert idata.log_likelihood["y"].shape[-1] == 60
+
+
+@pytest.mark.parametrize("vectorize", [None, False])
+def test_a_weight_the_model_conditions_on_is_data_not_replaced_by_the_guides_draws(vectorize):
+    """``predict(poutine.condition(bnn, {"net.weight": w}), guide, x)`` uses ``w``: with the bias's posterior a point
+    (init_scale 1e-6) the predictive mean is ``x @ w.T + b`` and no weight draw varies it; the export treats the
+    conditioned weight as data (no posterior draws for it)."""
+    bnn = pyro_bbb.BNN(BayesianLinear(2, 1), likelihoods.Gaussian(scale=0.5))
+    guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=1e-6)
+    x, y = torch.randn(6, 2), torch.randn(6)
+    guide(x, y)
+    w = torch.tensor([[3.0, -2.0]])
+    conditioned = poutine.condition(bnn, data={"net.weight": w})
+    pred, draws, _ = pyro_bbb.prediction.predictive.predict_with_draws(conditioned, guide, x, num_samples=8,
+                                                                        vectorize=vectorize)
+    expected = (x @ w.T).squeeze(-1) + bnn.net.bias_init
+    torch.testing.assert_close(pred.mean, expected, atol=1e-4, rtol=0)
+    assert float(pred.epistemic_std.max()) < 1e-4 and "net.weight" not in draws and "net.bias" in draws
