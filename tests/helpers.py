@@ -133,3 +133,17 @@ def minibatches(n, batch_size, generator):
     """A random permutation of ``range(n)`` in batches of ``batch_size`` (the last one partial)."""
     perm = torch.randperm(n, generator=generator)
     return [perm[i : i + batch_size] for i in range(0, n, batch_size)]
+
+
+class MultiOutput(PyroModule):
+    """Multi-output regression the way Pyro's tutorials write it: a plate over the outputs inside the data plate."""
+
+    def __init__(self, outputs=3, sigma=0.5):
+        super().__init__()
+        self.fc = BayesianLinear(2, outputs)
+        self.outputs, self.sigma = outputs, sigma
+
+    def forward(self, x, y=None):
+        mean = self.fc(x)
+        with pyro.plate("data", x.shape[0], dim=-2), pyro.plate("outputs", self.outputs, dim=-1):
+            return pyro.sample("y", dist.Normal(mean, self.sigma), obs=y)

@@ -218,6 +218,8 @@ def to_inference_data(
         if likelihood is not None and hasattr(likelihood, "check_targets"):
             y = likelihood.check_targets(y)
         log_lik = prediction.log_prob(y)
+        if log_lik.dim() > 2:  # plates nested in the data plate (multi-output): one pointwise value per datum
+            log_lik = log_lik.flatten(2).sum(-1)
         groups["log_likelihood"] = dataset({obs: (chain_draw + ["obs_id"], _by_chain(log_lik, num_chains))})
         groups["observed_data"] = dataset({obs: (["obs_id"] + event_dims, y.detach().cpu().numpy())})
     return _wrap(groups, container)

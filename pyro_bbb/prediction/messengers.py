@@ -40,8 +40,8 @@ class ObservationPlaceholderMessenger(Messenger):
         self.device = device
 
     def _pyro_sample(self, msg: dict[str, Any]) -> None:
-        if msg["value"] is None and data_plate_frame(msg, self.data_plate) is not None:
-            msg["value"] = torch.zeros(msg["fn"].shape(), device=self.device)
+        if msg["value"] is None and data_plate_frame(msg, self.data_plate) is not None and hasattr(msg["fn"], "shape"):
+            msg["value"] = torch.zeros(msg["fn"].shape(), device=self.device)  # (a nested plate's index site has none)
 
 
 def observation_placeholder(

@@ -23,6 +23,7 @@ import pyro
 import pyro.distributions as dist
 import pyro.poutine as poutine
 import torch
+from pyro.poutine.util import site_is_subsample
 
 from .._checks import check_count, is_set_up
 from ..data.inputs import (
@@ -100,6 +101,7 @@ def _observation_site(model_trace, guide_trace, data_plate: str) -> str:
         name
         for name, site in model_trace.iter_stochastic_nodes()
         if name not in guide_trace.nodes and data_plate_frame(site, data_plate) is not None
+        and not site_is_subsample(site)  # a plate nested in the data plate (its index site)
     ]
     if len(names) != 1:
         raise ValueError(

@@ -163,3 +163,29 @@ def test_the_container_follows_the_installed_arviz(fitted, monkeypatch):
         pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=5, container="InferenceData")
     with pytest.raises(ValueError, match="container must be one of"):
         pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=5, container="netcdf")
+
+
+def test_a_plate_nested_in_the_data_plate_gives_one_pointwise_log_likelihood_per_datum():
+    """Multi-output regression (an "outputs" plate inside the data plate): predictions are (S, N, 3), and the exported
+    pointwise log-likelihood is, per draw and datum, the sum over the outputs of the Normal log-density at the
+    exported weight draws (computed here by hand), so that az.loo sees one value per datum."""
+    import warnings
+
+    from ..helpers import MultiOutput
+
+    model = MultiOutput()
+    guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.1)
+    x, y = torch.randn(10, 2), torch.randn(10, 3)
+    pyro_bbb.fit(model, guide, (x, y), epochs=2, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (its forward cannot take folded draws: one call per draw)
+        prediction = pyro_bbb.predict(model, guide, x, num_samples=5)
+        idata = pyro_bbb.to_inference_data(model, guide, x, y, num_samples=5)
+    assert prediction.samples.shape == (5, 10, 3)
+    weight = torch.as_tensor(idata.posterior["fc.weight"].values[0])  # (draws, 3, 2)
+    bias = torch.as_tensor(idata.posterior["fc.bias"].values[0])
+    expected = torch.distributions.Normal(x @ weight.transpose(-1, -2) + bias[:, None, :], 0.5).log_prob(y).sum(-1)
+    log_lik = torch.as_tensor(idata.log_likelihood["y"].values[0])
+    assert log_lik.shape == (5, 10)
+    torch.testing.assert_close(log_lik, expected.to(log_lik.dtype), rtol=1e-5, atol=1e-5)
+    assert np.isfinite(az.loo(idata, pointwise=True).elpd_loo)
