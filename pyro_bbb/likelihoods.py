@@ -353,7 +353,8 @@ class Categorical(Likelihood):
 
 
 class Bernoulli(Likelihood):
-    """``y ~ Bernoulli(logits=output)``: the network outputs ``(batch, 1)`` logits; ``y`` holds 0/1 (or bool).
+    """``y ~ Bernoulli(logits=output)``: the network outputs ``(batch, 1)`` or ``(batch,)`` logits (as
+    ``torch.nn.BCEWithLogitsLoss`` takes them); ``y`` holds 0/1 (or bool).
 
     Examples
     --------
@@ -362,7 +363,7 @@ class Bernoulli(Likelihood):
     """
 
     def distribution(self, output: torch.Tensor) -> dist.Distribution:
-        return dist.Bernoulli(logits=self._squeeze_single_output(output))
+        return dist.Bernoulli(logits=output if output.dim() == 1 else self._squeeze_single_output(output))
 
     def check_targets(self, y):
         y = super().check_targets(y)

@@ -140,3 +140,27 @@ def test_heteroscedastic_regression_with_heavy_tailed_noise_is_stable():
     history, prediction, truth = heteroscedastic_fit(noise, x)
     assert_no_runaway(history["loss_per_datum"])
     assert (prediction.mean - truth).abs().median() < 0.15
+
+
+def test_bernoulli_takes_batch_shaped_logits_as_bce_with_logits_does():
+    """A network ending in ``squeeze(-1)`` (``(batch,)`` logits, what ``BCEWithLogitsLoss`` takes) trains and predicts:
+    at a point posterior the ELBO's NLL is torch's summed binary cross-entropy of the same logits."""
+    import torch.nn.functional as F
+
+    import pyro_bbb
+    from pyro_bbb.nn import BayesianLinear
+
+    class Squeeze(torch.nn.Module):
+        def forward(self, h):
+            return h.squeeze(-1)
+
+    bnn = pyro_bbb.BNN(torch.nn.Sequential(BayesianLinear(3, 1), Squeeze()), likelihoods.Bernoulli())
+    guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=1e-8)
+    x, y = torch.randn(20, 3), torch.randint(0, 2, (20,)).float()
+    elbo = pyro_bbb.ELBO(num_data=20)
+    elbo.loss(bnn, guide, x, y)
+    logits = (x @ bnn.net[0].weight_init.T + bnn.net[0].bias_init).squeeze(-1)
+    reference = F.binary_cross_entropy_with_logits(logits, y, reduction="sum")
+    assert elbo.last_terms["nll"] == pytest.approx(float(reference), rel=1e-5)
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=2, progress=False)
+    assert pyro_bbb.predict(bnn, guide, x, num_samples=4).probs.shape == (20,)
