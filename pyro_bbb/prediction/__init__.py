@@ -11,7 +11,10 @@ Examples
 torch.Size([5, 3])
 """
 
-from .predictive import predict, set_up_guide
+from .predictive import UntrainedGuideWarning, predict, set_up_guide
 from .results import ClassificationPrediction, Prediction, RegressionPrediction
 
-__all__ = ["predict", "set_up_guide", "Prediction", "RegressionPrediction", "ClassificationPrediction"]
+__all__ = [
+    "predict", "set_up_guide", "UntrainedGuideWarning", "Prediction", "RegressionPrediction",
+    "ClassificationPrediction",
+]

@@ -42,7 +42,9 @@ from ..plates import data_plate_frame, data_plate_named, data_plate_of
 from .messengers import ObservationPlaceholderMessenger, SubsampleCoverMessenger
 from .results import Prediction, prediction_for
 
-__all__ = ["predict", "predict_with_draws", "set_up_guide", "draws_per_block", "CPU_BLOCK_ELEMENTS"]
+__all__ = [
+    "predict", "predict_with_draws", "set_up_guide", "UntrainedGuideWarning", "draws_per_block", "CPU_BLOCK_ELEMENTS",
+]
 
 SAMPLE_PLATE = "_predictive_samples"
 
@@ -197,6 +199,17 @@ def _vectorized_mismatch(result, alone: dict[str, torch.Tensor]) -> str | None:
     return None
 
 
+class UntrainedGuideWarning(UserWarning):
+    """``predict`` (or ``to_inference_data``) was given a guide that has never seen the model: its predictions are
+    those of the initial posterior.
+
+    Examples
+    --------
+    >>> issubclass(UntrainedGuideWarning, UserWarning)
+    True
+    """
+
+
 def set_up_guide(model: Callable, guide: Callable, x: Inputs) -> None:
     """Set up an autoguide that has not seen the model yet (e.g. a converted or MOPED-initialised model before any
     VI) from inputs alone: the observation is given a placeholder value drawn from the model (so that Pyro does not
@@ -305,6 +318,14 @@ def predict_with_draws(
     x = cast_inputs(x, model_dtype(model))
     _check_predict_args(guide, x, num_samples, batch_size, sample_batch_size)
     if not is_set_up(guide):
+        warnings.warn(
+            f"predict: the guide has not seen the model yet (it was never trained), so these are the predictions of "
+            f"its initial posterior ({type(guide).__name__}'s starting means and widths), not of a fitted one. Train "
+            "it first (pyro_bbb.fit), unless the initial posterior is what you want (e.g. bayesianize of trained "
+            "weights).",
+            UntrainedGuideWarning,
+            stacklevel=4,
+        )
         set_up_guide(model, guide, select_rows(x, slice(0, 1)))
     # the joint predictive shares each weight draw across inputs, whatever training estimator is active around us
     if data_plate is None:

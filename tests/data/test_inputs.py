@@ -13,6 +13,7 @@ import pyro_bbb
 from pyro_bbb import likelihoods, metrics
 from pyro_bbb.data.inputs import as_tensor, cast_inputs, num_rows, select_rows, split_rows, targets_like
 from pyro_bbb.nn import BayesianLinear
+from pyro_bbb.prediction.predictive import UntrainedGuideWarning
 
 
 def regression_data(n=40, seed=0):
@@ -161,7 +162,8 @@ def test_predict_sets_up_a_guide_that_has_not_seen_the_model_and_leaves_the_rng_
     assert torch.equal(torch.get_rng_state(), state)
     pyro.clear_param_store()
     guide = pyro_bbb.MeanFieldGuide(model)
-    pred = pyro_bbb.predict(model, guide, x, num_samples=5)
+    with pytest.warns(UntrainedGuideWarning, match="never trained"):
+        pred = pyro_bbb.predict(model, guide, x, num_samples=5)
     assert pred.probs.shape == (8, 3)
     # set up from inputs alone, the observation stayed an observation: fit continues from here
     pyro_bbb.fit(model, guide, (x, torch.zeros(8, dtype=torch.long)), epochs=1, progress=False)
