@@ -40,9 +40,10 @@ from pyro.optim import PyroOptim
 from torch.distributions import transform_to
 
 from .._checks import check_count, check_nonnegative, check_positive
-from .._internals import pyro_name, site_name
+from .._internals import pyro_name, site_name, tensor_version
+from ..distributions import EmpiricalBayesNormalDistribution
 from ..nn.module import current_priors
-from ..priors import is_real_support, prior_in_force, strip_independent
+from ..priors import is_real_support, strip_independent
 from .adam import Adam
 
 __all__ = ["IVON"]
@@ -134,6 +135,8 @@ class IVON(PyroOptim):
             torch.Tensor, tuple[str, str]
         ] = {}  # unconstrained param (by identity) -> (site, "loc" | "scale")
         self._transform = transform_to(guide.scale_constraint)
+        self._prior_cache: tuple | None = None  # (key, prior objects, flat (m, delta)) of fixed priors
+        self._flat: tuple | None = None  # (sites, momentum, hess) concatenated, between steps
 
     # -- which parameter is what ---------------------------------------------------------------------------------
     def _weight_sites(self) -> dict[str, tuple[str, str]]:
@@ -157,23 +160,52 @@ class IVON(PyroOptim):
             if p not in self._roles:
                 self._roles[p] = by_name.get(store.param_name(p), ("", "other"))
 
-    def _priors(self, sites: list[str], locs: list[torch.Tensor], scales: list[torch.Tensor]) -> list[tuple]:
-        """``(m, t)`` of each site's Normal prior as it is now (expanded to the site's shape)."""
+    def _prior_vectors(self, sites: list[str], locs: list[torch.Tensor], sigmas: list[torch.Tensor]):
+        """Flat ``(m, delta = 1 / (N t^2))`` of the sites' Normal priors as they are now; fixed priors are read once
+        (again after an in-place change), an empirical-Bayes prior every step (its scale follows the posterior)."""
         priors = current_priors(self.guide.model)
         prototype = self.guide.prototype_trace
-        found = []
-        for site, loc, scale in zip(sites, locs, scales):
-            prior = priors.get(site, prototype.nodes[site]["fn"])
-            posterior = torch.distributions.Normal(loc, scale)
-            base = strip_independent(prior_in_force(prior, torch.distributions.Independent(posterior, loc.dim())))
-            if not isinstance(base, torch.distributions.Normal):
+        bases, key, dynamic = [], [], False
+        for site, loc, sigma in zip(sites, locs, sigmas):
+            base = strip_independent(priors.get(site, prototype.nodes[site]["fn"]))
+            if isinstance(base, EmpiricalBayesNormalDistribution):
+                base, dynamic = base.given_posterior(torch.distributions.Normal(loc, sigma, validate_args=False)), True
+            elif not isinstance(base, torch.distributions.Normal):
                 raise ValueError(
                     f"IVON needs a Normal prior at weight site {site!r} (its precision sets the posterior width), got "
                     f"{type(base).__name__}. Use priors.Normal / FanInNormal / LearnedNormal / EmpiricalBayesNormal, "
                     "or pyro_bbb.optim.Adam for this model."
                 )
-            found.append((base.loc.detach().expand(loc.shape), base.scale.detach().expand(loc.shape)))
-        return found
+            bases.append(base)
+            key.append((id(base), tensor_version(base.loc), tensor_version(base.scale)))
+        key = tuple(key)
+        if not dynamic and self._prior_cache is not None and self._prior_cache[0] == key:
+            return self._prior_cache[2]
+        n = float(self.num_data)
+        dtype = locs[0].dtype
+        prior_loc = torch.cat([b.loc.detach().expand(p.shape).reshape(-1) for b, p in zip(bases, locs)]).to(dtype)
+        delta = torch.cat([(1.0 / (n * b.scale.detach().square())).expand(p.shape).reshape(-1)
+                           for b, p in zip(bases, locs)]).to(dtype)  # fmt: skip
+        if not dynamic:
+            self._prior_cache = (key, bases, (prior_loc, delta))  # (the bases held: their ids stay theirs)
+        return prior_loc, delta
+
+    def _flat_state(self, sites: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The momentum and curvature of ``sites``, concatenated (kept so from step to step)."""
+        if self._flat is None or self._flat[0] != sites:
+            self._sync_state()
+            self._flat = (list(sites), torch.cat([self.site_state[s]["momentum"] for s in sites]),
+                          torch.cat([self.site_state[s]["hess"] for s in sites]))  # fmt: skip
+        return self._flat[1], self._flat[2]
+
+    def _sync_state(self) -> None:
+        """Write the concatenated state back to :attr:`site_state`, site by site."""
+        if self._flat is None:
+            return
+        sites, momentum, hess = self._flat
+        sizes = [self.site_state[s]["hess"].numel() for s in sites]
+        for site, m, h in zip(sites, momentum.split(sizes), hess.split(sizes)):
+            self.site_state[site] = {"momentum": m.clone(), "hess": h.clone()}
 
     # -- one step ----------------------------------------------------------------------------------------------------
     def __call__(self, params: Iterable[torch.Tensor], *args: Any, **kwargs: Any) -> None:
@@ -211,48 +243,45 @@ class IVON(PyroOptim):
         n = float(self.num_data)
         locs = [pairs[site]["loc"] for site in sites]
         raw_scales = [pairs[site]["scale"] for site in sites]
+        sizes = [p.numel() for p in locs]
         mu = torch.cat([p.reshape(-1) for p in locs])
         grad_mu = torch.cat([p.grad.reshape(-1) for p in locs])
         u = torch.cat([p.reshape(-1) for p in raw_scales])
         grad_u = torch.cat([p.grad.reshape(-1) for p in raw_scales])
         sigma = self._transform(u)
-        grad_sigma = grad_u / self._transform.log_abs_det_jacobian(u, sigma).exp()
-        shaped_sigma = sigma.split([p.numel() for p in locs])
-        priors = self._priors(sites, locs, [s.view(p.shape) for s, p in zip(shaped_sigma, locs)])
-        prior_loc = torch.cat([m.reshape(-1) for m, _ in priors]).to(mu.dtype)
-        delta = torch.cat([(1.0 / (n * t.square())).reshape(-1) for _, t in priors]).to(mu.dtype)
-        momentum = torch.cat([self.site_state[site]["momentum"] for site in sites])
-        hess = torch.cat([self.site_state[site]["hess"] for site in sites])
+        grad_sigma = grad_u.div_(self._transform.log_abs_det_jacobian(u, sigma).exp_())
+        prior_loc, delta = self._prior_vectors(sites, locs, [s.view(p.shape) for s, p in zip(sigma.split(sizes), locs)])
+        momentum, hess = self._flat_state(sites)
 
         # the negative log-likelihood's per-datum gradient and Price's curvature estimate (the KL's parts removed)
-        grad = grad_mu / n - delta * (mu - prior_loc)
-        hess_hat = (grad_sigma / n - delta * sigma + 1.0 / (n * sigma)) / sigma
+        offset = mu - prior_loc
+        grad = grad_mu.div_(n).sub_(delta * offset)
+        hess_hat = grad_sigma.div_(n).sub_(delta * sigma).add_(sigma.mul(n).reciprocal_()).div_(sigma)
         beta1, rho = d["beta1"], (1.0 - d["beta2"]) * self._rate_ratio  # the curvature's step follows the schedule
-        momentum = beta1 * momentum + (1.0 - beta1) * grad
-        hess = hess + rho * (hess_hat - hess) + 0.5 * rho**2 * (hess - hess_hat).square() / (hess + delta)
-        debias = 1.0 - beta1**self.steps
-        step = ((momentum / debias + delta * (mu - prior_loc)) / (hess + delta)).clamp(
-            -d["clip_radius"], d["clip_radius"]
-        )
-        mu = mu - d["lr"] * (d["hess_init"] + delta) * step
-        u = self._transform.inv(1.0 / (n * (hess + delta)).sqrt())
-
-        sizes = [p.numel() for p in locs]
-        for site, p, q, m_part, u_part, mom_part, h_part in zip(
-            sites, locs, raw_scales, mu.split(sizes), u.split(sizes), momentum.split(sizes), hess.split(sizes)
-        ):
+        momentum.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+        precision = hess + delta
+        difference = hess_hat.sub_(hess)  # hhat - h
+        hess.add_(difference, alpha=rho).add_(difference.square_().div_(precision), alpha=0.5 * rho**2)
+        precision = hess + delta
+        step = momentum.div(1.0 - beta1**self.steps).add_(delta * offset).div_(precision)
+        step.clamp_(-d["clip_radius"], d["clip_radius"])
+        mu.sub_(step.mul_(delta + d["hess_init"]), alpha=d["lr"])
+        u = self._transform.inv(precision.mul_(n).rsqrt_())
+        for p, q, m_part, u_part in zip(locs, raw_scales, mu.split(sizes), u.split(sizes)):
             p.copy_(m_part.view(p.shape))
             q.copy_(u_part.view(q.shape))
-            self.site_state[site] = {"momentum": mom_part, "hess": h_part}
 
     def _start(self, sites: list[str], pairs: dict[str, dict[str, torch.Tensor]]) -> None:
-        n = float(self.num_data)
+        self._sync_state()
+        self._flat = None
         locs = [pairs[site]["loc"] for site in sites]
         scales = [self._transform(pairs[site]["scale"]) for site in sites]
-        for site, loc, (_, t) in zip(sites, locs, self._priors(sites, locs, scales)):
+        _, delta = self._prior_vectors(sites, locs, scales)
+        self._prior_cache = None
+        n = float(self.num_data)
+        for site, loc, part in zip(sites, locs, delta.split([p.numel() for p in locs])):
             hess = torch.full((loc.numel(),), self.defaults["hess_init"], dtype=loc.dtype, device=loc.device)
-            delta = (1.0 / (n * t.square())).reshape(-1).to(loc.dtype)
-            pairs[site]["scale"].copy_(self._transform.inv(1.0 / (n * (hess + delta)).sqrt()).view(loc.shape))
+            pairs[site]["scale"].copy_(self._transform.inv(1.0 / (n * (hess + part)).sqrt()).view(loc.shape))
             self.site_state[site] = {"momentum": torch.zeros_like(hess), "hess": hess}
 
     # -- the PyroOptim interface ---------------------------------------------------------------------------------
@@ -279,6 +308,7 @@ class IVON(PyroOptim):
         >>> sorted(IVON(MeanFieldGuide(BayesianLinear(2, 1)), num_data=10).get_state())
         ['adam', 'sites', 'steps']
         """
+        self._sync_state()
         sites = {site: {key: value.clone() for key, value in entry.items()} for site, entry in self.site_state.items()}
         adam = self.adam.get_state() if self.adam.optimizer is not None else None
         return {"steps": self.steps, "sites": sites, "adam": adam}
@@ -289,6 +319,7 @@ class IVON(PyroOptim):
         if not isinstance(state_dict, dict) or not {"steps", "sites"} <= state_dict.keys():
             raise ValueError("set_state takes what IVON.get_state returned (keys 'steps', 'sites', 'adam').")
         self.steps = int(state_dict["steps"])
+        self._flat = None
         self.site_state = {
             site: {key: value.clone() for key, value in entry.items()} for site, entry in state_dict["sites"].items()
         }
