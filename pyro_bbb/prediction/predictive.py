@@ -227,7 +227,8 @@ def set_up_guide(model: Callable, guide: Callable, x: Inputs) -> None:
     with torch.random.fork_rng(devices=[]), torch.no_grad(), poutine.block():
         trace = poutine.trace(model).get_trace(x)
         observations = [site["value"] for site in trace.nodes.values()
-                        if site["type"] == "sample" and data_plate_frame(site, data_plate) is not None]
+                        if site["type"] == "sample" and data_plate_frame(site, data_plate) is not None
+                        and not site_is_subsample(site)]  # (a plate nested in the data plate: its index site)
         guide(x, *observations[:1])
 
 

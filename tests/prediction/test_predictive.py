@@ -271,3 +271,20 @@ def test_a_weight_the_model_conditions_on_is_data_not_replaced_by_the_guides_dra
     expected = (x @ w.T).squeeze(-1) + bnn.net.bias_init
     torch.testing.assert_close(pred.mean, expected, atol=1e-4, rtol=0)
     assert float(pred.epistemic_std.max()) < 1e-4 and "net.weight" not in draws and "net.bias" in draws
+
+
+def test_set_up_guide_takes_the_observation_not_a_nested_plates_index_site():
+    from ..helpers import MultiOutput
+
+    class Checked(MultiOutput):
+        def forward(self, x, y=None):
+            if y is not None and y.shape != (x.shape[0], self.outputs):
+                raise ValueError(f"the model was given y of shape {tuple(y.shape)}")
+            return super().forward(x, y)
+
+    model = Checked()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    pyro_bbb.set_up_guide(model, guide, torch.randn(4, 2))
+    latent = {name for name, _ in guide.prototype_trace.iter_stochastic_nodes()}
+    assert latent == {"fc.weight", "fc.bias"}  # the observation stayed an observation, the plate index no site
+    pyro_bbb.fit(model, guide, (torch.randn(8, 2), torch.randn(8, 3)), epochs=1, progress=False)
