@@ -35,6 +35,7 @@ __all__ = [
     "preset_samples", "sample_priors", "is_deterministic_site", "AutoNormalHooks", "TraceMeanFieldHooks",
     "is_tracing", "tensor_version", "module_buffer", "foreach_norm", "foreach_copy_", "all_finite",
     "fused_adam_step", "optimizer_has_step_hooks", "recurrent_kernel", "ConvNd", "ConvTransposeNd",
+    "without_trace_shapes",
 ]
 
 #: The releases every access below was checked on.
@@ -507,3 +508,32 @@ def recurrent_kernel(mode: str) -> Callable:
     True
     """
     return {"LSTM": torch.lstm, "GRU": torch.gru}[mode]
+
+
+@contextmanager
+def without_trace_shapes() -> Iterator[None]:
+    """Within the block, an error raised inside a traced Pyro model reaches the caller once, as it was raised: Pyro's
+    trace re-raises every ``ValueError`` / ``RuntimeError`` as a new one with its shape table appended (once per
+    nested trace), which buries a clear message under dozens of lines.
+
+    Examples
+    --------
+    >>> def model():
+    ...     pyro.sample("z", pyro.distributions.Normal(0.0, 1.0))
+    ...     raise ValueError("a clear message")
+    >>> try:
+    ...     with without_trace_shapes():
+    ...         pyro.poutine.trace(model).get_trace()
+    ... except ValueError as error:
+    ...     print(error)
+    a clear message
+    """
+    try:
+        yield
+    except (ValueError, RuntimeError) as error:
+        root = error
+        while "Trace Shapes:" in str(root) and type(root.__cause__) is type(root):
+            root = root.__cause__
+        if root is error:
+            raise
+        raise root.with_traceback(root.__traceback__) from None

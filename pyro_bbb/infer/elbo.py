@@ -18,7 +18,7 @@ from pyro.poutine.util import prune_subsample_sites
 from pyro.util import check_model_guide_match, warn_if_nan
 
 from .._checks import check_count
-from .._internals import TraceMeanFieldHooks, check_mean_field_requirement, is_tracing
+from .._internals import TraceMeanFieldHooks, check_mean_field_requirement, is_tracing, without_trace_shapes
 from ..plates import DATA_PLATE, data_plate_named, trace_data_plate_frame
 from ._replay import ReplayMismatch, ReplayPlan, plan_replay, replay_captures, replay_terms
 from .kl import base_normal, batched_normal_kls, is_unscaled, log_prob_sum, site_kl, zero_mean_prior_scale
@@ -352,15 +352,15 @@ class ELBO(TraceMeanFieldHooks):
         return loss, surrogate_loss
 
     def loss(self, model, guide, *args, **kwargs):
-        with self._recording(model, guide):
+        with without_trace_shapes(), self._recording(model, guide):
             return super().loss(model, guide, *args, **kwargs)
 
     def differentiable_loss(self, model, guide, *args, **kwargs):
-        with self._recording(model, guide):
+        with without_trace_shapes(), self._recording(model, guide):
             return super().differentiable_loss(model, guide, *args, **kwargs)
 
     def loss_and_grads(self, model, guide, *args, **kwargs):
-        with self._recording(model, guide):
+        with without_trace_shapes(), self._recording(model, guide):
             replayable = self._replayable(model, guide, args, kwargs)
             loss = None
             if replayable is not None:

@@ -26,6 +26,7 @@ import torch
 from pyro.poutine.util import site_is_subsample
 
 from .._checks import check_count, is_set_up
+from .._internals import without_trace_shapes
 from ..data.inputs import (
     Inputs,
     cast_inputs,
@@ -327,11 +328,12 @@ def predict_with_draws(
             UntrainedGuideWarning,
             stacklevel=4,
         )
-        set_up_guide(model, guide, select_rows(x, slice(0, 1)))
+        with without_trace_shapes():
+            set_up_guide(model, guide, select_rows(x, slice(0, 1)))
     # the joint predictive shares each weight draw across inputs, whatever training estimator is active around us
     if data_plate is None:
         data_plate = data_plate_of(model)
-    with poutine.block(hide_types=["bayesian_affine"]), data_plate_named(data_plate):
+    with without_trace_shapes(), poutine.block(hide_types=["bayesian_affine"]), data_plate_named(data_plate):
         return _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate)
 
 

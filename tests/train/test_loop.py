@@ -486,3 +486,17 @@ def test_the_gradient_check_falls_back_to_sums_without_torchs_amp_kernel(monkeyp
     assert not all_finite([torch.ones(3), torch.tensor([0.0, float("inf")])])
 
 
+
+
+def test_an_error_raised_inside_the_model_reaches_the_user_once_without_pyros_shape_table():
+    """Pyro's trace re-raises a model's ValueError with its shape table appended, once per nested trace; fit, SVI
+    through pyro_bbb.ELBO and predict give the user the error as it was raised."""
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 2), likelihoods.Bernoulli())  # two logits for a Bernoulli: a clear error
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    x, y = torch.randn(20, 3), torch.randint(0, 2, (20,)).float()
+    svi = pyro.infer.SVI(bnn, guide, pyro_bbb.optim.Adam(), pyro_bbb.ELBO(num_data=20))
+    for run in (lambda: pyro_bbb.fit(bnn, guide, (x, y), epochs=1, progress=False), lambda: svi.step(x, y),
+                lambda: pyro_bbb.predict(bnn, guide, x, num_samples=2)):
+        with pytest.raises(ValueError, match="expects the network to output shape") as caught:
+            run()
+        assert "Trace Shapes" not in str(caught.value) and caught.value.__cause__ is None
