@@ -323,8 +323,7 @@ class IVON(PyroOptim):
         self.site_state = {
             site: {key: value.clone() for key, value in entry.items()} for site, entry in state_dict["sites"].items()
         }
-        if state_dict.get("adam") is not None:
-            self.adam.set_state(state_dict["adam"])
+        self.adam.set_state(state_dict.get("adam") or {})
 
     def __repr__(self) -> str:
         settings = {"num_data": self.num_data, **self.defaults}

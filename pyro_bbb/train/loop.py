@@ -78,6 +78,8 @@ class _Stepper:
         self.global_loss = math.nan
         self.steps = 0
         self._error: BaseException | None = None
+        # a pyro_bbb optimizer's state (keyed by parameter name), to give back with the parameters on a bad batch
+        self.initial_optimizer_state = optimizer.get_state() if isinstance(optimizer, JointAdam | IVON) else None
 
     def set_up_everywhere(self, batches) -> None:
         """Distributed: create the guide's parameters from a first batch, then give every rank rank 0's values."""
@@ -177,9 +179,12 @@ class _Stepper:
 
     @torch.no_grad()
     def restore_initial(self) -> None:
-        """Every parameter back to its value when this fit first used it."""
+        """Every parameter back to its value when this fit first used it, and a pyro_bbb optimizer's state to what
+        it was at the start of fit."""
         for param, value in self.initial.items():
             param.copy_(value)
+        if self.initial_optimizer_state is not None:
+            self.optimizer.set_state(self.initial_optimizer_state)
 
     def _diverged(self, what: str, detail: str):
         with torch.no_grad():
@@ -490,7 +495,10 @@ def _train(stepper: _Stepper, batches, record, epochs: int, callbacks, progress:
                     break
     except (DataError, TargetError) as error:
         stepper.restore_initial()
-        raise DataError(f"{error} The parameters were restored to their state at the start of fit.") from error
+        raise DataError(
+            f"{error} The parameters (and a pyro_bbb optimizer's state) were restored to their state at the start of "
+            "fit."
+        ) from error
     except TrainingDivergedError as error:
         error.history = history
         raise

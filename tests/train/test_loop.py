@@ -500,3 +500,23 @@ def test_an_error_raised_inside_the_model_reaches_the_user_once_without_pyros_sh
         with pytest.raises(ValueError, match="expects the network to output shape") as caught:
             run()
         assert "Trace Shapes" not in str(caught.value) and caught.value.__cause__ is None
+
+
+def test_a_bad_dataloader_batch_also_gives_back_a_pyro_bbb_optimizers_state():
+    """The optimizer a user passes keeps its moments from before this fit when a later batch is bad: resuming then
+    continues the earlier run, not one with the failed epochs' moments."""
+    x, y = small_data(64)
+    labels = (y > 0).long()
+    labels[60] = 3  # only 3 logits
+    model = _classifier()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    optimizer = pyro_bbb.optim.Adam(lr=1e-2)
+    fit(model, guide, (x[:8], labels[:8].clamp_max(2)), optimizer=optimizer, epochs=2)
+    before = optimizer.get_state()
+    loader = DataLoader(ListDataset(x, labels), batch_size=16, shuffle=False)
+    with pytest.raises(ValueError, match="label is 3"):
+        fit(model, guide, loader, epochs=2, optimizer=optimizer)
+    after = optimizer.get_state()
+    assert before.keys() == after.keys() and all(
+        torch.equal(before[name][key], after[name][key]) for name in before for key in before[name]
+    )
