@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install quickstart test test-fast lint benchmarks docs figures
+.PHONY: install quickstart test test-slow lint benchmarks docs figures
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,12 +19,14 @@ install: $(VENV)/.installed
 quickstart: install
 	$(PY) tutorials/quickstart.py
 
+# Every module's correctness in minutes (the long statistical and training tests are marked `slow`), then ruff.
 test: install
-	$(PY) -m pytest -q --durations=10
+	$(PY) -m pytest -q -m "not slow" --durations=10
 	$(MAKE) lint
 
-test-fast: install
-	$(PY) -m pytest -q -m "not slow"
+# The long statistical and training tests (CI runs them after `make test`).
+test-slow: install
+	$(PY) -m pytest -q -m slow --durations=10
 
 lint: install
 	$(VENV)/bin/ruff check pyro_bbb tests tutorials benchmarks docs conftest.py

@@ -11,8 +11,10 @@ exact. Per weight, with ``g`` the per-datum gradient of the expected negative lo
     hhat     = (d E[nll] / d sigma) / (N sigma)                   Price's estimate of E[nll'']
     momentum <- beta1 momentum + (1 - beta1) g
     h        <- beta2 h + (1 - beta2) hhat + (1 - beta2)^2 / 2 (h - hhat)^2 / (h + delta)
-    m        <- m - lr (hess_init + delta) (momentum / (1 - beta1^k) + delta (m - m_prior)) / (h + delta)
+    m        <- m - lr (hess_init + delta) clip((momentum / (1 - beta1^k) + delta (m - m_prior)) / (h + delta))
     sigma    <- 1 / sqrt(N (h + delta))
+
+(``clip`` bounds each element by ``clip_radius``; ``1 - beta2`` scales with a scheduled learning rate.)
 
 At a fixed point ``h`` is the expected curvature and ``m`` the stationary point of the expected loss plus the prior:
 for a Gaussian likelihood with fixed noise that is exactly the optimal mean-field Gaussian of Bayesian linear
