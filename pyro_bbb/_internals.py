@@ -35,7 +35,7 @@ __all__ = [
     "preset_samples", "sample_priors", "is_deterministic_site", "AutoNormalHooks", "TraceMeanFieldHooks",
     "is_tracing", "tensor_version", "module_buffer", "foreach_norm", "foreach_copy_", "all_finite",
     "fused_adam_step", "optimizer_has_step_hooks", "recurrent_kernel", "ConvNd", "ConvTransposeNd",
-    "without_trace_shapes",
+    "without_trace_shapes", "active_messengers",
 ]
 
 #: The releases every access below was checked on.
@@ -537,3 +537,15 @@ def without_trace_shapes() -> Iterator[None]:
         if root is error:
             raise
         raise root.with_traceback(root.__traceback__) from None
+
+
+def active_messengers(kind: type) -> list:
+    """The handlers of type ``kind`` active now (on Pyro's effect stack), outermost first.
+
+    Examples
+    --------
+    >>> with pyro.poutine.block() as block:
+    ...     active_messengers(pyro.poutine.block_messenger.BlockMessenger) == [block]
+    True
+    """
+    return [messenger for messenger in _PYRO_STACK if isinstance(messenger, kind)]

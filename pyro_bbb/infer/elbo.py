@@ -18,9 +18,17 @@ from pyro.poutine.util import prune_subsample_sites
 from pyro.util import check_model_guide_match, warn_if_nan
 
 from .._checks import check_count
-from .._internals import TraceMeanFieldHooks, check_mean_field_requirement, is_tracing, without_trace_shapes
+from .._internals import (
+    TraceMeanFieldHooks,
+    active_messengers,
+    check_mean_field_requirement,
+    is_tracing,
+    without_trace_shapes,
+)
 from ..plates import DATA_PLATE, data_plate_named, trace_data_plate_frame
 from ._replay import ReplayMismatch, ReplayPlan, plan_replay, replay_captures, replay_terms
+from .estimators import PosteriorReader
+from .guide import POSTERIOR_KEY
 from .kl import base_normal, batched_normal_kls, is_unscaled, log_prob_sum, site_kl, zero_mean_prior_scale
 from .scaling import scale_data_plate
 from .schedules import Constant
@@ -247,12 +255,20 @@ class ELBO(TraceMeanFieldHooks):
         the ones it needs (observed sites, and latent sites whose KL has no closed form), which saves two full
         passes over every weight tensor per step.
         """
+        estimators = active_messengers(PosteriorReader)
+        for estimator in estimators:
+            estimator.start_run()
         with data_plate_named(self.data_plate):
             guide_trace = poutine.trace(scale_data_plate(guide, self.num_data, self.data_plate)).get_trace(
                 *args, **kwargs
             )
             model = scale_data_plate(model, self.num_data, self.data_plate)
             model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(*args, **kwargs)
+        if estimators:  # a weight the estimator never saw would silently stay on plain reparameterization
+            weights = [n for n, site in guide_trace.nodes.items() if site["type"] == "sample" and POSTERIOR_KEY in
+                       site["infer"]]  # fmt: skip
+            for estimator in estimators:
+                estimator.check_reached(weights)
         if self._current_call is not None and self._current_call["frame"] is None:
             self._current_call["frame"] = trace_data_plate_frame(model_trace, self.data_plate)
         if is_validation_enabled():

@@ -19,7 +19,7 @@ Examples
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack, nullcontext
 from typing import Any
 
@@ -33,11 +33,11 @@ from .guide import POSTERIOR_KEY
 __all__ = [
     "FlipoutMessenger", "LocalReparameterizationMessenger", "flipout", "local_reparameterization",
     "MomentPropagationMessenger", "moment_propagation", "ESTIMATORS",
-    "estimator",
+    "estimator", "PosteriorReader",
 ]
 
 
-class _PosteriorReader(Messenger):
+class PosteriorReader(Messenger):
     """Remembers the ``(loc, scale)`` that :class:`~pyro_bbb.MeanFieldGuide` attaches to each site it samples."""
 
     estimator = ""
@@ -45,6 +45,33 @@ class _PosteriorReader(Messenger):
     def __init__(self):
         super().__init__()
         self._posteriors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._used: set[str] = set()  # the weight sites a layer operation read this model run
+
+    def start_run(self) -> None:
+        """Forget which weight sites the previous model run's layer operations read."""
+        self._used.clear()
+
+    def check_reached(self, sites: Iterable[str]) -> None:
+        """A clear error when a weight site the guide drew with a posterior mean and scale reached no layer operation
+        of this estimator in the model run (a ``PyroSample`` weight used directly, as Pyro's tutorials write models):
+        it would silently stay on plain reparameterization.
+
+        Examples
+        --------
+        >>> estimator = FlipoutMessenger()
+        >>> estimator.check_reached(["fc.weight"])
+        Traceback (most recent call last):
+        ...
+        ValueError: flipout reached no Bayesian layer operation for the weight sites ['fc.weight'] ...
+        """
+        missed = sorted(set(sites) - self._used)
+        if missed:
+            raise ValueError(
+                f"{self.estimator} reached no Bayesian layer operation for the weight sites {missed} (a weight sampled "
+                "by PyroSample and used directly, or outside pyro_bbb's layers), so it would leave them on plain "
+                "reparameterization without a word. Build the network from pyro_bbb.nn layers (or "
+                "pyro_bbb.bayesianize a torch.nn model), or train without the handler (estimator='reparam')."
+            )
 
     def _pyro_post_sample(self, msg: dict[str, Any]) -> None:
         posterior = msg["infer"].get(POSTERIOR_KEY)
@@ -63,6 +90,7 @@ class _PosteriorReader(Messenger):
                 "AutoNormal, other autoguides and hand-written guides do not expose them. Prediction and prior "
                 "draws need no estimator: run them outside the handler."
             )
+        self._used.add(site)
         return self._posteriors[site]
 
     def _pyro_bayesian_affine(self, msg: dict[str, Any]) -> None:
@@ -99,7 +127,7 @@ def _signs(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
     return torch.randint(0, 2, shape, dtype=like.dtype, device=like.device).mul_(2).sub_(1)
 
 
-class FlipoutMessenger(_PosteriorReader):
+class FlipoutMessenger(PosteriorReader):
     """Flipout (Wen et al. 2018): a different pseudo-independent weight perturbation for every example.
 
     With the guide's draws ``W = mu + dW`` and ``b = mu_b + db``, each Bayesian layer computes
@@ -151,7 +179,7 @@ class FlipoutMessenger(_PosteriorReader):
         msg["done"] = True
 
 
-class LocalReparameterizationMessenger(_PosteriorReader):
+class LocalReparameterizationMessenger(PosteriorReader):
     """Local reparameterization (Kingma et al. 2015): sample each example's pre-activations, not the weights.
 
     For a mean-field Normal posterior a layer's output given its input is Gaussian with mean
@@ -216,7 +244,7 @@ def local_reparameterization(fn: Callable | None = None) -> LocalReparameterizat
     return messenger(fn) if fn is not None else messenger
 
 
-class MomentPropagationMessenger(_PosteriorReader):
+class MomentPropagationMessenger(PosteriorReader):
     """Deterministic variational inference (Wu et al. 2019): propagate means and variances, draw nothing.
 
     Each Bayesian layer returns the mean and variance of its output under the mean-field posterior, a

@@ -1,6 +1,7 @@
 import math
 
 import pyro
+import pyro.distributions as dist
 import pyro.poutine as poutine
 import pytest
 import torch
@@ -478,3 +479,35 @@ def test_moment_propagation_of_every_layer_kind_is_the_closed_form(kind):
     mean, var = closed_form(layer, guide, x, conv)
     torch.testing.assert_close(moments.mean, mean)
     torch.testing.assert_close(moments.variance, var)
+
+
+@pytest.mark.parametrize("handler", ["flipout", "local_reparam", "moments"])
+def test_a_handler_that_reaches_no_weight_of_a_pyrosample_model_is_an_error_before_any_update(handler):
+    """A model written the way Pyro's tutorials write one (``PyroModule[nn.Linear]`` whose weight and bias are
+    ``PyroSample`` sites) never calls pyro_bbb's layer operation: the estimator would do nothing while the user
+    believes it on. fit and an SVI step under the handler say so, naming the sites, and no parameter changes."""
+    from pyro.nn import PyroSample
+
+    class Regression(PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.linear = PyroModule[torch.nn.Linear](3, 1)
+            self.linear.weight = PyroSample(dist.Normal(0.0, 1.0).expand([1, 3]).to_event(2))
+            self.linear.bias = PyroSample(dist.Normal(0.0, 1.0).expand([1]).to_event(1))
+
+        def forward(self, x, y=None):
+            mean = self.linear(x).squeeze(-1)
+            with pyro.plate("data", x.shape[0]):
+                return pyro.sample("y", dist.Normal(mean, 0.5), obs=y)
+
+    model = Regression()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    x, y = torch.randn(20, 3), torch.randn(20)
+    guide(x, y)
+    before = {name: value.detach().clone() for name, value in pyro.get_param_store().items()}
+    with pytest.raises(ValueError, match=r"no Bayesian layer operation for the weight sites \['linear.bias', 'linear"):
+        pyro_bbb.fit(model, guide, (x, y), epochs=1, estimator=handler, progress=False)
+    svi = pyro.infer.SVI(model, guide, pyro_bbb.optim.Adam(lr=0.1), pyro_bbb.ELBO(num_data=20))
+    with pytest.raises(ValueError, match="linear.weight"), ESTIMATORS[handler]():
+        svi.step(x, y)
+    assert all(torch.equal(before[name], value) for name, value in pyro.get_param_store().items())
