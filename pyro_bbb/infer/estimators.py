@@ -24,9 +24,12 @@ from contextlib import ExitStack, nullcontext
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from pyro.poutine.messenger import Messenger
+from torch.overrides import TorchFunctionMode
 
-from ..nn.functional import FlipoutMap, sample_dims
+from ..nn.functional import FlipoutMap, batched_linear, sample_dims
+from ..nn.module import is_layer_prior
 from ..nn.moments import affine_moments, tracking_modules
 from .guide import POSTERIOR_KEY
 
@@ -46,10 +49,42 @@ class PosteriorReader(Messenger):
         super().__init__()
         self._posteriors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._used: set[str] = set()  # the weight sites a layer operation read this model run
+        self._drawn: dict[int, tuple[torch.Tensor, str]] = {}  # id of a guide's draw -> (the draw, its site)
+        self._interceptor: _DrawnWeightLinear | None = None  # on once a model samples a weight outside our layers
+
+    def _pyro_sample(self, msg: dict[str, Any]) -> None:
+        # a model's own sample site for a weight the guide drew, not a pyro_bbb layer's: a PyroSample weight that
+        # reaches torch's F.linear directly, where this estimator then meets it
+        if self._interceptor is None and self.site_of(msg["value"]) is not None:  # (replayed from the guide)
+            if not is_layer_prior(msg["fn"]):
+                self._interceptor = _DrawnWeightLinear(self)
+                self._interceptor.__enter__()
+
+    def __exit__(self, *exc):
+        if self._interceptor is not None:
+            self._interceptor.__exit__(*exc)
+            self._interceptor = None
+        return super().__exit__(*exc)
+
+    def site_of(self, value: torch.Tensor | None) -> str | None:
+        """The site whose guide draw ``value`` is (by identity), or ``None``."""
+        entry = self._drawn.get(id(value)) if value is not None else None
+        return entry[1] if entry is not None and entry[0] is value else None
 
     def start_run(self) -> None:
-        """Forget which weight sites the previous model run's layer operations read."""
+        """Forget which weight sites the previous model run's layer operations read, and the previous draws."""
         self._used.clear()
+        self._drawn.clear()
+
+    def linear(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``F.linear(input, weight, bias)`` for a ``weight`` the guide drew (a ``PyroSample`` weight), computed by this
+        estimator as for a :class:`~pyro_bbb.nn.BayesianLinear`; a bias the guide did not draw is added as it is."""
+        weight_posterior = self._posterior(self.site_of(weight))
+        bias_site = self.site_of(bias)
+        bias_posterior = None if bias_site is None else self._posterior(bias_site)
+        output = self._output(input, weight, bias if bias_site else None, batched_linear, 1, weight_posterior,
+                              bias_posterior)  # fmt: skip
+        return output if bias is None or bias_site else output + bias
 
     def check_reached(self, sites: Iterable[str]) -> None:
         """A clear error when a weight site the guide drew with a posterior mean and scale reached no layer operation
@@ -77,6 +112,7 @@ class PosteriorReader(Messenger):
         posterior = msg["infer"].get(POSTERIOR_KEY)
         if posterior is not None:
             self.remember_posterior(msg["name"], *posterior)
+            self._drawn[id(msg["value"])] = (msg["value"], msg["name"])
 
     def remember_posterior(self, site: str, loc: torch.Tensor, scale: torch.Tensor) -> None:
         """Use ``Normal(loc, scale)`` as site ``site``'s posterior (what a guide's draw at that site tells it)."""
@@ -329,3 +365,19 @@ def estimator(name: str) -> Callable[[], Any]:
 # -- the data plate ---------------------------------------------------------------------------------------------
 
 
+class _DrawnWeightLinear(TorchFunctionMode):
+    """Routes ``F.linear`` calls whose weight is a guide's draw (a ``PyroSample`` weight of a Pyro-style model, e.g.
+    ``PyroModule[nn.Linear]``) to the estimator; every other call runs as it is. Entered only once such a weight is
+    sampled, so pyro_bbb's own layers (which call the estimator directly) never pay for it."""
+
+    def __init__(self, reader: PosteriorReader):
+        super().__init__()
+        self.reader = reader
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            input, weight = args[0], args[1] if len(args) > 1 else kwargs["weight"]
+            if self.reader.site_of(weight) is not None:
+                return self.reader.linear(input, weight, args[2] if len(args) > 2 else kwargs.get("bias"))
+        return func(*args, **kwargs)

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from pyro.infer.autoguide import AutoNormal
-from pyro.nn import PyroModule
+from pyro.infer.autoguide.initialization import init_to_value
+from pyro.nn import PyroModule, PyroSample
 from scipy import stats
 
 import pyro_bbb
@@ -481,33 +482,93 @@ def test_moment_propagation_of_every_layer_kind_is_the_closed_form(kind):
     torch.testing.assert_close(moments.variance, var)
 
 
-@pytest.mark.parametrize("handler", ["flipout", "local_reparam", "moments"])
-def test_a_handler_that_reaches_no_weight_of_a_pyrosample_model_is_an_error_before_any_update(handler):
-    """A model written the way Pyro's tutorials write one (``PyroModule[nn.Linear]`` whose weight and bias are
-    ``PyroSample`` sites) never calls pyro_bbb's layer operation: the estimator would do nothing while the user
-    believes it on. fit and an SVI step under the handler say so, naming the sites, and no parameter changes."""
-    from pyro.nn import PyroSample
+class PyroStyleRegression(PyroModule):
+    """A model written the way Pyro's tutorials write one: ``PyroModule[nn.Linear]`` whose weight and bias are
+    ``PyroSample`` sites (``bayesian=False``: the same forward with a pyro_bbb ``BayesianLinear``, its twin)."""
 
-    class Regression(PyroModule):
+    def __init__(self, bayesian=False):
+        super().__init__()
+        if bayesian:
+            self.linear = BayesianLinear(3, 2)
+        else:
+            self.linear = PyroModule[torch.nn.Linear](3, 2)
+            self.linear.weight = PyroSample(dist.Normal(0.0, 1.0).expand([2, 3]).to_event(2))
+            self.linear.bias = PyroSample(dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+
+    def forward(self, x, y=None):
+        mean = self.linear(x)
+        with pyro.plate("data", x.shape[0]):
+            return pyro.sample("y", dist.Normal(mean, 0.5).to_event(1), obs=y)
+
+
+def _twin_guides(x, y):
+    """The Pyro-style model and its twin with guides of the same posterior (the same site names, so the second guide
+    takes the first one's parameters from Pyro's param store)."""
+    values = {"linear.weight": torch.randn(2, 3), "linear.bias": torch.randn(2)}
+    guides = []
+    for bayesian in (False, True):
+        model = PyroStyleRegression(bayesian)
+        guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.3, init_loc_fn=init_to_value(values=values))
+        guide(x, y)
+        guides.append((model, guide))
+    return guides
+
+
+@pytest.mark.parametrize("handler", ["flipout", "local_reparam"])
+def test_the_estimators_reach_pyrosample_weights_and_equal_their_twin_layers(handler):
+    """Flipout and local reparameterization act on a PyroSample weight that reaches F.linear as on a pyro_bbb layer:
+    identical rows of a batch get different outputs (a shared weight draw would give them one), and the loss and every
+    gradient equal those of the twin model built from BayesianLinear, from the same parameters and random stream."""
+    from pyro_bbb.infer.estimators import ESTIMATORS
+
+    torch.manual_seed(0)
+    x, y = torch.randn(1, 3).expand(16, 3), torch.randn(16, 2)
+    (model, guide), (twin, twin_guide) = _twin_guides(x, y)
+    results = []
+    for m, g in ((model, guide), (twin, twin_guide)):
+        pyro.set_rng_seed(1)
+        elbo = pyro_bbb.ELBO(num_data=16)
+        with poutine.trace(param_only=True) as capture, ESTIMATORS[handler]():
+            loss = elbo.loss_and_grads(m, g, x, y)
+            outputs = poutine.trace(g).get_trace(x, y)
+            spread = poutine.trace(poutine.replay(m, trace=outputs)).get_trace(x).nodes["y"]["fn"].base_dist.loc.std(0)
+        grads = {name: site["value"].unconstrained().grad.clone() for name, site in capture.trace.nodes.items()}
+        results.append((loss, grads, spread))
+        for site in capture.trace.nodes.values():
+            site["value"].unconstrained().grad = None
+    (loss, grads, spread), (twin_loss, twin_grads, twin_spread) = results
+    assert float(spread.detach().min()) > 0.05 and float(twin_spread.detach().min()) > 0.05  # rows vary
+    assert loss == pytest.approx(twin_loss, rel=1e-6)
+    assert grads.keys() == twin_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], twin_grads[name], rtol=1e-5, atol=1e-6)
+    pyro_bbb.fit(model, guide, (x, y), epochs=2, estimator=handler, progress=False)  # and fit trains it
+
+
+def test_a_weight_no_estimator_can_handle_is_an_error_before_any_update():
+    """A PyroSample weight used elementwise (not through F.linear) reaches no estimator: flipout says so, naming the
+    site, before any parameter changes; moment propagation of a model observing through a raw Pyro distribution
+    names the likelihood it needs."""
+
+    class Elementwise(PyroModule):
         def __init__(self):
             super().__init__()
-            self.linear = PyroModule[torch.nn.Linear](3, 1)
-            self.linear.weight = PyroSample(dist.Normal(0.0, 1.0).expand([1, 3]).to_event(2))
-            self.linear.bias = PyroSample(dist.Normal(0.0, 1.0).expand([1]).to_event(1))
+            self.w = PyroSample(dist.Normal(0.0, 1.0).expand([3]).to_event(1))
 
         def forward(self, x, y=None):
-            mean = self.linear(x).squeeze(-1)
             with pyro.plate("data", x.shape[0]):
-                return pyro.sample("y", dist.Normal(mean, 0.5), obs=y)
+                return pyro.sample("y", dist.Normal((x * self.w).sum(-1), 0.5), obs=y)
 
-    model = Regression()
-    guide = pyro_bbb.MeanFieldGuide(model)
     x, y = torch.randn(20, 3), torch.randn(20)
+    model = Elementwise()
+    guide = pyro_bbb.MeanFieldGuide(model)
     guide(x, y)
     before = {name: value.detach().clone() for name, value in pyro.get_param_store().items()}
-    with pytest.raises(ValueError, match=r"no Bayesian layer operation for the weight sites \['linear.bias', 'linear"):
-        pyro_bbb.fit(model, guide, (x, y), epochs=1, estimator=handler, progress=False)
-    svi = pyro.infer.SVI(model, guide, pyro_bbb.optim.Adam(lr=0.1), pyro_bbb.ELBO(num_data=20))
-    with pytest.raises(ValueError, match="linear.weight"), ESTIMATORS[handler]():
-        svi.step(x, y)
+    with pytest.raises(ValueError, match=r"no Bayesian layer operation for the weight sites \['w'\]"):
+        pyro_bbb.fit(model, guide, (x, y), epochs=1, estimator="flipout", progress=False)
     assert all(torch.equal(before[name], value) for name, value in pyro.get_param_store().items())
+    pyro.clear_param_store()
+    model = PyroStyleRegression()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    with pytest.raises(MomentPropagationError, match="pyro_bbb likelihood"):
+        pyro_bbb.fit(model, guide, (x, torch.randn(20, 2)), epochs=1, estimator="moments", progress=False)
