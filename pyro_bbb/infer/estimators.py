@@ -6,7 +6,9 @@ the gradient noise does not shrink with the batch size. Both handlers decorrelat
 the objective's expectation. Every Bayesian layer runs its linear map through the effectful operation
 :func:`pyro_bbb.nn.functional.bayesian_affine`; a handler intercepts it, reads the posterior mean and scale that
 :class:`pyro_bbb.MeanFieldGuide` attached to the weight's site, and computes the layer's output its own way.
-Outside a handler the layers are unchanged, and the KL term is never touched.
+Outside a handler the layers are unchanged, and the KL term is never touched. A weight a Pyro-style model samples
+with ``PyroSample`` and passes to torch's ``F.linear`` or a convolution (``PyroModule[nn.Linear]``) is met there
+instead, by identity with the guide's draw; a weight used otherwise is a clear error, never a silent no-op.
 
 Examples
 --------
@@ -76,20 +78,24 @@ class PosteriorReader(Messenger):
         self._used.clear()
         self._drawn.clear()
 
-    def linear(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``F.linear(input, weight, bias)`` for a ``weight`` the guide drew (a ``PyroSample`` weight), computed by this
-        estimator as for a :class:`~pyro_bbb.nn.BayesianLinear`; a bias the guide did not draw is added as it is."""
+    def affine(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, apply: Callable,
+               feature_dims: int) -> torch.Tensor:
+        """``apply(input, weight, bias)`` (torch's linear or convolution) for a ``weight`` the guide drew (a
+        ``PyroSample`` weight), computed by this estimator as for a pyro_bbb layer; a bias the guide did not draw is
+        added as it is."""
         weight_posterior = self._posterior(self.site_of(weight))
         bias_site = self.site_of(bias)
         bias_posterior = None if bias_site is None else self._posterior(bias_site)
-        output = self._output(input, weight, bias if bias_site else None, batched_linear, 1, weight_posterior,
+        output = self._output(input, weight, bias if bias_site else None, apply, feature_dims, weight_posterior,
                               bias_posterior)  # fmt: skip
-        return output if bias is None or bias_site else output + bias
+        if bias is None or bias_site:
+            return output
+        return output + bias.reshape(bias.shape + (1,) * (feature_dims - 1))
 
     def check_reached(self, sites: Iterable[str]) -> None:
-        """A clear error when a weight site the guide drew with a posterior mean and scale reached no layer operation
-        of this estimator in the model run (a ``PyroSample`` weight used directly, as Pyro's tutorials write models):
-        it would silently stay on plain reparameterization.
+        """A clear error when a weight site the guide drew with a posterior mean and scale reached neither a pyro_bbb
+        layer nor torch's linear or convolution functions in the model run (e.g. a weight used elementwise): it would
+        silently stay on plain reparameterization.
 
         Examples
         --------
@@ -97,15 +103,16 @@ class PosteriorReader(Messenger):
         >>> estimator.check_reached(["fc.weight"])
         Traceback (most recent call last):
         ...
-        ValueError: flipout reached no Bayesian layer operation for the weight sites ['fc.weight'] ...
+        ValueError: flipout reached no Bayesian layer operation for the weight sites ['fc.weight']: they are used ...
         """
         missed = sorted(set(sites) - self._used)
         if missed:
             raise ValueError(
-                f"{self.estimator} reached no Bayesian layer operation for the weight sites {missed} (a weight sampled "
-                "by PyroSample and used directly, or outside pyro_bbb's layers), so it would leave them on plain "
-                "reparameterization without a word. Build the network from pyro_bbb.nn layers (or "
-                "pyro_bbb.bayesianize a torch.nn model), or train without the handler (estimator='reparam')."
+                f"{self.estimator} reached no Bayesian layer operation for the weight sites {missed}: they are used "
+                "neither by a pyro_bbb layer nor by torch's linear or convolution functions (e.g. elementwise), so it "
+                "would leave them on plain reparameterization without a word. Build the network from pyro_bbb.nn "
+                "layers (or pyro_bbb.bayesianize a torch.nn model), or train without the handler "
+                "(estimator='reparam')."
             )
 
     def _pyro_post_sample(self, msg: dict[str, Any]) -> None:
@@ -365,10 +372,22 @@ def estimator(name: str) -> Callable[[], Any]:
 # -- the data plate ---------------------------------------------------------------------------------------------
 
 
+#: torch's convolutions: the number of spatial dims, and the names of the arguments after (input, weight, bias).
+_CONVOLUTIONS = {
+    F.conv1d: (1, ("stride", "padding", "dilation", "groups")),
+    F.conv2d: (2, ("stride", "padding", "dilation", "groups")),
+    F.conv3d: (3, ("stride", "padding", "dilation", "groups")),
+    F.conv_transpose1d: (1, ("stride", "padding", "output_padding", "groups", "dilation")),
+    F.conv_transpose2d: (2, ("stride", "padding", "output_padding", "groups", "dilation")),
+    F.conv_transpose3d: (3, ("stride", "padding", "output_padding", "groups", "dilation")),
+}
+
+
 class _DrawnWeightLinear(TorchFunctionMode):
-    """Routes ``F.linear`` calls whose weight is a guide's draw (a ``PyroSample`` weight of a Pyro-style model, e.g.
-    ``PyroModule[nn.Linear]``) to the estimator; every other call runs as it is. Entered only once such a weight is
-    sampled, so pyro_bbb's own layers (which call the estimator directly) never pay for it."""
+    """Routes ``F.linear`` and convolution calls whose weight is a guide's draw (a ``PyroSample`` weight of a
+    Pyro-style model, e.g. ``PyroModule[nn.Linear]`` or ``PyroModule[nn.Conv2d]``) to the estimator; every other call
+    runs as it is. Entered only once such a weight is sampled, so pyro_bbb's own layers (which call the estimator
+    directly) never pay for it."""
 
     def __init__(self, reader: PosteriorReader):
         super().__init__()
@@ -376,8 +395,17 @@ class _DrawnWeightLinear(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.linear:
+        if func is F.linear or func in _CONVOLUTIONS:
             input, weight = args[0], args[1] if len(args) > 1 else kwargs["weight"]
             if self.reader.site_of(weight) is not None:
-                return self.reader.linear(input, weight, args[2] if len(args) > 2 else kwargs.get("bias"))
+                bias = args[2] if len(args) > 2 else kwargs.get("bias")
+                if func is F.linear:
+                    return self.reader.affine(input, weight, bias, batched_linear, 1)
+                spatial, names = _CONVOLUTIONS[func]
+                settings = dict(zip(names, args[3:])) | {k: v for k, v in kwargs.items() if k in names}
+
+                def apply(x, w, b=None, func=func, settings=settings):
+                    return func(x, w, b, **settings)
+
+                return self.reader.affine(input, weight, bias, apply, spatial + 1)
         return func(*args, **kwargs)

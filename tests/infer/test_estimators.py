@@ -486,44 +486,57 @@ class PyroStyleRegression(PyroModule):
     """A model written the way Pyro's tutorials write one: ``PyroModule[nn.Linear]`` whose weight and bias are
     ``PyroSample`` sites (``bayesian=False``: the same forward with a pyro_bbb ``BayesianLinear``, its twin)."""
 
-    def __init__(self, bayesian=False):
+    def __init__(self, bayesian=False, kind="linear"):
         super().__init__()
-        if bayesian:
-            self.linear = BayesianLinear(3, 2)
+        if kind == "conv":  # a convolution over a 1-channel 4x4 image, 2 output channels
+            twin, shape = lambda: bayesian_conv.BayesianConv2d(1, 2, 3, padding=1), [2, 1, 3, 3]
+            plain = lambda: PyroModule[torch.nn.Conv2d](1, 2, 3, padding=1)  # noqa: E731
         else:
-            self.linear = PyroModule[torch.nn.Linear](3, 2)
-            self.linear.weight = PyroSample(dist.Normal(0.0, 1.0).expand([2, 3]).to_event(2))
+            twin, shape = lambda: BayesianLinear(3, 2), [2, 3]
+            plain = lambda: PyroModule[torch.nn.Linear](3, 2)  # noqa: E731
+        if bayesian:
+            self.linear = twin()
+        else:
+            self.linear = plain()
+            self.linear.weight = PyroSample(dist.Normal(0.0, 1.0).expand(shape).to_event(len(shape)))
             self.linear.bias = PyroSample(dist.Normal(0.0, 1.0).expand([2]).to_event(1))
 
     def forward(self, x, y=None):
-        mean = self.linear(x)
+        mean = self.linear(x).flatten(1)
         with pyro.plate("data", x.shape[0]):
             return pyro.sample("y", dist.Normal(mean, 0.5).to_event(1), obs=y)
 
 
-def _twin_guides(x, y):
+def _twin_guides(x, y, kind):
     """The Pyro-style model and its twin with guides of the same posterior (the same site names, so the second guide
     takes the first one's parameters from Pyro's param store)."""
-    values = {"linear.weight": torch.randn(2, 3), "linear.bias": torch.randn(2)}
+    shape = [2, 1, 3, 3] if kind == "conv" else [2, 3]
+    values = {"linear.weight": torch.randn(shape), "linear.bias": torch.randn(2)}
     guides = []
     for bayesian in (False, True):
-        model = PyroStyleRegression(bayesian)
+        model = PyroStyleRegression(bayesian, kind)
         guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.3, init_loc_fn=init_to_value(values=values))
         guide(x, y)
         guides.append((model, guide))
     return guides
 
 
+@pytest.mark.parametrize("kind", ["linear", "conv"])
 @pytest.mark.parametrize("handler", ["flipout", "local_reparam"])
-def test_the_estimators_reach_pyrosample_weights_and_equal_their_twin_layers(handler):
-    """Flipout and local reparameterization act on a PyroSample weight that reaches F.linear as on a pyro_bbb layer:
+def test_the_estimators_reach_pyrosample_weights_and_equal_their_twin_layers(handler, kind):
+    """Flipout and local reparameterization act on a PyroSample weight that reaches F.linear or F.conv2d as on a
+    pyro_bbb layer:
     identical rows of a batch get different outputs (a shared weight draw would give them one), and the loss and every
-    gradient equal those of the twin model built from BayesianLinear, from the same parameters and random stream."""
+    gradient equal those of the twin model built from BayesianLinear / BayesianConv2d, from the same parameters and
+    random stream."""
     from pyro_bbb.infer.estimators import ESTIMATORS
 
     torch.manual_seed(0)
-    x, y = torch.randn(1, 3).expand(16, 3), torch.randn(16, 2)
-    (model, guide), (twin, twin_guide) = _twin_guides(x, y)
+    if kind == "conv":
+        x, y = torch.randn(1, 1, 4, 4).expand(16, 1, 4, 4), torch.randn(16, 32)
+    else:
+        x, y = torch.randn(1, 3).expand(16, 3), torch.randn(16, 2)
+    (model, guide), (twin, twin_guide) = _twin_guides(x, y, kind)
     results = []
     for m, g in ((model, guide), (twin, twin_guide)):
         pyro.set_rng_seed(1)
