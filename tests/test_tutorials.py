@@ -83,3 +83,11 @@ def test_natural_gradient(tmp_path):
         math.isfinite(r["test_log_likelihood"]) for r in results.values()
     )
     assert (tmp_path / "natural_gradient.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_pyro_style_models(tmp_path):
+    results = load("pyro_style_models").main(epochs=2, out_dir=tmp_path, progress=False, draws=20)
+    assert results["moments"]["gradient_std"] == 0.0
+    assert results["flipout"]["gradient_std"] < results["reparam"]["gradient_std"]
+    assert (tmp_path / "pyro_style_models.png").stat().st_size > 10_000

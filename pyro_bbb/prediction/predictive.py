@@ -16,6 +16,7 @@ Examples
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable
 
@@ -375,7 +376,8 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
                        for chunk in chunks]
             mismatch = _vectorized_mismatch(results[0], alone)
         except (RuntimeError, ValueError, IndexError) as error:
-            results, mismatch = None, f"it could not run several weight draws in one call ({error})"
+            reason = re.split(r"\n\s*Trace Shapes:", str(error))[0].strip()  # (without Pyro's shape table)
+            results, mismatch = None, f"it could not run several weight draws in one call ({reason})"
         if mismatch is not None:
             if vectorize:
                 raise ValueError(f"predict(vectorize=True): {mismatch}.")

@@ -585,3 +585,29 @@ def test_a_weight_no_estimator_can_handle_is_an_error_before_any_update():
     guide = pyro_bbb.MeanFieldGuide(model)
     with pytest.raises(MomentPropagationError, match="pyro_bbb likelihood"):
         pyro_bbb.fit(model, guide, (x, torch.randn(20, 2)), epochs=1, estimator="moments", progress=False)
+
+
+def test_moment_propagation_of_a_pyrosample_model_is_deterministic_and_equals_its_twin():
+    """DVI through a PyroSample weight (the model observing through a pyro_bbb likelihood): the ELBO has no Monte Carlo
+    noise and equals the one of the BayesianLinear twin with the same posterior, to the last bit."""
+    from pyro_bbb.infer.estimators import ESTIMATORS
+
+    class Observed(PyroStyleRegression):
+        def __init__(self, bayesian):
+            super().__init__(bayesian)
+            self.likelihood = likelihoods.Gaussian(scale=0.5)
+
+        def forward(self, x, y=None):
+            return self.likelihood(self.linear(x), y)
+
+    x, y = torch.randn(20, 3), torch.randn(20, 2)
+    values = {"linear.weight": torch.randn(2, 3), "linear.bias": torch.randn(2)}
+    losses = []
+    for bayesian in (False, True):
+        model = Observed(bayesian)
+        guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.3, init_loc_fn=init_to_value(values=values))
+        guide(x, y)
+        elbo = pyro_bbb.ELBO(num_data=20)
+        with ESTIMATORS["moments"]():
+            losses.append([elbo.loss(model, guide, x, y) for _ in range(3)])
+    assert len(set(losses[0])) == 1 and losses[0] == losses[1]
