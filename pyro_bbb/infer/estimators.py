@@ -21,6 +21,7 @@ Examples
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack, nullcontext
 from typing import Any
@@ -51,7 +52,8 @@ class PosteriorReader(Messenger):
         super().__init__()
         self._posteriors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._used: set[str] = set()  # the weight sites a layer operation read this model run
-        self._drawn: dict[int, tuple[torch.Tensor, str]] = {}  # id of a guide's draw -> (the draw, its site)
+        self._drawn: dict[int, tuple[Callable, str]] = {}  # id of a guide's draw -> (weak ref to it, its site)
+        self._met: set[int] = set()  # the draws a torch function already brought to this estimator
         self._interceptor: _DrawnWeightLinear | None = None  # on once a model samples a weight outside our layers
 
     def _pyro_sample(self, msg: dict[str, Any]) -> None:
@@ -71,18 +73,26 @@ class PosteriorReader(Messenger):
     def site_of(self, value: torch.Tensor | None) -> str | None:
         """The site whose guide draw ``value`` is (by identity), or ``None``."""
         entry = self._drawn.get(id(value)) if value is not None else None
-        return entry[1] if entry is not None and entry[0] is value else None
+        return entry[1] if entry is not None and entry[0]() is value else None
 
     def start_run(self) -> None:
         """Forget which weight sites the previous model run's layer operations read, and the previous draws."""
         self._used.clear()
         self._drawn.clear()
+        self._met.clear()
 
     def affine(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, apply: Callable,
                feature_dims: int) -> torch.Tensor:
         """``apply(input, weight, bias)`` (torch's linear or convolution) for a ``weight`` the guide drew (a
         ``PyroSample`` weight), computed by this estimator as for a pyro_bbb layer; a bias the guide did not draw is
         added as it is."""
+        if id(weight) in self._met:
+            raise ValueError(
+                f"{self.estimator}: the weight draw of site {self.site_of(weight)!r} enters torch's linear or "
+                "convolution functions twice in one model run; each use would get its own perturbation, which is not "
+                "one shared weight. Use the weight once per run (or pyro_bbb layers), or train without the handler."
+            )
+        self._met.add(id(weight))
         weight_posterior = self._posterior(self.site_of(weight))
         bias_site = self.site_of(bias)
         bias_posterior = None if bias_site is None else self._posterior(bias_site)
@@ -119,7 +129,10 @@ class PosteriorReader(Messenger):
         posterior = msg["infer"].get(POSTERIOR_KEY)
         if posterior is not None:
             self.remember_posterior(msg["name"], *posterior)
-            self._drawn[id(msg["value"])] = (msg["value"], msg["name"])
+            if len(self._drawn) > 4096:  # a handler kept across many runs outside pyro_bbb.ELBO: forget dead draws
+                self._drawn = {k: v for k, v in self._drawn.items() if v[0]() is not None}
+                self._met &= self._drawn.keys()
+            self._drawn[id(msg["value"])] = (weakref.ref(msg["value"]), msg["name"])
 
     def remember_posterior(self, site: str, loc: torch.Tensor, scale: torch.Tensor) -> None:
         """Use ``Normal(loc, scale)`` as site ``site``'s posterior (what a guide's draw at that site tells it)."""

@@ -611,3 +611,26 @@ def test_moment_propagation_of_a_pyrosample_model_is_deterministic_and_equals_it
         with ESTIMATORS["moments"]():
             losses.append([elbo.loss(model, guide, x, y) for _ in range(3)])
     assert len(set(losses[0])) == 1 and losses[0] == losses[1]
+
+
+def test_a_pyrosample_weight_used_twice_in_one_run_is_an_error():
+    """Two uses of one weight draw would get two independent perturbations (not one shared weight): refused."""
+
+    class Twice(PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.linear = PyroModule[torch.nn.Linear](2, 2)
+            self.linear.weight = PyroSample(dist.Normal(0.0, 1.0).expand([2, 2]).to_event(2))
+
+        def forward(self, x, y=None):
+            mean = self.linear(self.linear(x))
+            with pyro.plate("data", x.shape[0]):
+                return pyro.sample("y", dist.Normal(mean, 0.5).to_event(1), obs=y)
+
+    model = Twice()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    x, y = torch.randn(8, 2), torch.randn(8, 2)
+    guide(x, y)
+    with pytest.raises(ValueError, match="'linear.weight' enters torch's linear or convolution functions twice"):
+        pyro_bbb.fit(model, guide, (x, y), epochs=1, estimator="flipout", progress=False)
+    pyro_bbb.fit(model, guide, (x, y), epochs=1, progress=False)  # plain reparameterization shares the draw: fine
