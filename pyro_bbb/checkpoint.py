@@ -85,7 +85,7 @@ def _used_params(model, guide, inputs) -> dict[str, torch.Tensor]:
     return {name: site["value"].unconstrained() for name, site in params.trace.nodes.items()}
 
 
-def save(path: str | os.PathLike, model, guide) -> None:
+def save(path: str | os.PathLike, model, guide, optimizer=None) -> None:
     """Write ``model``'s deterministic state and ``guide``'s posterior to ``path``.
 
     Everything the model and guide read from Pyro's param store is written too -- a feature net registered with
@@ -100,12 +100,17 @@ def save(path: str | os.PathLike, model, guide) -> None:
         The model, e.g. a :class:`pyro_bbb.BNN`.
     guide : MeanFieldGuide
         The fitted guide (any Pyro autoguide).
+    optimizer : pyro_bbb.optim.Adam or IVON, optional
+        Its state (moments by parameter name) is written too, so that ``load(..., optimizer=...)`` and ``fit(...,
+        optimizer=...)`` resume the run where it stopped instead of restarting the moments.
 
     Examples
     --------
     See the module example.
     """
     require_set_up(guide, "save")
+    if optimizer is not None and not hasattr(optimizer, "get_state"):
+        raise TypeError(f"save writes an optimizer's get_state(); {type(optimizer).__name__} has none.")
     if getattr(guide, "prototype_trace", None) is None:
         raise ValueError(
             f"save writes Pyro autoguides (e.g. pyro_bbb.MeanFieldGuide); {type(guide).__name__} is not one."
@@ -121,6 +126,8 @@ def save(path: str | os.PathLike, model, guide) -> None:
         "guide_state": _state(guide),
         "param_store": {name: value.detach().clone() for name, value in _used_params(model, guide, inputs).items()},
     }
+    if optimizer is not None:
+        checkpoint["optimizer"] = {"class": type(optimizer).__name__, "state": optimizer.get_state()}
     torch.save(checkpoint, path)
 
 
@@ -180,12 +187,13 @@ def _read(path: str | os.PathLike, device: torch.device) -> dict[str, Any]:
     return checkpoint
 
 
-def load(path: str | os.PathLike, model, guide):
+def load(path: str | os.PathLike, model, guide, optimizer=None):
     """Read a checkpoint written by :func:`save` into ``model`` and ``guide`` (built as before); returns ``guide``.
 
     Nothing is changed unless every tensor fits: a model or guide of another shape, another likelihood (or the
     same likelihood with other settings), a missing ``pyro.module`` / ``pyro.param`` parameter, or a damaged file
-    raises ``ValueError`` listing the differences. Tensors are placed on the model's device.
+    raises ``ValueError`` listing the differences. Tensors are placed on the model's device. With ``optimizer`` (of
+    the class that was saved), its state is restored too: ``fit(..., optimizer=optimizer)`` then continues the run.
 
     Examples
     --------
@@ -213,6 +221,17 @@ def load(path: str | os.PathLike, model, guide):
             "the checkpoint does not fit this model and guide (were they built with other layer sizes?):\n  "
             + "\n  ".join(problems)
         )
+    saved_optimizer = checkpoint.get("optimizer")
+    if optimizer is not None:
+        if not isinstance(saved_optimizer, dict) or not isinstance(saved_optimizer.get("state"), dict):
+            raise ValueError("the checkpoint holds no optimizer state: save it with pyro_bbb.save(..., optimizer=...).")
+        if saved_optimizer.get("class") != type(optimizer).__name__:
+            raise ValueError(
+                f"the checkpoint holds the state of a {saved_optimizer.get('class')}, not of a "
+                f"{type(optimizer).__name__}; pass an optimizer of the class that was saved."
+            )
+    if optimizer is not None:  # first: a state it refuses leaves the model and guide as they were
+        optimizer.set_state(saved_optimizer["state"])
     if isinstance(model, torch.nn.Module):
         model.load_state_dict(checkpoint["model_state"])
     guide.load_state_dict(checkpoint["guide_state"])

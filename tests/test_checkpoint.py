@@ -189,3 +189,44 @@ def test_damaged_checkpoints_are_one_clear_error_naming_the_file(tmp_path, damag
     with pytest.raises(ValueError, match=r"m\.pt"):
         pyro_bbb.load(path, model, guide)
     assert len(pyro.get_param_store()) == 0  # nothing was set up or loaded
+
+
+@pytest.mark.parametrize("optimizer_class", ["Adam", "IVON"])
+def test_a_run_resumed_from_a_checkpoint_with_its_optimizer_continues_as_before(tmp_path, optimizer_class):
+    """save(..., optimizer=) and load(..., optimizer=) carry the optimizer's state by parameter name: three epochs, a
+    checkpoint, three more epochs in fresh objects equal the same six epochs in one process (and a fresh optimizer,
+    whose moments restart, does not)."""
+    x, y = torch.randn(40, 3), torch.randn(40)
+
+    def build():
+        bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5))
+        guide = pyro_bbb.MeanFieldGuide(bnn)
+        make = {"Adam": lambda: pyro_bbb.optim.Adam(lr=1e-2), "IVON": lambda: pyro_bbb.optim.IVON(guide, 40)}
+        return bnn, guide, make[optimizer_class]()
+
+    def loc():
+        return pyro.get_param_store()["MeanFieldGuide.locs.net.weight"].detach().clone()
+
+    pyro.clear_param_store()
+    bnn, guide, optimizer = build()
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=3, optimizer=optimizer, progress=False, seed=0)
+    path = tmp_path / "run.pt"
+    pyro_bbb.save(path, bnn, guide, optimizer=optimizer)
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=3, optimizer=optimizer, progress=False, seed=1)
+    uninterrupted = loc()
+
+    results = {}
+    for restore in (True, False):
+        pyro.clear_param_store()
+        bnn, guide, optimizer = build()
+        pyro_bbb.load(path, bnn, guide, optimizer=optimizer if restore else None)
+        pyro_bbb.fit(bnn, guide, (x, y), epochs=3, optimizer=optimizer, progress=False, seed=1)
+        results[restore] = loc()
+    assert torch.equal(results[True], uninterrupted)
+    assert not torch.equal(results[False], uninterrupted)
+    with pytest.raises(ValueError, match="holds the state of a"):
+        other = pyro_bbb.optim.IVON(guide, 40) if optimizer_class == "Adam" else pyro_bbb.optim.Adam()
+        pyro_bbb.load(path, bnn, guide, optimizer=other)
+    pyro_bbb.save(tmp_path / "without.pt", bnn, guide)
+    with pytest.raises(ValueError, match="holds no optimizer state"):
+        pyro_bbb.load(tmp_path / "without.pt", bnn, guide, optimizer=optimizer)
