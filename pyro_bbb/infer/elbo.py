@@ -266,7 +266,7 @@ class ELBO(TraceMeanFieldHooks):
             model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(*args, **kwargs)
         if estimators:  # a weight the estimator never saw would silently stay on plain reparameterization
             weights = [n for n, site in guide_trace.nodes.items() if site["type"] == "sample" and POSTERIOR_KEY in
-                       site["infer"]]  # fmt: skip
+                       site["infer"]]
             for estimator in estimators:
                 estimator.check_reached(weights)
         if self._current_call is not None and self._current_call["frame"] is None:

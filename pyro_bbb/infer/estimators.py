@@ -93,11 +93,9 @@ class PosteriorReader(Messenger):
                 "one shared weight. Use the weight once per run (or pyro_bbb layers), or train without the handler."
             )
         self._met.add(id(weight))
-        weight_posterior = self._posterior(self.site_of(weight))
         bias_site = self.site_of(bias)
-        bias_posterior = None if bias_site is None else self._posterior(bias_site)
-        output = self._output(input, weight, bias if bias_site else None, apply, feature_dims, weight_posterior,
-                              bias_posterior)  # fmt: skip
+        output = self._estimate(input, weight, bias if bias_site else None, apply, feature_dims, self.site_of(weight),
+                                bias_site)
         if bias is None or bias_site:
             return output
         return output + bias.reshape(bias.shape + (1,) * (feature_dims - 1))
@@ -152,11 +150,15 @@ class PosteriorReader(Messenger):
     def _pyro_bayesian_affine(self, msg: dict[str, Any]) -> None:
         input, weight, bias = msg["args"]
         kwargs = msg["kwargs"]
-        weight_posterior = self._posterior(kwargs["weight_site"])
-        bias_posterior = None if kwargs["bias_site"] is None else self._posterior(kwargs["bias_site"])
-        msg["value"] = self._output(input, weight, bias, kwargs["apply"], kwargs["feature_dims"], weight_posterior,
-                                    bias_posterior)
+        msg["value"] = self._estimate(input, weight, bias, kwargs["apply"], kwargs["feature_dims"],
+                                      kwargs["weight_site"], kwargs["bias_site"])
         msg["done"] = True
+
+    def _estimate(self, input, weight, bias, apply, feature_dims, weight_site, bias_site) -> torch.Tensor:
+        """The layer's output under this estimator, from the posteriors of ``weight_site`` and ``bias_site``."""
+        weight_posterior = self._posterior(weight_site)
+        bias_posterior = None if bias_site is None else self._posterior(bias_site)
+        return self._output(input, weight, bias, apply, feature_dims, weight_posterior, bias_posterior)
 
     def _output(self, input, weight, bias, apply, feature_dims, weight_posterior, bias_posterior) -> torch.Tensor:
         """The layer's output under this estimator (``*_posterior`` are ``(loc, scale)`` pairs or None)."""

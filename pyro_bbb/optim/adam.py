@@ -115,7 +115,7 @@ class Adam(PyroOptim):
         """
         store = pyro.get_param_store()
         state = {name: {key: value.detach().clone() for key, value in entry.items()}
-                 for name, entry in self._pending.items()}  # fmt: skip
+                 for name, entry in self._pending.items()}
         if self.optimizer is not None:
             for p, entry in self.optimizer.state.items():
                 name = store.param_name(p)

@@ -123,9 +123,7 @@ class IVON(PyroOptim):
             "beta1": float(beta1),
             "beta2": float(beta2),
             "hess_init": check_positive("hess_init", hess_init),
-            "clip_radius": float(clip_radius)
-            if clip_radius == math.inf
-            else check_positive("clip_radius", clip_radius),
+            "clip_radius": math.inf if clip_radius == math.inf else check_positive("clip_radius", clip_radius),
             "adam_lr": check_positive("adam_lr", adam_lr),
         }
         super().__init__(torch.optim.Adam, {"lr": adam_lr})
@@ -133,9 +131,8 @@ class IVON(PyroOptim):
         self.steps = 0  # IVON steps taken (the momentum's debiasing counts them)
         self._rate_ratio = 1.0  # the scheduled learning rate over the initial one: the curvature's step scales with it
         self.site_state: dict[str, dict[str, torch.Tensor]] = {}  # site -> momentum, hess (flattened)
-        self._roles: dict[
-            torch.Tensor, tuple[str, str]
-        ] = {}  # unconstrained param (by identity) -> (site, "loc" | "scale")
+        # unconstrained param (by identity) -> (site, "loc" | "scale" | "other")
+        self._roles: dict[torch.Tensor, tuple[str, str]] = {}
         self._transform = transform_to(guide.scale_constraint)
         self._prior_cache: tuple | None = None  # (key, prior objects, flat (m, delta)) of fixed priors
         self._flat: tuple | None = None  # (sites, momentum, hess) concatenated, between steps
@@ -154,13 +151,16 @@ class IVON(PyroOptim):
         }
 
     def _classify(self, params: list[torch.Tensor]) -> None:
+        """The role of every parameter not seen before (the guide's names are read only when there is one)."""
+        new = [p for p in params if p not in self._roles]
+        if not new:
+            return
         store = pyro.get_param_store()
         by_name = {}
         for site, (loc, scale) in self._weight_sites().items():
             by_name[loc], by_name[scale] = (site, "loc"), (site, "scale")
-        for p in params:
-            if p not in self._roles:
-                self._roles[p] = by_name.get(store.param_name(p), ("", "other"))
+        for p in new:
+            self._roles[p] = by_name.get(store.param_name(p), ("", "other"))
 
     def _prior_vectors(self, sites: list[str], locs: list[torch.Tensor], sigmas: list[torch.Tensor]):
         """Flat ``(m, delta = 1 / (N t^2))`` of the sites' Normal priors as they are now; fixed priors are read once
@@ -187,7 +187,7 @@ class IVON(PyroOptim):
         dtype = locs[0].dtype
         prior_loc = torch.cat([b.loc.detach().expand(p.shape).reshape(-1) for b, p in zip(bases, locs)]).to(dtype)
         delta = torch.cat([(1.0 / (n * b.scale.detach().square())).expand(p.shape).reshape(-1)
-                           for b, p in zip(bases, locs)]).to(dtype)  # fmt: skip
+                           for b, p in zip(bases, locs)]).to(dtype)
         if not dynamic:
             self._prior_cache = (key, bases, (prior_loc, delta))  # (the bases held: their ids stay theirs)
         return prior_loc, delta
@@ -197,7 +197,7 @@ class IVON(PyroOptim):
         if self._flat is None or self._flat[0] != sites:
             self._sync_state()
             self._flat = (list(sites), torch.cat([self.site_state[s]["momentum"] for s in sites]),
-                          torch.cat([self.site_state[s]["hess"] for s in sites]))  # fmt: skip
+                          torch.cat([self.site_state[s]["hess"] for s in sites]))
         return self._flat[1], self._flat[2]
 
     def _sync_state(self) -> None:

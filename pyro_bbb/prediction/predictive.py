@@ -226,7 +226,7 @@ def set_up_guide(model: Callable, guide: Callable, x: Inputs) -> None:
     ['net.bias', 'net.weight']
     """
     data_plate = data_plate_of(model)
-    with torch.random.fork_rng(devices=[]), torch.no_grad(), poutine.block():
+    with without_trace_shapes(), torch.random.fork_rng(devices=[]), torch.no_grad(), poutine.block():
         trace = poutine.trace(model).get_trace(x)
         observations = [site["value"] for site in trace.nodes.values()
                         if site["type"] == "sample" and data_plate_frame(site, data_plate) is not None
@@ -329,8 +329,7 @@ def predict_with_draws(
             UntrainedGuideWarning,
             stacklevel=4,
         )
-        with without_trace_shapes():
-            set_up_guide(model, guide, select_rows(x, slice(0, 1)))
+        set_up_guide(model, guide, select_rows(x, slice(0, 1)))
     # the joint predictive shares each weight draw across inputs, whatever training estimator is active around us
     if data_plate is None:
         data_plate = data_plate_of(model)
