@@ -259,10 +259,7 @@ class ELBO(TraceMeanFieldHooks):
         for estimator in estimators:
             estimator.start_run()
         with data_plate_named(self.data_plate):
-            guide_trace = poutine.trace(scale_data_plate(guide, self.num_data, self.data_plate)).get_trace(
-                *args, **kwargs
-            )
-            model = scale_data_plate(model, self.num_data, self.data_plate)
+            guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
             model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(*args, **kwargs)
         if estimators:  # a weight the estimator never saw would silently stay on plain reparameterization
             weights = [n for n, site in guide_trace.nodes.items() if site["type"] == "sample" and POSTERIOR_KEY in
@@ -284,13 +281,16 @@ class ELBO(TraceMeanFieldHooks):
     def particle_traces(self, model, guide, args, kwargs):
         """Pyro's particles; the first vectorized call checks that particle 0 equals the same draw run alone (a
         model whose code reads the particle dimension as its batch gives other numbers) and otherwise falls back,
-        with a warning, to one particle at a time."""
+        with a warning, to one particle at a time. The data plate is scaled inside Pyro's particle plate, so the
+        scaling sees each site's own distribution (a conditioned layer weight is recognised as one)."""
+        unscaled = model
+        model, guide = (scale_data_plate(fn, self.num_data, self.data_plate) for fn in (model, guide))
         if not (self.vectorize_particles and self.num_particles > 1) or self._pair.vectorized_ok:
             yield from self.pyro_particle_traces(model, guide, args, kwargs)
             return
         if self._pair.vectorized_ok is None:
             traces = next(self.pyro_particle_traces(model, guide, args, kwargs))
-            self._pair.vectorized_ok = _particle_matches_alone(self.vectorized_model(model), model, traces[1],
+            self._pair.vectorized_ok = _particle_matches_alone(self.vectorized_model(unscaled), unscaled, traces[1],
                                                           self.max_plate_nesting, args, kwargs)
             if self._pair.vectorized_ok:
                 yield traces

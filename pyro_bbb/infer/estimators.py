@@ -24,6 +24,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack, nullcontext
+from functools import partial
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 from pyro.poutine.messenger import Messenger
 from torch.overrides import TorchFunctionMode
 
-from ..nn.functional import FlipoutMap, batched_linear, sample_dims
+from ..nn.functional import FlipoutMap, batched_conv, batched_linear, sample_dims
 from ..nn.module import is_layer_prior
 from ..nn.moments import affine_moments, tracking_modules
 from .guide import POSTERIOR_KEY
@@ -384,18 +385,18 @@ def estimator(name: str) -> Callable[[], Any]:
     return ESTIMATORS[name]
 
 
-# -- the data plate ---------------------------------------------------------------------------------------------
-
-
-#: torch's convolutions: the number of spatial dims, and the names of the arguments after (input, weight, bias).
+#: torch's convolutions: the number of spatial dims, whether transposed, and the names of the arguments after (input,
+#: weight, bias) in their positional order.
 _CONVOLUTIONS = {
-    F.conv1d: (1, ("stride", "padding", "dilation", "groups")),
-    F.conv2d: (2, ("stride", "padding", "dilation", "groups")),
-    F.conv3d: (3, ("stride", "padding", "dilation", "groups")),
-    F.conv_transpose1d: (1, ("stride", "padding", "output_padding", "groups", "dilation")),
-    F.conv_transpose2d: (2, ("stride", "padding", "output_padding", "groups", "dilation")),
-    F.conv_transpose3d: (3, ("stride", "padding", "output_padding", "groups", "dilation")),
+    F.conv1d: (1, False, ("stride", "padding", "dilation", "groups")),
+    F.conv2d: (2, False, ("stride", "padding", "dilation", "groups")),
+    F.conv3d: (3, False, ("stride", "padding", "dilation", "groups")),
+    F.conv_transpose1d: (1, True, ("stride", "padding", "output_padding", "groups", "dilation")),
+    F.conv_transpose2d: (2, True, ("stride", "padding", "output_padding", "groups", "dilation")),
+    F.conv_transpose3d: (3, True, ("stride", "padding", "output_padding", "groups", "dilation")),
 }
+#: torch's defaults for those arguments.
+_CONVOLUTION_DEFAULTS = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1, "output_padding": 0}
 
 
 class _DrawnWeightLinear(TorchFunctionMode):
@@ -416,11 +417,10 @@ class _DrawnWeightLinear(TorchFunctionMode):
                 bias = args[2] if len(args) > 2 else kwargs.get("bias")
                 if func is F.linear:
                     return self.reader.affine(input, weight, bias, batched_linear, 1)
-                spatial, names = _CONVOLUTIONS[func]
-                settings = dict(zip(names, args[3:])) | {k: v for k, v in kwargs.items() if k in names}
-
-                def apply(x, w, b=None, func=func, settings=settings):
-                    return func(x, w, b, **settings)
-
+                spatial, transposed, names = _CONVOLUTIONS[func]
+                settings = {k: _CONVOLUTION_DEFAULTS[k] for k in names} | dict(zip(names, args[3:]))
+                settings |= {k: v for k, v in kwargs.items() if k in names}
+                # batched: vectorized particles give the weight draw sample dims, as in pyro_bbb's conv layers
+                apply = partial(batched_conv, spatial_dims=spatial, transposed=transposed, **settings)
                 return self.reader.affine(input, weight, bias, apply, spatial + 1)
         return func(*args, **kwargs)

@@ -43,6 +43,61 @@ def test_matches_pyros_own_subsampling_and_never_scales_twice():
     assert (elbo.last_terms["num_data"], elbo.last_terms["batch_size"]) == (N, B)
 
 
+def test_a_plate_nested_in_the_data_plate_is_scaled_by_n_over_b_once():
+    """Multi-output regression (an "outputs" plate of 3 inside the data plate), a batch of 10 of 40 data: our ELBO
+    with ``num_data=40`` equals Pyro's TraceMeanField_ELBO on the same model with the data plate declared as a
+    subsample of 40 (Pyro's own N/B), for the full and the partial batch; the inner plate's size scales nothing."""
+    from ..helpers import MultiOutput
+
+    class Declared(MultiOutput):
+        def forward(self, x, y=None, idx=None):
+            mean = self.fc(x)
+            with pyro.plate("data", 40, subsample=idx, dim=-2), pyro.plate("outputs", self.outputs, dim=-1):
+                return pyro.sample("y", dist.Normal(mean, self.sigma), obs=y)
+
+    x, y = torch.randn(40, 2), torch.randn(40, 3)
+    plain, declared = MultiOutput(), Declared()
+    declared.fc = plain.fc
+    guide = guide_for(plain, x[:10], y[:10], init_scale=0.2)
+    for idx in (torch.arange(10), torch.arange(33, 40)):  # a full and a partial batch
+        pyro.set_rng_seed(3)
+        ours = ELBO(num_data=40).loss(plain, guide, x[idx], y[idx])
+        pyro.set_rng_seed(3)
+        reference = TraceMeanField_ELBO().loss(declared, guide, x[idx], y[idx], idx=idx)
+        pyro.set_rng_seed(3)
+        unscaled = ELBO().loss(plain, guide, x[idx], y[idx])
+        assert ours == pytest.approx(reference, rel=1e-6)
+        assert abs(ours - unscaled) > 1.0  # the scale did something
+
+
+@pytest.mark.parametrize("vectorize", [False, True])
+def test_a_conditioned_layer_weight_is_data_not_a_likelihood_to_scale(vectorize):
+    """``poutine.condition(bnn, {"net.weight": w})`` with ``num_data=40`` on a batch of 20: the weight's prior
+    density at ``w`` counts once, the likelihood twice, as in Pyro's TraceMeanField_ELBO on the same model with the
+    data plate declared as a subsample of 40 -- also with vectorized particles, where Pyro's particle plate
+    broadcasts the weight's prior before the scaling sees it."""
+    import pyro.poutine as poutine
+
+    from pyro_bbb import BNN, MeanFieldGuide, likelihoods
+
+    class Declared(BNN):
+        def forward(self, x, y=None, idx=None):
+            mean = self.net(x)
+            with pyro.plate("data", 40, subsample=idx):
+                return pyro.sample("y", dist.Normal(mean, 0.5).to_event(1), obs=y)
+
+    x, y = torch.randn(20, 3), torch.randn(20, 2)
+    bnn = BNN(BayesianLinear(3, 2), likelihoods.Gaussian(scale=0.5))
+    declared = Declared(bnn.net, bnn.likelihood)
+    w = {"net.weight": torch.randn(2, 3)}
+    guide = MeanFieldGuide(poutine.condition(bnn, data=w), init_scale=1e-6)  # the bias nearly a point: no MC noise
+    guide(x, y)
+    ours = ELBO(num_data=40, num_particles=8, vectorize_particles=vectorize).loss(
+        poutine.condition(bnn, data=w), guide, x, y)
+    reference = TraceMeanField_ELBO().loss(poutine.condition(declared, data=w), guide, x, y, idx=torch.arange(20))
+    assert ours == pytest.approx(reference, rel=1e-4)
+
+
 def test_disagreeing_num_data_is_an_error():
     x, y = regression_data(100)
     model = Regression(num_data=100)
