@@ -223,6 +223,20 @@ def _emitted_prior(module: torch.nn.Module, prior: Any):
     return prior if hasattr(prior, "sample") else prior(module)
 
 
+def sampled_attributes(module: torch.nn.Module) -> list[str]:
+    """The names of ``module``'s own attributes that are ``PyroSample`` sites (``[]`` for a plain module).
+
+    Examples
+    --------
+    >>> from pyro.nn import PyroModule, PyroSample
+    >>> layer = PyroModule[torch.nn.Linear](2, 1)
+    >>> layer.weight = PyroSample(pyro.distributions.Normal(0.0, 1.0).expand([1, 2]).to_event(2))
+    >>> sampled_attributes(layer), sampled_attributes(torch.nn.Linear(2, 1))
+    (['weight'], [])
+    """
+    return list(module.__dict__.get("_pyro_samples") or {})
+
+
 def sample_priors(model: torch.nn.Module) -> dict[str, Callable[[], Any]]:
     """Site name -> a function returning the prior that a ``PyroModule``'s ``PyroSample`` attribute emits at that
     moment (a callable prior is called with its module, as ``PyroModule`` does), for every such attribute in
@@ -238,10 +252,9 @@ def sample_priors(model: torch.nn.Module) -> dict[str, Callable[[], Any]]:
     """
     found = {}
     for module in model.modules():
-        samples = module.__dict__.get("_pyro_samples") or {}
         prefix = pyro_name(module)
-        for attr, prior in samples.items():
-            found[site_name(prefix, attr)] = partial(_emitted_prior, module, prior)
+        for attr in sampled_attributes(module):
+            found[site_name(prefix, attr)] = partial(_emitted_prior, module, module._pyro_samples[attr])
     return found
 
 

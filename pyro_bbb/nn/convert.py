@@ -22,7 +22,7 @@ from pyro.nn import PyroModule
 from pyro.nn.module import to_pyro_module_
 from torch import nn
 
-from .._internals import ConvNd, ConvTransposeNd
+from .._internals import ConvNd, ConvTransposeNd, sampled_attributes
 from ..priors import Prior
 from . import conv
 from .linear import BayesianLinear
@@ -54,8 +54,8 @@ PriorSpec = Prior | Mapping[str, Prior] | Callable[[str, nn.Module], Prior | Non
 
 
 def _twin_type(module: nn.Module) -> type[BayesianModule] | None:
-    if isinstance(module, (nn.modules.lazy.LazyModuleMixin, BayesianModule)):
-        return None
+    if isinstance(module, (nn.modules.lazy.LazyModuleMixin, BayesianModule)) or sampled_attributes(module):
+        return None  # lazy, or already Bayesian (a pyro_bbb layer, or a PyroSample weight with its own prior)
     for base, twin in SUPPORTED.items():
         if isinstance(module, base):
             return twin
@@ -128,8 +128,10 @@ def bayesianize(
     ``nn.ConvTranspose1d/2d/3d``, ``nn.LSTM``, ``nn.GRU`` and their cells), then
     narrowed by module name (``fnmatch`` patterns such as ``"head.*"``) or a predicate ``(name, module) -> bool``.
     Everything else (normalisation, dropout, activations, embeddings, attention, custom modules) stays
-    deterministic; the copy is converted to :class:`~pyro.nn.PyroModule` so those parameters are trained as point
-    estimates alongside the guide (and saved by :func:`pyro_bbb.save`). The projections inside
+    deterministic (the copy is converted to :class:`~pyro.nn.PyroModule` so their parameters are trained as point
+    estimates alongside the guide, and saved by :func:`pyro_bbb.save`); a layer that is already Bayesian (a pyro_bbb
+    layer, or a ``PyroModule`` layer whose weight is a ``PyroSample`` site, as in Pyro's tutorials) keeps its prior.
+    The projections inside
     ``nn.MultiheadAttention`` are used through their weights, not called, and are never converted.
 
     Parameters
@@ -166,6 +168,11 @@ def bayesianize(
         raise TypeError(f"bayesianize converts a torch.nn.Module, got {type(module).__name__}.")
     if _twin_type(module) is not None:  # the model is itself one convertible layer
         return _make_twin(module, _twin_type(module), _prior_for(prior, "", module), init_from_weights)
+    if sampled_attributes(module):
+        raise ValueError(
+            f"{type(module).__name__} is already Bayesian: its {sampled_attributes(module)} are PyroSample sites "
+            "with their own priors, and bayesianize leaves such layers as they are. Use it as it is."
+        )
     converted = copy.deepcopy(module)
     named = [(name, m) for name, m in converted.named_modules() if name]
     opaque = [name for name, m in named if isinstance(m, _OPAQUE)]
@@ -185,6 +192,15 @@ def bayesianize(
         unsupported = [f"{n} ({type(m).__name__})" for n, m in direct
                        if n in named_exactly and (_twin_type(m) is None or inside(n, opaque))
                        and not (list(m.children()) and not list(m.parameters(recurse=False)))]
+        already = [f"{n} ({', '.join(sampled_attributes(m))})" for n, m in direct
+                   if n in named_exactly and sampled_attributes(m)]
+        if already:
+            raise ValueError(
+                f"these modules are already Bayesian, their PyroSample sites with their own priors: "
+                f"{', '.join(already)}. bayesianize leaves such layers as they are (the guide and the estimators "
+                "treat them like pyro_bbb layers); drop them from include, or replace their PyroSample attributes "
+                "with plain parameters first to give them pyro_bbb's priors."
+            )
         if unsupported:
             raise ValueError(
                 f"cannot make these modules Bayesian: {', '.join(unsupported)}. Supported types: {_supported_names()} "

@@ -11,7 +11,7 @@ import torch
 from pyro.nn import PyroModule, PyroParam, PyroSample
 from pyro.poutine.runtime import get_plates
 
-from .._internals import module_buffer, pyro_name, site_name, tensor_version
+from .._internals import ConvNd, module_buffer, pyro_name, sampled_attributes, site_name, tensor_version
 from ..plates import current_data_plate
 from ..priors import Prior, as_prior, prior_state
 from .draws import draws_leading, fold_affine_output, folded_draws, unfold_affine_input
@@ -57,7 +57,9 @@ def is_layer_prior(fn) -> bool:
 
 
 def site_owners(model) -> dict[str, str]:
-    """Site name -> name of the Bayesian layer that owns it (``"(root)"`` for a model that is itself a layer).
+    """Site name -> name of the Bayesian layer that owns it (``"(root)"`` for a model that is itself a layer): a
+    pyro_bbb layer, or a torch linear, convolution or recurrent layer whose parameters are ``PyroSample`` sites
+    (``PyroModule[nn.Linear]`` as Pyro's tutorials write it).
 
     Examples
     --------
@@ -72,7 +74,14 @@ def site_owners(model) -> dict[str, str]:
             if isinstance(module, BayesianModule):
                 layer = pyro_name(module) or "(root)"
                 owners.update({site: layer for site in module.initial_values(full_names=True)})
+            elif isinstance(module, _TORCH_LAYERS) and sampled_attributes(module):
+                layer = pyro_name(module) or "(root)"
+                owners.update({site_name(pyro_name(module), a): layer for a in sampled_attributes(module)})
     return owners
+
+
+#: torch's layers whose weights a Pyro-style model makes ``PyroSample`` sites.
+_TORCH_LAYERS = (torch.nn.Linear, ConvNd, torch.nn.RNNBase, torch.nn.RNNCellBase)
 
 
 def current_priors(model) -> dict[str, torch.distributions.Distribution]:

@@ -199,3 +199,42 @@ def test_a_converted_convolutional_autoencoder_trains(estimator):
     torch.testing.assert_close(fast.mean, loop.mean, atol=1e-4, rtol=1e-4)  # the same draws, batched over draws
     error = float(((fast.mean - targets) ** 2).mean())
     assert error < 0.75 * baseline, (error, baseline)
+
+
+def test_a_pyro_tutorial_model_keeps_its_pyrosample_layers_and_converts_the_rest():
+    """A model written as Pyro's tutorials write one (``PyroModule[nn.Linear]`` with ``PyroSample`` weights under an
+    N(0, 3) prior) plus a plain ``nn.Linear`` head: bayesianize converts the head only; the PyroSample layer keeps its
+    prior (its KL in the trained ELBO is the closed-form KL against N(0, 3)), Flipout reaches both layers, and naming
+    the PyroSample layer in ``include`` (or passing it alone) is a clear error."""
+    import pyro.distributions as dist
+    from pyro.nn import PyroModule, PyroSample
+    from torch.distributions import Normal, kl_divergence
+
+    class Net(PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = PyroModule[nn.Linear](1, 10)
+            self.fc1.weight = PyroSample(dist.Normal(0.0, 3.0).expand([10, 1]).to_event(2))
+            self.fc1.bias = PyroSample(dist.Normal(0.0, 3.0).expand([10]).to_event(1))
+            self.fc2 = nn.Linear(10, 1)
+
+        def forward(self, x):
+            return self.fc2(torch.tanh(self.fc1(x)))
+
+    converted = pyro_bbb.bayesianize(Net())
+    assert isinstance(converted.fc2, BayesianLinear) and not isinstance(converted.fc1, BayesianLinear)
+    x = torch.linspace(-2, 2, 64).unsqueeze(-1)
+    y = torch.sin(2 * x).squeeze(-1) + 0.1 * torch.randn(64)
+    bnn = pyro_bbb.BNN(converted, likelihoods.Gaussian(scale=0.1))
+    guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=0.05)
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=3, batch_size=64, estimator="flipout", progress=False)
+    assert set(history["kl_by_layer"]) == {"net.fc1", "net.fc2"}
+    elbo = pyro_bbb.ELBO(num_data=64)
+    elbo.loss(bnn, guide, x, y)
+    q = guide.site_posteriors()["net.fc1.weight"]
+    expected = kl_divergence(Normal(q.loc, q.scale), Normal(0.0, 3.0)).sum()
+    assert float(elbo.last_terms["kl_by_site"]["net.fc1.weight"]) == pytest.approx(float(expected), rel=1e-5)
+    with pytest.raises(ValueError, match=r"already Bayesian.*fc1 \(weight, bias\)"):
+        pyro_bbb.bayesianize(Net(), include=["fc1"])
+    with pytest.raises(ValueError, match="already Bayesian"):
+        pyro_bbb.bayesianize(Net().fc1)
