@@ -291,7 +291,7 @@ def fit(
     callbacks : iterable of callables
         ``callback(epoch, history)`` after every epoch; returning ``True`` stops training.
     progress : bool
-        Show a progress bar with the loss per datum, NLL, KL and KL weight.
+        Show a progress bar with the loss, NLL and KL per datum (``loss = nll + kl_w * kl``) and the KL weight.
     seed : int, optional
         Seeds Pyro's and torch's random number generators (shuffling, weight draws).
     distributed : bool
@@ -557,8 +557,10 @@ class _EpochRecorder:
 
 
 def _postfix(record: dict[str, Any]) -> dict[str, str]:
-    postfix = {"loss/datum": f"{record['loss_per_datum']:.4g}", "nll": f"{record['nll']:.4g}",
-               "kl": f"{record['kl']:.4g}", "kl_w": f"{record['kl_weight']:.3g}"}
+    # every term per datum, so they add up: loss = nll + kl_w * kl (the history keeps the totals)
+    n = record["num_data"]
+    postfix = {"loss/datum": f"{record['loss_per_datum']:.4g}", "nll/datum": f"{record['nll'] / n:.4g}",
+               "kl/datum": f"{record['kl'] / n:.4g}", "kl_w": f"{record['kl_weight']:.3g}"}
     if "val_log_likelihood" in record:
         postfix["val_ll"] = f"{record['val_log_likelihood']:.3f}"
     return postfix

@@ -1,5 +1,6 @@
 import json
 import math
+import re
 
 import pyro
 import pytest
@@ -69,6 +70,10 @@ def test_progress_bar_shows_the_terms(capsys):
     fit(model, pyro_bbb.MeanFieldGuide(model), small_data(), epochs=2, progress=True)
     err = capsys.readouterr().err
     assert "fit" in err and "kl_w" in err and "loss/datum" in err
+    # the last bar's terms are all per datum: they add up as the loss does
+    terms = dict(re.findall(r"([\w/]+)=([-\d.e+]+)", err.strip().split("\r")[-1]))
+    loss, nll, kl, weight = (float(terms[k]) for k in ("loss/datum", "nll/datum", "kl/datum", "kl_w"))
+    assert loss == pytest.approx(nll + weight * kl, rel=2e-3, abs=2e-3)
     fit(model, pyro_bbb.MeanFieldGuide(model), small_data(), epochs=2, progress=False)
     assert capsys.readouterr().err == ""
 
