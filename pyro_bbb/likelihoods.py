@@ -308,7 +308,8 @@ class HeteroscedasticGaussian(Likelihood):
 def _check_integer_labels(y: torch.Tensor, name: str) -> None:
     if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
         raise ValueError(
-            f"{name} needs integer class labels (dtype torch.long), got dtype {y.dtype}; convert with `y.long()`."
+            f"{name} needs integer class labels (dtype torch.long), got dtype {y.dtype}; convert them with "
+            "`y.long()` (a torch tensor) or `y.astype(int)` (a numpy array)."
         )
 
 

@@ -174,7 +174,11 @@ def check_posterior(
     * **Collapsed**: the geometric mean of posterior std / prior std is below ``collapsed_std_ratio``. The net is
       a point estimate: the KL is under-weighted (``kl_weight`` too small, or ``num_data`` much too large).
 
-    Returns :func:`layer_summary` with a ``"status"`` per layer (``"ok"``, ``"on prior"``, ``"collapsed"``).
+    A :class:`~pyro_bbb.MeanFieldGuide` that was never trained gets one warning saying so, and every layer the
+    status ``"not trained"``.
+
+    Returns :func:`layer_summary` with a ``"status"`` per layer (``"ok"``, ``"on prior"``, ``"collapsed"``,
+    ``"not trained"``).
 
     Examples
     --------
@@ -183,6 +187,8 @@ def check_posterior(
     >>> layer = BayesianLinear(3, 2)
     >>> guide = MeanFieldGuide(layer, init_scale=1e-5)
     >>> _ = guide(torch.randn(4, 3))
+    >>> svi = pyro.infer.SVI(layer, guide, pyro.optim.Adam({"lr": 1e-3}), pyro.infer.Trace_ELBO())
+    >>> _ = svi.step(torch.randn(4, 3))                    # one step: trained, and still collapsed
     >>> with warnings.catch_warnings(record=True) as caught:
     ...     warnings.simplefilter("always")
     ...     report = check_posterior(layer, guide)
@@ -190,6 +196,16 @@ def check_posterior(
     ('collapsed', 'PosteriorWarning')
     """
     summary = layer_summary(model, guide)
+    if getattr(guide, "is_untrained", False):  # a MeanFieldGuide no step has changed: nothing to diagnose yet
+        for entry in summary.values():
+            entry["status"] = "not trained"
+        warnings.warn(
+            "check_posterior: the guide was never trained (its parameters are what set-up gave them), so its "
+            "layers show the initial posterior, not what the data did to it. Train it first (pyro_bbb.fit).",
+            PosteriorWarning,
+            stacklevel=2,
+        )
+        return summary
     for layer, entry in summary.items():
         entry["status"] = "ok"
         if "std_ratio" not in entry:
@@ -210,8 +226,10 @@ def check_posterior(
             warnings.warn(
                 f"layer {layer!r} has collapsed to a point estimate: its posterior std is "
                 f"{entry['std_ratio_geomean']:.2g} x the prior's (geometric mean; threshold {collapsed_std_ratio:g}). "
-                "The KL is under-weighted: raise kl_weight towards 1 and check that num_data is the training-set "
-                "size. (Very large data sets can legitimately give narrow posteriors; lower the threshold then.)",
+                "The KL is under-weighted (raise kl_weight towards 1 and check that num_data is the training-set "
+                "size), or training stopped while the posterior was still widening from the guide's small "
+                "init_scale (train longer, or start wider). Very large data sets can legitimately give narrow "
+                "posteriors; lower the threshold then.",
                 PosteriorWarning,
                 stacklevel=2,
             )

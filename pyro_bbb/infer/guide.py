@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from operator import attrgetter
@@ -28,8 +29,29 @@ from ..priors import is_real_support
 __all__ = [
     "MeanFieldGuide", "DEFAULT_INIT_SCALE", "POSTERIOR_KEY", "has_site_posteriors", "require_site_posteriors",
     "require_fitted_posteriors", "site_loc_scale",
-    "site_posterior",
+    "site_posterior", "AdoptedPosteriorWarning",
 ]
+
+
+@torch.no_grad()
+def _fingerprint(param: torch.Tensor) -> torch.Tensor:
+    """Up to 64 evenly spaced entries of ``param`` and its sum (an optimizer step, written in place through
+    ``.data`` as fused kernels do, changes them without a trace in the tensor's version counter)."""
+    flat = param.detach().reshape(-1)
+    step = max(1, flat.numel() // 64)
+    return torch.cat([flat[::step][:64], flat.sum(0, keepdim=True, dtype=torch.float64).to(flat.dtype)]).clone()
+
+
+class AdoptedPosteriorWarning(UserWarning):
+    """A new :class:`MeanFieldGuide` found a posterior another guide trained under its site names in Pyro's param
+    store, and starts from it (the store is global). Call ``pyro.clear_param_store()`` before building a new model to
+    start afresh.
+
+    Examples
+    --------
+    >>> issubclass(AdoptedPosteriorWarning, UserWarning)
+    True
+    """
 
 #: Key under which a guide site's ``infer`` dict carries the live posterior ``(loc, scale)`` of a mean-field Normal.
 POSTERIOR_KEY = "pyro_bbb_posterior"
@@ -144,6 +166,55 @@ class MeanFieldGuide(AutoNormalHooks):
                     f"this model's site has shape {tuple(expected)}: it was left by an earlier model. Call "
                     "pyro.clear_param_store() before building a new model and guide."
                 )
+        adopted = self._warn_if_adopted()
+        # what set-up left: any later step, load or restore replaces or changes these (see `is_untrained`)
+        self.__dict__["_set_up_state"] = None if adopted else [(p, _fingerprint(p)) for p in self.parameters()]
+
+    def _warn_if_adopted(self) -> bool:
+        """Warn when a site's posterior mean is not the one this guide's initialisation gave it: the param store held
+        a trained posterior of another guide under that name, and this guide took it over."""
+        adopted = []
+        for name, site in self.prototype_trace.iter_stochastic_nodes():
+            initial = biject_to(site["fn"].support).inv(site["value"].detach())
+            loc = attrgetter(name)(self.locs).detach()
+            if loc.shape == initial.shape and not torch.equal(loc, initial):
+                adopted.append(name)
+        if adopted:
+            warnings.warn(
+                f"MeanFieldGuide: Pyro's param store already holds a posterior for the sites {adopted[:5]}"
+                f"{' ...' if len(adopted) > 5 else ''}, trained by an earlier guide under the same names; this guide "
+                "starts from it, not from its own initialisation. Call pyro.clear_param_store() before building a "
+                "new model and guide to start afresh (or ignore this if continuing that training is what you want).",
+                AdoptedPosteriorWarning,
+                stacklevel=4,
+            )
+        return bool(adopted)
+
+    @property
+    def is_untrained(self) -> bool:
+        """Whether every parameter of the guide is still what set-up gave it (no optimizer step, load or restore
+        since; ``False`` as well when set-up adopted a trained posterior from Pyro's param store).
+
+        Examples
+        --------
+        >>> guide = MeanFieldGuide(BayesianLinear(3, 1))
+        >>> _ = guide(torch.randn(5, 3))
+        >>> guide.is_untrained
+        True
+        >>> with torch.no_grad():
+        ...     _ = guide.locs.weight.add_(1.0)
+        >>> guide.is_untrained
+        False
+        """
+        if self.prototype_trace is None:
+            return True
+        state = self.__dict__.get("_set_up_state")
+        if state is None:  # set-up adopted another guide's trained posterior
+            return False
+        current = list(self.parameters())
+        return len(current) == len(state) and all(
+            p is q and torch.equal(_fingerprint(p), print_) for p, (q, print_) in zip(current, state)
+        )
 
     @torch.no_grad()
     def _set_initial_scales(self) -> None:

@@ -18,12 +18,14 @@ tensor([-0.1000, -0.1000, -0.1000])
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import pyro
 import torch
 from pyro.optim import PyroOptim
 
+from .._checks import check_nonnegative
 from .._internals import fused_adam_step, optimizer_has_step_hooks
 
 __all__ = ["Adam"]
@@ -39,17 +41,37 @@ class Adam(PyroOptim):
     Parameters
     ----------
     lr, betas, eps, weight_decay :
-        As in :class:`torch.optim.Adam`.
+        As in :class:`torch.optim.Adam`. Pyro's form, one dict of them (``Adam({"lr": 1e-2})``, as
+        ``pyro.optim.Adam`` takes), works too.
 
     Examples
     --------
     >>> Adam(lr=1e-2)
     Adam(lr=0.01, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0)
+    >>> Adam({"lr": 1e-2, "betas": (0.9, 0.99)})
+    Adam(lr=0.01, betas=(0.9, 0.99), eps=1e-08, weight_decay=0.0)
     """
 
     def __init__(
-        self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0
+        self, lr: float | Mapping[str, Any] = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+        weight_decay: float = 0.0,
     ):
+        if isinstance(lr, Mapping):  # pyro.optim.Adam's form: one dict of torch.optim.Adam's arguments
+            unknown = set(lr) - {"lr", "betas", "eps", "weight_decay"}
+            if unknown:
+                raise ValueError(
+                    f"pyro_bbb.optim.Adam takes lr, betas, eps and weight_decay; got {sorted(unknown)} as well. "
+                    "Drop them (amsgrad and per-parameter arguments are not supported) or use pyro.optim.Adam."
+                )
+            args = {"lr": 1e-3, "betas": betas, "eps": eps, "weight_decay": weight_decay} | dict(lr)
+            lr, betas, eps, weight_decay = args["lr"], args["betas"], args["eps"], args["weight_decay"]
+        elif callable(lr):
+            raise TypeError(
+                "pyro_bbb.optim.Adam takes its arguments as numbers or one dict, not a function of the parameter "
+                "name (per-parameter arguments): use pyro.optim.Adam for those."
+            )
+        lr, eps, weight_decay = (check_nonnegative(n, v) for n, v in (("lr", lr), ("eps", eps),
+                                                                      ("weight_decay", weight_decay)))
         self.defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         super().__init__(torch.optim.Adam, dict(self.defaults))
         self.optimizer: torch.optim.Adam | None = None

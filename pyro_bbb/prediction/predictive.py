@@ -202,8 +202,9 @@ def _vectorized_mismatch(result, alone: dict[str, torch.Tensor]) -> str | None:
 
 
 class UntrainedGuideWarning(UserWarning):
-    """``predict`` (or ``to_inference_data``) was given a guide that has never seen the model: its predictions are
-    those of the initial posterior.
+    """``predict`` (or ``to_inference_data``) was given a guide that was never trained (it has not seen the model, or
+    it is a :class:`~pyro_bbb.MeanFieldGuide` no step has changed): its predictions are those of the initial
+    posterior.
 
     Examples
     --------
@@ -320,15 +321,17 @@ def predict_with_draws(
     """
     x = cast_inputs(x, model_dtype(model))
     _check_predict_args(guide, x, num_samples, batch_size, sample_batch_size)
-    if not is_set_up(guide):
+    set_up = is_set_up(guide)
+    if not set_up or getattr(guide, "is_untrained", False):
         warnings.warn(
-            f"predict: the guide has not seen the model yet (it was never trained), so these are the predictions of "
-            f"its initial posterior ({type(guide).__name__}'s starting means and widths), not of a fitted one. Train "
-            "it first (pyro_bbb.fit), unless the initial posterior is what you want (e.g. bayesianize of trained "
-            "weights).",
+            f"predict: the guide was never trained{'' if set_up else ' (it has not seen the model yet)'}, so these "
+            f"are the predictions of its initial posterior ({type(guide).__name__}'s starting means and widths), not "
+            "of a fitted one. Train it first (pyro_bbb.fit), unless the initial posterior is what you want (e.g. "
+            "bayesianize of trained weights).",
             UntrainedGuideWarning,
             stacklevel=4,
         )
+    if not set_up:
         set_up_guide(model, guide, select_rows(x, slice(0, 1)))
     # the joint predictive shares each weight draw across inputs, whatever training estimator is active around us
     if data_plate is None:

@@ -292,3 +292,14 @@ def test_structured_input_helpers():
     assert isinstance(select_rows([torch.zeros(5)], slice(0, 2)), list)
     with pytest.raises(ValueError, match="first dimension over the data"):
         num_rows((torch.zeros(3), torch.tensor(1.0)))
+
+
+def test_numpy_float_class_labels_are_told_the_numpy_conversion():
+    """Labels from a numpy float array (a common pandas/sklearn leftover) are refused before any step, with the fix
+    for a numpy array (``.astype(int)``), not only torch's ``.long()``; nothing changes."""
+    x, y = np.random.randn(20, 3).astype(np.float32), np.random.randint(0, 2, 20).astype(np.float64)
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 2), likelihoods.Categorical())
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    with pytest.raises(ValueError, match=r"`y.astype\(int\)` \(a numpy array\)"):
+        pyro_bbb.fit(bnn, guide, (x, y), epochs=1, progress=False)
+    pyro_bbb.fit(bnn, guide, (x, y.astype(int)), epochs=1, progress=False)

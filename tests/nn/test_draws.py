@@ -10,6 +10,7 @@ import pyro_bbb
 from pyro_bbb import likelihoods
 from pyro_bbb.nn import BayesianConv2d, BayesianGRU, BayesianLinear, BayesianLSTM, BayesianLSTMCell
 from pyro_bbb.nn.draws import draws_leading, fold_draws, folded_draws, unfold_rows
+from pyro_bbb.prediction import UntrainedGuideWarning
 
 from ..helpers import BatchCentred
 
@@ -20,6 +21,7 @@ def vectorized_and_loop(model, x, y, num_samples=6, init_scale=0.2):
     pyro.set_rng_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback warning: the vectorized pass is trusted
+        warnings.filterwarnings("ignore", category=UntrainedGuideWarning)  # the guides are random, on purpose
         vectorized = pyro_bbb.predict(model, guide, x, num_samples=num_samples, vectorize=True)
     pyro.set_rng_seed(0)
     loop = pyro_bbb.predict(model, guide, x, num_samples=num_samples, vectorize=False)
@@ -121,6 +123,7 @@ def test_flipout_vectorized_particles_see_ordinary_batches():
     elbo = pyro_bbb.ELBO(num_data=10, num_particles=5, vectorize_particles=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", category=UntrainedGuideWarning)  # the guides are random, on purpose
         with pyro_bbb.flipout():
             elbo.loss_and_grads(bnn, guide, x, y)
     # 5 particles x 10 rows as an ordinary batch (the guide's set-up and the one-particle check see 10 rows)

@@ -175,3 +175,27 @@ def test_the_direct_fused_call_stands_aside_for_step_hooks():
     p.grad = torch.ones(3)
     optimizer([p])
     assert calls == [1] and p.grad is None
+
+
+def test_pyros_dict_form_is_taken_and_bad_arguments_are_clear_errors_at_construction():
+    """``pyro_bbb.optim.Adam({"lr": 1e-2})`` (``pyro.optim.Adam``'s form) makes the same steps as
+    ``pyro.optim.Adam({"lr": 1e-2})``; an argument it does not take, a per-parameter function or a bad number is an
+    error when the optimizer is built, not at its first step."""
+    import pyro.optim
+
+    steps = []
+    from pyro_bbb.optim import Adam
+
+    for optimizer in (Adam({"lr": 1e-2, "betas": (0.8, 0.99)}), pyro.optim.Adam({"lr": 1e-2, "betas": (0.8, 0.99)})):
+        p = torch.nn.Parameter(torch.linspace(-1, 1, 5))
+        for _ in range(3):
+            p.grad = p.detach() ** 2 - 0.3
+            optimizer([p])
+        steps.append(p.detach().clone())
+    torch.testing.assert_close(steps[0], steps[1], rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match=r"\['amsgrad'\]"):
+        Adam({"lr": 1e-2, "amsgrad": True})
+    with pytest.raises(TypeError, match="per-parameter"):
+        Adam(lambda module, name: {"lr": 1e-2})
+    with pytest.raises(ValueError, match="`lr` must be a finite number >= 0"):
+        Adam(lr="0.01")

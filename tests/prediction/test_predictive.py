@@ -12,6 +12,7 @@ from scipy import optimize, stats
 import pyro_bbb
 from pyro_bbb import likelihoods
 from pyro_bbb.nn import BayesianLinear
+from pyro_bbb.prediction import UntrainedGuideWarning
 from pyro_bbb.prediction.results import ClassificationPrediction, RegressionPrediction
 
 from ..helpers import BatchCentred, Regression
@@ -182,6 +183,7 @@ def test_bnn_with_train_mode_batchnorm_falls_back_and_in_eval_mode_is_vectorized
     bnn.eval()  # running statistics: every row on its own, vectorized without a warning
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", category=UntrainedGuideWarning)  # the guides are random, on purpose
         pyro_bbb.predict(bnn, guide, x, num_samples=8)
 
 
@@ -239,6 +241,7 @@ def test_subsampling_data_plate_covers_every_input_in_order(vectorize, batch_siz
     pyro.set_rng_seed(3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # vectorized without falling back, also for chunks smaller than the subsample
+        warnings.filterwarnings("ignore", category=UntrainedGuideWarning)  # the guides are random, on purpose
         pred = pyro_bbb.predict(model, guide, x, num_samples=7, vectorize=vectorize, batch_size=batch_size)
     assert len(pred) == 60
     model.subsample_size = None  # the same guide and draws, without subsampling: the reference
@@ -288,3 +291,41 @@ def test_set_up_guide_takes_the_observation_not_a_nested_plates_index_site():
     latent = {name for name, _ in guide.prototype_trace.iter_stochastic_nodes()}
     assert latent == {"fc.weight", "fc.bias"}  # the observation stayed an observation, the plate index no site
     pyro_bbb.fit(model, guide, (torch.randn(8, 2), torch.randn(8, 3)), epochs=1, progress=False)
+
+
+def test_a_set_up_but_never_trained_guide_is_named_by_predict_check_posterior_and_a_new_guide():
+    """The three traps of an untrained or borrowed posterior: ``predict`` on a guide set up by ``guide(x, y)`` but never
+    stepped warns (and stops warning after one ``fit`` epoch); ``check_posterior`` says "not trained" instead of
+    advising the KL weight; a second guide built without ``pyro.clear_param_store()`` over the same site names warns
+    that it adopts the first one's trained posterior (and is then not "untrained")."""
+    from pyro_bbb.evaluate.diagnostics import PosteriorWarning
+    from pyro_bbb.infer.guide import AdoptedPosteriorWarning
+
+    x, y = torch.randn(40, 3), torch.randn(40)
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5))
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    guide(x, y)
+    assert guide.is_untrained
+    with pytest.warns(UntrainedGuideWarning, match="never trained"):
+        pyro_bbb.predict(bnn, guide, x, num_samples=4)
+    with pytest.warns(PosteriorWarning, match="never trained") as caught:
+        report = pyro_bbb.diagnostics.check_posterior(bnn, guide)
+    assert {entry["status"] for entry in report.values()} == {"not trained"}
+    assert not any("kl_weight" in str(w.message) for w in caught)
+
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=1, progress=False)
+    assert not guide.is_untrained
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UntrainedGuideWarning)
+        pyro_bbb.predict(bnn, guide, x, num_samples=4)
+
+    again = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5))  # no clear_param_store()
+    second = pyro_bbb.MeanFieldGuide(again)
+    with pytest.warns(AdoptedPosteriorWarning, match=r"'net.weight'.*pyro.clear_param_store\(\)"):
+        second(x, y)
+    assert not second.is_untrained
+    pyro.clear_param_store()
+    fresh = pyro_bbb.MeanFieldGuide(pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AdoptedPosteriorWarning)
+        fresh(x, y)
