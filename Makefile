@@ -31,14 +31,20 @@ test-slow: install
 lint: install
 	$(VENV)/bin/ruff check pyro_bbb tests tutorials benchmarks docs conftest.py
 
-# HTML documentation in docs/_build/html: the README, the tutorials with their figures (docs/figures, written by
-# `make figures`), an API page per module. Warnings are errors: a broken docstring fails the build.
+# HTML documentation in docs/_build/html: the landing page, concepts, the user guide, benchmarks, the tutorials with
+# their outputs and figures (docs/figures, written by `make figures`), the API grouped by role. Warnings are errors:
+# a broken docstring fails the build. Then headless Chromium (Debian's package, installed here if missing) looks at
+# three pages: screenshots in docs/_build/screenshots, an error if a code block overflows or a figure does not load.
 docs: install
 	$(PY) -m sphinx -b html -W --keep-going -q docs docs/_build/html
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+	$(PY) docs/check_site.py docs/_build/html
 
-# Run every tutorial at its default settings, writing the figures the documentation shows (takes a while).
+# Run every tutorial at its default settings, writing the figures and printed outputs the documentation shows, and
+# the README's example (takes a while).
 figures: install
-	for t in tutorials/*.py; do $(PY) $$t --out-dir docs/figures || exit 1; done
+	for t in tutorials/*.py; do $(PY) docs/run_tutorial.py $$t --out-dir docs/figures || exit 1; done
+	cd docs/figures && ../../$(PY) ../code_blocks.py ../../README.md  # the README's example: bnn_band.png
 
 benchmarks: install
 	$(PY) benchmarks/step_time.py

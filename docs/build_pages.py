@@ -1,14 +1,42 @@
-"""Pages generated for the documentation: one API page per public module of pyro_bbb, one page per tutorial (its
-markdown cells as text, its code as code, and the figures it writes, from ``docs/figures/``)."""
+"""Pages generated for the documentation at build time, under ``docs/generated/``:
+
+* one API page per public module of pyro_bbb, and ``api.md``, which lists them grouped by role;
+* one page per tutorial: its markdown cells as prose, its code cut at every ``# %%`` marker (the marker's text a
+  sentence before the code), what each piece printed right under it (``docs/figures/<tutorial>.output.json``,
+  written by ``make figures``), and each figure it writes right under the code that writes it, captioned;
+* ``tutorials.md``, the tutorials in reading order.
+"""
 
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
+import textwrap
 from pathlib import Path
 
 #: The package whose public modules get an API page.
 PACKAGE = "pyro_bbb"
+
+#: Reading order of the tutorials (any tutorial not listed comes after these, alphabetically).
+TUTORIAL_ORDER = [
+    "quickstart", "regression_uncertainty", "classification_calibration", "kl_scaling_explained", "why_is_my_kl_flat",
+    "pyro_style_models", "natural_gradient", "bayesian_lstm_reber", "bayesian_transformer_head", "inspect_with_arviz",
+]
+
+#: API sections: a title and the modules it holds (a name ending in ``.`` takes that package and its modules).
+API_ROLES = [
+    ("The model: networks, priors, likelihoods", ["pyro_bbb", "pyro_bbb.bnn", "pyro_bbb.priors",
+                                                  "pyro_bbb.distributions", "pyro_bbb.likelihoods", "pyro_bbb.plates"]),
+    ("Bayesian layers", ["pyro_bbb.nn."]),
+    ("Inference: guide, ELBO, estimators", ["pyro_bbb.infer."]),
+    ("Optimizers", ["pyro_bbb.optim."]),
+    ("Training", ["pyro_bbb.train."]),
+    ("Prediction", ["pyro_bbb.prediction."]),
+    ("Evaluation: metrics, diagnostics, plots, ArviZ", ["pyro_bbb.evaluate."]),
+    ("Data", ["pyro_bbb.data."]),
+    ("Checkpoints", ["pyro_bbb.checkpoint"]),
+]
 
 
 def public_modules(root: Path) -> list[str]:
@@ -40,39 +68,125 @@ def _api_page(module: str, package: bool) -> str:
     return body
 
 
-def _tutorial_page(script: Path, figures: Path) -> str:
-    source = script.read_text()
-    cells = re.split(r"^# %%(.*)$", source, flags=re.MULTILINE)
-    parts = []
-    if cells[0].strip():
-        parts.append(f"```python\n{cells[0].strip()}\n```")
-    for marker, body in zip(cells[1::2], cells[2::2]):
-        body = body.strip("\n")
-        if "[markdown]" in marker:
-            lines = (line[2:] if line.startswith("# ") else line.lstrip("#") for line in body.splitlines())
-            parts.append("\n".join(lines))
-        elif body.strip():
-            parts.append(f"```python\n{body}\n```")
-    names = sorted({m.group(1) for m in re.finditer(r"([\w{}\-]+)\.png", source)})
-    patterns = [re.sub(r"\{[^}]*\}", "*", name) + ".png" for name in names]
-    found = sorted(p.name for p in figures.glob("*.png") if any(fnmatch.fnmatch(p.name, pat) for pat in patterns))
-    parts.append(f"## Figures\n\nRun `python tutorials/{script.name}` to write them to `tutorials/figures/`.")
-    parts += [f"![{name}](../../figures/{name})" for name in found]
+def _in_role(module: str, members: list[str]) -> bool:
+    return any(module == m or (m.endswith(".") and (module == m[:-1] or module.startswith(m))) for m in members)
+
+
+def _api_index(modules: list[str]) -> str:
+    """The API reference's front page: one toctree per role; every public module is in exactly one."""
+    parts = ["# API reference\n\nThe public modules, grouped by what they are for. Private modules (`_name`) are "
+             "implementation details and not listed."]
+    placed = set()
+    for title, members in API_ROLES:
+        chosen = [m for m in modules if _in_role(m, members) and m not in placed]
+        placed.update(chosen)
+        entries = "\n".join(f"api/{m}" for m in chosen)
+        parts.append(f"## {title}\n\n```{{toctree}}\n:maxdepth: 1\n\n{entries}\n```")
+    missing = sorted(set(modules) - placed)
+    if missing:
+        raise ValueError(f"build_pages.API_ROLES places no role for the modules {missing}: add them to a role.")
     return "\n\n".join(parts) + "\n"
 
 
+_MARKER = re.compile(r"^\s*# %%(.*)$")
+_NOQA = re.compile(r"\s+# noqa(: [A-Z0-9, ]+)?$")
+
+
+def tutorial_cells(source: str) -> list[dict]:
+    """The script cut at every ``# %%`` line (at any indentation): ``{"kind": "markdown" | "code", "text", "note",
+    "first", "last"}`` with the 1-based line range of each cell's body and, for code, the marker's text as a note."""
+    lines = source.splitlines()
+    starts = [i for i, line in enumerate(lines) if _MARKER.match(line)]
+    if not starts or starts[0] != 0:
+        starts = [-1, *starts]
+    cells = []
+    for start, end in zip(starts, [*starts[1:], len(lines)]):
+        marker = _MARKER.match(lines[start]).group(1).strip() if start >= 0 else ""
+        body = lines[start + 1 : end]
+        if "[markdown]" in marker:
+            text = "\n".join(re.sub(r"^\s*# ?", "", line) if line.strip() else "" for line in body)
+            cells.append({"kind": "markdown", "text": text.strip(), "first": start + 2, "last": end})
+        else:
+            while marker and body and body[0].strip().startswith("# "):  # the note goes on over comment lines
+                marker += " " + body[0].strip()[2:]
+                body = body[1:]
+            code = textwrap.dedent("\n".join(_NOQA.sub("", line) for line in body)).strip("\n")
+            cells.append({"kind": "code", "text": code, "note": marker, "first": start + 2, "last": end})
+    return cells
+
+
+def _figures_written(code: str, figures: Path) -> list[str]:
+    """The PNGs in ``figures`` whose names ``code`` mentions (``{...}`` in a name is a wildcard)."""
+    names = sorted({m.group(1) for m in re.finditer(r"([\w{}\-]+)\.png", code)})
+    patterns = [re.sub(r"\{[^}]*\}", "*", name) + ".png" for name in names]
+    return sorted(p.name for p in figures.glob("*.png") if any(fnmatch.fnmatch(p.name, pat) for pat in patterns))
+
+
+def _tutorial_page(script: Path, figures: Path) -> str:
+    cells = tutorial_cells(script.read_text())
+    output_file = figures / f"{script.stem}.output.json"
+    outputs = json.loads(output_file.read_text()) if output_file.exists() else []
+    parts, shown = [], set()
+    for cell in cells:
+        if cell["kind"] == "markdown":
+            parts.append(cell["text"])
+            continue
+        if not cell["text"].strip():
+            continue
+        if cell["note"]:
+            parts.append(cell["note"])
+        parts.append(f"```python\n{cell['text']}\n```")
+        printed = "".join(text for line, text in outputs if line is not None and cell["first"] <= line <= cell["last"])
+        if printed.strip():
+            parts.append(f"```text\n{printed.rstrip()}\n```")
+        written = [name for name in _figures_written(cell["text"], figures) if name not in shown]
+        for name in written:
+            shown.add(name)
+            caption = cell["note"] or f"`{name}`"
+            if cell["note"] and len(written) > 1:
+                caption += f" (`{name}`)"
+            parts.append(f"```{{figure}} ../../figures/{name}\n:width: 100%\n:alt: {name}\n\n{caption}\n```")
+    rest = [name for name in _figures_written(script.read_text(), figures) if name not in shown]
+    if rest:
+        parts.append("## Figures")
+        parts += [f"```{{figure}} ../../figures/{name}\n:width: 100%\n:alt: {name}\n\n`{name}`\n```" for name in rest]
+    if not outputs:
+        parts.append("*Run `make figures` to show this tutorial's printed output here.*")
+    parts.append(f"*The script: `tutorials/{script.name}` (`python tutorials/{script.name} --help`).*")
+    return "\n\n".join(parts) + "\n"
+
+
+def _tutorials_index(scripts: list[Path]) -> str:
+    entries = "\n".join(f"tutorials/{script.stem}" for script in scripts)
+    return ("# Tutorials\n\nEach tutorial is a script in `tutorials/` (jupytext percent format) that prints its "
+            "numbers and writes its figures; `make figures` reruns them all. Read them in this order.\n\n"
+            f"```{{toctree}}\n:maxdepth: 1\n\n{entries}\n```\n")
+
+
+def tutorial_scripts(root: Path) -> list[Path]:
+    """The tutorials in reading order."""
+    scripts = sorted((root / "tutorials").glob("*.py"))
+    rank = {name: i for i, name in enumerate(TUTORIAL_ORDER)}
+    return sorted(scripts, key=lambda s: (rank.get(s.stem, len(rank)), s.stem))
+
+
 def write_pages(docs: Path) -> None:
-    """Write ``docs/generated/api/*.rst`` and ``docs/generated/tutorials/*.md`` (only files whose text changed)."""
+    """Write the generated pages (only files whose text changed) and remove those of modules or tutorials that no
+    longer exist."""
     root = docs.parent
-    pages: dict[Path, str] = {}
-    for module in public_modules(root):
-        pages[docs / "generated" / "api" / f"{module}.rst"] = _api_page(module, _is_package(module, root))
-    for script in sorted((root / "tutorials").glob("*.py")):
-        pages[docs / "generated" / "tutorials" / f"{script.stem}.md"] = _tutorial_page(script, docs / "figures")
+    generated = docs / "generated"
+    modules = public_modules(root)
+    pages: dict[Path, str] = {generated / "api.md": _api_index(modules)}
+    for module in modules:
+        pages[generated / "api" / f"{module}.rst"] = _api_page(module, _is_package(module, root))
+    scripts = tutorial_scripts(root)
+    pages[generated / "tutorials.md"] = _tutorials_index(scripts)
+    for script in scripts:
+        pages[generated / "tutorials" / f"{script.stem}.md"] = _tutorial_page(script, docs / "figures")
     for path, text in pages.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
-    for folder in {path.parent for path in pages}:  # pages of modules or tutorials that no longer exist
-        for stale in set(folder.iterdir()) - set(pages):
+    for folder in {path.parent for path in pages}:
+        for stale in set(folder.iterdir()) - set(pages) - {generated / "api", generated / "tutorials"}:
             stale.unlink()

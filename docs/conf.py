@@ -1,6 +1,7 @@
-"""Sphinx configuration: the README as the guide, one API page per module (numpydoc), the tutorials with their
-figures. Pages under ``generated/`` are written at build time by ``build_pages.py``; ``make docs`` builds with
-warnings as errors, so a broken docstring fails the build."""
+"""Sphinx configuration: a landing page, concepts, the user guide, benchmarks, the tutorials with their outputs and
+figures, one API page per public module (numpydoc), grouped by role. Pages under ``generated/`` are written at build
+time by ``build_pages.py``; ``make docs`` builds with warnings as errors, so a broken docstring fails the build, then
+looks at the site in headless Chromium (``check_site.py``)."""
 
 import sys
 import warnings
@@ -17,11 +18,17 @@ import pyro_bbb  # noqa: E402
 project = "pyro_bbb"
 author = "the pyro_bbb developers"
 release = version = pyro_bbb.__version__
-extensions = ["sphinx.ext.autodoc", "numpydoc", "myst_parser"]
+extensions = ["sphinx.ext.autodoc", "numpydoc", "myst_parser", "sphinx_copybutton"]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
-exclude_patterns = ["_build"]
-html_theme = "alabaster"
-html_static_path: list[str] = []
+exclude_patterns = ["_build", "figures/*.json"]
+html_theme = "furo"
+html_title = "pyro_bbb"
+html_static_path = ["static"]
+html_css_files = ["pyro_bbb.css"]
+copyright = "the pyro_bbb developers"
+copybutton_prompt_text = ">>> "  # copy doctest examples without their prompts
+pygments_style = "sphinx"
+pygments_dark_style = "monokai"
 
 autodoc_member_order = "bysource"
 autodoc_inherit_docstrings = False  # a subclass of a torch or Lightning class documents only its own

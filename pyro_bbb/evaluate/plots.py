@@ -69,8 +69,9 @@ def _finish(fig, path: str | Path | None):
 
 
 def plot_history(history, path: str | Path | None = None):
-    """Training traces from :class:`pyro_bbb.History`: loss and NLL per datum (and validation NLL), KL per layer,
-    the KL weight, and posterior std / prior std per layer, against the epoch; with early stopping, a dotted line
+    """Training traces from :class:`pyro_bbb.History` against the epoch: the loss and NLL per datum (and the
+    validation NLL), the KL per layer, the posterior std / prior std per layer, and the KL weight when a schedule
+    changed it (a constant weight is named in the KL panel's title instead). With early stopping, a dotted line
     marks the best epoch (whose parameters fit returned).
 
     Examples
@@ -80,33 +81,40 @@ def plot_history(history, path: str | Path | None = None):
     >>> for e in (1, 2):
     ...     h.append({"epoch": e, "loss": 10.0 / e, "loss_per_datum": 1.0 / e, "nll": 5.0, "num_data": 10,
     ...               "kl": 5.0, "kl_weight": 1.0, "kl_by_layer": {"fc": 5.0}, "std_ratio": {"fc": 0.5}})
-    >>> len(plot_history(h).axes)
-    4
+    >>> [ax.get_title() for ax in plot_history(h).axes]
+    ['loss', 'KL(q || p) per layer (KL weight 1)', 'posterior std / prior std']
     """
     plt = _pyplot()
     epochs = history["epoch"]
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
-    axes[0].plot(epochs, history["loss_per_datum"], label="loss per datum")
-    axes[0].plot(epochs, [r["nll"] / r["num_data"] for r in history.records], label="NLL per datum")
+    weights = history["kl_weight"]
+    scheduled = len(set(weights)) > 1
+    fig, axes = plt.subplots(1, 4 if scheduled else 3, figsize=(16 if scheduled else 12.5, 3.6))
+    loss, kl, ratio = axes[0], axes[1], axes[2]
+    loss.plot(epochs, history["loss_per_datum"], label="loss per datum")
+    loss.plot(epochs, [r["nll"] / r["num_data"] for r in history.records], label="NLL per datum")
     if "val_log_likelihood" in history.keys():
-        axes[0].plot(epochs, [-v for v in history["val_log_likelihood"]], label="validation NLL per datum")
-    axes[0].set(xlabel="epoch", title="loss", yscale="symlog")
+        loss.plot(epochs, [-v for v in history["val_log_likelihood"]], label="validation NLL per datum")
+    # symlog: linear within +-1 nat, logarithmic beyond, so a loss that starts in the hundreds and ends near zero
+    # (or below: a density's NLL may be negative) shows both ends
+    loss.set(xlabel="epoch", ylabel="nats per datum (symlog)", title="loss", yscale="symlog")
     per_layer = "kl_by_layer" in history.keys()  # absent for guides without a Normal posterior per weight
     for layer, values in (history["kl_by_layer"] if per_layer else {"total": history["kl"]}).items():
-        axes[1].plot(epochs, values, label=layer)
-    axes[1].set(xlabel="epoch", ylabel="nats", title="KL(q || p) per layer", yscale="log")
-    axes[2].plot(epochs, history["kl_weight"], color="k")
-    axes[2].set(xlabel="epoch", title="KL weight")
+        kl.plot(epochs, values, label=layer)
+    kl.set(xlabel="epoch", ylabel="nats", yscale="log",
+           title="KL(q || p) per layer" + ("" if scheduled else f" (KL weight {weights[0]:g})"))
     for layer, values in (history["std_ratio"] if per_layer else {}).items():
-        axes[3].plot(epochs, values, label=layer)
-    axes[3].axhline(1.0, color="k", lw=0.8, ls="--")
-    axes[3].set(xlabel="epoch", title="posterior std / prior std" if per_layer else "posterior std (not available)",
-                yscale="log")
+        ratio.plot(epochs, values, label=layer)
+    ratio.axhline(1.0, color="k", lw=0.8, ls="--")
+    ratio.set(xlabel="epoch", ylabel="ratio (1: the prior)", yscale="log",
+              title="posterior std / prior std" if per_layer else "posterior std (not available)")
+    if scheduled:
+        axes[3].plot(epochs, weights, color="k")
+        axes[3].set(xlabel="epoch", title="KL weight (schedule)")
     best = getattr(history, "best_epoch", None)
     if best is not None:
         for ax in axes:
-            ax.axvline(best, color="0.4", lw=0.8, ls=":", label="best epoch" if ax is axes[0] else None)
-    for ax in (axes[0], axes[1], axes[3]):
+            ax.axvline(best, color="0.4", lw=0.8, ls=":", label="best epoch" if ax is loss else None)
+    for ax in (loss, kl, ratio):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     return _finish(fig, path)

@@ -9,11 +9,16 @@ import pyro_bbb
 from ..helpers import regression_model, small_data
 
 
-def test_history_plot_writes_a_png(tmp_path):
+def test_history_plot_writes_a_png_with_labelled_axes_and_the_kl_weight_only_when_it_changes(tmp_path):
     model = regression_model()
     history = pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), small_data(), epochs=2, progress=False)
-    history.plot(tmp_path / "history.png")
+    fig = history.plot(tmp_path / "history.png")
     assert (tmp_path / "history.png").stat().st_size > 1000
+    assert len(fig.axes) == 3 and all(ax.get_ylabel() for ax in fig.axes)  # a constant weight: no flat panel
+    assert "KL weight 1" in fig.axes[1].get_title()
+    warmed = pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), small_data(), epochs=3, progress=False,
+                          kl_weight=pyro_bbb.schedules.LinearWarmup(4))
+    assert [ax.get_title() for ax in warmed.plot().axes][-1] == "KL weight (schedule)"
 
 
 def test_history_drift_is_the_share_of_progress_made_over_the_last_tail():

@@ -1,0 +1,64 @@
+"""The README and the documentation pages as a reader meets them: every Python block runs as pasted, the README
+prints what it says it prints, and the generated tutorial and API pages put things where they belong."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "docs"))
+
+import build_pages  # noqa: E402
+import code_blocks  # noqa: E402
+
+#: Every page with Python blocks a reader may paste.
+PAGES = ["README.md", "docs/concepts.md", "docs/guide.md", "docs/index.md", "docs/benchmarks.md"]
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if code_blocks.python_blocks(ROOT / p)])
+def test_every_python_block_of_the_page_runs_as_pasted(page, tmp_path):
+    result = code_blocks.run_page(ROOT / page, tmp_path)
+    assert result.returncode == 0, f"{page}:\n{result.stderr[-3000:]}"
+    if page == "README.md":
+        assert (tmp_path / "bnn_band.png").stat().st_size > 10_000
+        # what the README says the example prints: the same figures, to the rounding of another CPU's kernels
+        shown = re.search(r"It prints.*?```text\n(.*?)```", (ROOT / page).read_text(), re.S).group(1)
+        numbers = [re.findall(r"-?\d+\.\d+", text.splitlines()[0]) for text in (shown, result.stdout)]
+        assert len(numbers[0]) == len(numbers[1]) == 3  # RMSE, the noise sd, the log-likelihood
+        for said, got in zip(*numbers):
+            assert float(got) == pytest.approx(float(said), abs=0.05), (shown, result.stdout)
+
+
+def test_the_readme_has_no_internal_history():
+    text = (ROOT / "README.md").read_text()
+    for phrase in (r"\bissue \d+", "user report", "an earlier version", r"\b20\d\d-\d\d-\d\d\b", "DEVELOPERS.md"):
+        assert not re.search(phrase, text), phrase
+
+
+def test_tutorial_pages_put_notes_outputs_and_figures_under_their_code(tmp_path):
+    script = tmp_path / "demo.py"
+    script.write_text(
+        "# %% [markdown]\n# # A demo\n#\n# Prose.\n\n# %%\nimport json  # noqa: F401\n\n\n"
+        "def main(out_dir):\n    # %% The numbers: two of them,\n    # printed.\n    print(1)\n"
+        "    # %% The figure.\n    save(out_dir / 'demo_plot.png')\n"
+    )
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    (figures / "demo_plot.png").write_bytes(b"png")
+    (figures / "demo.output.json").write_text('[\n[13, "1\\n"]\n]\n')
+    page = build_pages._tutorial_page(script, figures)
+    order = [page.index(part) for part in ("# A demo", "import json\n", "The numbers: two of them, printed.",
+                                           "print(1)", "```text\n1\n```", "The figure.", "demo_plot.png")]
+    assert order == sorted(order), page
+    assert "noqa" not in page and "# printed." not in page
+
+
+def test_every_tutorial_has_a_place_in_the_reading_order_and_every_module_a_role():
+    scripts = [s.stem for s in build_pages.tutorial_scripts(ROOT)]
+    assert sorted(scripts) == sorted(build_pages.TUTORIAL_ORDER)
+    modules = build_pages.public_modules(ROOT)
+    index = build_pages._api_index(modules)  # raises naming any module without a role
+    assert all(f"api/{m}\n" in index for m in modules)
+    assert not any(part.startswith("_") for m in modules for part in m.split("."))
