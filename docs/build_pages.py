@@ -115,6 +115,19 @@ def tutorial_cells(source: str) -> list[dict]:
     return cells
 
 
+def _place_outputs(records: list[list], source: str) -> list[tuple[int | None, str]]:
+    """``(line, text)`` per printed text: the line of ``source`` holding the code that printed it (the recorded line
+    if it still holds that code, else the nearest line that does; ``None`` when no line does any more)."""
+    lines = [line.strip() for line in source.splitlines()]
+    placed = []
+    for line, code, text in records:
+        if line is not None and not (0 < line <= len(lines) and lines[line - 1] == code):
+            candidates = [i + 1 for i, current in enumerate(lines) if code and current == code]
+            line = min(candidates, key=lambda i: abs(i - line)) if candidates else None
+        placed.append((line, text))
+    return placed
+
+
 def _figures_written(code: str, figures: Path) -> list[str]:
     """The PNGs in ``figures`` whose names ``code`` mentions (``{...}`` in a name is a wildcard)."""
     names = sorted({m.group(1) for m in re.finditer(r"([\w{}\-]+)\.png", code)})
@@ -123,9 +136,10 @@ def _figures_written(code: str, figures: Path) -> list[str]:
 
 
 def _tutorial_page(script: Path, figures: Path) -> str:
-    cells = tutorial_cells(script.read_text())
+    source = script.read_text()
+    cells = tutorial_cells(source)
     output_file = figures / f"{script.stem}.output.json"
-    outputs = json.loads(output_file.read_text()) if output_file.exists() else []
+    outputs = _place_outputs(json.loads(output_file.read_text()), source) if output_file.exists() else []
     parts, shown = [], set()
     for cell in cells:
         if cell["kind"] == "markdown":
@@ -146,7 +160,11 @@ def _tutorial_page(script: Path, figures: Path) -> str:
             if cell["note"] and len(written) > 1:
                 caption += f" (`{name}`)"
             parts.append(f"```{{figure}} ../../figures/{name}\n:width: 100%\n:alt: {name}\n\n{caption}\n```")
-    rest = [name for name in _figures_written(script.read_text(), figures) if name not in shown]
+    unplaced = "".join(text for line, text in outputs if line is None)
+    if unplaced.strip():
+        parts.append("Printed by code that has changed since `make figures` last ran:")
+        parts.append(f"```text\n{unplaced.rstrip()}\n```")
+    rest = [name for name in _figures_written(source, figures) if name not in shown]
     if rest:
         parts.append("## Figures")
         parts += [f"```{{figure}} ../../figures/{name}\n:width: 100%\n:alt: {name}\n\n`{name}`\n```" for name in rest]

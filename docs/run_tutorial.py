@@ -1,8 +1,9 @@
 """Run one tutorial as ``make figures`` does and keep what it prints for the documentation.
 
 The tutorial runs as ``__main__`` with the given arguments; everything it prints still reaches the terminal, and is
-also written to ``<out-dir>/<tutorial>.output.json`` as ``[[line, text], ...]``: the line of the tutorial whose code
-printed it, so ``build_pages.py`` can show each output right under the code that produced it.
+also written to ``<out-dir>/<tutorial>.output.json`` as ``[[line, code, text], ...]``: the line of the tutorial whose
+code printed it (its number and its code), so ``build_pages.py`` can show each output right under the code that
+produced it.
 
 Usage: ``python docs/run_tutorial.py tutorials/quickstart.py --out-dir docs/figures [tutorial arguments...]``
 """
@@ -52,7 +53,10 @@ def main(argv: list[str]) -> None:
     finally:
         sys.stdout = recorder.stream
     out_dir.mkdir(parents=True, exist_ok=True)
-    records = [[line, text] for line, text in recorder.records if text.strip()]
+    source = script.read_text().splitlines()
+    # each record keeps the printing line's code too, so the output finds its place after later edits of the script
+    records = [[line, source[line - 1].strip() if line else "", text] for line, text in recorder.records
+               if text.strip()]
     lines = ",\n".join(json.dumps(record) for record in records)
     (out_dir / f"{script.stem}.output.json").write_text(f"[\n{lines}\n]\n")
 

@@ -47,12 +47,14 @@ def test_tutorial_pages_put_notes_outputs_and_figures_under_their_code(tmp_path)
     figures = tmp_path / "figures"
     figures.mkdir()
     (figures / "demo_plot.png").write_bytes(b"png")
-    (figures / "demo.output.json").write_text('[\n[13, "1\\n"]\n]\n')
+    # recorded when print(1) was line 12; the script has changed since, and the output follows the code
+    (figures / "demo.output.json").write_text('[\n[12, "print(1)", "1\\n"], [3, "gone()", "lost\\n"]\n]\n')
     page = build_pages._tutorial_page(script, figures)
     order = [page.index(part) for part in ("# A demo", "import json\n", "The numbers: two of them, printed.",
                                            "print(1)", "```text\n1\n```", "The figure.", "demo_plot.png")]
     assert order == sorted(order), page
     assert "noqa" not in page and "# printed." not in page
+    assert page.index("has changed since") > page.index("demo_plot.png") and "lost" in page
 
 
 def test_every_tutorial_has_a_place_in_the_reading_order_and_every_module_a_role():

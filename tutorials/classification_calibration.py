@@ -28,6 +28,8 @@ from pyro_bbb.nn import BayesianLinear  # noqa: E402
 
 
 def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
+    # %% A 64-100-10 Bayesian MLP on the 8x8 digits, with an N(0, 2) prior (with N(0, 1) the posterior is
+    # underconfident here), trained with the test set as validation data so the history shows its log-likelihood.
     out_dir.mkdir(parents=True, exist_ok=True)
     pyro.clear_param_store()
     torch.manual_seed(0)
@@ -40,6 +42,7 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     history = pyro_bbb.fit(bnn, guide, (x_train, y_train), epochs=epochs, batch_size=128, lr=1e-2,
                            validation_data=(x_test, y_test), progress=progress, seed=0)
     history.plot(out_dir / "calibration_history.png")
+    # %% How good and how calibrated the predictions are, and what `check_posterior` says about each layer.
     pred = pyro_bbb.predict(bnn, guide, x_test, num_samples=100)
     acc, ece = metrics.accuracy(pred, y_test), metrics.expected_calibration_error(pred, y_test)
     print(f"[digits] accuracy {acc:.1%}, ECE {ece:.3f}, Brier {metrics.brier_score(pred, y_test):.3f}, "
@@ -54,6 +57,7 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     for w in caught:
         print(f"[digits] warning: {w.message}")
 
+    # %% Pruning by signal-to-noise: remove the weights with the lowest |mu| / sigma and measure the accuracy left.
     fractions = [0.0, 0.5, 0.75, 0.9, 0.95, 0.98]
     pruned_accuracy = []
     for fraction in fractions:
@@ -62,9 +66,14 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     table = ", ".join(f"{f:.0%}: {a:.1%}" for f, a in zip(fractions, pruned_accuracy))
     print(f"[digits] accuracy after pruning: {table}")
 
+    # %% The reliability diagram: predicted confidence against observed accuracy, bin by bin.
     plots.plot_reliability(pred, y_test, path=out_dir / "calibration_reliability.png")
+
+    # %% Each weight's posterior std against its prior's: mass at the prior line is weight the data does not need.
     plots.plot_std_ratio(bnn, guide, path=out_dir / "calibration_std_vs_prior.png")
-    # out-of-distribution inputs: uniform noise "images"; epistemic uncertainty should flag them
+
+    # %% Out-of-distribution inputs, uniform noise "images": the epistemic uncertainty (mutual information) should
+    # flag them, and it should be higher for the digits the network gets wrong than for those it gets right.
     noise = torch.rand(len(x_test), 64, generator=torch.Generator().manual_seed(1))
     outside = pyro_bbb.predict(bnn, guide, noise, num_samples=100)
     for label, p in (("test digits", pred), ("uniform noise", outside)):

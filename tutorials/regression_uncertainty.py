@@ -41,6 +41,8 @@ def heteroscedastic_bnn(prior: priors.Prior | None = None) -> pyro_bbb.BNN:
 
 
 def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
+    # %% The network predicts a mean and a noise scale for every input; `fit` trains it on 2000 points whose noise
+    # grows with |x| (inputs only in -2..2).
     pyro.clear_param_store()
     torch.manual_seed(0)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -54,6 +56,8 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     log_lik, rmse = metrics.log_likelihood(pred, y_test), metrics.rmse(pred, y_test)
     print(f"[regression] test log-lik {log_lik:.3f}, RMSE {rmse:.3f}, 90% interval coverage {coverage:.1%}")
 
+    # %% The two uncertainties apart: the aleatoric std (the learned noise) follows the true noise inside the data; the
+    # epistemic std (the weight posterior's) is small there and grows outside it, where the data says nothing.
     grid = torch.linspace(-4, 4, 400).unsqueeze(-1)
     band = pyro_bbb.predict(bnn, guide, grid, num_samples=200)
     g = grid.squeeze(-1)
@@ -75,6 +79,9 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     plots.save_figure(fig, out_dir / "regression_uncertainty.png")
     return {"coverage_90": coverage}
 
+
+# %% The same model under each gradient estimator, full batch: plain reparameterization's loss stays noisy, Flipout's
+# less so, and moment propagation (deterministic VI) has no Monte Carlo noise at all.
 
 #: name -> (estimator, prior of the weights); "moments" is deterministic variational inference.
 ESTIMATORS = {

@@ -42,6 +42,8 @@ def runs(num_data: int, steps: int) -> dict[str, object]:
 
 
 def main(epochs: int, out_dir: Path) -> dict[str, dict[str, object]]:
+    # %% The same digits MLP trained four ways (`runs` above): the KL over-weighted (stuck on the prior), nearly
+    # switched off (collapsed), and correct, with and without a warm-up; after each, `check_posterior` speaks.
     x_train, y_train, x_test, y_test = digits()
     steps = epochs * -(-len(x_train) // 64)
     results, histories = {}, {}
@@ -64,6 +66,8 @@ def main(epochs: int, out_dir: Path) -> dict[str, dict[str, object]]:
         if not caught:
             print("  check_posterior: no warning")
 
+    # %% The traces that tell the runs apart: a KL near zero with the posterior at the prior's width (on the prior),
+    # a KL far above the others with the width collapsing (under-weighted), and the correct runs in between.
     fig, axes = plt.subplots(len(histories), 3, figsize=(14, 3.2 * len(histories)), squeeze=False)
     for row, (name, history) in zip(axes, histories.items()):
         epochs_seen = history["epoch"]
