@@ -193,7 +193,8 @@ class MeanFieldGuide(AutoNormalHooks):
     @property
     def is_untrained(self) -> bool:
         """Whether every parameter of the guide is still what set-up gave it (no optimizer step, load or restore
-        since; ``False`` as well when set-up adopted a trained posterior from Pyro's param store).
+        since; ``False`` as well when set-up adopted a trained posterior from Pyro's param store, or when the model
+        has no latent site, so the guide has nothing to train).
 
         Examples
         --------
@@ -212,7 +213,7 @@ class MeanFieldGuide(AutoNormalHooks):
         if state is None:  # set-up adopted another guide's trained posterior
             return False
         current = list(self.parameters())
-        return len(current) == len(state) and all(
+        return 0 < len(current) == len(state) and all(
             p is q and torch.equal(_fingerprint(p), print_) for p, (q, print_) in zip(current, state)
         )
 

@@ -329,3 +329,8 @@ def test_a_set_up_but_never_trained_guide_is_named_by_predict_check_posterior_an
     with warnings.catch_warnings():
         warnings.simplefilter("error", AdoptedPosteriorWarning)
         fresh(x, y)
+    # a model with nothing latent (a deterministic net, fixed noise): its guide has nothing to train, no warning
+    plain = pyro_bbb.BNN(torch.nn.Linear(3, 1), likelihoods.Gaussian(scale=0.5))
+    empty = pyro_bbb.MeanFieldGuide(plain)
+    empty(x, y)
+    assert not empty.is_untrained
