@@ -38,6 +38,7 @@ from typing import Any
 
 import pyro
 import torch
+from pyro.distributions.transforms import SoftplusTransform
 from pyro.optim import PyroOptim
 from torch.distributions import transform_to
 
@@ -136,6 +137,7 @@ class IVON(PyroOptim):
         self._transform = transform_to(guide.scale_constraint)
         self._prior_cache: tuple | None = None  # (key, prior objects, flat (m, delta)) of fixed priors
         self._flat: tuple | None = None  # (sites, momentum, hess) concatenated, between steps
+        self._width_cache: tuple | None = None  # (sites, [(raw scale, its version)], sigma, d sigma / d u), last step
 
     # -- which parameter is what ---------------------------------------------------------------------------------
     def _weight_sites(self) -> dict[str, tuple[str, str]]:
@@ -250,8 +252,8 @@ class IVON(PyroOptim):
         grad_mu = torch.cat([p.grad.reshape(-1) for p in locs])
         u = torch.cat([p.reshape(-1) for p in raw_scales])
         grad_u = torch.cat([p.grad.reshape(-1) for p in raw_scales])
-        sigma = self._transform(u)
-        grad_sigma = grad_u.div_(self._transform.log_abs_det_jacobian(u, sigma).exp_())
+        sigma, slope = self._widths(sites, raw_scales, u)  # sigma = transform(u) and d sigma / d u
+        grad_sigma = grad_u.div_(slope)
         prior_loc, delta = self._prior_vectors(sites, locs, [s.view(p.shape) for s, p in zip(sigma.split(sizes), locs)])
         momentum, hess = self._flat_state(sites)
 
@@ -268,10 +270,32 @@ class IVON(PyroOptim):
         step = momentum.div(1.0 - beta1**self.steps).add_(delta * offset).div_(precision)
         step.clamp_(-d["clip_radius"], d["clip_radius"])
         mu.sub_(step.mul_(delta + d["hess_init"]), alpha=d["lr"])
-        u = self._transform.inv(precision.mul_(n).rsqrt_())
+        sigma = precision.mul_(n).rsqrt_()
+        u, slope = self._unconstrained(sigma)
         for p, q, m_part, u_part in zip(locs, raw_scales, mu.split(sizes), u.split(sizes)):
             p.copy_(m_part.view(p.shape))
             q.copy_(u_part.view(q.shape))
+        self._width_cache = (sites, [(q, tensor_version(q)) for q in raw_scales], sigma, slope)
+
+    def _widths(self, sites: list[str], raw_scales: list[torch.Tensor], u: torch.Tensor):
+        """``(sigma, d sigma / d u)`` at the unconstrained scales ``u``: the ones this optimizer set last step when
+        nothing has written those tensors since (two transcendental passes saved), else computed from ``u``."""
+        cache = self._width_cache
+        if cache is not None and cache[0] == sites and all(
+            q is cached and tensor_version(q) == version for q, (cached, version) in zip(raw_scales, cache[1])
+        ):
+            return cache[2], cache[3]
+        sigma = self._transform(u)
+        return sigma, self._transform.log_abs_det_jacobian(u, sigma).exp_()
+
+    def _unconstrained(self, sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(u, d sigma / d u)`` for the widths ``sigma``; for the softplus of MeanFieldGuide's scales both come from
+        one ``expm1``: ``u = sigma + log(1 - exp(-sigma))`` and the slope is ``1 - exp(-sigma)``."""
+        if isinstance(self._transform, SoftplusTransform):
+            slope = torch.expm1(sigma.neg()).neg_()
+            return slope.log().add_(sigma), slope
+        u = self._transform.inv(sigma)
+        return u, self._transform.log_abs_det_jacobian(u, sigma).exp_()
 
     def _start(self, sites: list[str], pairs: dict[str, dict[str, torch.Tensor]]) -> None:
         self._sync_state()

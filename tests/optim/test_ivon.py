@@ -144,6 +144,36 @@ def test_state_is_kept_by_site_name_and_resumes_the_same_run():
     torch.testing.assert_close(run(12, restore_after=6), run(12), rtol=0, atol=1e-12)
 
 
+def test_a_width_written_between_steps_is_read_not_the_one_the_optimizer_set():
+    """IVON reuses the widths it set last step (and their slope) instead of recomputing them from the guide's raw
+    scales; a scale written in between (a load, a user's edit) must be read afresh. The run whose scales are
+    overwritten after step 4 continues exactly like a fresh optimizer restored to that state and those scales."""
+    x, y = _regression(40)
+
+    def run(fresh_optimizer):
+        pyro.clear_param_store()
+        pyro.set_rng_seed(0)
+        bnn = pyro_bbb.BNN(BayesianLinear(3, 1, dtype=torch.float64), likelihoods.Gaussian(scale=0.5))
+        guide = MeanFieldGuide(bnn)
+        optimizer = IVON(guide, num_data=40)
+        svi = SVI(bnn, guide, optimizer, ELBO(num_data=40))
+        for step in range(8):
+            if step == 4:
+                with torch.no_grad():
+                    for name, value in pyro.get_param_store().named_parameters():
+                        if "scales" in name:
+                            value.mul_(0.5).sub_(0.3)  # other widths than the optimizer set
+                if fresh_optimizer:
+                    state = optimizer.get_state()
+                    optimizer = IVON(guide, num_data=40)
+                    optimizer.set_state(state)
+                    svi = SVI(bnn, guide, optimizer, ELBO(num_data=40))
+            svi.step(x, y)
+        return torch.cat([t.detach().reshape(-1) for t in pyro.get_param_store().values()])
+
+    torch.testing.assert_close(run(False), run(True), rtol=0, atol=1e-12)
+
+
 def test_other_parameters_get_adam_and_a_non_normal_prior_is_a_clear_error():
     x, y = _regression(40)
     net = torch.nn.Sequential(
