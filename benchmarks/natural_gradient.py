@@ -10,7 +10,11 @@ Three tasks, each with the same model, data, batches and epochs for every conten
   IVON, and ``ivon-opt`` 0.1.3 on the deterministic net (the paper's way: predictions average sampled weights) --
   accuracy, NLL, ECE; a reliability diagram and the loss traces;
 * ``uci``: the standard splits of UCI boston and concrete (``../shared/uci``), a 1x50 ReLU net with a learned
-  homoscedastic noise, test log-likelihood per datum of Adam-BbB and IVON at the same epochs.
+  homoscedastic noise, test log-likelihood per datum of Adam-BbB and IVON at the same epochs;
+* ``init``: the same boston net with MeanFieldGuide's ``init_scale`` at 1e-4, 1e-2 and 0.1: the spread of the final
+  test log-likelihood per optimizer;
+* ``clusters``: 1-D regression on data no default was tuned on (two clusters of x, a 1-50-50-1 ReLU net, learned
+  noise, run to a flat ELBO): test RMSE, epistemic std beyond the data over inside it, the final ELBO per datum.
 
     python benchmarks/natural_gradient.py                 # all three, prints tables, writes natural_gradient_*.png
     python benchmarks/natural_gradient.py --task digits   # one of them
@@ -217,13 +221,13 @@ def uci_split(name: str, split: int):
     return (x[train] - mx) / sx, (y[train] - my) / sy, (x[test] - mx) / sx, y[test], my, sy
 
 
-def uci_run(name, split, optimizer_name, epochs):
+def uci_run(name, split, optimizer_name, epochs, init_scale=None):
     x, y, x_test, y_test, my, sy = uci_split(name, split)
     pyro.clear_param_store()
     torch.manual_seed(split)
     net = nn.Sequential(BayesianLinear(x.shape[1], 50), nn.ReLU(), BayesianLinear(50, 1))
     bnn = pyro_bbb.BNN(net, likelihoods.Gaussian())
-    guide = pyro_bbb.MeanFieldGuide(bnn)
+    guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=init_scale)
     options = {"optimizer": IVON(guide, num_data=len(y), lr=0.1)} if optimizer_name == "IVON" else {}
     history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=32, progress=False, seed=split, **options)
     pyro.set_rng_seed(0)
@@ -251,10 +255,67 @@ def uci(quick: bool) -> None:
             )
 
 
+# -- init sensitivity ------------------------------------------------------------------------------------------------
+def init_sensitivity(quick: bool) -> None:
+    """UCI boston, splits 0-2: the final test log-likelihood for MeanFieldGuide's init_scale 1e-4, 1e-2 and 0.1."""
+    if not UCI.exists():
+        print(f"\ninit: {UCI} not found; skipped")
+        return
+    epochs, splits = (3, [0]) if quick else (100, [0, 1, 2])
+    print(f"\ninit_scale sensitivity, UCI boston, 1x50 ReLU, {epochs} epochs, batch 32: test log-likelihood, mean over "
+          f"splits {splits}")
+    for name in ("Adam-BbB", "IVON"):
+        scores = {scale: statistics.mean(uci_run("bostonHousing", s, name, epochs, init_scale=scale)[0] for s in splits)
+                  for scale in (1e-4, 1e-2, 0.1)}
+        cells = ", ".join(f"{scale:g}: {value:.3f}" for scale, value in scores.items())
+        print(f"  {name:9s} {cells}   spread {max(scores.values()) - min(scores.values()):.3f}")
+
+
+# -- 1-D regression on data nothing was tuned on ----------------------------------------------------------------------
+def clusters_data(n: int, seed: int):
+    """y = sin(2x) + 0.3x + N(0, 0.1^2) on two clusters of x, [-3, -1.5] and [0.5, 2]."""
+    g = torch.Generator().manual_seed(seed)
+    left = torch.rand(n // 2, 1, generator=g) * 1.5 - 3.0
+    right = torch.rand(n - n // 2, 1, generator=g) * 1.5 + 0.5
+    x = torch.cat([left, right])
+    y = torch.sin(2 * x).squeeze(-1) + 0.3 * x.squeeze(-1) + 0.1 * torch.randn(n, generator=g)
+    return x, y
+
+
+def clusters_run(optimizer_name: str, epochs: int, seed: int):
+    x, y = clusters_data(300, seed)
+    x_test, y_test = clusters_data(1000, seed + 100)
+    pyro.clear_param_store()
+    torch.manual_seed(seed)
+    net = nn.Sequential(BayesianLinear(1, 50), nn.ReLU(), BayesianLinear(50, 50), nn.ReLU(), BayesianLinear(50, 1))
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian())
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    options = {"optimizer": IVON(guide, num_data=len(y))} if optimizer_name == "IVON" else {}
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=32, progress=False, seed=seed, **options)
+    pred = pyro_bbb.predict(bnn, guide, x_test, num_samples=200)
+    grid = torch.linspace(-5, 4, 901).unsqueeze(-1)
+    band = pyro_bbb.predict(bnn, guide, grid, num_samples=200).epistemic_std
+    g = grid.squeeze(-1)
+    inside = ((g >= -3) & (g <= -1.5)) | ((g >= 0.5) & (g <= 2))
+    outside = (g <= -4) | (g >= 3)
+    return {"rmse": metrics.rmse(pred, y_test), "ratio": float(band[outside].mean() / band[inside].mean()),
+            "elbo": -history.last["loss_per_datum"], "drift": history.drift()}
+
+
+def clusters(quick: bool) -> None:
+    epochs, seeds = (5, [0]) if quick else (1000, [0, 1, 2])
+    print(f"\n1-D regression, two clusters (data not tuned on), 1-50-50-1 ReLU, learned noise, {epochs} epochs, "
+          f"batch 32, fit defaults: medians over seeds {seeds}")
+    for name in ("Adam-BbB", "IVON"):
+        runs = [clusters_run(name, epochs, seed) for seed in seeds]
+        cells = "  ".join(f"{key} {statistics.median(r[key] for r in runs):.3f}" for key in runs[0])
+        print(f"  {name:9s} {cells}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--task", choices=["blr", "digits", "uci", "all"], default="all")
+    parser.add_argument("--task", choices=["blr", "digits", "uci", "init", "clusters", "all"], default="all")
     parser.add_argument("--out-dir", type=Path, default=HERE)
     args = parser.parse_args()
     if args.task in ("blr", "all"):
@@ -263,6 +324,10 @@ def main() -> None:
         digits_task(args.quick, args.out_dir)
     if args.task in ("uci", "all"):
         uci(args.quick)
+    if args.task in ("init", "all"):
+        init_sensitivity(args.quick)
+    if args.task in ("clusters", "all"):
+        clusters(args.quick)
 
 
 if __name__ == "__main__":
