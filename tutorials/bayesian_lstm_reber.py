@@ -9,7 +9,7 @@
 #
 # Five models, all trained through `pyro_bbb.fit` on the same data for the same epochs:
 # a deterministic LSTM(4); a Bayesian LSTM(4) with plain reparameterization and with Flipout (sign vectors per
-# example, shared by all time steps); a deterministic LSTM(4) with a Bayesian output layer; and the report's
+# example, shared by all time steps); a deterministic LSTM(4) with a Bayesian output layer; and that report's
 # mis-scaled Bayesian LSTM (`kl_weight=N`: the KL counted N times), which stalls at 0.5.
 # Writes `tutorials/figures/reber_curves.png` (validation accuracy and KL per epoch) and prints a table.
 
