@@ -91,6 +91,7 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, dict[st
     return results
 
 
+# %%
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--epochs", type=int, default=200)

@@ -105,6 +105,7 @@ def main(epochs: int, out_dir: Path, progress: bool = True, draws: int = 200) ->
     return results
 
 
+# %%
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--epochs", type=int, default=100)
