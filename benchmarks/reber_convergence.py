@@ -20,7 +20,10 @@ batches of 100, 40 epochs, Adam 1e-2, clip_norm 5). Variants (flags) change both
   ``Normal(0, 1)``; ``--prior-scale S``: ``Normal(0, S)``; ``--prior eb``: ``priors.EmpiricalBayesNormal(gain=S)``
   (the closed-form scale under an inverse-gamma hyperprior whose mode is ``S / sqrt(fan_in)``);
 * ``--init-scale S``: the guide's initial posterior std (``MeanFieldGuide(init_scale=S)``);
-* ``--bayesian-only``: skip the deterministic runs (compare with a previous run's median).
+* ``--bayesian-only``: skip the deterministic runs (compare with a previous run's median);
+* ``--optimizer ivon``: the Bayesian model trained by ``pyro_bbb.optim.IVON`` at its defaults (``--lr`` then only
+  reaches the deterministic model and the parameters IVON leaves to Adam);
+* ``--padding start``: short strings padded before the string instead of after it.
 
     python benchmarks/reber_convergence.py --config A                       # current defaults, 5 seeds
     python benchmarks/reber_convergence.py --config A --forget-bias 1 --lr-decay 0.997
@@ -74,8 +77,8 @@ def set_forget_bias(lstm: nn.LSTM | nn.GRU, value: float, hidden: int) -> None:
 
 
 def train(config: dict, kind: str, mode: str, seed: int, args) -> dict:
-    x, y = embedded_reber(config["num_train"], max_len=config["max_len"], seed=100 + seed)
-    x_test, y_test = embedded_reber(2000, max_len=config["max_len"], seed=999)
+    x, y = embedded_reber(config["num_train"], max_len=config["max_len"], seed=100 + seed, padding=args.padding)
+    x_test, y_test = embedded_reber(2000, max_len=config["max_len"], seed=999, padding=args.padding)
     pyro.clear_param_store()
     torch.manual_seed(seed)
     hidden = config["hidden"]
@@ -96,6 +99,8 @@ def train(config: dict, kind: str, mode: str, seed: int, args) -> dict:
     if args.lr_decay is not None:
         settings["optimizer"] = pyro.optim.ClippedAdam({"lr": args.lr, "lrd": args.lr_decay, "clip_norm": 1e9})
     if kind == "bayesian":
+        if args.optimizer == "ivon":
+            settings["optimizer"] = pyro_bbb.optim.IVON(guide, num_data=config["num_train"])
         if args.kl_warmup:
             settings["kl_weight"] = schedules.LinearWarmup(args.kl_warmup)
         elif args.kl_weight is not None:
@@ -129,6 +134,9 @@ def main() -> None:
     parser.add_argument("--prior-scale", type=float, default=1.0)
     parser.add_argument("--init-scale", type=float, default=None)
     parser.add_argument("--bayesian-only", action="store_true")
+    parser.add_argument("--optimizer", choices=["adam", "ivon"], default="adam",
+                        help="the Bayesian model's optimizer (ivon: pyro_bbb.optim.IVON at its defaults)")
+    parser.add_argument("--padding", choices=["end", "start"], default="end", help="where short strings are padded")
     parser.add_argument("--json", action="store_true", help="also print every run as a JSON line")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
@@ -144,7 +152,8 @@ def main() -> None:
             runs[kind].append(result)
             if args.json:
                 print(json.dumps(result), flush=True)
-    print(f"ERG {config}, {args.mode}, {seeds} seeds; test accuracy after {runs['bayesian'][0]['steps']} steps")
+    print(f"ERG {config}, {args.mode}, padding at the {args.padding}, Bayesian optimizer {args.optimizer}, {seeds} "
+          f"seeds; test accuracy after {runs['bayesian'][0]['steps']} steps")
     for kind, results in runs.items():
         if not results:
             continue

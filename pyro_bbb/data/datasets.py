@@ -196,7 +196,7 @@ def _random_embedded_reber(rng: random.Random, max_len: int) -> str:
             return string
 
 
-def embedded_reber(n: int, max_len: int = 12, seed: int = 0, return_strings: bool = False):
+def embedded_reber(n: int, max_len: int = 12, seed: int = 0, return_strings: bool = False, padding: str = "end"):
     """A balanced binary task on the Embedded Reber Grammar: is the string grammatical?
 
     Half of the strings are random embedded Reber strings of at most ``max_len`` symbols; the other half are such
@@ -208,11 +208,14 @@ def embedded_reber(n: int, max_len: int = 12, seed: int = 0, return_strings: boo
     n : int
         Number of strings.
     max_len : int
-        Length of the encoding; shorter strings are padded with all-zero rows at the end (at least 9).
+        Length of the encoding (at least 9); shorter strings are padded with all-zero rows.
     seed : int
         Seed of the generator (the global RNGs are not touched).
     return_strings : bool
         Also return the strings.
+    padding : {"end", "start"}
+        Where the padding rows go: after the string (a model reading the last step must carry its state through
+        them) or before it (the last step is the string's last symbol).
 
     Returns
     -------
@@ -227,7 +230,12 @@ def embedded_reber(n: int, max_len: int = 12, seed: int = 0, return_strings: boo
     (torch.Size([6, 12, 7]), 3)
     >>> all(is_embedded_reber(s) == bool(label) for s, label in zip(strings, y))
     True
+    >>> front, _ = embedded_reber(6, seed=0, padding="start")
+    >>> bool((front[:, -1].sum(-1) == 1).all())                   # every string ends at the last step
+    True
     """
+    if padding not in ("end", "start"):
+        raise ValueError(f"`padding` must be 'end' or 'start', got {padding!r}.")
     if n < 1:
         raise ValueError(f"`n` must be >= 1, got {n}.")
     if max_len < 9:
@@ -250,7 +258,8 @@ def embedded_reber(n: int, max_len: int = 12, seed: int = 0, return_strings: boo
     strings, labels = [strings[i] for i in order], [labels[i] for i in order]
     x = torch.zeros(n, max_len, len(REBER_SYMBOLS))
     for i, string in enumerate(strings):
+        offset = max_len - len(string) if padding == "start" else 0
         for t, symbol in enumerate(string):
-            x[i, t, REBER_SYMBOLS.index(symbol)] = 1.0
+            x[i, offset + t, REBER_SYMBOLS.index(symbol)] = 1.0
     y = torch.tensor(labels, dtype=torch.long)
     return (x, y, strings) if return_strings else (x, y)

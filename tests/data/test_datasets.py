@@ -35,3 +35,14 @@ def test_embedded_reber_is_balanced_exact_and_encoded():
     assert torch.equal(again[0], x) and torch.equal(again[1], y)
     with pytest.raises(ValueError, match="max_len"):
         datasets.embedded_reber(4, max_len=8)
+
+
+def test_embedded_reber_padding_at_the_start_shifts_each_string_to_end_at_the_last_step():
+    end, y_end, strings = datasets.embedded_reber(40, max_len=14, seed=3, return_strings=True)
+    start, y_start = datasets.embedded_reber(40, max_len=14, seed=3, padding="start")
+    assert torch.equal(y_end, y_start)
+    for i, string in enumerate(strings):
+        assert torch.equal(start[i, 14 - len(string):], end[i, : len(string)])
+        assert start[i, : 14 - len(string)].abs().sum() == 0
+    with pytest.raises(ValueError, match="'end' or 'start'"):
+        datasets.embedded_reber(4, padding="front")
