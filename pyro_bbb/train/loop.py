@@ -324,7 +324,7 @@ def fit(
     estimator_context, per_layer = _check_guide(model, guide, estimator)
     batches, rank = _training_batches(model, data, batch_size, distributed, seed)
     validation_data = _validation_batch(model, validation_data)
-    _check_natural_gradient(optimizer, guide, kl_weight, batches.num_data)
+    _check_natural_gradient(optimizer, guide, kl_weight, batches.num_data, clip_norm)
     _check_early_stopping(early_stopping, validation_data is not None)
     if seed is not None:
         pyro.set_rng_seed(seed)
@@ -355,8 +355,9 @@ def _check_settings(epochs, batch_size, num_particles, num_validation_samples, l
         )
 
 
-def _check_natural_gradient(optimizer, guide, kl_weight, num_data: int) -> None:
-    """IVON reads the likelihood's gradients by removing the KL's: the KL must count once, for this guide and data."""
+def _check_natural_gradient(optimizer, guide, kl_weight, num_data: int, clip_norm: float | None) -> None:
+    """IVON reads the likelihood's gradients by removing the KL's: the KL must count once, for this guide and data,
+    and the gradients must reach it at their own size."""
     if not isinstance(optimizer, IVON):
         return
     if optimizer.guide is not guide:
@@ -370,6 +371,12 @@ def _check_natural_gradient(optimizer, guide, kl_weight, num_data: int) -> None:
         raise ValueError(
             f"kl_weight={kl_weight!r}: IVON sets each width from the likelihood's curvature and the prior's precision "
             "and needs the full KL (kl_weight=1); it needs no KL warm-up."
+        )
+    if clip_norm is not None:
+        raise ValueError(
+            f"clip_norm={clip_norm!r}: IVON reads the loss's curvature off the size of the gradients (the KL's part "
+            "removed), so clipping them would corrupt the posterior widths. IVON limits its own steps "
+            "(IVON(clip_radius=...)); drop clip_norm."
         )
 
 

@@ -204,6 +204,10 @@ def test_other_parameters_get_adam_and_a_non_normal_prior_is_a_clear_error():
             kl_weight=0.5,
             progress=False,
         )
+    with pytest.raises(ValueError, match="clip_norm=5.0: IVON reads the loss's curvature"):
+        pyro_bbb.fit(laplace, guide, (x.float(), y.float()), epochs=1, optimizer=IVON(guide, num_data=40),
+                     clip_norm=5.0, progress=False)
+    assert all(torch.equal(before[name], value) for name, value in pyro.get_param_store().items())
     with pytest.raises(TypeError, match="mean-field guide"):
         IVON(lambda x, y: None, num_data=10)
     with pytest.raises(ValueError, match="beta2"):
