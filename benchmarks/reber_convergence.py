@@ -110,7 +110,8 @@ def train(config: dict, kind: str, mode: str, seed: int, args) -> dict:
     if args.lr_final is not None:
         settings["lr_final"] = args.lr_final
     history = pyro_bbb.fit(model, guide, (x, y), epochs=config["epochs"], batch_size=config["batch_size"],
-                           lr=args.lr, clip_norm=clip_norm, estimator=args.estimator if kind == "bayesian" else "reparam",
+                           lr=args.lr, clip_norm=clip_norm,
+                           estimator=args.estimator if kind == "bayesian" else "reparam",
                            validation_data=(x_test, y_test), progress=False, seed=seed, **settings)
     return {"kind": kind, "mode": mode, "seed": seed, "final": history.last["val_accuracy"],
             "best": max(history["val_accuracy"]), "curve": history["val_accuracy"],
