@@ -100,7 +100,7 @@ def train(config: dict, kind: str, mode: str, seed: int, args) -> dict:
         settings["optimizer"] = pyro.optim.ClippedAdam({"lr": args.lr, "lrd": args.lr_decay, "clip_norm": 1e9})
     if kind == "bayesian":
         if args.optimizer == "ivon":
-            settings["optimizer"] = pyro_bbb.optim.IVON(guide, num_data=config["num_train"])
+            settings["optimizer"] = pyro_bbb.optim.IVON(guide, num_data=config["num_train"], **args.ivon)
         if args.kl_warmup:
             settings["kl_weight"] = schedules.LinearWarmup(args.kl_warmup)
         elif args.kl_weight is not None:
@@ -139,9 +139,12 @@ def main() -> None:
     parser.add_argument("--optimizer", choices=["adam", "ivon"], default="adam",
                         help="the Bayesian model's optimizer (ivon: pyro_bbb.optim.IVON at its defaults)")
     parser.add_argument("--padding", choices=["end", "start"], default="end", help="where short strings are padded")
+    parser.add_argument("--ivon-lr", type=float, default=None, help="IVON's lr (its default otherwise)")
+    parser.add_argument("--ivon-hess-init", type=float, default=None, help="IVON's hess_init (its default otherwise)")
     parser.add_argument("--json", action="store_true", help="also print every run as a JSON line")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
+    args.ivon = {k: v for k, v in (("lr", args.ivon_lr), ("hess_init", args.ivon_hess_init)) if v is not None}
     config = dict(CONFIGS["quick" if args.quick else args.config])
     if args.epochs is not None and not args.quick:
         config["epochs"] = args.epochs
