@@ -121,57 +121,62 @@ def test_exact_gradients_reach_the_closed_form_optimal_mean_field_gaussian():
     assert results["adam"][1] > 0.5, results
 
 
-def test_state_is_kept_by_site_name_and_resumes_the_same_run():
+def _ivon_run(steps, between=lambda step, optimizer: None):
+    """IVON in SVI on a float64 Bayesian linear regression for ``steps`` steps from seed 0; before each step
+    ``between(step, optimizer)`` may change the param store and return a new optimizer to continue with. Returns
+    every parameter, flattened."""
     x, y = _regression(40)
+    pyro.clear_param_store()
+    pyro.set_rng_seed(0)
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1, dtype=torch.float64), likelihoods.Gaussian(scale=0.5))
+    guide = MeanFieldGuide(bnn)
+    optimizer, svi = IVON(guide, num_data=40), None
+    for step in range(steps):
+        replacement = between(step, optimizer)
+        if svi is None or replacement is not None:
+            optimizer = replacement or optimizer
+            svi = SVI(bnn, guide, optimizer, ELBO(num_data=40))
+        svi.step(x, y)
+    return torch.cat([t.detach().reshape(-1) for t in pyro.get_param_store().values()])
 
-    def run(steps, restore_after=None):
-        pyro.clear_param_store()
-        pyro.set_rng_seed(0)
-        bnn = pyro_bbb.BNN(BayesianLinear(3, 1, dtype=torch.float64), likelihoods.Gaussian(scale=0.5))
-        guide = MeanFieldGuide(bnn)
-        optimizer = IVON(guide, num_data=40)
-        svi = SVI(bnn, guide, optimizer, ELBO(num_data=40))
-        for step in range(steps):
-            if step == restore_after:
-                params, state = pyro.get_param_store().get_state(), optimizer.get_state()
-                optimizer = IVON(guide, num_data=40)  # a fresh optimizer, restored by name
-                optimizer.set_state(state)
-                pyro.get_param_store().set_state(params)
-                svi = SVI(bnn, guide, optimizer, ELBO(num_data=40))
-            svi.step(x, y)
-        return torch.cat([t.detach().reshape(-1) for t in pyro.get_param_store().values()])
 
-    torch.testing.assert_close(run(12, restore_after=6), run(12), rtol=0, atol=1e-12)
+def _restored(optimizer):
+    """A fresh IVON for the same guide, restored by name from ``optimizer``'s state."""
+    fresh = IVON(optimizer.guide, num_data=optimizer.num_data)
+    fresh.set_state(optimizer.get_state())
+    return fresh
+
+
+def test_state_is_kept_by_site_name_and_resumes_the_same_run():
+    def restore(step, optimizer):
+        if step == 6:  # the param store and a fresh optimizer, both restored from saved states
+            params = pyro.get_param_store().get_state()
+            fresh = _restored(optimizer)
+            pyro.get_param_store().set_state(params)
+            return fresh
+        return None
+
+    torch.testing.assert_close(_ivon_run(12, restore), _ivon_run(12), rtol=0, atol=1e-12)
 
 
 def test_a_width_written_between_steps_is_read_not_the_one_the_optimizer_set():
     """IVON reuses the widths it set last step (and their slope) instead of recomputing them from the guide's raw
     scales; a scale written in between (a load, a user's edit) must be read afresh. The run whose scales are
     overwritten after step 4 continues exactly like a fresh optimizer restored to that state and those scales."""
-    x, y = _regression(40)
 
-    def run(fresh_optimizer):
-        pyro.clear_param_store()
-        pyro.set_rng_seed(0)
-        bnn = pyro_bbb.BNN(BayesianLinear(3, 1, dtype=torch.float64), likelihoods.Gaussian(scale=0.5))
-        guide = MeanFieldGuide(bnn)
-        optimizer = IVON(guide, num_data=40)
-        svi = SVI(bnn, guide, optimizer, ELBO(num_data=40))
-        for step in range(8):
-            if step == 4:
-                with torch.no_grad():
-                    for name, value in pyro.get_param_store().named_parameters():
-                        if "scales" in name:
-                            value.mul_(0.5).sub_(0.3)  # other widths than the optimizer set
-                if fresh_optimizer:
-                    state = optimizer.get_state()
-                    optimizer = IVON(guide, num_data=40)
-                    optimizer.set_state(state)
-                    svi = SVI(bnn, guide, optimizer, ELBO(num_data=40))
-            svi.step(x, y)
-        return torch.cat([t.detach().reshape(-1) for t in pyro.get_param_store().values()])
+    def overwrite(fresh_optimizer):
+        def between(step, optimizer):
+            if step != 4:
+                return None
+            with torch.no_grad():
+                for name, value in pyro.get_param_store().named_parameters():
+                    if "scales" in name:
+                        value.mul_(0.5).sub_(0.3)  # other widths than the optimizer set
+            return _restored(optimizer) if fresh_optimizer else None
 
-    torch.testing.assert_close(run(False), run(True), rtol=0, atol=1e-12)
+        return between
+
+    torch.testing.assert_close(_ivon_run(8, overwrite(False)), _ivon_run(8, overwrite(True)), rtol=0, atol=1e-12)
 
 
 def test_other_parameters_get_adam_and_a_non_normal_prior_is_a_clear_error():
