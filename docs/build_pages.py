@@ -135,6 +135,11 @@ def _figures_written(code: str, figures: Path) -> list[str]:
     return sorted(p.name for p in figures.glob("*.png") if any(fnmatch.fnmatch(p.name, pat) for pat in patterns))
 
 
+def _figure(name: str, caption: str) -> str:
+    """A MyST figure of ``docs/figures/<name>`` on a page under ``docs/generated/tutorials/``, full width."""
+    return f"```{{figure}} ../../figures/{name}\n:width: 100%\n:alt: {name}\n\n{caption}\n```"
+
+
 def _tutorial_page(script: Path, figures: Path) -> str:
     source = script.read_text()
     cells = tutorial_cells(source)
@@ -159,7 +164,7 @@ def _tutorial_page(script: Path, figures: Path) -> str:
             caption = cell["note"] or f"`{name}`"
             if cell["note"] and len(written) > 1:
                 caption += f" (`{name}`)"
-            parts.append(f"```{{figure}} ../../figures/{name}\n:width: 100%\n:alt: {name}\n\n{caption}\n```")
+            parts.append(_figure(name, caption))
     unplaced = "".join(text for line, text in outputs if line is None)
     if unplaced.strip():
         parts.append("Printed by code that has changed since `make figures` last ran:")
@@ -167,7 +172,7 @@ def _tutorial_page(script: Path, figures: Path) -> str:
     rest = [name for name in _figures_written(source, figures) if name not in shown]
     if rest:
         parts.append("## Figures")
-        parts += [f"```{{figure}} ../../figures/{name}\n:width: 100%\n:alt: {name}\n\n`{name}`\n```" for name in rest]
+        parts += [_figure(name, f"`{name}`") for name in rest]
     if not outputs:
         parts.append("*Run `make figures` to show this tutorial's printed output here.*")
     parts.append(f"*The script: `tutorials/{script.name}` (`python tutorials/{script.name} --help`).*")

@@ -152,31 +152,23 @@ class MeanFieldGuide(AutoNormalHooks):
         """Set the layers' initial posterior widths and refuse parameters an earlier, different model left."""
         self._set_initial_scales()
         # Pyro's param store is global: a new guide adopts any parameter an earlier guide left there under the same
-        # name. With another shape that can only be an earlier, different model.
+        # name. With another shape that can only be an earlier, different model; with the same shape and other values,
+        # a posterior that guide trained.
+        adopted = []
         for name, site in self.prototype_trace.iter_stochastic_nodes():
-            expected = list(biject_to(site["fn"].support).inv(site["value"].detach()).shape)
+            initial = biject_to(site["fn"].support).inv(site["value"].detach())
+            expected = list(initial.shape)
             for frame in site["cond_indep_stack"]:  # a subsampled plate's parameters have its full size
                 if frame.vectorized and (frame.full_size or frame.size) != frame.size:
                     expected[frame.dim - self.event_dim(name)] = frame.full_size
             expected = tuple(expected)
-            adopted = tuple(attrgetter(name)(self.locs).shape)  # outside any plate: the full-size parameter
-            if adopted != expected:
+            loc = attrgetter(name)(self.locs).detach()  # outside any plate: the full-size parameter
+            if loc.shape != expected:
                 raise ValueError(
-                    f"Pyro's param store already holds a posterior for site {name!r} with shape {tuple(adopted)}, but "
-                    f"this model's site has shape {tuple(expected)}: it was left by an earlier model. Call "
+                    f"Pyro's param store already holds a posterior for site {name!r} with shape {tuple(loc.shape)}, "
+                    f"but this model's site has shape {expected}: it was left by an earlier model. Call "
                     "pyro.clear_param_store() before building a new model and guide."
                 )
-        adopted = self._warn_if_adopted()
-        # what set-up left: any later step, load or restore replaces or changes these (see `is_untrained`)
-        self.__dict__["_set_up_state"] = None if adopted else [(p, _fingerprint(p)) for p in self.parameters()]
-
-    def _warn_if_adopted(self) -> bool:
-        """Warn when a site's posterior mean is not the one this guide's initialisation gave it: the param store held
-        a trained posterior of another guide under that name, and this guide took it over."""
-        adopted = []
-        for name, site in self.prototype_trace.iter_stochastic_nodes():
-            initial = biject_to(site["fn"].support).inv(site["value"].detach())
-            loc = attrgetter(name)(self.locs).detach()
             if loc.shape == initial.shape and not torch.equal(loc, initial):
                 adopted.append(name)
         if adopted:
@@ -186,9 +178,10 @@ class MeanFieldGuide(AutoNormalHooks):
                 "starts from it, not from its own initialisation. Call pyro.clear_param_store() before building a "
                 "new model and guide to start afresh (or ignore this if continuing that training is what you want).",
                 AdoptedPosteriorWarning,
-                stacklevel=4,
+                stacklevel=3,
             )
-        return bool(adopted)
+        # what set-up left: any later step, load or restore replaces or changes these (see `is_untrained`)
+        self.__dict__["_set_up_state"] = None if adopted else [(p, _fingerprint(p)) for p in self.parameters()]
 
     @property
     def is_untrained(self) -> bool:

@@ -75,8 +75,8 @@ def site_owners(model) -> dict[str, str]:
                 layer = pyro_name(module) or "(root)"
                 owners.update({site: layer for site in module.initial_values(full_names=True)})
             elif isinstance(module, _TORCH_LAYERS) and sampled_attributes(module):
-                layer = pyro_name(module) or "(root)"
-                owners.update({site_name(pyro_name(module), a): layer for a in sampled_attributes(module)})
+                prefix = pyro_name(module)
+                owners.update({site_name(prefix, a): prefix or "(root)" for a in sampled_attributes(module)})
     return owners
 
 
