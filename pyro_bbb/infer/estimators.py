@@ -54,14 +54,15 @@ class PosteriorReader(Messenger):
         self._posteriors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._used: set[str] = set()  # the weight sites a layer operation read this model run
         self._drawn: dict[int, tuple[Callable, str]] = {}  # id of a guide's draw -> (weak ref to it, its site)
-        self._met: set[int] = set()  # the draws a torch function already brought to this estimator
+        self._met: set[int] = set()  # the draws a torch function brought to this estimator since the model sampled them
         self._interceptor: _DrawnWeightLinear | None = None  # on once a model samples a weight outside our layers
 
     def _pyro_sample(self, msg: dict[str, Any]) -> None:
         # a model's own sample site for a weight the guide drew, not a pyro_bbb layer's: a PyroSample weight that
         # reaches torch's F.linear directly, where this estimator then meets it
-        if self._interceptor is None and self.site_of(msg["value"]) is not None:  # (replayed from the guide)
-            if not is_layer_prior(msg["fn"]):
+        if self.site_of(msg["value"]) is not None:  # (replayed from the guide)
+            self._met.discard(id(msg["value"]))  # a new model run: this draw's one use is still to come
+            if self._interceptor is None and not is_layer_prior(msg["fn"]):
                 self._interceptor = _DrawnWeightLinear(self)
                 self._interceptor.__enter__()
 
@@ -132,6 +133,7 @@ class PosteriorReader(Messenger):
                 self._drawn = {k: v for k, v in self._drawn.items() if v[0]() is not None}
                 self._met &= self._drawn.keys()
             self._drawn[id(msg["value"])] = (weakref.ref(msg["value"]), msg["name"])
+            self._met.discard(id(msg["value"]))  # a new draw, though Python may reuse a freed one's id
 
     def remember_posterior(self, site: str, loc: torch.Tensor, scale: torch.Tensor) -> None:
         """Use ``Normal(loc, scale)`` as site ``site``'s posterior (what a guide's draw at that site tells it)."""

@@ -666,3 +666,23 @@ def test_a_pyrosample_weight_used_twice_in_one_run_is_an_error():
     with pytest.raises(ValueError, match="'linear.weight' enters torch's linear or convolution functions twice"):
         pyro_bbb.fit(model, guide, (x, y), epochs=1, estimator="flipout", progress=False)
     pyro_bbb.fit(model, guide, (x, y), epochs=1, progress=False)  # plain reparameterization shares the draw: fine
+
+
+@pytest.mark.parametrize("handler", ["flipout", "local_reparam"])
+def test_a_kept_handler_takes_each_model_run_anew(handler):
+    """A handler kept across many model runs (outside pyro_bbb.ELBO, which marks runs itself): each run's use of a
+    weight draw is its one use, whether the run replays a fresh guide draw (whose id Python may reuse from a freed
+    earlier one) or the same guide trace again."""
+    from pyro_bbb.infer.estimators import ESTIMATORS
+
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 3), torch.randn(4, 2)
+    model = PyroStyleRegression()
+    guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.3)
+    guide(x, y)
+    with ESTIMATORS[handler]():
+        kept = poutine.trace(guide).get_trace(x, y)
+        for _ in range(2):  # the same draw, two runs
+            poutine.replay(model, trace=kept)(x)
+        for _ in range(50):  # fresh draws, freed after each run
+            poutine.replay(model, trace=poutine.trace(guide).get_trace(x, y))(x)
