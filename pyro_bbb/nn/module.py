@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -82,6 +83,32 @@ def site_owners(model) -> dict[str, str]:
 
 #: torch's layers whose weights a Pyro-style model makes ``PyroSample`` sites.
 _TORCH_LAYERS = (torch.nn.Linear, ConvNd, torch.nn.RNNBase, torch.nn.RNNCellBase)
+
+
+@contextmanager
+def training_mode(model, training: bool) -> Iterator[None]:
+    """Run with every torch module of ``model`` in training (``True``) or evaluation mode (dropout off, batch norm on
+    its running statistics), as ``model.train(training)`` would set them; each module's own mode comes back after.
+    A ``model`` that is not a ``torch.nn.Module`` (e.g. a function, or a Pyro handler around a model) is left as it is.
+
+    Examples
+    --------
+    >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
+    >>> with training_mode(net, False):
+    ...     net[1].training
+    False
+    >>> net[1].training
+    True
+    """
+    modules = list(model.modules()) if isinstance(model, torch.nn.Module) else []
+    modes = [module.training for module in modules]
+    if modules:
+        model.train(training)
+    try:
+        yield
+    finally:
+        for module, mode in zip(modules, modes):
+            module.training = mode
 
 
 def current_priors(model) -> dict[str, torch.distributions.Distribution]:

@@ -40,6 +40,7 @@ from ..data.inputs import (
     select_rows,
     split_rows,
 )
+from ..nn.module import training_mode
 from ..plates import data_plate_frame, data_plate_named, data_plate_of
 from .messengers import ObservationPlaceholderMessenger, SubsampleCoverMessenger
 from .results import Prediction, prediction_for
@@ -262,7 +263,8 @@ def predict(
     model runs for many draws at once inside a sample plate (all S on an accelerator; on a CPU, blocks of draws
     whose activations fit the cache); when it cannot (e.g. a deterministic layer that rejects extra leading
     dimensions) it falls back, with a warning, to one call per draw. Both give the same numbers. The predictive
-    samples are drawn last, from the stacked likelihoods.
+    samples are drawn last, from the stacked likelihoods. The model runs in evaluation mode (dropout off, batch norm
+    on its running statistics: the weight draws carry the uncertainty), and gets its own mode back after.
 
     Parameters
     ----------
@@ -336,7 +338,8 @@ def predict_with_draws(
     # the joint predictive shares each weight draw across inputs, whatever training estimator is active around us
     if data_plate is None:
         data_plate = data_plate_of(model)
-    with without_trace_shapes(), poutine.block(hide_types=["bayesian_affine"]), data_plate_named(data_plate):
+    with (without_trace_shapes(), poutine.block(hide_types=["bayesian_affine"]), data_plate_named(data_plate),
+          training_mode(model, False)):
         return _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate)
 
 

@@ -37,6 +37,7 @@ from ..infer.elbo import ELBO
 from ..infer.estimators import estimator as estimator_named
 from ..infer.guide import MeanFieldGuide, has_site_posteriors
 from ..likelihoods import TargetError
+from ..nn.module import training_mode
 from ..optim import IVON
 from ..optim import Adam as JointAdam
 from ..plates import data_plate_of
@@ -252,7 +253,8 @@ def fit(
     (including a last, partial one) by ``N / B``: nothing is divided by hand. The data is checked first (equal
     lengths, no NaN, labels the likelihood accepts): a bad input raises ``ValueError`` before any parameter
     changes. A NaN or infinite loss stops training with :class:`TrainingDivergedError` and restores the
-    parameters to the last state whose loss was finite.
+    parameters to the last state whose loss was finite. The model trains in training mode (dropout on) whatever
+    mode it was left in, and gets its own mode back after.
 
     Parameters
     ----------
@@ -336,8 +338,9 @@ def fit(
     if distributed:
         stepper.set_up_everywhere(batches)
     record = _EpochRecorder(model, guide, elbo, batches.num_data, per_layer, validation_data, num_validation_samples)
-    return _train(stepper, batches, record, epochs, list(callbacks), progress and rank == 0, distributed, lr_at,
-                  early_stopping)
+    with training_mode(model, True):
+        return _train(stepper, batches, record, epochs, list(callbacks), progress and rank == 0, distributed, lr_at,
+                      early_stopping)
 
 
 # -- fit's chapters ---------------------------------------------------------------------------------------------

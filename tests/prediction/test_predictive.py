@@ -171,20 +171,25 @@ def test_hand_written_model_reading_draws_as_batch_falls_back_to_the_right_answe
     torch.testing.assert_close(vectorized.distribution.loc, loop.distribution.loc)
 
 
-def test_bnn_with_train_mode_batchnorm_falls_back_and_in_eval_mode_is_vectorized():
-    """BatchNorm in train mode pools its statistics over all S * B folded rows (draws mixed): draw 0 then differs
-    from draw 0 alone, which the check catches; in eval mode every row stands alone and nothing is mixed."""
+def test_batchnorm_left_in_train_mode_predicts_on_its_running_statistics():
+    """BatchNorm in train mode would pool its statistics over all S * B folded rows (draws mixed); predict runs the
+    model in evaluation mode, so every row stands alone: vectorized without a warning, the same predictive as after
+    bnn.eval(), and the batch norm is back in train mode after."""
     net = torch.nn.Sequential(BayesianLinear(3, 4), torch.nn.BatchNorm1d(4), BayesianLinear(4, 1))
-    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.1))  # BatchNorm in train mode: statistics over all rows
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.1))
     x = torch.randn(20, 3)
     guide = fitted_guide(bnn, x, torch.randn(20), init_scale=0.3)
-    with pytest.warns(UserWarning, match="other values"):
-        pyro_bbb.predict(bnn, guide, x, num_samples=8)
-    bnn.eval()  # running statistics: every row on its own, vectorized without a warning
+    net[1].running_mean.normal_()  # statistics that differ from the batch's
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warnings.filterwarnings("ignore", category=UntrainedGuideWarning)  # the guides are random, on purpose
-        pyro_bbb.predict(bnn, guide, x, num_samples=8)
+        pyro.set_rng_seed(0)
+        left_in_train = pyro_bbb.predict(bnn, guide, x, num_samples=8)
+    assert net[1].training
+    bnn.eval()
+    pyro.set_rng_seed(0)
+    evaluated = pyro_bbb.predict(bnn, guide, x, num_samples=8)
+    torch.testing.assert_close(left_in_train.distribution.loc, evaluated.distribution.loc)
 
 
 def test_works_with_a_plain_pyro_model():
@@ -334,3 +339,40 @@ def test_a_set_up_but_never_trained_guide_is_named_by_predict_check_posterior_an
     empty = pyro_bbb.MeanFieldGuide(plain)
     empty(x, y)
     assert not empty.is_untrained
+
+
+def test_predict_runs_the_model_in_evaluation_mode_and_fit_in_training_mode():
+    """Dropout is off while predicting (the weight draws carry the uncertainty; the vectorized pass is then exact, no
+    per-draw fallback), on while fitting, whatever mode the user left the model in; each module's mode comes back."""
+    torch.manual_seed(0)
+    seen = []
+
+    class Recorder(torch.nn.Module):
+        def forward(self, x):
+            seen.append(self.training)
+            return x
+
+    net = torch.nn.Sequential(BayesianLinear(2, 16), torch.nn.ReLU(), torch.nn.Dropout(0.5), Recorder(),
+                              BayesianLinear(16, 1))
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.1))
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    x, y = torch.randn(32, 2), torch.randn(32)
+    bnn.eval()
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=2, progress=False)
+    assert seen and all(seen)  # trained with dropout on
+    assert not any(m.training for m in bnn.modules())  # and left as the user had it
+    bnn.train()
+    seen.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback from the vectorized pass
+        first = pyro_bbb.predict(bnn, guide, x, num_samples=20, vectorize=True)
+    assert seen and not any(seen)
+    assert all(m.training for m in bnn.modules())
+    # the predictive is the dropout-free network's: the same draws through the model in eval mode by hand
+    pyro.set_rng_seed(3)
+    again = pyro_bbb.predict(bnn, guide, x, num_samples=20)
+    pyro.set_rng_seed(3)
+    bnn.eval()
+    by_hand = pyro_bbb.predict(bnn, guide, x, num_samples=20)
+    torch.testing.assert_close(again.mean, by_hand.mean)
+    assert first.mean.shape == (32,)
