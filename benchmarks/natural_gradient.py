@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import pyro_bbb
-from pyro_bbb import likelihoods, metrics, plots
+from pyro_bbb import likelihoods, metrics, plots, priors
 from pyro_bbb.data import digits
 from pyro_bbb.nn import BayesianLinear
 from pyro_bbb.optim import IVON
@@ -222,11 +222,13 @@ def uci_split(name: str, split: int):
     return (x[train] - mx) / sx, (y[train] - my) / sy, (x[test] - mx) / sx, y[test], my, sy
 
 
-def uci_run(name, split, optimizer_name, epochs, init_scale=None):
+def uci_run(name, split, optimizer_name, epochs, init_scale=None, prior=None):
     x, y, x_test, y_test, my, sy = uci_split(name, split)
     pyro.clear_param_store()
     torch.manual_seed(split)
-    net = nn.Sequential(BayesianLinear(x.shape[1], 50), nn.ReLU(), BayesianLinear(50, 1))
+    layer_prior = lambda: priors.EmpiricalBayesNormal() if prior == "eb" else None  # noqa: E731
+    net = nn.Sequential(BayesianLinear(x.shape[1], 50, prior=layer_prior()), nn.ReLU(),
+                        BayesianLinear(50, 1, prior=layer_prior()))
     bnn = pyro_bbb.BNN(net, likelihoods.Gaussian())
     guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=init_scale)
     options = {"optimizer": IVON(guide, num_data=len(y), lr=0.1)} if optimizer_name == "IVON" else {}
@@ -245,15 +247,18 @@ def uci(quick: bool) -> None:
         f"\nUCI, 1x50 ReLU, learned noise, batch 32, fit defaults otherwise: test log-likelihood per datum, mean over "
         f"splits {splits}"
     )
-    for name in ("bostonHousing", "concrete"):
-        for epochs_here in [epochs] if quick else [40, 300]:
-            runs = {o: [uci_run(name, s, o, epochs_here) for s in splits] for o in ("Adam-BbB", "IVON")}
-            row = {o: [statistics.mean(r[i] for r in rs) for i in (0, 1)] for o, rs in runs.items()}
-            print(
-                f"  {name:14s} {epochs_here:4d} epochs  test log-lik: Adam-BbB {row['Adam-BbB'][0]:7.3f}, IVON "
-                f"{row['IVON'][0]:7.3f};  final -ELBO/datum (standardised y): Adam-BbB {row['Adam-BbB'][1]:7.3f}, "
-                f"IVON {row['IVON'][1]:7.3f}"
-            )
+    for prior in ("normal", "eb"):
+        print(f"  weight prior: {'N(0, 1)' if prior == 'normal' else 'EmpiricalBayesNormal (closed-form scale)'}")
+        for name in ("bostonHousing", "concrete"):
+            for epochs_here in [epochs] if quick else [40, 300]:
+                runs = {o: [uci_run(name, s, o, epochs_here, prior=prior) for s in splits]
+                        for o in ("Adam-BbB", "IVON")}
+                row = {o: [statistics.mean(r[i] for r in rs) for i in (0, 1)] for o, rs in runs.items()}
+                print(
+                    f"  {name:14s} {epochs_here:4d} epochs  test log-lik: Adam-BbB {row['Adam-BbB'][0]:7.3f}, IVON "
+                    f"{row['IVON'][0]:7.3f};  final -ELBO/datum (standardised y): Adam-BbB {row['Adam-BbB'][1]:7.3f}, "
+                    f"IVON {row['IVON'][1]:7.3f}"
+                )
 
 
 # -- init sensitivity ------------------------------------------------------------------------------------------------
