@@ -310,6 +310,43 @@ class IVON(PyroOptim):
             pairs[site]["scale"].copy_(self._transform.inv(1.0 / (n * (hess + part)).sqrt()).view(loc.shape))
             self.site_state[site] = {"momentum": torch.zeros_like(hess), "hess": hess}
 
+    # -- where it can train ------------------------------------------------------------------------------------------
+    def check_training(self, guide: Any, num_data: int, kl_weight: Any = 1.0, clip_norm: float | None = None,
+                       *, clipping_option: str = "clip_norm") -> None:
+        """A clear error, before any step, when a training loop would feed this optimizer gradients it cannot read:
+        another guide or training-set size, a KL weight other than 1 (it removes the closed-form KL's gradient to
+        find the likelihood's), or clipped gradients (their size is its curvature). ``clipping_option`` names the
+        loop's own clipping setting in the message.
+
+        Examples
+        --------
+        >>> guide = MeanFieldGuide(BayesianLinear(2, 1))
+        >>> IVON(guide, num_data=10).check_training(guide, 10, kl_weight=0.5)
+        Traceback (most recent call last):
+        ...
+        ValueError: kl_weight=0.5: IVON sets each width from the likelihood's curvature and the prior's precision ...
+        """
+        if guide is not self.guide:
+            raise ValueError(
+                "the IVON optimizer was built for another guide; build it with this one: IVON(guide, ...)."
+            )
+        if self.num_data != num_data:
+            raise ValueError(
+                f"IVON(num_data={self.num_data}) disagrees with the {num_data} data it would train on; pass "
+                f"num_data={num_data}."
+            )
+        if callable(kl_weight) or kl_weight != 1.0:
+            raise ValueError(
+                f"kl_weight={kl_weight!r}: IVON sets each width from the likelihood's curvature and the prior's "
+                "precision and needs the full KL (kl_weight=1); it needs no KL warm-up."
+            )
+        if clip_norm is not None:
+            raise ValueError(
+                f"{clipping_option}={clip_norm!r}: IVON reads the loss's curvature off the size of the gradients (the "
+                "KL's part removed), so clipping them would corrupt the posterior widths. IVON limits its own steps "
+                f"(IVON(clip_radius=...)); drop {clipping_option}."
+            )
+
     # -- the PyroOptim interface ---------------------------------------------------------------------------------
     def set_learning_rate(self, lr: float) -> None:
         """Use step size ``lr`` for the means from the next step on, and scale the curvature's step ``1 - beta2`` by

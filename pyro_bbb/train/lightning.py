@@ -5,7 +5,9 @@ Each step computes :class:`pyro_bbb.ELBO` on the batch (likelihood scaled by ``n
 returns it to Lightning, which owns the optimizer, devices and strategy. Under ``Trainer(strategy="ddp")``
 Lightning's ``DistributedSampler`` gives every rank an equal share and DDP averages the ranks' gradients, which is
 exactly the gradient of ``N / G * NLL(global batch) + KL`` (the per-rank losses are ``N / b * NLL_r + KL`` and
-``b = G / ranks``). Logs ``nll``, ``kl`` and ``kl_weight`` every step.
+``b = G / ranks``). Logs ``nll``, ``kl`` and ``kl_weight`` every step. Trains with torch's Adam, or with a pyro_bbb
+optimizer (``optimizer=pyro_bbb.optim.IVON(guide, num_data=N)`` for natural-gradient learning), which Lightning
+steps like its own and checkpoints by parameter name.
 
 Examples
 --------
@@ -29,12 +31,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from pyro.optim import PyroOptim
 
 from .._checks import is_set_up
 from .._internals import set_up_autoguide
 from ..data.inputs import num_rows
 from ..infer.elbo import ELBO
 from ..infer.estimators import estimator as estimator_named
+from ..optim import IVON
 from ..plates import data_plate_of
 from .distributed import raise_if_any_rank_failed
 
@@ -68,10 +72,16 @@ class BayesianLightningModule(pl.LightningModule):
         ``"reparam"``, ``"flipout"`` or ``"local_reparam"`` (see :mod:`pyro_bbb.infer.estimators`).
     num_particles : int
         Weight draws per step.
+    optimizer : pyro.optim.PyroOptim, optional
+        A pyro_bbb optimizer to train with instead of ``torch.optim.Adam(lr=lr)``: :class:`pyro_bbb.optim.IVON` (built
+        for this guide and ``num_data``; it needs ``kl_weight=1`` and no ``Trainer(gradient_clip_val=...)``, checked
+        before the first step) or :class:`pyro_bbb.optim.Adam`.
 
     Examples
     --------
-    See the module example; ``Trainer(accelerator="gpu", devices=4, strategy="ddp")`` scales it out.
+    See the module example; ``Trainer(accelerator="gpu", devices=4, strategy="ddp")`` scales it out, and
+    ``BayesianLightningModule(bnn, guide, num_data=64, optimizer=pyro_bbb.optim.IVON(guide, num_data=64))`` trains
+    by natural gradients.
     """
 
     def __init__(
@@ -84,8 +94,18 @@ class BayesianLightningModule(pl.LightningModule):
         kl_weight: float | Callable[[int], float] = 1.0,
         estimator: str = "reparam",
         num_particles: int = 1,
+        optimizer: PyroOptim | None = None,
     ):
         super().__init__()
+        if optimizer is not None and not isinstance(optimizer, PyroOptim):
+            raise TypeError(
+                f"`optimizer` must be a pyro_bbb optimizer such as pyro_bbb.optim.IVON(guide, num_data) or "
+                f"pyro_bbb.optim.Adam(lr=...), got {type(optimizer).__name__}; for a torch optimizer, subclass and "
+                "override configure_optimizers."
+            )
+        if isinstance(optimizer, IVON):
+            optimizer.check_training(guide, num_data, kl_weight)
+        self.pyro_optimizer = optimizer
         self.model, self.guide = model, guide
         self.elbo = ELBO(num_data=num_data, kl_weight=kl_weight, num_particles=num_particles,
                          data_plate=data_plate_of(model))
@@ -123,5 +143,36 @@ class BayesianLightningModule(pl.LightningModule):
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=self.lr)
+        if self.pyro_optimizer is None:
+            return torch.optim.Adam(self.parameters(), lr=self.lr)
+        if isinstance(self.pyro_optimizer, IVON):
+            self.pyro_optimizer.check_training(self.guide, self.pyro_optimizer.num_data,
+                                               clip_norm=self.trainer.gradient_clip_val,
+                                               clipping_option="Trainer(gradient_clip_val)")
+        return _PyroOptimizerStep(self.parameters(), self.pyro_optimizer)
+
+
+class _PyroOptimizerStep(torch.optim.Optimizer):
+    """Lightning's handle on a Pyro optimizer: ``step(closure)`` runs the closure (loss and gradients), then the Pyro
+    optimizer on the parameters that got a gradient; its state dict is the Pyro optimizer's, keyed by name."""
+
+    def __init__(self, params, pyro_optimizer: PyroOptim):
+        super().__init__(params, {})
+        self.pyro_optimizer = pyro_optimizer
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
+        if params:
+            self.pyro_optimizer(params)
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pyro_optimizer": self.pyro_optimizer.get_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.pyro_optimizer.set_state(state_dict["pyro_optimizer"])
 

@@ -326,7 +326,8 @@ def fit(
     estimator_context, per_layer = _check_guide(model, guide, estimator)
     batches, rank = _training_batches(model, data, batch_size, distributed, seed)
     validation_data = _validation_batch(model, validation_data)
-    _check_natural_gradient(optimizer, guide, kl_weight, batches.num_data, clip_norm)
+    if isinstance(optimizer, IVON):
+        optimizer.check_training(guide, batches.num_data, kl_weight, clip_norm)
     _check_early_stopping(early_stopping, validation_data is not None)
     if seed is not None:
         pyro.set_rng_seed(seed)
@@ -355,31 +356,6 @@ def _check_settings(epochs, batch_size, num_particles, num_validation_samples, l
         raise TypeError(
             f"`optimizer` must be a pyro.optim optimizer such as pyro.optim.Adam({{'lr': 1e-3}}), got "
             f"{type(optimizer).__name__}."
-        )
-
-
-def _check_natural_gradient(optimizer, guide, kl_weight, num_data: int, clip_norm: float | None) -> None:
-    """IVON reads the likelihood's gradients by removing the KL's: the KL must count once, for this guide and data,
-    and the gradients must reach it at their own size."""
-    if not isinstance(optimizer, IVON):
-        return
-    if optimizer.guide is not guide:
-        raise ValueError("the IVON optimizer was built for another guide; build it with this one: IVON(guide, ...).")
-    if optimizer.num_data != num_data:
-        raise ValueError(
-            f"IVON(num_data={optimizer.num_data}) disagrees with the {num_data} data fit trains on; pass "
-            f"num_data={num_data}."
-        )
-    if callable(kl_weight) or kl_weight != 1.0:
-        raise ValueError(
-            f"kl_weight={kl_weight!r}: IVON sets each width from the likelihood's curvature and the prior's precision "
-            "and needs the full KL (kl_weight=1); it needs no KL warm-up."
-        )
-    if clip_norm is not None:
-        raise ValueError(
-            f"clip_norm={clip_norm!r}: IVON reads the loss's curvature off the size of the gradients (the KL's part "
-            "removed), so clipping them would corrupt the posterior widths. IVON limits its own steps "
-            "(IVON(clip_radius=...)); drop clip_norm."
         )
 
 

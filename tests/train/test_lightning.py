@@ -50,3 +50,111 @@ def test_lightning_ddp_nan_on_one_rank_stops_every_rank_with_its_message(tmp_pat
     assert result.returncode != 0
     assert "rank 1 failed" in result.stderr and "nan" in result.stderr.lower(), result.stderr[-3000:]
 
+
+
+def _ivon_setup():
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    x = torch.randn(64, 2)
+    y = x.sum(-1) + 0.1 * torch.randn(64)
+    net = torch.nn.Sequential(BayesianLinear(2, 8), torch.nn.Tanh(), BayesianLinear(8, 1))
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian())  # a learned noise: Adam's part of the step
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    guide(x[:2], y[:2])
+    return x, y, bnn, guide
+
+
+def _trainer(**settings):
+    import lightning.pytorch as pl
+
+    settings = {"max_epochs": 2, **settings}
+    return pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False, **settings)
+
+
+def test_lightning_trains_with_ivon_exactly_as_a_hand_written_loop():
+    """BayesianLightningModule(optimizer=IVON(...)): Lightning's steps are IVON's steps on the same gradients -- every
+    posterior mean and width equals a hand-written loop's (same batches, same random stream) after two epochs, and
+    the optimizer's state is IVON's, by site name."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from pyro_bbb.optim import IVON
+    from pyro_bbb.train.lightning import BayesianLightningModule
+
+    x, y, bnn, guide = _ivon_setup()
+    ivon = IVON(guide, num_data=64)
+    elbo = pyro_bbb.ELBO(num_data=64)
+    pyro.set_rng_seed(1)
+    for _ in range(2):
+        for xb, yb in DataLoader(TensorDataset(x, y), batch_size=16):
+            elbo.differentiable_loss(bnn, guide, xb, yb).backward()
+            ivon([p for p in [*guide.parameters(), *bnn.parameters()] if p.grad is not None])
+    by_hand = {k: v.clone() for k, v in guide.state_dict().items()}
+
+    x, y, bnn, guide = _ivon_setup()
+    module = BayesianLightningModule(bnn, guide, num_data=64, optimizer=IVON(guide, num_data=64))
+    pyro.set_rng_seed(1)
+    _trainer().fit(module, DataLoader(TensorDataset(x, y), batch_size=16))
+    assert by_hand.keys() == guide.state_dict().keys()
+    for name, value in guide.state_dict().items():
+        torch.testing.assert_close(value, by_hand[name], rtol=1e-6, atol=1e-7)
+    state = module.trainer.optimizers[0].state_dict()["pyro_optimizer"]
+    assert state["steps"] == ivon.steps == 7  # eight calls: the first sets the widths, seven steps
+    assert set(state["sites"]) == {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"}
+
+
+def test_lightning_refuses_what_ivon_cannot_read_before_any_step():
+    """Another guide, a KL schedule, gradient clipping by the Trainer, a torch optimizer: clear errors, nothing
+    trained."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from pyro_bbb.optim import IVON
+    from pyro_bbb.train.lightning import BayesianLightningModule
+
+    x, y, bnn, guide = _ivon_setup()
+    before = {k: v.clone() for k, v in guide.state_dict().items()}
+    with pytest.raises(ValueError, match="kl_weight"):
+        BayesianLightningModule(bnn, guide, num_data=64, kl_weight=pyro_bbb.schedules.LinearWarmup(10),
+                                optimizer=IVON(guide, num_data=64))
+    with pytest.raises(ValueError, match="another guide"):
+        BayesianLightningModule(bnn, guide, num_data=64, optimizer=IVON(pyro_bbb.MeanFieldGuide(bnn), num_data=64))
+    with pytest.raises(ValueError, match="num_data=64"):
+        BayesianLightningModule(bnn, guide, num_data=64, optimizer=IVON(guide, num_data=60))
+    with pytest.raises(TypeError, match="pyro_bbb optimizer"):
+        BayesianLightningModule(bnn, guide, num_data=64, optimizer=torch.optim.SGD(guide.parameters(), lr=0.1))
+    module = BayesianLightningModule(bnn, guide, num_data=64, optimizer=IVON(guide, num_data=64))
+    with pytest.raises(ValueError, match=r"Trainer\(gradient_clip_val\)=1.0"):
+        _trainer(gradient_clip_val=1.0).fit(module, DataLoader(TensorDataset(x, y), batch_size=16))
+    for name, value in guide.state_dict().items():
+        torch.testing.assert_close(value, before[name], rtol=0, atol=0)
+
+
+def test_a_lightning_checkpoint_resumes_ivon_by_site_name(tmp_path):
+    """Trainer checkpoints hold IVON's curvature and momentum by site name; resuming gives the new optimizer the same
+    state and the guide the same parameters, and training then runs on from there."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from pyro_bbb.optim import IVON
+    from pyro_bbb.train.lightning import BayesianLightningModule
+
+    x, y, bnn, guide = _ivon_setup()
+    first = IVON(guide, num_data=64)
+    trainer = _trainer()
+    trainer.fit(BayesianLightningModule(bnn, guide, num_data=64, optimizer=first),
+                DataLoader(TensorDataset(x, y), batch_size=16))
+    trainer.save_checkpoint(tmp_path / "run.ckpt")
+    saved, saved_params = first.get_state(), {k: v.clone() for k, v in guide.state_dict().items()}
+
+    x, y, bnn, guide = _ivon_setup()  # a fresh model, guide and optimizer (fresh parameters)
+    second = IVON(guide, num_data=64)
+    module = BayesianLightningModule(bnn, guide, num_data=64, optimizer=second)
+    trainer = _trainer()  # max_epochs=2 reached: restore, no further step
+    trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=16), ckpt_path=tmp_path / "run.ckpt")
+    assert second.steps == saved["steps"] == 7
+    for site, entry in saved["sites"].items():
+        for key, value in entry.items():
+            torch.testing.assert_close(second.site_state[site][key], value, rtol=0, atol=0)
+    for name, value in guide.state_dict().items():
+        torch.testing.assert_close(value, saved_params[name], rtol=0, atol=0)
+    _trainer(max_epochs=3).fit(module, DataLoader(TensorDataset(x, y), batch_size=16), ckpt_path=tmp_path / "run.ckpt")
+    assert second.steps == 11  # one more epoch of four steps on the restored state
