@@ -67,3 +67,24 @@ def test_every_tutorial_has_a_place_in_the_reading_order_and_every_module_a_role
     index = build_pages._api_index(modules)  # raises naming any module without a role
     assert all(f"api/{m}\n" in index for m in modules)
     assert not any(part.startswith("_") for m in modules for part in m.split("."))
+
+
+@pytest.mark.parametrize("page", [*PAGES, "benchmarks/README.md"])
+def test_every_pyro_bbb_name_a_page_mentions_exists(page):
+    """A reader who copies ``pyro_bbb.x.y`` from a page can import it."""
+    import importlib
+
+    missing = []
+    for name in sorted(set(re.findall(r"\bpyro_bbb(?:\.[A-Za-z_]\w*)+", (ROOT / page).read_text()))):
+        parts = name.split(".")
+        for i in range(len(parts), 0, -1):  # the longest importable prefix, then attributes
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+                break
+            except ImportError:
+                continue
+        for attr in parts[i:]:
+            obj = getattr(obj, attr, missing)
+        if obj is missing:
+            missing.append(name)
+    assert not missing, missing
