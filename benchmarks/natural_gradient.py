@@ -226,7 +226,7 @@ def uci_split(name: str, split: int):
     return (x[train] - mx) / sx, (y[train] - my) / sy, (x[test] - mx) / sx, y[test], my, sy
 
 
-def uci_run(name, split, optimizer_name, epochs, init_scale=None, prior=None):
+def uci_run(name, split, optimizer_name, epochs, init_scale=None, prior=None, estimator="reparam"):
     x, y, x_test, y_test, my, sy = uci_split(name, split)
     pyro.clear_param_store()
     torch.manual_seed(split)
@@ -236,26 +236,27 @@ def uci_run(name, split, optimizer_name, epochs, init_scale=None, prior=None):
     bnn = pyro_bbb.BNN(net, likelihoods.Gaussian())
     guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=init_scale)
     options = {"optimizer": IVON(guide, num_data=len(y), lr=0.1)} if optimizer_name == "IVON" else {}
-    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=32, progress=False, seed=split, **options)
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=32, progress=False, seed=split,
+                           estimator=estimator, **options)
     pyro.set_rng_seed(0)
     pred = pyro_bbb.predict(bnn, guide, x_test, num_samples=100)
     return metrics.log_likelihood(pred, (y_test - my) / sy) - math.log(float(sy)), history.last["loss_per_datum"]
 
 
-def uci(quick: bool) -> None:
+def uci(quick: bool, estimator: str = "reparam") -> None:
     if not UCI.exists():
         print(f"\nUCI: {UCI} not found; skipped")
         return
     epochs, splits = (5, [0]) if quick else (40, [0, 1, 2])
     print(
-        f"\nUCI, 1x50 ReLU, learned noise, batch 32, fit defaults otherwise: test log-likelihood per datum, mean over "
-        f"splits {splits}"
+        f"\nUCI, 1x50 ReLU, learned noise, batch 32, estimator {estimator}, fit defaults otherwise: test log-lik "
+        f"per datum, mean over splits {splits}"
     )
     for prior in ("normal", "eb"):
         print(f"  weight prior: {'N(0, 1)' if prior == 'normal' else 'EmpiricalBayesNormal (closed-form scale)'}")
         for name in ("bostonHousing", "concrete"):
             for epochs_here in [epochs] if quick else [40, 300]:
-                runs = {o: [uci_run(name, s, o, epochs_here, prior=prior) for s in splits]
+                runs = {o: [uci_run(name, s, o, epochs_here, prior=prior, estimator=estimator) for s in splits]
                         for o in ("Adam-BbB", "IVON")}
                 row = {o: [statistics.mean(r[i] for r in rs) for i in (0, 1)] for o, rs in runs.items()}
                 print(
@@ -292,7 +293,7 @@ def clusters_data(n: int, seed: int):
     return x, y
 
 
-def clusters_run(optimizer_name: str, epochs: int, seed: int):
+def clusters_run(optimizer_name: str, epochs: int, seed: int, estimator: str = "reparam"):
     x, y = clusters_data(300, seed)
     x_test, y_test = clusters_data(1000, seed + 100)
     pyro.clear_param_store()
@@ -301,7 +302,8 @@ def clusters_run(optimizer_name: str, epochs: int, seed: int):
     bnn = pyro_bbb.BNN(net, likelihoods.Gaussian())
     guide = pyro_bbb.MeanFieldGuide(bnn)
     options = {"optimizer": IVON(guide, num_data=len(y))} if optimizer_name == "IVON" else {}
-    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=32, progress=False, seed=seed, **options)
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=32, progress=False, seed=seed,
+                           estimator=estimator, **options)
     pred = pyro_bbb.predict(bnn, guide, x_test, num_samples=200)
     grid = torch.linspace(-5, 4, 901).unsqueeze(-1)
     band = pyro_bbb.predict(bnn, guide, grid, num_samples=200).epistemic_std
@@ -312,12 +314,12 @@ def clusters_run(optimizer_name: str, epochs: int, seed: int):
             "elbo": -history.last["loss_per_datum"], "drift": history.drift()}
 
 
-def clusters(quick: bool) -> None:
+def clusters(quick: bool, estimator: str = "reparam") -> None:
     epochs, seeds = (5, [0]) if quick else (1000, [0, 1, 2])
     print(f"\n1-D regression, two clusters (data not tuned on), 1-50-50-1 ReLU, learned noise, {epochs} epochs, "
-          f"batch 32, fit defaults: medians over seeds {seeds}")
+          f"batch 32, estimator {estimator}, fit defaults: medians over seeds {seeds}")
     for name in ("Adam-BbB", "IVON"):
-        runs = [clusters_run(name, epochs, seed) for seed in seeds]
+        runs = [clusters_run(name, epochs, seed, estimator) for seed in seeds]
         cells = "  ".join(f"{key} {statistics.median(r[key] for r in runs):.3f}" for key in runs[0])
         print(f"  {name:9s} {cells}")
 
@@ -360,7 +362,7 @@ def nuts_reference(x, y, x_test, quick: bool) -> torch.Tensor:
     pyro.clear_param_store()
     pyro.set_rng_seed(0)
     bnn = tanh_bnn()
-    warmup, samples = (10, 10) if quick else (1000, 1000)
+    warmup, samples = (10, 10) if quick else (400, 400)
     mcmc = MCMC(NUTS(bnn, jit_compile=not quick, ignore_jit_warnings=True), num_samples=samples, warmup_steps=warmup,
                 disable_progbar=True)
     mcmc.run(x, y)
@@ -395,7 +397,7 @@ def optimum(quick: bool) -> None:
     reference = nuts_reference(x, y, x_test, quick)
     print(f"\nOne objective: 1-20-1 tanh, 100 points, noise 0.1, N(0, 1) prior, full batch, {epochs} epochs "
           f"(Adam 1e-2 -> 1e-3; IVON 0.1 -> 1e-2); -ELBO by 10,000 reparameterized draws; W2 of f(x*) to NUTS "
-          f"(1000 + 1000); medians over seeds {seeds}")
+          f"(400 + 400); medians over seeds {seeds}")
     for name in ("Adam-BbB", "IVON"):
         for estimator in ("reparam", "flipout", "moments"):
             runs = [optimum_run(name, estimator, epochs, seed, x, y, x_test) for seed in seeds]
@@ -448,17 +450,19 @@ def main() -> None:
     parser.add_argument("--task", default="all",
                         choices=["blr", "digits", "uci", "init", "clusters", "optimum", "report", "all"])
     parser.add_argument("--out-dir", type=Path, default=HERE)
+    parser.add_argument("--estimator", default="reparam", choices=["reparam", "flipout", "local_reparam", "moments"],
+                        help="the gradient estimator of the uci and clusters tasks (both optimizers)")
     args = parser.parse_args()
     if args.task in ("blr", "all"):
         blr(args.quick)
     if args.task in ("digits", "all"):
         digits_task(args.quick, args.out_dir)
     if args.task in ("uci", "all"):
-        uci(args.quick)
+        uci(args.quick, args.estimator)
     if args.task in ("init", "all"):
         init_sensitivity(args.quick)
     if args.task in ("clusters", "all"):
-        clusters(args.quick)
+        clusters(args.quick, args.estimator)
     if args.task in ("optimum", "all"):
         optimum(args.quick)
     if args.task in ("report", "all"):

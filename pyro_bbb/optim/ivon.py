@@ -90,6 +90,13 @@ class IVON(PyroOptim):
     must enter with weight 1 (no KL schedule). Gradients averaged over ranks (``fit(distributed=True)``) average the
     curvature estimate with them. :meth:`get_state` keys the state by site name.
 
+    The curvature estimate is Price's, read off one weight draw per step: under plain reparameterization it is
+    heavy-tailed while the means are far from their optimum (the gradient over a small width), and one large estimate
+    raises ``h`` -- and so slows that weight's mean -- for about ``1 / (1 - beta2)`` steps. Flipout and local
+    reparameterization average it over the batch's independent perturbations: train with
+    ``fit(..., estimator="local_reparam")`` (or ``"flipout"``, or ``"moments"``: exact) where the layers allow it.
+    ``benchmarks/README.md`` has the measurements.
+
     Examples
     --------
     >>> bnn = BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5))
