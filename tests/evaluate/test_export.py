@@ -178,7 +178,7 @@ def test_a_plate_nested_in_the_data_plate_gives_one_pointwise_log_likelihood_per
     x, y = torch.randn(10, 2), torch.randn(10, 3)
     pyro_bbb.fit(model, guide, (x, y), epochs=2, progress=False)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # (its forward cannot take folded draws: one call per draw)
+        warnings.simplefilter("error")  # vectorized, no fallback to one call per draw
         prediction = pyro_bbb.predict(model, guide, x, num_samples=5)
         idata = pyro_bbb.to_inference_data(model, guide, x, y, num_samples=5)
     assert prediction.samples.shape == (5, 10, 3)

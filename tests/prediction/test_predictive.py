@@ -376,3 +376,24 @@ def test_predict_runs_the_model_in_evaluation_mode_and_fit_in_training_mode():
     by_hand = pyro_bbb.predict(bnn, guide, x, num_samples=20)
     torch.testing.assert_close(again.mean, by_hand.mean)
     assert first.mean.shape == (32,)
+
+
+@pytest.mark.parametrize("outputs", [1, 3])
+def test_a_plate_nested_in_the_data_plate_is_predicted_vectorized_as_one_draw_at_a_time(outputs):
+    """Multi-output regression (a plate over the outputs at dim -1 inside the data plate at dim -2): all draws in one
+    call, the same predictive as the per-draw loop, without a fallback."""
+    from ..helpers import MultiOutput
+
+    torch.manual_seed(0)
+    model = MultiOutput(outputs=outputs)
+    x, y = torch.randn(10, 2), torch.randn(10, outputs)
+    guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.2)
+    pyro_bbb.fit(model, guide, (x, y), epochs=2, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pyro.set_rng_seed(0)
+        vectorized = pyro_bbb.predict(model, guide, x, num_samples=7, vectorize=True)
+    pyro.set_rng_seed(0)
+    loop = pyro_bbb.predict(model, guide, x, num_samples=7, vectorize=False)
+    assert vectorized.samples.shape == (7, 10, outputs)
+    torch.testing.assert_close(vectorized.distribution.loc, loop.distribution.loc)
