@@ -17,6 +17,8 @@ Tasks, each with the same model, data, batches and epochs for every contender:
   noise, run to a flat ELBO): test RMSE, epistemic std beyond the data over inside it, the final ELBO per datum;
 * ``optimum``: one objective, one optimum -- a 1-20-1 tanh net (fixed noise, full batch) trained with each estimator
   under each optimizer: the final -ELBO (evaluated the same way for all) and the predictive's W2 to Pyro's NUTS;
+* ``convergence``: epochs until the smoothed ELBO stays within 1% of its converged value (UCI boston, concrete,
+  energy; the digits MLP);
 * ``report``: the Bayesian-LSTM report's own task (Embedded Reber, LSTM(4) under Flipout, a dense head, fit's
   defaults) at 100 epochs and at half of them.
 
@@ -444,11 +446,62 @@ def report(quick: bool) -> None:
             print(f"  {name:9s} {epochs_here:4d} epochs: " + ", ".join(f"{a:.3f}" for a in runs))
 
 
+# -- epochs to a converged ELBO ---------------------------------------------------------------------------------------
+def epochs_to_converge(losses: list[float], window: int = 10, tolerance: float = 0.01) -> int:
+    """The first epoch from which the loss's moving average over ``window`` epochs stays within ``tolerance`` (relative)
+    of its converged value, the mean of the last 10% of the epochs.
+
+    >>> epochs_to_converge([10.0, 5.0, 2.0] + [1.0] * 47, window=1)
+    4
+    """
+    smooth = numpy.convolve(losses, numpy.ones(window) / window, mode="valid")
+    final = float(numpy.mean(losses[-max(1, len(losses) // 10):]))
+    outside = numpy.nonzero(numpy.abs(smooth - final) > tolerance * abs(final))[0]
+    first = int(outside[-1] + 1 + window) if len(outside) else window
+    return first if first <= len(losses) else math.inf  # (inf: still moving at the end)
+
+
+def convergence_run(task: str, optimizer_name: str, epochs: int, seed: int) -> list[float]:
+    pyro.clear_param_store()
+    torch.manual_seed(seed)
+    if task == "digits":
+        x, y, _, _ = digits()
+        bnn, batch = pyro_bbb.BNN(mlp(True), likelihoods.Categorical()), 64
+    else:
+        x, y = uci_split(task, seed)[:2]
+        net = nn.Sequential(BayesianLinear(x.shape[1], 50), nn.ReLU(), BayesianLinear(50, 1))
+        bnn, batch = pyro_bbb.BNN(net, likelihoods.Gaussian()), 32
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    options = {"optimizer": IVON(guide, num_data=len(y))} if optimizer_name == "IVON" else {}
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=batch, progress=False, seed=seed, **options)
+    return history["loss_per_datum"]
+
+
+def convergence(quick: bool) -> None:
+    """Epochs until the ELBO (smoothed over 10 epochs) stays within 1% of its converged value (the mean of the last
+    10% of a long run), fit's defaults otherwise; UCI splits / digits seeds 0-2."""
+    epochs, seeds = (12, [0]) if quick else (600, [0, 1, 2])
+    tasks = ["bostonHousing", "concrete", "energy", "digits"] if UCI.exists() else ["digits"]
+    print(f"\nEpochs until the smoothed -ELBO stays within 1% of its converged value ({epochs}-epoch runs, fit "
+          f"defaults; seeds/splits {seeds}): medians, each run's in brackets")
+    for task in tasks:
+        cells = []
+        for name in ("Adam-BbB", "IVON"):
+            runs = [convergence_run(task, name, epochs, seed) for seed in seeds]
+            counts = [epochs_to_converge(r) for r in runs]
+            finals = [statistics.mean(r[-max(1, len(r) // 10):]) for r in runs]
+            each = ", ".join(f"{c:.0f}" for c in counts)
+            cells.append(f"{name} {statistics.median(counts):5.0f} ({each}), final -ELBO/datum "
+                         f"{statistics.median(finals):.3f}")
+        print(f"  {task:14s} " + ";  ".join(cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--task", default="all",
-                        choices=["blr", "digits", "uci", "init", "clusters", "optimum", "report", "all"])
+                        choices=["blr", "digits", "uci", "init", "clusters", "optimum", "report", "convergence",
+                                 "all"])
     parser.add_argument("--out-dir", type=Path, default=HERE)
     parser.add_argument("--estimator", default="reparam", choices=["reparam", "flipout", "local_reparam", "moments"],
                         help="the gradient estimator of the uci and clusters tasks (both optimizers)")
@@ -467,6 +520,8 @@ def main() -> None:
         optimum(args.quick)
     if args.task in ("report", "all"):
         report(args.quick)
+    if args.task in ("convergence", "all"):
+        convergence(args.quick)
 
 
 if __name__ == "__main__":
