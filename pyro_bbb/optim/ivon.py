@@ -172,8 +172,9 @@ class IVON(PyroOptim):
             self._roles[p] = by_name.get(store.param_name(p), ("", "other"))
 
     def _prior_vectors(self, sites: list[str], locs: list[torch.Tensor], sigmas: list[torch.Tensor]):
-        """Flat ``(m, delta = 1 / (N t^2))`` of the sites' Normal priors as they are now; fixed priors are read once
-        (again after an in-place change), an empirical-Bayes prior every step (its scale follows the posterior)."""
+        """Flat ``(m, delta = 1 / (N t^2))`` of the sites' Normal priors as they are now, and whether they may differ
+        from the last step's; fixed priors are read once (again after an in-place change), an empirical-Bayes prior
+        every step (its scale follows the posterior)."""
         priors = current_priors(self.guide.model)
         prototype = self.guide.prototype_trace
         bases, key, dynamic = [], [], False
@@ -191,7 +192,7 @@ class IVON(PyroOptim):
             key.append((id(base), tensor_version(base.loc), tensor_version(base.scale)))
         key = tuple(key)
         if not dynamic and self._prior_cache is not None and self._prior_cache[0] == key:
-            return self._prior_cache[2]
+            return (*self._prior_cache[2], False)
         n = float(self.num_data)
         dtype = locs[0].dtype
         prior_loc = torch.cat([b.loc.detach().expand(p.shape).reshape(-1) for b, p in zip(bases, locs)]).to(dtype)
@@ -199,7 +200,7 @@ class IVON(PyroOptim):
                            for b, p in zip(bases, locs)]).to(dtype)
         if not dynamic:
             self._prior_cache = (key, bases, (prior_loc, delta))  # (the bases held: their ids stay theirs)
-        return prior_loc, delta
+        return prior_loc, delta, True
 
     def _flat_state(self, sites: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """The momentum and curvature of ``sites``, concatenated (kept so from step to step)."""
@@ -261,8 +262,14 @@ class IVON(PyroOptim):
         grad_u = torch.cat([p.grad.reshape(-1) for p in raw_scales])
         sigma, slope = self._widths(sites, raw_scales, u)  # sigma = transform(u) and d sigma / d u
         grad_sigma = grad_u.div_(slope)
-        prior_loc, delta = self._prior_vectors(sites, locs, [s.view(p.shape) for s, p in zip(sigma.split(sizes), locs)])
+        prior_loc, delta, moved = self._prior_vectors(sites, locs,
+                                                      [s.view(p.shape) for s, p in zip(sigma.split(sizes), locs)])
         momentum, hess = self._flat_state(sites)
+        if moved:
+            # the update keeps the precision h + delta positive for the delta it used, not h itself (a noisy estimate
+            # may leave it slightly negative); a prior precision that has fallen since could take h + delta below
+            # zero, so the curvature is floored at zero: the width is then at most the prior's
+            hess.clamp_(min=0.0)
 
         # the negative log-likelihood's per-datum gradient and Price's curvature estimate (the KL's parts removed)
         offset = mu - prior_loc
@@ -309,7 +316,7 @@ class IVON(PyroOptim):
         self._flat = None
         locs = [pairs[site]["loc"] for site in sites]
         scales = [self._transform(pairs[site]["scale"]) for site in sites]
-        _, delta = self._prior_vectors(sites, locs, scales)
+        _, delta, _ = self._prior_vectors(sites, locs, scales)
         self._prior_cache = None
         n = float(self.num_data)
         for site, loc, part in zip(sites, locs, delta.split([p.numel() for p in locs])):
