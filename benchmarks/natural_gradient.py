@@ -480,7 +480,7 @@ def convergence_run(task: str, optimizer_name: str, epochs: int, seed: int) -> l
 def convergence(quick: bool) -> None:
     """Epochs until the ELBO (smoothed over 10 epochs) stays within 1% of its converged value (the mean of the last
     10% of a long run), fit's defaults otherwise; UCI splits / digits seeds 0-2."""
-    epochs, seeds = (12, [0]) if quick else (600, [0, 1, 2])
+    epochs, seeds = (12, [0]) if quick else (400, [0, 1, 2])
     tasks = ["bostonHousing", "concrete", "energy", "digits"] if UCI.exists() else ["digits"]
     print(f"\nEpochs until the smoothed -ELBO stays within 1% of its converged value ({epochs}-epoch runs, fit "
           f"defaults; seeds/splits {seeds}): medians, each run's in brackets")
