@@ -409,19 +409,12 @@ def optimum(quick: bool) -> None:
 
 
 # -- the Bayesian-LSTM report's own experiment -------------------------------------------------------------------------
-class LastStep(nn.Module):
-    def __init__(self, rnn: nn.Module, head: nn.Module):
-        super().__init__()
-        self.rnn, self.head = rnn, head
-
-    def forward(self, x):
-        return self.head(self.rnn(x)[0][..., -1, :])
-
-
 def report_run(optimizer_name: str, epochs: int, seed: int, x, y, validation) -> float:
     pyro.clear_param_store()
     torch.manual_seed(seed)
-    bnn = pyro_bbb.BNN(LastStep(BayesianLSTM(7, 4, batch_first=True), nn.Linear(4, 1)), likelihoods.Bernoulli())
+    from reber_convergence import Classifier  # (this folder's: read the string, classify from its last step)
+
+    bnn = pyro_bbb.BNN(Classifier(BayesianLSTM(7, 4, batch_first=True), nn.Linear(4, 1)), likelihoods.Bernoulli())
     guide = pyro_bbb.MeanFieldGuide(bnn)
     options = {"optimizer": IVON(guide, num_data=len(y))} if optimizer_name == "IVON" else {}
     history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=32, estimator="flipout",
