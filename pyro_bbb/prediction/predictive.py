@@ -363,15 +363,14 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
 
     with pyro.plate(SAMPLE_PLATE, num_samples, dim=-(nesting + 1)):
         guide_trace = poutine.trace(guide).get_trace(chunks[0])
-    draws = {name: guide_trace.nodes[name]["value"] for name in latent}  # (S, 1, ..., *site shape)
-    # draw 0 is the plain pass's draw (just as independent), so that the plain pass is also the lone run of draw 0
-    # that checks the vectorized one
-    draws = {name: torch.cat([plain_guide.nodes[name]["value"].reshape((1, *value.shape[1:])), value[1:]])
-             for name, value in draws.items()}
     shapes = {name: site["value"].shape for name, site in latent.items()}
-    # one slot between the draws and the weight, whatever the plates nested in the data plate: a layer applies
-    # (S, 1, out, in) to a (B, in) batch as (S, B, out), the draw dim landing at -3 under a plate at dim -1 in it
-    draws = {name: value.reshape((num_samples, 1, *shapes[name])) for name, value in draws.items()}
+    # draw 0 is the plain pass's draw (just as independent), so that the plain pass is also the lone run of draw 0
+    # that checks the vectorized one. Each draw is (S, 1, *site shape) whatever the plates nested in the data plate:
+    # a layer applies (S, 1, out, in) to a (B, in) batch as (S, B, out), the draw dim landing at -3 under a plate at
+    # dim -1 inside the data plate
+    draws = {name: torch.cat([site["value"].reshape((1, 1, *shapes[name])),
+                              guide_trace.nodes[name]["value"][1:].reshape((num_samples - 1, 1, *shapes[name]))])
+             for name, site in latent.items()}
     alone = {k: v.unsqueeze(0) for k, v in _params(plain_model.nodes[obs]["fn"], plain_model.nodes[obs], 0)[2].items()}
     if cover.size is not None:  # piece 0 of a subsampling plate: only its first min(m, n) entries are distinct data
         alone = {k: v[:, : min(cover.size, cover.subsample_size)] for k, v in alone.items()}
