@@ -81,6 +81,8 @@ class Adam(PyroOptim):
 
     def __call__(self, params: Iterable[torch.Tensor], *args, **kwargs) -> None:
         params = list(dict.fromkeys(params))  # the caller's order (Pyro's SVI passes a set; fit passes the store's)
+        if not params:  # nothing to step (a torch optimizer cannot be built over no parameters)
+            return
         if self._fused_step is None or not self._fused_step(params, self.optimizer):
             self._torch_step(params)
         for p in params:  # spent: as zero_grad(set_to_none=True); the next backward writes fresh ones, adding nothing

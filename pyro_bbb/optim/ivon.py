@@ -236,8 +236,7 @@ class IVON(PyroOptim):
             others.extend(pairs.pop(site).values())
         if pairs:
             self._ivon_step(pairs)
-        if others:
-            self.adam([p for p in others if p.grad is not None])
+        self.adam([p for p in others if p.grad is not None])
         for p in params:
             p.grad = None
 

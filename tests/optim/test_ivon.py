@@ -244,3 +244,19 @@ def test_a_prior_precision_that_falls_between_steps_keeps_every_width_finite():
     svi.step(x, y)
     for name, q in guide.site_posteriors().items():
         assert torch.isfinite(q.scale).all() and torch.isfinite(q.loc).all(), name
+
+
+def test_a_parameter_the_loss_does_not_reach_is_left_alone():
+    # every weight Bayesian and the noise fixed: no parameter for Adam but one the loss never touches (no gradient)
+    x, y = _regression(40)
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1, dtype=torch.float64), likelihoods.Gaussian(scale=0.5))
+
+    def model(x, y=None):
+        pyro.param("unused", torch.zeros(2, dtype=torch.float64))
+        return bnn(x, y)
+
+    guide = MeanFieldGuide(bnn)
+    svi = SVI(model, guide, IVON(guide, num_data=40), ELBO(num_data=40))
+    losses = [svi.step(x, y) for _ in range(5)]
+    assert all(math.isfinite(loss) for loss in losses)
+    assert torch.equal(pyro.param("unused"), torch.zeros(2, dtype=torch.float64))
