@@ -310,7 +310,7 @@ def clusters_data(n: int, seed: int):
     return x, y
 
 
-def clusters_run(optimizer_name: str, epochs: int, seed: int, estimator: str = "reparam"):
+def clusters_run(optimizer_name: str, epochs: int, seed: int, estimator: str = "reparam", ivon_lr: float = 0.1):
     x, y = clusters_data(300, seed)
     x_test, y_test = clusters_data(1000, seed + 100)
     pyro.clear_param_store()
@@ -318,7 +318,7 @@ def clusters_run(optimizer_name: str, epochs: int, seed: int, estimator: str = "
     net = nn.Sequential(BayesianLinear(1, 50), nn.ReLU(), BayesianLinear(50, 50), nn.ReLU(), BayesianLinear(50, 1))
     bnn = pyro_bbb.BNN(net, likelihoods.Gaussian())
     guide = pyro_bbb.MeanFieldGuide(bnn)
-    options = {"optimizer": IVON(guide, num_data=len(y))} if optimizer_name == "IVON" else {}
+    options = {"optimizer": IVON(guide, num_data=len(y), lr=ivon_lr)} if optimizer_name == "IVON" else {}
     history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=32, progress=False, seed=seed,
                            estimator=estimator, **options)
     pred = pyro_bbb.predict(bnn, guide, x_test, num_samples=200)
@@ -331,12 +331,12 @@ def clusters_run(optimizer_name: str, epochs: int, seed: int, estimator: str = "
             "elbo": -history.last["loss_per_datum"], "drift": history.drift()}
 
 
-def clusters(quick: bool, estimator: str = "reparam") -> None:
+def clusters(quick: bool, estimator: str = "reparam", ivon_lr: float = 0.1) -> None:
     epochs, seeds = (5, [0]) if quick else (1000, [0, 1, 2])
     print(f"\n1-D regression, two clusters (data not tuned on), 1-50-50-1 ReLU, learned noise, {epochs} epochs, "
-          f"batch 32, estimator {estimator}, fit defaults: medians over seeds {seeds}")
+          f"batch 32, estimator {estimator}, fit defaults (IVON lr {ivon_lr:g}): medians over seeds {seeds}")
     for name in ("Adam-BbB", "IVON"):
-        runs = [clusters_run(name, epochs, seed, estimator) for seed in seeds]
+        runs = [clusters_run(name, epochs, seed, estimator, ivon_lr) for seed in seeds]
         cells = "  ".join(f"{key} {statistics.median(r[key] for r in runs):.3f}" for key in runs[0])
         print(f"  {name:9s} {cells}")
 
@@ -429,8 +429,8 @@ def optimum(quick: bool) -> None:
 
 
 def fixed_point(quick: bool) -> None:
-    """Is the best posterior found (Adam with moment propagation) a fixed point of IVON? IVON starts there, its
-    curvature set from the widths (``h = 1 / (N sigma^2) - delta``), and runs on at a constant rate; then IVON from
+    """Is the best posterior found (Adam with moment propagation) a fixed point of IVON? IVON starts there
+    (``keep_widths=True``: its curvature read off the widths) and runs on at a constant rate; then IVON from
     its own start with ``hess_init`` 10 (first widths sqrt(10) times narrower) instead of 1."""
     epochs, more, seeds = (20, 10, [0]) if quick else (5000, 2000, [0, 1, 2])
     x, y, x_test = optimum_data()
@@ -449,11 +449,7 @@ def fixed_point(quick: bool) -> None:
         with torch.no_grad():
             for name, value in store.named_parameters():
                 value.copy_(start[name])
-        optimizer = IVON(guide, num_data=n, lr=lr)
-        delta = 1.0 / n  # the N(0, 1) prior's precision per datum
-        optimizer.set_state({"steps": 0, "adam": None, "sites": {
-            site: {"momentum": torch.zeros(q.scale.numel()), "hess": q.scale.detach().reshape(-1).square().mul(n)
-                   .reciprocal().sub(delta)} for site, q in guide.site_posteriors().items()}})
+        optimizer = IVON(guide, num_data=n, lr=lr, keep_widths=True)  # its curvature read off the widths
         pyro_bbb.fit(bnn, guide, (x, y), epochs=more, batch_size=n, estimator=estimator, optimizer=optimizer,
                      progress=False, seed=0)
         print(f"  {estimator:8s} lr {lr:<5g} -ELBO {negative_elbo(bnn, guide, x, y):.1f}")
@@ -554,6 +550,7 @@ def main() -> None:
     parser.add_argument("--out-dir", type=Path, default=HERE)
     parser.add_argument("--estimator", default="reparam", choices=["reparam", "flipout", "local_reparam", "moments"],
                         help="the gradient estimator of the uci and clusters tasks (both optimizers)")
+    parser.add_argument("--ivon-lr", type=float, default=0.1, help="IVON's step size in the clusters task")
     args = parser.parse_args()
     if args.task in ("blr", "all"):
         blr(args.quick)
@@ -566,7 +563,7 @@ def main() -> None:
     if args.task in ("init", "all"):
         init_sensitivity(args.quick)
     if args.task in ("clusters", "all"):
-        clusters(args.quick, args.estimator)
+        clusters(args.quick, args.estimator, args.ivon_lr)
     if args.task in ("optimum", "all"):
         optimum(args.quick)
     if args.task in ("fixed-point", "all"):

@@ -60,7 +60,8 @@ class IVON(PyroOptim):
     precision is read every step). Their posterior means are stepped by IVON and their widths set from its curvature
     estimate; the other parameters a step passes (deterministic layers, a learned noise scale's posterior, a learned
     prior scale) get :class:`~pyro_bbb.optim.Adam` with ``adam_lr``. The first step sets every weight's width from
-    ``hess_init`` (whatever the guide's ``init_scale``) and moves no mean: the widths are this optimizer's to choose.
+    ``hess_init`` (whatever the guide's ``init_scale``) and moves no mean: the widths are this optimizer's to choose
+    (``keep_widths=True`` instead starts the curvature from the widths the guide has, to continue a trained guide).
 
     Parameters
     ----------
@@ -83,6 +84,11 @@ class IVON(PyroOptim):
         of ``N``. ``ivon-opt``'s default is no clipping (``math.inf``); ``benchmarks/README.md`` shows the choice.
     adam_lr : float
         Learning rate of the Adam that trains the other parameters.
+    keep_widths : bool
+        Start each weight's curvature from the guide's width at the first step, ``h = 1 / (N sigma^2) - delta``
+        (at least 0: a width beyond the prior's becomes the prior's), instead of from ``hess_init``: to continue from a
+        trained guide (one trained with Adam, or restored without this optimizer's state). ``hess_init`` still sets
+        the unit of ``lr``.
 
     Notes
     -----
@@ -102,7 +108,7 @@ class IVON(PyroOptim):
     >>> bnn = BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5))
     >>> guide = MeanFieldGuide(bnn)
     >>> IVON(guide, num_data=100, lr=0.1)
-    IVON(num_data=100, lr=0.1, beta1=0.9, beta2=0.99, hess_init=1.0, clip_radius=0.1, adam_lr=0.001)
+    IVON(num_data=100, lr=0.1, beta1=0.9, beta2=0.99, hess_init=1.0, clip_radius=0.1, adam_lr=0.001, keep_widths=False)
     """
 
     def __init__(
@@ -115,6 +121,7 @@ class IVON(PyroOptim):
         hess_init: float = 1.0,
         clip_radius: float = 0.1,
         adam_lr: float = 1e-3,
+        keep_widths: bool = False,
     ):
         if not hasattr(guide, "scale_constraint") or not hasattr(guide, "model"):
             raise TypeError(
@@ -133,6 +140,7 @@ class IVON(PyroOptim):
             "hess_init": check_positive("hess_init", hess_init),
             "clip_radius": math.inf if clip_radius == math.inf else check_positive("clip_radius", clip_radius),
             "adam_lr": check_positive("adam_lr", adam_lr),
+            "keep_widths": bool(keep_widths),
         }
         super().__init__(torch.optim.Adam, {"lr": adam_lr})
         self.adam = Adam(lr=adam_lr)
@@ -244,7 +252,7 @@ class IVON(PyroOptim):
     def _ivon_step(self, pairs: dict[str, dict[str, torch.Tensor]]) -> None:
         sites = list(pairs)
         new = [site for site in sites if site not in self.site_state]
-        if new:  # the first sight of a site: its width from hess_init, its mean left where it is
+        if new:  # the first sight of a site: its curvature (and width) set, its mean left where it is
             self._start(new, pairs)
             sites = [site for site in sites if site not in new]
             if not sites:
@@ -311,6 +319,8 @@ class IVON(PyroOptim):
         return u, self._transform.log_abs_det_jacobian(u, sigma).exp_()
 
     def _start(self, sites: list[str], pairs: dict[str, dict[str, torch.Tensor]]) -> None:
+        """The first curvature of ``sites``: ``hess_init``, or read off the guide's widths (``keep_widths``); the
+        widths set from it."""
         self._sync_state()
         self._flat = None
         locs = [pairs[site]["loc"] for site in sites]
@@ -318,8 +328,11 @@ class IVON(PyroOptim):
         _, delta, _ = self._prior_vectors(sites, locs, scales)
         self._prior_cache = None
         n = float(self.num_data)
-        for site, loc, part in zip(sites, locs, delta.split([p.numel() for p in locs])):
-            hess = torch.full((loc.numel(),), self.defaults["hess_init"], dtype=loc.dtype, device=loc.device)
+        for site, loc, scale, part in zip(sites, locs, scales, delta.split([p.numel() for p in locs])):
+            if self.defaults["keep_widths"]:
+                hess = scale.detach().reshape(-1).square().mul(n).reciprocal().sub(part).clamp_(min=0.0)
+            else:
+                hess = torch.full((loc.numel(),), self.defaults["hess_init"], dtype=loc.dtype, device=loc.device)
             pairs[site]["scale"].copy_(self._transform.inv(1.0 / (n * (hess + part)).sqrt()).view(loc.shape))
             self.site_state[site] = {"momentum": torch.zeros_like(hess), "hess": hess}
 

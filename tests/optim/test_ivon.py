@@ -260,3 +260,42 @@ def test_a_parameter_the_loss_does_not_reach_is_left_alone():
     losses = [svi.step(x, y) for _ in range(5)]
     assert all(math.isfinite(loss) for loss in losses)
     assert torch.equal(pyro.param("unused"), torch.zeros(2, dtype=torch.float64))
+
+
+def test_keep_widths_continues_a_trained_guide_and_the_closed_form_optimum_is_its_fixed_point():
+    """A guide set at the closed-form optimal mean-field Gaussian (one width wider than the prior's): with
+    ``keep_widths`` IVON reads its curvature off those widths and, under exact gradients, stays at the optimum (the
+    too-wide width becomes the prior's, then the optimum's); from ``hess_init`` it first resets every width."""
+    x, y = _regression(200, seed=1)
+    mean, std = _closed_form(x, y, 0.5, 1.0)
+    errors = {}
+    for keep in (True, False):
+        pyro.clear_param_store()
+        bnn = pyro_bbb.BNN(BayesianLinear(3, 1, dtype=torch.float64), likelihoods.Gaussian(scale=0.5))
+        guide = MeanFieldGuide(bnn)
+        guide(x, y)
+        widths = std.clone()
+        widths[1] = 3.0  # wider than the N(0, 1) prior: no curvature gives it, so it starts at the prior's
+        to_raw = torch.distributions.transform_to(guide.scale_constraint).inv
+        with torch.no_grad():
+            for name, value in pyro.get_param_store().named_parameters():
+                part = slice(0, 3) if name.endswith("weight") else slice(3, 4)
+                source = mean[part] if ".locs." in name else to_raw(widths[part])
+                value.copy_(source.view(value.shape))
+        optimizer = IVON(guide, num_data=200, lr=0.1, beta2=0.9, keep_widths=keep)
+        svi = SVI(bnn, guide, optimizer, ELBO(num_data=200))
+        with pyro_bbb.moment_propagation():
+            svi.step(x, y)
+            first = torch.cat([q.scale.reshape(-1) for q in guide.site_posteriors().values()])
+            for _ in range(300):
+                svi.step(x, y)
+        q = guide.site_posteriors()
+        fitted_mean = torch.cat([q["net.weight"].loc.reshape(-1), q["net.bias"].loc])
+        fitted_std = torch.cat([q["net.weight"].scale.reshape(-1), q["net.bias"].scale])
+        errors[keep] = (float((first / std - 1).abs().max()), float(((fitted_mean - mean) / std).abs().max()),
+                        float((fitted_std / std - 1).abs().max()))
+        if keep:
+            assert float(first[1]) == pytest.approx(1.0)  # the prior's width, not 3
+            assert float((torch.cat([first[:1], first[2:]]) / torch.cat([std[:1], std[2:]]) - 1).abs().max()) < 1e-12
+    assert errors[True][1] < 1e-6 and errors[True][2] < 1e-6, errors
+    assert errors[False][0] > 0.5, errors  # hess_init = 1 resets the widths to 1 / sqrt(200 * 1.005)
