@@ -265,10 +265,16 @@ class IVON(PyroOptim):
         sizes = [p.numel() for p in locs]
         mu = torch.cat([p.reshape(-1) for p in locs])
         grad_mu = torch.cat([p.grad.reshape(-1) for p in locs])
-        u = torch.cat([p.reshape(-1) for p in raw_scales])
         grad_u = torch.cat([p.grad.reshape(-1) for p in raw_scales])
-        sigma, slope = self._widths(sites, raw_scales, u)  # sigma = transform(u) and d sigma / d u
-        grad_sigma = grad_u.div_(slope)
+        own = self._own_widths(sites, raw_scales)  # (sigma, 1 / (N sigma d sigma / d u)) as set last step, or None
+        if own is None:
+            u = torch.cat([p.reshape(-1) for p in raw_scales])
+            sigma = self._transform(u)
+            slope = self._transform.log_abs_det_jacobian(u, sigma).exp_()  # d sigma / d u
+            width_grad = grad_u.div_(slope.mul_(sigma).mul_(n))
+        else:
+            sigma = own[0]
+            width_grad = grad_u.mul_(own[1])
         prior_loc, delta, moved = self._prior_vectors(sites, locs,
                                                       [s.view(p.shape) for s, p in zip(sigma.split(sizes), locs)])
         momentum, hess = self._flat_state(sites)
@@ -278,36 +284,39 @@ class IVON(PyroOptim):
             # zero, so the curvature is floored at zero: the width is then at most the prior's
             hess.clamp_(min=0.0)
 
-        # the negative log-likelihood's per-datum gradient and Price's curvature estimate (the KL's parts removed)
-        offset = mu - prior_loc
-        grad = grad_mu.div_(n).sub_(delta * offset)
-        hess_hat = grad_sigma.div_(n).sub_(delta * sigma).add_(sigma.mul(n).reciprocal_()).div_(sigma)
+        # Price's estimate of the negative log-likelihood's curvature, less h: the ELBO's gradient with respect to the
+        # width over N sigma, plus the KL's part removed, 1 / (N sigma^2) - delta, less h. Where the widths are the
+        # ones set last step from this h and delta, 1 / (N sigma^2) = h + delta: the width-gradient term alone.
+        difference = width_grad
+        if own is None or moved:
+            difference.add_(sigma.square().mul_(n).reciprocal_()).sub_(delta).sub_(hess)
+        pull = mu.sub(prior_loc).mul_(delta)  # the prior's per-datum gradient, delta (m - m_prior)
         beta1, rho = d["beta1"], (1.0 - d["beta2"]) * self._rate_ratio  # the curvature's step follows the schedule
-        momentum.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+        # momentum of the negative log-likelihood's per-datum gradient (the KL's part removed)
+        momentum.mul_(beta1).add_(grad_mu, alpha=(1.0 - beta1) / n).sub_(pull, alpha=1.0 - beta1)
         precision = hess + delta
-        difference = hess_hat.sub_(hess)  # hhat - h
-        hess.add_(difference, alpha=rho).add_(difference.square_().div_(precision), alpha=0.5 * rho**2)
-        precision = hess + delta
-        step = momentum.div(1.0 - beta1**self.steps).add_(delta * offset).div_(precision)
+        hess.add_(difference, alpha=rho).addcdiv_(difference.square_(), precision, value=0.5 * rho**2)
+        precision = torch.add(hess, delta, out=precision)
+        step = torch.add(pull, momentum, alpha=1.0 / (1.0 - beta1**self.steps)).div_(precision)
         step.clamp_(-d["clip_radius"], d["clip_radius"])
-        mu.sub_(step.mul_(delta + d["hess_init"]), alpha=d["lr"])
+        mu.addcmul_(step, delta + d["hess_init"], value=-d["lr"])
         sigma = precision.mul_(n).rsqrt_()
         u, slope = self._unconstrained(sigma)
         for p, q, m_part, u_part in zip(locs, raw_scales, mu.split(sizes), u.split(sizes)):
             p.copy_(m_part.view(p.shape))
             q.copy_(u_part.view(q.shape))
-        self._width_cache = (sites, [(q, tensor_version(q)) for q in raw_scales], sigma, slope)
+        self._width_cache = (sites, [(q, tensor_version(q)) for q in raw_scales], sigma,
+                             slope.mul_(sigma).mul_(n).reciprocal_())
 
-    def _widths(self, sites: list[str], raw_scales: list[torch.Tensor], u: torch.Tensor):
-        """``(sigma, d sigma / d u)`` at the unconstrained scales ``u``: the ones this optimizer set last step when
-        nothing has written those tensors since (two transcendental passes saved), else computed from ``u``."""
+    def _own_widths(self, sites: list[str], raw_scales: list[torch.Tensor]):
+        """``(sigma, 1 / (N sigma d sigma / d u))`` as this optimizer set them last step, when nothing has written
+        those tensors since; else None."""
         cache = self._width_cache
         if cache is not None and cache[0] == sites and all(
             q is cached and tensor_version(q) == version for q, (cached, version) in zip(raw_scales, cache[1])
         ):
             return cache[2], cache[3]
-        sigma = self._transform(u)
-        return sigma, self._transform.log_abs_det_jacobian(u, sigma).exp_()
+        return None
 
     def _unconstrained(self, sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(u, d sigma / d u)`` for the widths ``sigma``; for the softplus of MeanFieldGuide's scales both come from
