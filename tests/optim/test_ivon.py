@@ -299,3 +299,11 @@ def test_keep_widths_continues_a_trained_guide_and_the_closed_form_optimum_is_it
             assert float((torch.cat([first[:1], first[2:]]) / torch.cat([std[:1], std[2:]]) - 1).abs().max()) < 1e-12
     assert errors[True][1] < 1e-6 and errors[True][2] < 1e-6, errors
     assert errors[False][0] > 0.5, errors  # hess_init = 1 resets the widths to 1 / sqrt(200 * 1.005)
+
+
+def test_the_shortcut_through_its_own_widths_equals_the_full_curvature_estimate(monkeypatch):
+    """Where the widths are the ones IVON set last step, ``1 / (N sigma^2) = h + delta`` and Price's estimate less
+    ``h`` reduces to the width-gradient over ``N sigma``; forcing the full estimate every step gives the same run."""
+    shortcut = _ivon_run(12)
+    monkeypatch.setattr(IVON, "_own_widths", lambda self, sites, raw_scales: None)
+    torch.testing.assert_close(shortcut, _ivon_run(12), rtol=0, atol=1e-12)
