@@ -10,6 +10,8 @@ Tasks, each with the same model, data, batches and epochs for every contender:
 * ``digits``: a 64-100-10 ReLU MLP on scikit-learn's digits: a deterministic net with Adam, Adam-BbB, pyro_bbb's
   IVON, and ``ivon-opt`` 0.1.3 on the deterministic net (the paper's way: predictions average sampled weights) --
   accuracy, NLL, ECE; a reliability diagram and the loss traces;
+* ``cnn``: the digits as 8x8 images, a two-convolution CNN: deterministic Adam, Adam-BbB and IVON (reparameterization
+  and Flipout) -- accuracy, NLL, ECE;
 * ``uci``: the standard splits of UCI boston and concrete (``../shared/uci``), a 1x50 ReLU net with a learned
   homoscedastic noise, test log-likelihood per datum of Adam-BbB and IVON at the same epochs;
 * ``rates``: IVON's step size (its default 0.1 and 0.03) beside Adam-BbB on UCI boston, concrete, energy and yacht
@@ -50,7 +52,7 @@ from torch import nn
 import pyro_bbb
 from pyro_bbb import likelihoods, metrics, plots, priors
 from pyro_bbb.data import digits
-from pyro_bbb.nn import BayesianLinear, BayesianLSTM
+from pyro_bbb.nn import BayesianConv2d, BayesianLinear, BayesianLSTM
 from pyro_bbb.optim import IVON
 
 HERE = Path(__file__).resolve().parent
@@ -166,11 +168,7 @@ def digits_contenders(epochs: int, batch: int, seed: int, ivon_lr: float = 0.1):
 
     for name, probs in predictions.items():
         results[name] = {"-ELBO/datum": traces[name][0][-1] if name in traces else math.nan}
-        results[name] |= {
-            "accuracy": metrics.accuracy(probs, y_test),
-            "NLL": float(-probs.clamp_min(1e-12).log().gather(-1, y_test[:, None]).mean()),
-            "ECE": metrics.expected_calibration_error(probs, y_test),
-        }
+        results[name] |= dict(zip(("accuracy", "NLL", "ECE"), classifier_scores(probs, y_test)))
     return results, traces, predictions, y_test
 
 
@@ -208,6 +206,59 @@ def digits_task(quick: bool, out: Path, ivon_lr: float = 0.1) -> None:
     figure.tight_layout()
     plots.save_figure(figure, out / "natural_gradient_digits.png")
     print(f"  wrote {out / 'natural_gradient_digits.png'}")
+
+
+# -- a small CNN on the 8x8 digits -------------------------------------------------------------------------------------
+def cnn(bayesian: bool) -> nn.Module:
+    conv, linear = (BayesianConv2d, BayesianLinear) if bayesian else (nn.Conv2d, nn.Linear)
+    return nn.Sequential(nn.Unflatten(1, (1, 8, 8)), conv(1, 8, 3, padding=1), nn.ReLU(), conv(8, 16, 3, padding=1),
+                         nn.ReLU(), nn.Flatten(), linear(1024, 10))
+
+
+def cnn_task(quick: bool) -> None:
+    """The digits as 8x8 images, a two-convolution CNN: deterministic Adam, Adam-BbB and IVON (plain
+    reparameterization and Flipout), batch 64: accuracy, NLL, ECE and the final -ELBO per datum, medians over seeds."""
+    epochs, seeds = (2, [0]) if quick else (100, [0, 1, 2])
+    x_train, y_train, x_test, y_test = digits()
+    n = len(y_train)
+    rows: dict[str, list[tuple[float, ...]]] = {}
+    for seed in seeds:
+        torch.manual_seed(seed)
+        net = cnn(False)
+        optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+        for _ in range(epochs):
+            for idx in torch.randperm(n).split(64):
+                optimizer.zero_grad()
+                F.cross_entropy(net(x_train[idx]), y_train[idx]).backward()
+                optimizer.step()
+        with torch.no_grad():
+            probs = net(x_test).softmax(-1)
+        rows.setdefault("deterministic Adam", []).append((*classifier_scores(probs, y_test), math.nan))
+        for name, estimator in (("Adam-BbB", "reparam"), ("Adam-BbB", "flipout"), ("IVON", "reparam"),
+                                ("IVON", "flipout")):
+            pyro.clear_param_store()
+            torch.manual_seed(seed)
+            bnn = pyro_bbb.BNN(cnn(True), likelihoods.Categorical())
+            guide = pyro_bbb.MeanFieldGuide(bnn)
+            options = {"optimizer": IVON(guide, num_data=n)} if name == "IVON" else {}
+            history = pyro_bbb.fit(bnn, guide, (x_train, y_train), epochs=epochs, batch_size=64, estimator=estimator,
+                                   progress=False, seed=seed, **options)
+            pyro.set_rng_seed(seed)
+            probs = pyro_bbb.predict(bnn, guide, x_test, num_samples=32).probs
+            rows.setdefault(f"{name} ({estimator})", []).append(
+                (*classifier_scores(probs, y_test), history["loss_per_datum"][-1]))
+    print(f"\ndigits as 8x8 images, CNN conv 1->8, conv 8->16 (3x3), linear 1024->10, batch 64, {epochs} epochs, "
+          f"medians over seeds {seeds}")
+    print(f"  {'':22s} {'accuracy':>9s} {'NLL':>7s} {'ECE':>7s} {'-ELBO/datum':>12s}")
+    for name, runs in rows.items():
+        accuracy, nll, ece, loss = (statistics.median(r[i] for r in runs) for i in range(4))
+        print(f"  {name:22s} {accuracy:9.4f} {nll:7.4f} {ece:7.4f} {loss:12.4f}")
+
+
+def classifier_scores(probs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float, float]:
+    """Accuracy, NLL per datum and expected calibration error of class probabilities ``probs`` (N, C)."""
+    nll = float(-probs.clamp_min(1e-12).log().gather(-1, labels[:, None]).mean())
+    return metrics.accuracy(probs, labels), nll, metrics.expected_calibration_error(probs, labels)
 
 
 # -- UCI -------------------------------------------------------------------------------------------------------------
@@ -545,7 +596,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--task", default="all",
-                        choices=["blr", "digits", "uci", "rates", "init", "clusters", "optimum", "fixed-point",
+                        choices=["blr", "digits", "cnn", "uci", "rates", "init", "clusters", "optimum", "fixed-point",
                                  "report", "convergence", "all"])
     parser.add_argument("--out-dir", type=Path, default=HERE)
     parser.add_argument("--estimator", default="reparam", choices=["reparam", "flipout", "local_reparam", "moments"],
@@ -556,6 +607,8 @@ def main() -> None:
         blr(args.quick)
     if args.task in ("digits", "all"):
         digits_task(args.quick, args.out_dir, args.ivon_lr)
+    if args.task in ("cnn", "all"):
+        cnn_task(args.quick)
     if args.task in ("uci", "all"):
         uci(args.quick, args.estimator)
     if args.task in ("rates", "all"):
