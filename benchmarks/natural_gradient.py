@@ -262,6 +262,13 @@ def classifier_scores(probs: torch.Tensor, labels: torch.Tensor) -> tuple[float,
 
 
 # -- UCI -------------------------------------------------------------------------------------------------------------
+def uci_found(task: str) -> bool:
+    """Whether the UCI sets are there (``../shared/uci``); if not, say that ``task`` is skipped."""
+    if not UCI.exists():
+        print(f"\n{task}: {UCI} not found; skipped")
+    return UCI.exists()
+
+
 def uci_split(name: str, split: int):
     folder = UCI / name
     data = torch.as_tensor(numpy.loadtxt(folder / "data.txt"), dtype=torch.float32)
@@ -294,8 +301,7 @@ def uci_run(name, split, optimizer_name, epochs, init_scale=None, prior=None, es
 
 
 def uci(quick: bool, estimator: str = "reparam") -> None:
-    if not UCI.exists():
-        print(f"\nUCI: {UCI} not found; skipped")
+    if not uci_found("UCI"):
         return
     epochs, splits = (5, [0]) if quick else (40, [0, 1, 2])
     print(
@@ -318,8 +324,7 @@ def uci(quick: bool, estimator: str = "reparam") -> None:
 
 def rates(quick: bool) -> None:
     """IVON's step size on four UCI sets (two of them, energy and yacht, in no other task here), beside Adam-BbB."""
-    if not UCI.exists():
-        print(f"\nrates: {UCI} not found; skipped")
+    if not uci_found("rates"):
         return
     epochs, splits = (5, [0]) if quick else (300, [0, 1, 2])
     print(f"\nIVON's step size, UCI 1x50 ReLU, learned noise, batch 32, {epochs} epochs: test log-lik (final -ELBO per "
@@ -337,8 +342,7 @@ def rates(quick: bool) -> None:
 # -- init sensitivity ------------------------------------------------------------------------------------------------
 def init_sensitivity(quick: bool) -> None:
     """UCI boston, splits 0-2: the final test log-likelihood for MeanFieldGuide's init_scale 1e-4, 1e-2 and 0.1."""
-    if not UCI.exists():
-        print(f"\ninit: {UCI} not found; skipped")
+    if not uci_found("init"):
         return
     epochs, splits = (3, [0]) if quick else (100, [0, 1, 2])
     print(f"\ninit_scale sensitivity, UCI boston, 1x50 ReLU, {epochs} epochs, batch 32: test log-likelihood, mean over "
