@@ -561,6 +561,17 @@ def epochs_to_converge(losses: list[float], window: int = 10, tolerance: float =
     return first if first <= len(losses) else math.inf  # (inf: still moving at the end)
 
 
+def epochs_to_reach(losses: list[float], target: float, window: int = 10) -> int:
+    """The first epoch at which the loss's moving average over ``window`` epochs is at or below ``target`` (inf: never).
+
+    >>> epochs_to_reach([5.0, 4.0, 3.0, 2.0], 3.0, window=1)
+    3
+    """
+    smooth = numpy.convolve(losses, numpy.ones(window) / window, mode="valid")
+    below = numpy.nonzero(smooth <= target)[0]
+    return int(below[0] + window) if len(below) else math.inf
+
+
 def convergence_run(task: str, optimizer_name: str, epochs: int, seed: int) -> list[float]:
     pyro.clear_param_store()
     torch.manual_seed(seed)
@@ -579,20 +590,24 @@ def convergence_run(task: str, optimizer_name: str, epochs: int, seed: int) -> l
 
 def convergence(quick: bool) -> None:
     """Epochs until the ELBO (smoothed over 10 epochs) stays within 1% of its converged value (the mean of the last
-    10% of a long run), fit's defaults otherwise; UCI splits / digits seeds 0-2."""
+    10% of a long run), fit's defaults otherwise; UCI splits / digits seeds 0-2; and the epoch from which IVON's
+    smoothed ELBO is at or below Adam-BbB's converged value in the same split / seed."""
     epochs, seeds = (12, [0]) if quick else (400, [0, 1, 2])
     tasks = ["bostonHousing", "concrete", "energy", "digits"] if UCI.exists() else ["digits"]
     print(f"\nEpochs until the smoothed -ELBO stays within 1% of its converged value ({epochs}-epoch runs, fit "
           f"defaults; seeds/splits {seeds}): medians, each run's in brackets")
     for task in tasks:
-        cells = []
+        cells, losses = [], {}
         for name in ("Adam-BbB", "IVON"):
-            runs = [convergence_run(task, name, epochs, seed) for seed in seeds]
+            losses[name] = runs = [convergence_run(task, name, epochs, seed) for seed in seeds]
             counts = [epochs_to_converge(r) for r in runs]
             finals = [statistics.mean(r[-max(1, len(r) // 10):]) for r in runs]
             each = ", ".join(f"{c:.0f}" for c in counts)
             cells.append(f"{name} {statistics.median(counts):5.0f} ({each}), final -ELBO/datum "
                          f"{statistics.median(finals):.3f}")
+        passing = [epochs_to_reach(ivon, statistics.mean(adam[-max(1, len(adam) // 10):]))
+                   for adam, ivon in zip(losses["Adam-BbB"], losses["IVON"])]
+        cells.append("IVON below Adam-BbB's final -ELBO from epoch " + ", ".join(f"{c:.0f}" for c in passing))
         print(f"  {task:14s} " + ";  ".join(cells))
 
 
