@@ -152,7 +152,8 @@ class IVON(PyroOptim):
         self._transform = transform_to(guide.scale_constraint)
         self._prior_cache: tuple | None = None  # (key, prior objects, flat (m, delta)) of fixed priors
         self._flat: tuple | None = None  # (sites, momentum, hess) concatenated, between steps
-        self._width_cache: tuple | None = None  # (sites, [(raw scale, its version)], sigma, d sigma / d u), last step
+        self._width_cache: tuple | None = None  # (sites, [(raw scale, version)], sigma, 1 / (N sigma d sigma / d u))
+        self._unit: tuple | None = None  # (delta, hess_init + delta) of the last step
 
     # -- which parameter is what ---------------------------------------------------------------------------------
     def _weight_sites(self) -> dict[str, tuple[str, str]]:
@@ -299,7 +300,7 @@ class IVON(PyroOptim):
         precision = torch.add(hess, delta, out=precision)
         step = torch.add(pull, momentum, alpha=1.0 / (1.0 - beta1**self.steps)).div_(precision)
         step.clamp_(-d["clip_radius"], d["clip_radius"])
-        mu.addcmul_(step, delta + d["hess_init"], value=-d["lr"])
+        mu.addcmul_(step, self._step_unit(delta), value=-d["lr"])
         sigma = precision.mul_(n).rsqrt_()
         u, slope = self._unconstrained(sigma)
         for p, q, m_part, u_part in zip(locs, raw_scales, mu.split(sizes), u.split(sizes)):
@@ -307,6 +308,12 @@ class IVON(PyroOptim):
             q.copy_(u_part.view(q.shape))
         self._width_cache = (sites, [(q, tensor_version(q)) for q in raw_scales], sigma,
                              slope.mul_(sigma).mul_(n).reciprocal_())
+
+    def _step_unit(self, delta: torch.Tensor) -> torch.Tensor:
+        """``hess_init + delta``, the unit of the means' step: kept while the prior precisions are the same tensor."""
+        if self._unit is None or self._unit[0] is not delta:
+            self._unit = (delta, delta + self.defaults["hess_init"])
+        return self._unit[1]
 
     def _own_widths(self, sites: list[str], raw_scales: list[torch.Tensor]):
         """``(sigma, 1 / (N sigma d sigma / d u))`` as this optimizer set them last step, when nothing has written
