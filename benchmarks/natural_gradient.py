@@ -118,6 +118,17 @@ def mlp(bayesian: bool) -> nn.Module:
     return nn.Sequential(make(64, 100), nn.ReLU(), make(100, 10))
 
 
+def train_deterministic(net: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, batch: int) -> nn.Module:
+    """``net`` trained as a classifier with torch's Adam (lr 1e-3) on shuffled minibatches of cross-entropy."""
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    for _ in range(epochs):
+        for idx in torch.randperm(len(y)).split(batch):
+            optimizer.zero_grad()
+            F.cross_entropy(net(x[idx]), y[idx]).backward()
+            optimizer.step()
+    return net
+
+
 def digits_contenders(epochs: int, batch: int, seed: int, ivon_lr: float = 0.1):
     import ivon  # the reference implementation: pip install --no-deps ivon-opt==0.1.3
 
@@ -126,13 +137,7 @@ def digits_contenders(epochs: int, batch: int, seed: int, ivon_lr: float = 0.1):
     results, traces, predictions = {}, {}, {}
 
     torch.manual_seed(seed)
-    net = mlp(False)
-    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
-    for _ in range(epochs):
-        for idx in torch.randperm(n).split(batch):
-            optimizer.zero_grad()
-            F.cross_entropy(net(x_train[idx]), y_train[idx]).backward()
-            optimizer.step()
+    net = train_deterministic(mlp(False), x_train, y_train, epochs, batch)
     with torch.no_grad():
         predictions["deterministic Adam"] = net(x_test).softmax(-1)
 
@@ -224,13 +229,7 @@ def cnn_task(quick: bool) -> None:
     rows: dict[str, list[tuple[float, ...]]] = {}
     for seed in seeds:
         torch.manual_seed(seed)
-        net = cnn(False)
-        optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
-        for _ in range(epochs):
-            for idx in torch.randperm(n).split(64):
-                optimizer.zero_grad()
-                F.cross_entropy(net(x_train[idx]), y_train[idx]).backward()
-                optimizer.step()
+        net = train_deterministic(cnn(False), x_train, y_train, epochs, 64)
         with torch.no_grad():
             probs = net(x_test).softmax(-1)
         rows.setdefault("deterministic Adam", []).append((*classifier_scores(probs, y_test), math.nan))
