@@ -448,7 +448,9 @@ def negative_elbo(bnn, guide, x, y) -> float:
         return statistics.mean(elbo.loss(bnn, guide, x, y) for _ in range(10))
 
 
-def optimum_run(optimizer_name: str, estimator: str, epochs: int, seed: int, x, y, x_test, hess_init: float = 1.0):
+def optimum_fit(optimizer_name: str, estimator: str, epochs: int, seed: int, x, y, hess_init: float = 1.0):
+    """The tanh net and its guide trained with ``optimizer_name`` and ``estimator`` (Adam 1e-2 -> 1e-3, IVON 0.1 ->
+    1e-2, full batch)."""
     pyro.clear_param_store()
     torch.manual_seed(seed)
     bnn = tanh_bnn()
@@ -459,6 +461,11 @@ def optimum_run(optimizer_name: str, estimator: str, epochs: int, seed: int, x, 
         options = {"lr": 1e-2, "lr_final": 1e-3}
     pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=len(y), estimator=estimator, progress=False, seed=seed,
                  **options)
+    return bnn, guide
+
+
+def optimum_run(optimizer_name: str, estimator: str, epochs: int, seed: int, x, y, x_test, hess_init: float = 1.0):
+    bnn, guide = optimum_fit(optimizer_name, estimator, epochs, seed, x, y, hess_init)
     with torch.no_grad():
         draws = {k: q.sample((1000,)) for k, q in guide.site_posteriors().items()}
     return negative_elbo(bnn, guide, x, y), function_draws(bnn, draws, x_test)
@@ -489,12 +496,7 @@ def fixed_point(quick: bool) -> None:
     epochs, more, seeds = (20, 10, [0]) if quick else (5000, 2000, [0, 1, 2])
     x, y, x_test = optimum_data()
     n = len(y)
-    pyro.clear_param_store()
-    torch.manual_seed(0)
-    bnn = tanh_bnn()
-    guide = pyro_bbb.MeanFieldGuide(bnn)
-    pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=n, estimator="moments", lr=1e-2, lr_final=1e-3,
-                 progress=False, seed=0)
+    bnn, guide = optimum_fit("Adam-BbB", "moments", epochs, 0, x, y)
     store = pyro.get_param_store()
     start = {name: value.detach().clone() for name, value in store.named_parameters()}
     print(f"\nIVON started at Adam's best posterior (tanh net, moment propagation, {epochs} epochs, seed 0): -ELBO "
