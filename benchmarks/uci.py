@@ -88,6 +88,35 @@ def _read(name: str, filename: str) -> np.ndarray:
     return np.loadtxt(ROOT / name / filename)
 
 
+def load_split(name: str, split: int) -> tuple:
+    """One standard split of a UCI set: ``(x_train, y_train, x_test, y_test, y_mean, y_std)``, features and the
+    training target normalised on the training split (``y_test`` in original units, float32 tensors)."""
+    data = _read(name, "data.txt")
+    features = _read(name, "index_features.txt").astype(int).reshape(-1)
+    target = int(_read(name, "index_target.txt"))
+    train = _read(name, f"index_train_{split}.txt").astype(int)
+    test = _read(name, f"index_test_{split}.txt").astype(int)
+    x, y = data[:, features], data[:, target]
+    x_mean, x_std = x[train].mean(0), x[train].std(0)
+    x_std[x_std == 0] = 1.0
+    y_mean, y_std = y[train].mean(), y[train].std()
+
+    def tensor(a):
+        return torch.as_tensor(a, dtype=torch.float32)
+
+    return (tensor((x[train] - x_mean) / x_std), tensor((y[train] - y_mean) / y_std), tensor((x[test] - x_mean) / x_std),
+            tensor(y[test]), float(y_mean), float(y_std))
+
+
+def test_log_likelihood(bnn, guide, x_test, y_test, y_mean: float, y_std: float, num_samples: int) -> tuple:
+    """Test log-likelihood per point and RMSE in the original units: ``y = y_mean + y_std * z``, so ``log p(y) =
+    log p(z) - log(y_std)``."""
+    prediction = pyro_bbb.predict(bnn, guide, x_test, num_samples=num_samples)
+    log_lik = prediction.log_likelihood((y_test - y_mean) / y_std).mean().item() - math.log(y_std)
+    rmse = ((prediction.mean * y_std + y_mean - y_test) ** 2).mean().sqrt().item()
+    return log_lik, rmse
+
+
 def convergence(history: pyro_bbb.History) -> tuple[float, float, float]:
     """``(elbo_change, elbo_drift, std_drift)`` of a run (see the module docstring); NaN when too short.
 
@@ -110,21 +139,7 @@ def run_split(task: tuple) -> tuple:
     name, split, variant, epochs, num_samples, lr_final, patience, refit = task
     torch.set_num_threads(1)
     estimator, noise, prior = VARIANTS[variant]
-    data = _read(name, "data.txt")
-    features = _read(name, "index_features.txt").astype(int).reshape(-1)
-    target = int(_read(name, "index_target.txt"))
-    train = _read(name, f"index_train_{split}.txt").astype(int)
-    test = _read(name, f"index_test_{split}.txt").astype(int)
-    x, y = data[:, features], data[:, target]
-    x_mean, x_std = x[train].mean(0), x[train].std(0)
-    x_std[x_std == 0] = 1.0
-    y_mean, y_std = y[train].mean(), y[train].std()
-
-    def tensor(a):
-        return torch.as_tensor(a, dtype=torch.float32)
-
-    x_train, y_train = tensor((x[train] - x_mean) / x_std), tensor((y[train] - y_mean) / y_std)
-    x_test, y_test = tensor((x[test] - x_mean) / x_std), tensor(y[test])
+    x_train, y_train, x_test, y_test, y_mean, y_std = load_split(name, split)
     hidden = int(_read(name, "n_hidden.txt"))
     outputs = 2 if noise == "heteroscedastic" else 1
     start = time.perf_counter()
@@ -144,10 +159,7 @@ def run_split(task: tuple) -> tuple:
             cut = None if lr_final is None else 1e-2 * (lr_final / 1e-2) ** ((trained - 1) / max(1, epochs - 1))
             bnn, guide, history = _train(x_train, y_train, hidden, outputs, prior, estimator, split, trained, cut)
     change, drift, std_drift = convergence(history)
-    prediction = pyro_bbb.predict(bnn, guide, x_test, num_samples=num_samples)
-    # original units: y = y_mean + y_std * z, so log p(y) = log p(z) - log(y_std)
-    log_lik = prediction.log_likelihood((y_test - y_mean) / y_std).mean().item() - math.log(y_std)
-    rmse = ((prediction.mean * y_std + y_mean - y_test) ** 2).mean().sqrt().item()
+    log_lik, rmse = test_log_likelihood(bnn, guide, x_test, y_test, y_mean, y_std, num_samples)
     return name, variant, log_lik, rmse, time.perf_counter() - start, change, drift, trained, std_drift
 
 

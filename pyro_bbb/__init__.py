@@ -24,7 +24,7 @@ from .bnn import BNN
 from .checkpoint import load, save
 from .data import DataError
 from .data import datasets as datasets
-from .evaluate import diagnostics, metrics, plots, summary, to_inference_data
+from .evaluate import diagnostics, evidence, metrics, plots, summary, to_inference_data
 from .infer import (
     DEFAULT_INIT_SCALE,
     ELBO,
@@ -46,6 +46,6 @@ __all__ = [
     "moment_propagation", "FlipoutMessenger", "LocalReparameterizationMessenger", "MomentPropagationMessenger",
     "fit", "EarlyStopping", "History", "TrainingDivergedError", "DataError", "set_up_guide", "predict",
     "Prediction", "RegressionPrediction", "ClassificationPrediction", "save", "load", "summary",
-    "to_inference_data", "data", "distributions", "evaluate", "infer", "likelihoods", "nn", "optim", "plates",
+    "to_inference_data", "evidence", "data", "distributions", "evaluate", "infer", "likelihoods", "nn", "optim", "plates",
     "prediction", "priors", "train", "datasets", "diagnostics", "metrics", "plots", "schedules", "__version__",
 ]

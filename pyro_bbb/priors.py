@@ -40,6 +40,7 @@ __all__ = [
     "is_real_support",
     "strip_independent",
     "prior_std",
+    "initial_width",
 ]
 
 
@@ -479,6 +480,25 @@ def prior_std(p: torch.distributions.Distribution, draws: int = 256) -> torch.Te
         return p.stddev
     except NotImplementedError:
         return p.sample((draws,)).std(0)
+
+
+def initial_width(p: torch.distributions.Distribution) -> torch.Tensor:
+    """The per-element width a posterior starts at when it starts at its prior's: the standard deviation (an
+    :class:`EmpiricalBayesNormal` prior's hyperprior mode, which its scale starts from), expanded to the shape.
+
+    Examples
+    --------
+    >>> initial_width(FanInNormal().distribution((2, 4), fan_in=4))
+    tensor([[0.5000, 0.5000, 0.5000, 0.5000],
+            [0.5000, 0.5000, 0.5000, 0.5000]])
+    >>> float(initial_width(EmpiricalBayesNormal(gain=2.0).distribution((3,), fan_in=4)).max())
+    1.0
+    """
+    base = strip_independent(p)
+    shape = p.batch_shape + p.event_shape
+    if isinstance(base, EmpiricalBayesNormalDistribution):
+        return base.mode_scale.expand(shape)
+    return torch.as_tensor(prior_std(base)).expand(shape)
 
 
 def _as_pyro_distribution(d: torch.distributions.Distribution) -> dist.Distribution:

@@ -1,6 +1,7 @@
 """Looking at a trained posterior: metrics of predictions (:mod:`~pyro_bbb.evaluate.metrics`), per-layer diagnostics
 and summaries (:mod:`~pyro_bbb.evaluate.diagnostics`), pruning by signal-to-noise (:mod:`~pyro_bbb.evaluate.pruning`),
-figures (:mod:`~pyro_bbb.evaluate.plots`) and the ArviZ export (:mod:`~pyro_bbb.evaluate.export`).
+figures (:mod:`~pyro_bbb.evaluate.plots`), model selection by the ELBO
+(:mod:`~pyro_bbb.evaluate.model_selection`) and the ArviZ export (:mod:`~pyro_bbb.evaluate.export`).
 
 Examples
 --------
@@ -11,11 +12,12 @@ Examples
 ['kl', 'kl_per_weight', 'kl_q99']
 """
 
-from . import diagnostics, metrics, plots, pruning
+from . import diagnostics, metrics, model_selection, plots, pruning
 from .diagnostics import check_posterior, layer_summary, parameter_summary, summary
+from .model_selection import Evidence, compare_evidence, evidence
 from .export import to_inference_data
 
 __all__ = [
     "diagnostics", "metrics", "plots", "pruning", "summary", "parameter_summary", "layer_summary", "check_posterior",
-    "to_inference_data",
+    "to_inference_data", "model_selection", "Evidence", "evidence", "compare_evidence",
 ]

@@ -97,9 +97,11 @@ class MeanFieldGuide(AutoNormalHooks):
     ----------
     model : callable
         The Pyro model, usually a :class:`~pyro.nn.PyroModule` built from :mod:`pyro_bbb.nn` layers.
-    init_scale : float, optional
+    init_scale : float or "prior", optional
         Initial posterior standard deviation of every weight (unconstrained scale for constrained sites).
-        Defaults to :data:`DEFAULT_INIT_SCALE`; ``benchmarks/README.md`` shows how it was chosen.
+        Defaults to :data:`DEFAULT_INIT_SCALE`; ``benchmarks/README.md`` shows how it was chosen. ``"prior"``: every
+        Bayesian layer's weights start at their prior's standard deviation (an empirical-Bayes prior's hyperprior
+        mode; :func:`pyro_bbb.priors.initial_width`), other sites at :data:`DEFAULT_INIT_SCALE`.
     init_loc_fn : callable, optional
         A Pyro init strategy for the posterior means, as for ``AutoNormal``. By default each layer's posterior mean
         starts at the layer's own initialisation (what ``torch.nn`` would have drawn, or trained weights for
@@ -143,8 +145,14 @@ class MeanFieldGuide(AutoNormalHooks):
             init_loc_fn = _InitFromModules(model)
         elif not callable(init_loc_fn):
             raise ValueError(f"`init_loc_fn` must be a Pyro init strategy (a callable), got {init_loc_fn!r}.")
-        init_scale = check_positive("init_scale", DEFAULT_INIT_SCALE if init_scale is None else init_scale)
+        widths_from_prior = isinstance(init_scale, str) and init_scale == "prior"
+        if isinstance(init_scale, str) and not widths_from_prior:
+            raise ValueError(f'`init_scale` must be a number > 0 or "prior", got {init_scale!r}.')
+        if widths_from_prior or init_scale is None:
+            init_scale = DEFAULT_INIT_SCALE
+        init_scale = check_positive("init_scale", init_scale)
         super().__init__(model, init_loc_fn=init_loc_fn, init_scale=float(init_scale), create_plates=create_plates)
+        self.__dict__["_widths_from_prior"] = widths_from_prior
         # kept out of the module tree (no parameters of the model in the guide's state), for the layers' init scales
         self.__dict__["_module"] = model if isinstance(model, torch.nn.Module) else None
 
@@ -212,13 +220,16 @@ class MeanFieldGuide(AutoNormalHooks):
 
     @torch.no_grad()
     def _set_initial_scales(self) -> None:
-        """Posterior widths a layer's prior asks for (MOPED: ``delta * |w|``) replace ``init_scale`` at set-up."""
+        """Posterior widths a layer's prior asks for (MOPED: ``delta * |w|``), or with ``init_scale="prior"`` the
+        prior's width, replace ``init_scale`` at set-up."""
         model = self.__dict__.get("_module")
         if model is None:
             return
         for module in model.modules():
             if isinstance(module, BayesianModule):
-                for site, scale in module.initial_scales(full_names=True).items():
+                scales = module.prior_widths(full_names=True) if self.__dict__.get("_widths_from_prior") else {}
+                scales.update(module.initial_scales(full_names=True))
+                for site, scale in scales.items():
                     if self.has_site(site):
                         constrained = attrgetter(site)(self.scales)
                         constrained.unconstrained().copy_(transform_to(self.scale_constraint).inv(scale))

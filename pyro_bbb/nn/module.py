@@ -14,7 +14,7 @@ from pyro.poutine.runtime import get_plates
 
 from .._internals import ConvNd, module_buffer, pyro_name, sampled_attributes, site_name, tensor_version
 from ..plates import current_data_plate
-from ..priors import Prior, as_prior, prior_state
+from ..priors import Prior, as_prior, initial_width, prior_state
 from .draws import draws_leading, fold_affine_output, folded_draws, unfold_affine_input
 from .functional import bayesian_affine
 
@@ -229,6 +229,20 @@ class BayesianModule(PyroModule):
             for name, (_, prior) in self._bayesian.items()
             if hasattr(prior, "scale") and getattr(prior, "uses_init", False)
         }
+
+    def prior_widths(self, full_names: bool = False) -> dict[str, torch.Tensor]:
+        """Each parameter's prior standard deviation, per element (:func:`pyro_bbb.priors.initial_width`): the widths
+        ``MeanFieldGuide(init_scale="prior")`` starts the posterior at.
+
+        Examples
+        --------
+        >>> layer = BayesianLinear(4, 2, prior=priors.FanInNormal())
+        >>> float(layer.prior_widths()["weight"].max())
+        0.5
+        """
+        prefix = pyro_name(self) if full_names else ""
+        return {site_name(prefix, name): initial_width(self.prior_distribution(name)).detach()
+                for name in self._bayesian}
 
     def site_priors(self) -> dict[str, Callable[[], Any]]:
         """Pyro site name -> a function returning the prior that site's parameter has now
