@@ -104,8 +104,8 @@ def load_split(name: str, split: int) -> tuple:
     def tensor(a):
         return torch.as_tensor(a, dtype=torch.float32)
 
-    return (tensor((x[train] - x_mean) / x_std), tensor((y[train] - y_mean) / y_std), tensor((x[test] - x_mean) / x_std),
-            tensor(y[test]), float(y_mean), float(y_std))
+    return (tensor((x[train] - x_mean) / x_std), tensor((y[train] - y_mean) / y_std),
+            tensor((x[test] - x_mean) / x_std), tensor(y[test]), float(y_mean), float(y_std))
 
 
 def test_log_likelihood(bnn, guide, x_test, y_test, y_mean: float, y_std: float, num_samples: int) -> tuple:

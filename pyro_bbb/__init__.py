@@ -46,6 +46,7 @@ __all__ = [
     "moment_propagation", "FlipoutMessenger", "LocalReparameterizationMessenger", "MomentPropagationMessenger",
     "fit", "EarlyStopping", "History", "TrainingDivergedError", "DataError", "set_up_guide", "predict",
     "Prediction", "RegressionPrediction", "ClassificationPrediction", "save", "load", "summary",
-    "to_inference_data", "evidence", "data", "distributions", "evaluate", "infer", "likelihoods", "nn", "optim", "plates",
-    "prediction", "priors", "train", "datasets", "diagnostics", "metrics", "plots", "schedules", "__version__",
+    "to_inference_data", "evidence", "data", "distributions", "evaluate", "infer", "likelihoods", "nn", "optim",
+    "plates", "prediction", "priors", "train", "datasets", "diagnostics", "metrics", "plots", "schedules",
+    "__version__",
 ]

@@ -14,8 +14,8 @@ Examples
 
 from . import diagnostics, metrics, model_selection, plots, pruning
 from .diagnostics import check_posterior, layer_summary, parameter_summary, summary
-from .model_selection import Evidence, compare_evidence, evidence
 from .export import to_inference_data
+from .model_selection import Evidence, compare_evidence, evidence
 
 __all__ = [
     "diagnostics", "metrics", "plots", "pruning", "summary", "parameter_summary", "layer_summary", "check_posterior",

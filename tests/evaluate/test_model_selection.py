@@ -13,8 +13,8 @@ from pyro.infer.autoguide import AutoNormal
 import pyro_bbb
 from pyro_bbb import MeanFieldGuide, likelihoods, priors
 from pyro_bbb._checks import GuideNotSetUpError
-from pyro_bbb.infer.guide import AdoptedPosteriorWarning
 from pyro_bbb.evaluate import compare_evidence, evidence
+from pyro_bbb.infer.guide import AdoptedPosteriorWarning
 from pyro_bbb.nn import BayesianLinear
 from tests.helpers import Regression, params
 
