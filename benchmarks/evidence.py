@@ -13,7 +13,8 @@ and the test log-likelihood of the candidate with the best training ELBO next to
 
 Candidates are the product of ``--priors``, ``--noises``, ``--inits`` and ``--estimators``:
 
-- priors: ``normal`` N(0, 1) (the old default); ``fan-in`` N(0, 1/sqrt(fan_in)); ``eb`` empirical Bayes per weight
+- priors: ``normal`` N(0, 1) (the old default); ``fan-in`` N(0, 1/sqrt(fan_in)) on weights and biases; ``he``
+  N(0, sqrt(2/fan_in)) on weights and N(0, 1) on biases (the new default); ``eb`` empirical Bayes per weight
   tensor under an inverse-gamma hyperprior at the fan-in scale (Wu et al. 2019); ``learned`` a scale per tensor
   learned by gradient steps (type-II maximum likelihood, no hyperprior).
 - noises: ``homoscedastic`` (``likelihoods.Gaussian()``: one learned scale under a LogNormal(0, 1) prior);
@@ -21,6 +22,9 @@ Candidates are the product of ``--priors``, ``--noises``, ``--inits`` and ``--es
 - inits: the posterior's initial width, ``1e-4`` (the old default) or ``prior`` (each weight at its prior's std).
 - estimators: ``reparam``, ``local_reparam``, ``flipout``, ``moments`` (training only; every candidate is scored by
   the same Monte Carlo ELBO).
+- optimizers: ``adam`` (Adam-BbB, 1e-2 decaying to 1e-3) or ``ivon`` (:class:`pyro_bbb.optim.IVON`, 0.1 to 0.01).
+
+Every candidate trains with batches of 32 for ``--epochs`` epochs, its rate decaying tenfold.
 """
 
 from __future__ import annotations
@@ -41,12 +45,14 @@ from uci import _read, load_split, test_log_likelihood  # noqa: E402  (benchmark
 import pyro_bbb
 from pyro_bbb import likelihoods, priors
 from pyro_bbb.nn import BayesianLinear
+from pyro_bbb.optim import IVON
 
 DEVELOPMENT_SETS = ["bostonHousing", "concrete", "energy", "yacht"]
 
 PRIORS = {
     "normal": lambda: priors.Normal(0.0, 1.0),
     "fan-in": priors.FanInNormal,
+    "he": lambda: priors.FanInNormal(gain=2**0.5, bias_scale=1.0),
     "eb": priors.EmpiricalBayesNormal,
     "learned": priors.LearnedNormal,
 }
@@ -54,13 +60,17 @@ NOISES = {"homoscedastic": likelihoods.Gaussian, "heteroscedastic": likelihoods.
 INITS = {"1e-4": 1e-4, "prior": "prior"}
 
 
-def candidate_name(prior: str, noise: str, init: str, estimator: str) -> str:
-    return f"{prior}, {noise}, init {init}, {estimator}"
+#: optimizer -> (its first learning rate, the last one): the same tenfold decay for both.
+OPTIMIZERS = {"adam": (1e-2, 1e-3), "ivon": (0.1, 1e-2)}
+
+
+def candidate_name(prior: str, noise: str, init: str, estimator: str, optimizer: str = "adam") -> str:
+    return f"{prior}, {noise}, init {init}, {estimator}" + ("" if optimizer == "adam" else f", {optimizer}")
 
 
 def run(task: tuple) -> dict:
     """Train one candidate on one split; its training ELBO (per datum) and test scores."""
-    name, split, (prior, noise, init, estimator), epochs, lr, lr_final, draws = task
+    name, split, (prior, noise, init, estimator, optimizer), epochs, draws, constant_rate = task
     torch.set_num_threads(1)
     x_train, y_train, x_test, y_test, y_mean, y_std = load_split(name, split)
     hidden = int(_read(name, "n_hidden.txt"))
@@ -71,18 +81,22 @@ def run(task: tuple) -> dict:
                               BayesianLinear(hidden, outputs, prior=PRIORS[prior]()))
     bnn = pyro_bbb.BNN(net, NOISES[noise]())
     guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=INITS[init])
+    lr, lr_final = OPTIMIZERS[optimizer]
+    lr_final = None if constant_rate else lr_final
+    options = {"optimizer": IVON(guide, num_data=len(y_train), lr=lr)} if optimizer == "ivon" else {"lr": lr}
     start = time.perf_counter()
     status = "ok"
     try:
-        pyro_bbb.fit(bnn, guide, (x_train, y_train), epochs=epochs, batch_size=32, lr=lr, lr_final=lr_final,
-                     estimator=estimator, progress=False, seed=split)
+        pyro_bbb.fit(bnn, guide, (x_train, y_train), epochs=epochs, batch_size=32, lr_final=lr_final,
+                     estimator=estimator, progress=False, seed=split, **options)
     except pyro_bbb.TrainingDivergedError:
         status = "diverged"  # parameters restored to the last finite state: scored as they are
     seconds = time.perf_counter() - start
     result = pyro_bbb.evidence(bnn, guide, (x_train, y_train), num_draws=draws, seed=split)
     log_lik, rmse = test_log_likelihood(bnn, guide, x_test, y_test, y_mean, y_std, 200)
     # the ELBO of the normalised targets, in the original units like the test score: log p(y) = log p(z) - log y_std
-    return {"set": name, "split": split, "candidate": candidate_name(prior, noise, init, estimator),
+    candidate = candidate_name(prior, noise, init, estimator, optimizer) + f", {epochs} epochs"
+    return {"set": name, "split": split, "candidate": candidate,
             "elbo_per_datum": result.per_datum - float(np.log(y_std)), "elbo_se": result.per_datum_standard_error,
             "kl_per_datum": result.kl / result.num_data, "test_log_lik": log_lik, "test_rmse": rmse,
             "seconds": seconds, "status": status}
@@ -140,9 +154,10 @@ def main() -> None:
     parser.add_argument("--noises", nargs="*", default=list(NOISES), choices=list(NOISES))
     parser.add_argument("--inits", nargs="*", default=list(INITS), choices=list(INITS))
     parser.add_argument("--estimators", nargs="*", default=["reparam"])
-    parser.add_argument("--epochs", type=int, default=200)
-    parser.add_argument("--lr", type=float, default=1e-2)
-    parser.add_argument("--lr-final", type=float, default=1e-3)
+    parser.add_argument("--optimizers", nargs="*", default=["adam"], choices=list(OPTIMIZERS),
+                        help="adam: Adam-BbB from 1e-2 to 1e-3; ivon: pyro_bbb.optim.IVON from 0.1 to 0.01")
+    parser.add_argument("--epochs", type=int, nargs="*", default=[200], help="one run per candidate and budget")
+    parser.add_argument("--constant-rate", action="store_true", help="no decay of the learning rate (fit's default)")
     parser.add_argument("--draws", type=int, default=100, help="weight draws of each training-ELBO estimate")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--raw", type=Path, default=None, help="also write every run's figures to this JSON file")
@@ -154,11 +169,11 @@ def main() -> None:
         summarise(rows, list(dict.fromkeys(r["set"] for r in rows)))
         return
     if args.quick:
-        args.sets, args.splits, args.epochs, args.draws = ["yacht"], 1, 2, 4
+        args.sets, args.splits, args.epochs, args.draws = ["yacht"], 1, [2], 4
         args.priors, args.noises, args.inits = ["normal", "fan-in"], ["homoscedastic"], ["prior"]
-    candidates = list(itertools.product(args.priors, args.noises, args.inits, args.estimators))
-    tasks = [(name, split, c, args.epochs, args.lr, args.lr_final, args.draws)
-             for name in args.sets for split in range(args.splits) for c in candidates]
+    candidates = list(itertools.product(args.priors, args.noises, args.inits, args.estimators, args.optimizers))
+    tasks = [(name, split, c, epochs, args.draws, args.constant_rate)
+             for name in args.sets for split in range(args.splits) for c in candidates for epochs in args.epochs]
     start, rows = time.perf_counter(), []
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
         for row in pool.imap_unordered(run, tasks):

@@ -62,10 +62,12 @@ DVI = {
     "power-plant": -2.80, "protein-tertiary-structure": -2.85, "wine-quality-red": -0.90, "yacht": -0.47,
 }
 
-#: The weight priors of the variants: N(0, 1); empirical Bayes with a learned scale; empirical Bayes with the
-#: closed-form scale given the posterior, under Wu et al.'s inverse-gamma hyperprior ("eb") or none ("eb-plain").
+#: The weight priors of the variants: the layers' default (``priors.DEFAULT_PRIOR``); N(0, 1) (the default before
+#: it); empirical Bayes with a learned scale; empirical Bayes with the closed-form scale given the posterior, under Wu
+#: et al.'s inverse-gamma hyperprior ("eb") or none ("eb-plain").
 PRIORS = {
-    "normal": lambda: None,
+    "default": lambda: None,
+    "normal": lambda: priors.Normal(0.0, 1.0),
     "learned": priors.LearnedNormal,
     "eb": priors.EmpiricalBayesNormal,
     "eb-plain": lambda: priors.EmpiricalBayesNormal(concentration=None),
@@ -73,6 +75,8 @@ PRIORS = {
 
 #: name -> (estimator, noise model, weight prior: a key of PRIORS).
 VARIANTS = {
+    "defaults": ("reparam", "homoscedastic", "default"),
+    "defaults, heteroscedastic": ("reparam", "heteroscedastic", "default"),
     "BbB, learned noise": ("reparam", "homoscedastic", "normal"),
     "BbB local reparam, learned noise": ("local_reparam", "homoscedastic", "normal"),
     "BbB local reparam, heteroscedastic": ("local_reparam", "heteroscedastic", "normal"),

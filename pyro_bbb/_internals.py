@@ -92,6 +92,21 @@ def autonormal_loc_and_scale(guide: Any, name: str):
     return guide._get_loc_and_scale(name)
 
 
+def autonormal_draw_site(guide_trace: Any, name: str) -> dict[str, Any] | None:
+    """The auxiliary site through which Pyro's ``AutoNormal`` draws site ``name`` (a ``Normal`` in unconstrained
+    space, at ``<name>_unconstrained``), or ``None`` when the guide trace has none.
+
+    Examples
+    --------
+    >>> guide = pyro.infer.autoguide.AutoNormal(pyro_bbb.nn.BayesianLinear(2, 1))
+    >>> trace = pyro.poutine.trace(guide).get_trace(torch.zeros(1, 2))
+    >>> type(autonormal_draw_site(trace, "weight")["fn"].base_dist).__name__
+    'Normal'
+    """
+    site = guide_trace.nodes.get(f"{name}_unconstrained")
+    return site if site is not None and site["type"] == "sample" and site["infer"].get("is_auxiliary") else None
+
+
 def set_up_autoguide(guide: Any, *args: Any, **kwargs: Any) -> None:
     """Create an autoguide's parameters from one run of its model on ``args`` (no draw from the guide), as its
     first call would.

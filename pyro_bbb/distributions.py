@@ -124,9 +124,9 @@ class EmpiricalBayesNormalDistribution(TorchDistribution):
         raise ValueError(
             "EmpiricalBayesNormal sets its scale from the posterior q, so it has no log-density on its own: only "
             "KL(q || prior) is defined, for a guide that samples the site from a Normal. Use pyro_bbb.ELBO (Pyro's "
-            "Trace_ELBO and TraceMeanField_ELBO score the draw under the prior) with pyro_bbb.MeanFieldGuide or a "
-            "hand-written Normal guide (Pyro's AutoNormal samples each site through a Delta), or a prior with a "
-            "density such as priors.LearnedNormal."
+            "Trace_ELBO and TraceMeanField_ELBO score the draw under the prior) with pyro_bbb.MeanFieldGuide, Pyro's "
+            "AutoNormal or a hand-written Normal guide, or a prior with a density such as priors.FanInNormal (the "
+            "layers' default) or priors.LearnedNormal."
         )
 
     def sample(self, sample_shape=()):

@@ -12,7 +12,7 @@ Examples
 >>> guide = MeanFieldGuide(bnn, init_scale=0.5)
 >>> _ = guide(torch.randn(3, 2), torch.randn(3))
 >>> {layer: round(r, 2) for layer, r in posterior_to_prior_std(bnn, guide).items()}
-{'net.0': 0.5, 'net.2': 0.5}
+{'net.0': 0.5, 'net.2': 0.67}
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def layer_summary(model: Callable, guide, tails: bool = True) -> dict[str, dict[
 
     Examples
     --------
-    >>> layer = BayesianLinear(3, 2)
+    >>> layer = BayesianLinear(3, 2, prior=priors.Normal(0.0, 1.0))
     >>> guide = MeanFieldGuide(layer, init_scale=1.0, init_loc_fn=lambda site: torch.zeros(site["fn"].shape()))
     >>> _ = guide(torch.randn(4, 3))
     >>> entry = layer_summary(layer, guide)["(root)"]       # posterior == prior
@@ -135,7 +135,7 @@ def kl_by_layer(model: Callable, guide) -> dict[str, float]:
 
     Examples
     --------
-    >>> layer = BayesianLinear(3, 2)
+    >>> layer = BayesianLinear(3, 2, prior=priors.Normal(0.0, 1.0))
     >>> guide = MeanFieldGuide(layer, init_loc_fn=lambda site: torch.zeros(site["fn"].shape()))
     >>> _ = guide(torch.randn(4, 3))
     >>> round(kl_by_layer(layer, guide)["(root)"] / 8, 3)   # per weight: -log(1e-4) + 1e-8/2 - 1/2

@@ -21,6 +21,7 @@ from .._checks import check_count
 from .._internals import (
     TraceMeanFieldHooks,
     active_messengers,
+    autonormal_draw_site,
     check_mean_field_requirement,
     is_tracing,
     without_trace_shapes,
@@ -29,7 +30,15 @@ from ..plates import DATA_PLATE, data_plate_named, trace_data_plate_frame
 from ._replay import ReplayMismatch, ReplayPlan, plan_replay, replay_captures, replay_terms
 from .estimators import PosteriorReader
 from .guide import POSTERIOR_KEY
-from .kl import base_normal, batched_normal_kls, is_unscaled, log_prob_sum, site_kl, zero_mean_prior_scale
+from .kl import (
+    base_normal,
+    batched_normal_kls,
+    is_unscaled,
+    log_prob_sum,
+    needs_posterior,
+    site_kl,
+    zero_mean_prior_scale,
+)
 from .scaling import scale_data_plate
 from .schedules import Constant
 
@@ -310,6 +319,7 @@ class ELBO(TraceMeanFieldHooks):
         nll = 0.0
         kl_by_site: dict[str, torch.Tensor | None] = {}
         closed_form: dict[str, tuple] = {}
+        drawn_through: dict[str, str] = {}  # AutoNormal's auxiliary draws whose log q a site's closed-form KL holds
         for name, model_site in model_trace.nodes.items():
             if model_site["type"] != "sample":
                 continue
@@ -328,6 +338,9 @@ class ELBO(TraceMeanFieldHooks):
                     f"guide site {name!r} ({type(guide_site['fn']).__name__}) is not reparameterizable; "
                     "pyro_bbb.ELBO needs reparameterized guide draws (MeanFieldGuide's are)."
                 )
+            draw = autonormal_draw_site(guide_trace, name)
+            if draw is not None and needs_posterior(model_site["fn"]):  # AutoNormal: the prior's KL reads its Normal
+                guide_site, drawn_through[draw["name"]] = draw, name
             plain = guide_site["mask"] is None and is_unscaled(guide_site["scale"])
             q = base_normal(guide_site["fn"]) if plain else None
             t = None if q is None else zero_mean_prior_scale(q.loc, model_site["fn"])
@@ -337,7 +350,7 @@ class ELBO(TraceMeanFieldHooks):
             else:
                 kl_by_site[name] = site_kl(guide_site, model_site)
         for name, guide_site in guide_trace.nodes.items():  # auxiliary guide sites contribute log q
-            if guide_site["type"] == "sample" and name not in model_trace.nodes:
+            if guide_site["type"] == "sample" and name not in model_trace.nodes and name not in drawn_through:
                 kl_by_site[name] = log_prob_sum(guide_site)
         return self._account(nll, kl_by_site, closed_form)
 

@@ -22,6 +22,7 @@ from pyro.distributions.util import scale_and_mask
 from pyro.util import check_site_shape
 
 from .._internals import foreach_norm, tensor_version
+from ..distributions import EmpiricalBayesNormalDistribution
 from ..priors import strip_independent
 
 __all__ = [
@@ -42,6 +43,17 @@ def log_prob_sum(site: dict, max_plate_nesting: float | None = None) -> torch.Te
 def base_normal(d) -> Normal | None:
     d = strip_independent(d)
     return d if type(d) is Normal else None
+
+
+def needs_posterior(d) -> bool:
+    """Whether a prior's KL needs the posterior itself (an empirical-Bayes prior, whose scale is set from ``q``).
+
+    Examples
+    --------
+    >>> needs_posterior(priors.EmpiricalBayesNormal().distribution((2,), fan_in=2)), needs_posterior(dist.Normal(0, 1))
+    (True, False)
+    """
+    return isinstance(strip_independent(d), EmpiricalBayesNormalDistribution)
 
 
 def has_trainable_parameters(d) -> bool:

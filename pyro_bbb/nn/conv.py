@@ -281,7 +281,7 @@ class BayesianConvTranspose2d(_BayesianConvTransposeNd):
     >>> up = BayesianConvTranspose2d(8, 3, kernel_size=3, stride=2, padding=1, output_padding=1)
     >>> up
     BayesianConvTranspose2d(8, 3, kernel_size=(3, 3), stride=(2, 2), padding=(1, 1), output_padding=(1, 1), \
-prior=Normal(loc=0.0, scale=1.0))
+prior=FanInNormal(gain=1.4142135623730951, bias_scale=1.0))
     >>> up(torch.randn(2, 8, 4, 4)).shape
     torch.Size([2, 3, 8, 8])
     >>> up(torch.randn(2, 8, 4, 4), output_size=[7, 7]).shape

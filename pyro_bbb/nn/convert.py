@@ -140,7 +140,8 @@ def bayesianize(
         The (trained) model.
     prior : Prior, dict or callable, optional
         One prior for every converted layer; a dict from name pattern to prior (first match wins, unmatched
-        layers get their twin's default: ``Normal(0, 1)``, ``Normal(0, 2)`` for recurrent layers); or
+        layers get their twin's default: :data:`~pyro_bbb.priors.DEFAULT_PRIOR`, ``Normal(0, 2)`` for recurrent
+        layers); or
         ``(name, module) -> prior``. ``None``: every twin's default. :class:`pyro_bbb.priors.Moped` centres each
         weight's prior on its trained value.
     include : list of patterns or predicate, optional

@@ -182,7 +182,7 @@ class BayesianModule(PyroModule):
         Examples
         --------
         >>> BayesianLinear(3, 2, bias=False).bayesian_parameters()
-        {'weight': Normal(loc=0.0, scale=1.0)}
+        {'weight': FanInNormal(gain=1.4142135623730951, bias_scale=1.0)}
         """
         return {name: prior for name, (_, prior) in self._bayesian.items()}
 

@@ -31,9 +31,11 @@ from .recurrence import recurrence
 
 __all__ = ["BayesianLSTMCell", "BayesianGRUCell", "BayesianLSTM", "BayesianGRU", "DEFAULT_RECURRENT_PRIOR"]
 
-#: The prior of a recurrent layer's weights and biases when none is given: ``Normal(0, 2)``, twice the width of the
-#: feed-forward layers' ``Normal(0, 1)``, whose KL pulls recurrent weights to zero faster than the data pins them
-#: down (``benchmarks/README.md`` compares the widths on the Embedded Reber Grammar).
+#: The prior of a recurrent layer's weights and biases when none is given: ``Normal(0, 2)``, wider than the
+#: feed-forward default (:data:`pyro_bbb.priors.DEFAULT_PRIOR`): narrower priors (N(0, 1), N(0, 0.5), and the
+#: empirical-Bayes scales, which follow a posterior that has not left zero yet on a plateau) pull recurrent weights to
+#: zero faster than the data pins them down (``benchmarks/README.md`` compares the widths on the Embedded Reber
+#: Grammar).
 DEFAULT_RECURRENT_PRIOR = Normal(0.0, 2.0)
 
 

@@ -12,7 +12,7 @@ from pyro.nn import PyroModule, PyroSample
 from scipy import stats
 
 import pyro_bbb
-from pyro_bbb import likelihoods
+from pyro_bbb import likelihoods, priors
 from pyro_bbb.infer.estimators import ESTIMATORS
 from pyro_bbb.nn import BayesianLinear
 from pyro_bbb.nn import conv as bayesian_conv
@@ -136,7 +136,8 @@ def test_local_reparameterization_marginal_is_the_gaussian():
 
 
 def mlp_model():
-    net = torch.nn.Sequential(BayesianLinear(2, 6), torch.nn.Tanh(), BayesianLinear(6, 1))
+    n01 = priors.Normal(0.0, 1.0)
+    net = torch.nn.Sequential(BayesianLinear(2, 6, prior=n01), torch.nn.Tanh(), BayesianLinear(6, 1, prior=n01))
     return pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
 
 
@@ -520,11 +521,12 @@ class PyroStyleRegression(PyroModule):
 
     def __init__(self, bayesian=False, kind="linear"):
         super().__init__()
+        n01 = priors.Normal(0.0, 1.0)  # the PyroSample sites' prior
         if kind == "conv":  # a convolution over a 1-channel 4x4 image, 2 output channels
-            twin, shape = lambda: bayesian_conv.BayesianConv2d(1, 2, 3, padding=1), [2, 1, 3, 3]
+            twin, shape = lambda: bayesian_conv.BayesianConv2d(1, 2, 3, padding=1, prior=n01), [2, 1, 3, 3]
             plain = lambda: PyroModule[torch.nn.Conv2d](1, 2, 3, padding=1)  # noqa: E731
         else:
-            twin, shape = lambda: BayesianLinear(3, 2), [2, 3]
+            twin, shape = lambda: BayesianLinear(3, 2, prior=n01), [2, 3]
             plain = lambda: PyroModule[torch.nn.Linear](3, 2)  # noqa: E731
         if bayesian:
             self.linear = twin()

@@ -6,7 +6,7 @@ import torch
 from pyro.nn import PyroModule
 
 import pyro_bbb
-from pyro_bbb import DEFAULT_INIT_SCALE, ELBO, MeanFieldGuide
+from pyro_bbb import DEFAULT_INIT_SCALE, ELBO, MeanFieldGuide, priors
 from pyro_bbb._checks import GuideNotSetUpError
 from pyro_bbb.nn import BayesianLinear
 
@@ -42,7 +42,7 @@ def test_every_real_site_is_a_normal_at_its_own_name():
 def test_closed_form_kl_makes_a_prior_only_elbo_deterministic():
     """With no data the ELBO is exactly -KL: identical for every draw iff the closed form is used."""
 
-    layer = BayesianLinear(3, 2)
+    layer = BayesianLinear(3, 2, prior=priors.Normal(0.0, 1.0))
 
     def prior_only(x):
         return layer(x)
@@ -127,7 +127,7 @@ class LocalLatent(PyroModule):
 
     def __init__(self):
         super().__init__()
-        self.fc = BayesianLinear(2, 1, bias=False)
+        self.fc = BayesianLinear(2, 1, bias=False, prior=priors.Normal(0.0, 1.0))
 
     def forward(self, x, y=None):
         idx = x[:, -1].long()

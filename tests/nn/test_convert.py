@@ -107,7 +107,7 @@ def test_priors_per_layer():
     by_pattern = pyro_bbb.bayesianize(model, prior={"conv": priors.Laplace(0.0, 0.1), "*": priors.Normal(0, 2)})
     assert by_pattern.conv.prior == priors.Laplace(0.0, 0.1) and by_pattern.head.prior == priors.Normal(0, 2)
     by_callable = pyro_bbb.bayesianize(model, prior=lambda name, m: priors.FanInNormal() if name == "head" else None)
-    assert by_callable.head.prior == priors.FanInNormal() and by_callable.conv.prior == priors.Normal()
+    assert by_callable.head.prior == priors.FanInNormal() and by_callable.conv.prior == priors.DEFAULT_PRIOR
 
 
 def test_moped_starts_at_the_trained_weights_with_relative_widths():

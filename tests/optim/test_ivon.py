@@ -271,7 +271,8 @@ def test_keep_widths_continues_a_trained_guide_and_the_closed_form_optimum_is_it
     errors = {}
     for keep in (True, False):
         pyro.clear_param_store()
-        bnn = pyro_bbb.BNN(BayesianLinear(3, 1, dtype=torch.float64), likelihoods.Gaussian(scale=0.5))
+        layer = BayesianLinear(3, 1, prior=priors.Normal(0.0, 1.0), dtype=torch.float64)
+        bnn = pyro_bbb.BNN(layer, likelihoods.Gaussian(scale=0.5))
         guide = MeanFieldGuide(bnn)
         guide(x, y)
         widths = std.clone()
