@@ -18,7 +18,8 @@ class BayesianLinear(BayesianModule):
     Same constructor, shapes and output as :class:`torch.nn.Linear`, plus ``prior`` (a
     :class:`pyro_bbb.priors.Prior` or any scalar :class:`pyro.distributions.Distribution`; default
     :data:`pyro_bbb.priors.DEFAULT_PRIOR`: ``Normal(0, sqrt(2 / in_features))`` on the weights, ``Normal(0, 1)`` on
-    the bias). The initial values (used as starting posterior means) are drawn exactly like ``nn.Linear``'s. Weights with leading sample dimensions, ``(*S, out, in)``, are applied in one batched call.
+    the bias). The initial values (used as starting posterior means) are drawn exactly like ``nn.Linear``'s.
+    Weights with leading sample dimensions, ``(*S, out, in)``, are applied in one batched call.
 
     Parameters
     ----------
