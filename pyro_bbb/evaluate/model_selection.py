@@ -214,21 +214,27 @@ def compare_evidence(candidates: Mapping[str, tuple[Callable, Callable]], data, 
 
 
 def _check_own_parameters(candidates: Mapping[str, tuple[Callable, Callable]], data) -> None:
-    """An error naming the fix where two candidates' guides read the same entries of Pyro's global param store."""
-    store = pyro.get_param_store()
-    owners: dict[str, str] = {}
+    """An error naming the fix where two candidates' guides train the same parameter tensors."""
+    owners: dict[int, str] = {}
     for name, (model, guide) in candidates.items():
         require_set_up(guide, "evidence")
-        x, y = next(iter(Batches(data, None, likelihood_of(model), model_device(model), model_dtype(model))))
-        with torch.no_grad():
-            trace = poutine.trace(guide).get_trace(x, y)
-        for site, node in trace.nodes.items():
-            if node["type"] != "param" or site not in store:
-                continue
-            if owners.setdefault(site, name) != name:
+        for tensor in _guide_parameters(model, guide, data):
+            if owners.setdefault(id(tensor), name) != name:
                 raise ValueError(
-                    f"candidates {owners[site]!r} and {name!r} read the same parameter {site!r} from Pyro's global "
-                    "param store: the later one's training continued the earlier one's, so both would be scored with "
-                    "one posterior. Train each candidate with its own parameters (pyro.settings.set("
-                    "module_local_params=True) before building them) or give their sites different names."
+                    f"candidates {owners[id(tensor)]!r} and {name!r} share their guide's parameters (Pyro's global param "
+                    "store keeps one parameter per name: the later one's training continued the earlier one's), so "
+                    "both would be scored with one posterior. Train each candidate with its own parameters "
+                    "(pyro.settings.set(module_local_params=True) before building them) or give their sites "
+                    "different names."
                 )
+
+
+def _guide_parameters(model, guide, data) -> list[torch.Tensor]:
+    """The tensors a guide trains: a ``PyroModule`` guide's parameters, else the param-store entries it reads."""
+    if isinstance(guide, torch.nn.Module):
+        return list(guide.parameters())
+    x, y = next(iter(Batches(data, None, likelihood_of(model), model_device(model), model_dtype(model))))
+    with torch.no_grad():
+        trace = poutine.trace(guide).get_trace(x, y)
+    names = {site for site, node in trace.nodes.items() if node["type"] == "param"}
+    return [tensor for site, tensor in pyro.get_param_store().named_parameters() if site in names]
