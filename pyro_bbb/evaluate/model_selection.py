@@ -32,7 +32,9 @@ import torch
 from .._checks import check_count, require_set_up
 from ..data.batches import Batches, likelihood_of, model_device
 from ..data.inputs import model_dtype
+from .._internals import active_messengers
 from ..infer.elbo import ELBO
+from ..infer.estimators import PosteriorReader
 from ..nn.module import training_mode
 from ..plates import data_plate_of
 
@@ -126,12 +128,22 @@ def evidence(
     ------
     GuideNotSetUpError
         The guide has not been trained (its parameters do not exist yet).
+    ValueError
+        Called inside :func:`pyro_bbb.flipout`, :func:`pyro_bbb.local_reparameterization` or
+        :func:`pyro_bbb.moment_propagation`, or with bad arguments or data.
 
     Examples
     --------
     See the module example; ``print(result)`` shows the estimate with its standard error.
     """
     require_set_up(guide, "evidence")
+    active = [reader.estimator for reader in active_messengers(PosteriorReader)]
+    if active:
+        raise ValueError(
+            f"evidence scores the exact ELBO with plain weight draws, but it was called inside an estimator's handler "
+            f"({', '.join(active)}), which would change what is computed (moment propagation's ELBO is an "
+            "approximation). Call it outside the `with` block."
+        )
     check_count("num_draws", num_draws)
     if num_draws < 2:
         raise ValueError(f"num_draws must be at least 2 (the standard error needs two draws), got {num_draws}.")

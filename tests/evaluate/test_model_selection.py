@@ -153,6 +153,20 @@ def test_bad_calls_are_clear_errors():
         evidence(bnn, guide, (x, y[:5]))
     with pytest.raises(ValueError, match="at least one"):
         compare_evidence({}, (x, y))
+    with pyro_bbb.moment_propagation(), pytest.raises(ValueError, match="inside an estimator's handler"):
+        evidence(bnn, guide, (x, y))
+
+
+def test_a_classifier_with_integer_labels_matches_pyro_bbbs_elbo_with_many_particles():
+    g = torch.Generator().manual_seed(3)
+    x, labels = torch.randn(60, 4, generator=g), torch.randint(0, 3, (60,), generator=g)
+    pyro.clear_param_store()
+    bnn = pyro_bbb.BNN(BayesianLinear(4, 3), likelihoods.Categorical())
+    guide = MeanFieldGuide(bnn, init_scale=0.3)
+    pyro_bbb.fit(bnn, guide, (x, labels), epochs=20, lr=1e-2, progress=False, seed=0)
+    result = evidence(bnn, guide, (x, labels), num_draws=300)
+    reference = -pyro_bbb.ELBO(num_data=60, num_particles=4000, vectorize_particles=True).loss(bnn, guide, x, labels)
+    assert abs(result.elbo - reference) < 4 * result.standard_error + 0.05, (result, reference)
 
 
 def test_compare_ranks_by_the_elbo_and_refuses_candidates_that_share_one_posterior():
