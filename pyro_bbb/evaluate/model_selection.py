@@ -30,9 +30,9 @@ import pyro.poutine as poutine
 import torch
 
 from .._checks import check_count, require_set_up
+from .._internals import active_messengers
 from ..data.batches import Batches, likelihood_of, model_device
 from ..data.inputs import model_dtype
-from .._internals import active_messengers
 from ..infer.elbo import ELBO
 from ..infer.estimators import PosteriorReader
 from ..nn.module import training_mode
