@@ -233,9 +233,9 @@ def _check_own_parameters(candidates: Mapping[str, tuple[Callable, Callable]], d
         for tensor in _guide_parameters(model, guide, data):
             if owners.setdefault(id(tensor), name) != name:
                 raise ValueError(
-                    f"candidates {owners[id(tensor)]!r} and {name!r} share their guide's parameters (Pyro's global param "
-                    "store keeps one parameter per name: the later one's training continued the earlier one's), so "
-                    "both would be scored with one posterior. Train each candidate with its own parameters "
+                    f"candidates {owners[id(tensor)]!r} and {name!r} share their guide's parameters (Pyro's global "
+                    "param store keeps one parameter per name: the later one's training continued the earlier "
+                    "one's), so both would be scored with one posterior. Train each candidate with its own parameters "
                     "(pyro.settings.set(module_local_params=True) before building them) or give their sites "
                     "different names."
                 )
