@@ -9,14 +9,17 @@ and the test log-likelihood of the candidate with the best training ELBO next to
 
     python benchmarks/evidence.py                                   # development sets, 3 splits (~20 min, 2 cores)
     python benchmarks/evidence.py --sets wine-quality-red kin8nm --priors fan-in --noises heteroscedastic
+    python benchmarks/evidence.py --sets digits --priors normal he eb --noises homoscedastic   # a classifier
     python benchmarks/evidence.py --quick                           # smoke run
 
 Candidates are the product of ``--priors``, ``--noises``, ``--inits`` and ``--estimators``:
 
-- priors: ``normal`` N(0, 1) (the old default); ``fan-in`` N(0, 1/sqrt(fan_in)) on weights and biases; ``he``
-  N(0, sqrt(2/fan_in)) on weights and N(0, 1) on biases (the new default); ``eb`` empirical Bayes per weight
-  tensor under an inverse-gamma hyperprior at the fan-in scale (Wu et al. 2019); ``learned`` a scale per tensor
-  learned by gradient steps (type-II maximum likelihood, no hyperprior).
+- priors: ``normal`` N(0, 1) (the old default); ``normal-2`` N(0, 2); ``fan-in`` N(0, 1/sqrt(fan_in)) on weights
+  and biases; ``he`` N(0, sqrt(2/fan_in)) on weights and N(0, 1) on biases (the new default); ``eb`` empirical
+  Bayes per weight tensor under an inverse-gamma hyperprior at the fan-in scale (Wu et al. 2019); ``learned`` a
+  scale per tensor learned by gradient steps (type-II maximum likelihood, no hyperprior).
+- sets: the UCI sets of ``../shared/uci`` and ``digits`` (scikit-learn's 8x8 digits, a 64-100-10 classifier with a
+  Categorical likelihood, batches of 128; the split seeds the train/test partition; the noise option is ignored).
 - noises: ``homoscedastic`` (``likelihoods.Gaussian()``: one learned scale under a LogNormal(0, 1) prior);
   ``heteroscedastic`` (``likelihoods.HeteroscedasticGaussian()``: the net also outputs the scale).
 - inits: the posterior's initial width, ``1e-4`` (the old default) or ``prior`` (each weight at its prior's std).
@@ -43,7 +46,7 @@ import torch
 from uci import _read, load_split, test_log_likelihood  # noqa: E402  (benchmarks/uci.py)
 
 import pyro_bbb
-from pyro_bbb import likelihoods, priors
+from pyro_bbb import datasets, likelihoods, metrics, priors
 from pyro_bbb.nn import BayesianLinear
 from pyro_bbb.optim import IVON
 
@@ -51,6 +54,7 @@ DEVELOPMENT_SETS = ["bostonHousing", "concrete", "energy", "yacht"]
 
 PRIORS = {
     "normal": lambda: priors.Normal(0.0, 1.0),
+    "normal-2": lambda: priors.Normal(0.0, 2.0),
     "fan-in": priors.FanInNormal,
     "he": lambda: priors.FanInNormal(gain=2**0.5, bias_scale=1.0),
     "eb": priors.EmpiricalBayesNormal,
@@ -72,14 +76,19 @@ def run(task: tuple) -> dict:
     """Train one candidate on one split; its training ELBO (per datum) and test scores."""
     name, split, (prior, noise, init, estimator, optimizer), epochs, draws, constant_rate = task
     torch.set_num_threads(1)
-    x_train, y_train, x_test, y_test, y_mean, y_std = load_split(name, split)
-    hidden = int(_read(name, "n_hidden.txt"))
+    classifier = name == "digits"
+    if classifier:  # the 8x8 digits (the split seeds the train/test partition), a 64-100-10 net, batches of 128
+        x_train, y_train, x_test, y_test = datasets.digits(seed=split)
+        hidden, outputs, batch_size, y_mean, y_std = 100, 10, 128, 0.0, 1.0
+    else:
+        x_train, y_train, x_test, y_test, y_mean, y_std = load_split(name, split)
+        hidden, batch_size = int(_read(name, "n_hidden.txt")), 32
+        outputs = 2 if noise == "heteroscedastic" else 1
     pyro.clear_param_store()
     torch.manual_seed(split)
-    outputs = 2 if noise == "heteroscedastic" else 1
     net = torch.nn.Sequential(BayesianLinear(x_train.shape[1], hidden, prior=PRIORS[prior]()), torch.nn.ReLU(),
                               BayesianLinear(hidden, outputs, prior=PRIORS[prior]()))
-    bnn = pyro_bbb.BNN(net, NOISES[noise]())
+    bnn = pyro_bbb.BNN(net, likelihoods.Categorical() if classifier else NOISES[noise]())
     guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=INITS[init])
     lr, lr_final = OPTIMIZERS[optimizer]
     lr_final = None if constant_rate else lr_final
@@ -87,13 +96,17 @@ def run(task: tuple) -> dict:
     start = time.perf_counter()
     status = "ok"
     try:
-        pyro_bbb.fit(bnn, guide, (x_train, y_train), epochs=epochs, batch_size=32, lr_final=lr_final,
+        pyro_bbb.fit(bnn, guide, (x_train, y_train), epochs=epochs, batch_size=batch_size, lr_final=lr_final,
                      estimator=estimator, progress=False, seed=split, **options)
     except pyro_bbb.TrainingDivergedError:
         status = "diverged"  # parameters restored to the last finite state: scored as they are
     seconds = time.perf_counter() - start
     result = pyro_bbb.evidence(bnn, guide, (x_train, y_train), num_draws=draws, seed=split)
-    log_lik, rmse = test_log_likelihood(bnn, guide, x_test, y_test, y_mean, y_std, 200)
+    if classifier:  # "test_rmse" holds the accuracy
+        prediction = pyro_bbb.predict(bnn, guide, x_test, num_samples=200)
+        log_lik, rmse = metrics.log_likelihood(prediction, y_test), metrics.accuracy(prediction, y_test)
+    else:
+        log_lik, rmse = test_log_likelihood(bnn, guide, x_test, y_test, y_mean, y_std, 200)
     # the ELBO of the normalised targets, in the original units like the test score: log p(y) = log p(z) - log y_std
     candidate = candidate_name(prior, noise, init, estimator, optimizer) + f", {epochs} epochs"
     return {"set": name, "split": split, "candidate": candidate,
@@ -128,7 +141,8 @@ def summarise(rows: list[dict], sets: list[str]) -> None:
                    for c, rs in by_candidate.items()}
         order = sorted(medians, key=lambda c: -medians[c]["elbo_per_datum"])
         print(f"\n### {name}\n")
-        print("| candidate | splits | training ELBO / datum | KL / datum | test log-lik | test RMSE | s / run |")
+        score = "test accuracy" if name == "digits" else "test RMSE"
+        print(f"| candidate | splits | training ELBO / datum | KL / datum | test log-lik | {score} | s / run |")
         print("|---|---|---|---|---|---|---|")
         for c in order:
             m = medians[c]
