@@ -134,7 +134,14 @@ def evidence(
 
     Examples
     --------
-    See the module example; ``print(result)`` shows the estimate with its standard error.
+    >>> x = torch.randn(100, 2)
+    >>> y = x.sum(-1) + 0.1 * torch.randn(100)
+    >>> bnn = pyro_bbb.BNN(BayesianLinear(2, 1), likelihoods.Gaussian())
+    >>> guide = pyro_bbb.MeanFieldGuide(bnn)
+    >>> _ = pyro_bbb.fit(bnn, guide, (x, y), epochs=50, batch_size=25, lr=1e-2, progress=False)
+    >>> result = evidence(bnn, guide, (x, y), num_draws=50)
+    >>> result.standard_error > 0, abs(result.elbo - (result.expected_log_likelihood - result.kl)) < 1e-6
+    (True, True)
     """
     require_set_up(guide, "evidence")
     active = [reader.estimator for reader in active_messengers(PosteriorReader)]
