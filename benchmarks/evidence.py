@@ -7,7 +7,7 @@ log-likelihood (what a user sees, reported after the choice). Per set it prints 
 the splits), the Spearman rank correlation between the training ELBO and the test log-likelihood across candidates,
 and the test log-likelihood of the candidate with the best training ELBO next to the best one.
 
-    python benchmarks/evidence.py                                   # development sets, 3 splits (~20 min, 2 cores)
+    python benchmarks/evidence.py                                   # development sets, 3 splits (~10 min, 2 cores)
     python benchmarks/evidence.py --sets wine-quality-red kin8nm --priors fan-in --noises heteroscedastic
     python benchmarks/evidence.py --sets digits --priors normal he eb --noises homoscedastic   # a classifier
     python benchmarks/evidence.py --quick                           # smoke run
@@ -27,7 +27,8 @@ Candidates are the product of ``--priors``, ``--noises``, ``--inits`` and ``--es
   the same Monte Carlo ELBO).
 - optimizers: ``adam`` (Adam-BbB, 1e-2 decaying to 1e-3) or ``ivon`` (:class:`pyro_bbb.optim.IVON`, 0.1 to 0.01).
 
-Every candidate trains with batches of 32 for ``--epochs`` epochs, its rate decaying tenfold.
+Every candidate trains for ``--epochs`` epochs (batches of 32; 128 on digits), its rate decaying tenfold unless
+``--constant-rate``.
 """
 
 from __future__ import annotations

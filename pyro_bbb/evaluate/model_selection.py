@@ -166,23 +166,22 @@ def evidence(
                                  dtype=torch.float64)
     finally:
         pyro.util.set_rng_state(rng_state)
-    values = -draws[:, 0]
+    values = -draws.sum(1)  # the ELBO of each draw: -(nll + kl)
     standard_error = float(values.std() / math.sqrt(num_draws))
     return Evidence(elbo=float(values.mean()), standard_error=standard_error,
-                    expected_log_likelihood=float(-draws[:, 1].mean()), kl=float(draws[:, 2].mean()),
+                    expected_log_likelihood=float(-draws[:, 0].mean()), kl=float(draws[:, 1].mean()),
                     num_data=batches.num_data, num_draws=num_draws)
 
 
-def _one_draw(elbo: ELBO, model, guide, batches: Batches) -> tuple[float, float, float]:
-    """``(loss, nll, kl)`` of one draw over all the data: each batch's estimate weighted by its share of it."""
-    loss = nll = kl = 0.0
+def _one_draw(elbo: ELBO, model, guide, batches: Batches) -> tuple[float, float]:
+    """``(nll, kl)`` of one draw over all the data: each batch's estimate weighted by its share of it."""
+    nll = kl = 0.0
     for x, y in batches:
         share = len(y) / batches.num_data
-        loss += share * float(elbo.loss(model, guide, x, y))
-        terms = elbo.last_terms
-        nll += share * float(terms["nll"])
-        kl += share * float(terms["kl"])
-    return loss, nll, kl
+        elbo.loss(model, guide, x, y)
+        nll += share * float(elbo.last_terms["nll"])
+        kl += share * float(elbo.last_terms["kl"])
+    return nll, kl
 
 
 def compare_evidence(candidates: Mapping[str, tuple[Callable, Callable]], data, **options) -> dict[str, Evidence]:

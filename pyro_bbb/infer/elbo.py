@@ -338,8 +338,8 @@ class ELBO(TraceMeanFieldHooks):
                     f"guide site {name!r} ({type(guide_site['fn']).__name__}) is not reparameterizable; "
                     "pyro_bbb.ELBO needs reparameterized guide draws (MeanFieldGuide's are)."
                 )
-            draw = autonormal_draw_site(guide_trace, name)
-            if draw is not None and needs_posterior(model_site["fn"]):  # AutoNormal: the prior's KL reads its Normal
+            draw = autonormal_draw_site(guide_trace, name) if needs_posterior(model_site["fn"]) else None
+            if draw is not None:  # AutoNormal's site is a Delta: the prior's KL reads the Normal it draws through
                 guide_site, drawn_through[draw["name"]] = draw, name
             plain = guide_site["mask"] is None and is_unscaled(guide_site["scale"])
             q = base_normal(guide_site["fn"]) if plain else None

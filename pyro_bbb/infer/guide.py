@@ -145,12 +145,11 @@ class MeanFieldGuide(AutoNormalHooks):
             init_loc_fn = _InitFromModules(model)
         elif not callable(init_loc_fn):
             raise ValueError(f"`init_loc_fn` must be a Pyro init strategy (a callable), got {init_loc_fn!r}.")
-        widths_from_prior = isinstance(init_scale, str) and init_scale == "prior"
-        if isinstance(init_scale, str) and not widths_from_prior:
+        widths_from_prior = isinstance(init_scale, str)
+        if widths_from_prior and init_scale != "prior":
             raise ValueError(f'`init_scale` must be a number > 0 or "prior", got {init_scale!r}.')
-        if widths_from_prior or init_scale is None:
-            init_scale = DEFAULT_INIT_SCALE
-        init_scale = check_positive("init_scale", init_scale)
+        init_scale = check_positive("init_scale", DEFAULT_INIT_SCALE if widths_from_prior or init_scale is None
+                                    else init_scale)
         super().__init__(model, init_loc_fn=init_loc_fn, init_scale=float(init_scale), create_plates=create_plates)
         self.__dict__["_widths_from_prior"] = widths_from_prior
         # kept out of the module tree (no parameters of the model in the guide's state), for the layers' init scales
