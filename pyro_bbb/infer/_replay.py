@@ -2,11 +2,12 @@
 step's tensor program directly (the same draws in the same order, the same loss and gradients), without a Pyro
 message per parameter and site.
 
-It must stay equal to the Pyro path of :class:`pyro_bbb.ELBO`, bit for bit; ``tests/infer/test_replay.py`` checks
-it. Its entry points: :func:`plan_replay` records a plan after a full step (or finds the step cannot be replayed),
-:func:`replay_captures` says whether a new call can follow the plan, and :func:`replay_terms` runs it, returning the
-terms the ELBO accounts for as it does on its own path. A :class:`ReplayMismatch` means the model changed: the ELBO
-then takes the full path again.
+It must stay equal to the Pyro path of :class:`pyro_bbb.ELBO` (the reference), bit for bit;
+``tests/infer/test_replay.py`` runs every case against it. The ELBO sees one object, :class:`ReplayBackend`, which
+holds every rule of when a step is replayed: :meth:`ReplayBackend.after_full_step` records a plan after a step
+through Pyro's handlers (or finds the model and guide cannot be replayed), and :meth:`ReplayBackend.terms` gives a
+later step's terms -- or ``None``, and the ELBO takes its own path. A model that no longer matches the plan (a new
+site, a cleared param store) drops the plan.
 
 Examples
 --------
@@ -27,17 +28,76 @@ from typing import Any
 import torch
 from pyro.distributions.util import scale_and_mask
 from pyro.poutine.messenger import Messenger
+from pyro.util import warn_if_nan
 
 from .._internals import ParamReader, is_tracing, param_captures, preset_samples, sample_priors
 from ..bnn import BNN
 from ..nn.module import BayesianModule, is_layer_prior
 from ..plates import data_plate_frame
+from ._terms import Frame
 from .estimators import FlipoutMessenger, LocalReparameterizationMessenger
 from .guide import POSTERIOR_KEY, MeanFieldGuide
 from .kl import has_trainable_parameters, is_unscaled, site_kl, zero_mean_prior_scale
 from .scaling import DataPlateScaleMessenger
 
-__all__ = ["ReplayMismatch", "ReplayPlan", "plan_replay", "replay_captures", "replay_terms"]
+__all__ = ["ReplayBackend"]
+
+
+class ReplayBackend:
+    """The replayed step behind :meth:`pyro_bbb.ELBO.loss_and_grads`, and the one place that decides when it runs: a
+    plan was recorded (``enabled``, one particle, a replayable model and guide: see :func:`_plan_replay`), Pyro's
+    validation is not due, and the call follows the plan (see :func:`_replay_captures`).
+
+    Examples
+    --------
+    >>> ReplayBackend(enabled=False).plan is None
+    True
+    """
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.plan: ReplayPlan | None = None
+        self._traces: tuple | None = None
+
+    def keep_traces(self, traces: tuple) -> None:
+        """The ``(model_trace, guide_trace)`` of the full step now running: what a plan is made from."""
+        self._traces = traces
+
+    def after_full_step(self, model, guide, num_data: int | None, data_plate: str, num_particles: int) -> None:
+        """Record the plan of the full step just run, or none when it cannot be replayed."""
+        traces, self._traces = self._traces, None
+        self.plan = None
+        if self.enabled and traces is not None and num_particles == 1:
+            self.plan = _plan_replay(model, guide, traces, num_data, data_plate)
+
+    def loss_and_grads(self, elbo, call, model, guide, args: tuple, kwargs: dict, validating: bool) -> float | None:
+        """A replayed step of ``elbo``: its terms go through ``elbo.account`` into ``call``, as on the full path, and
+        the surrogate loss is differentiated; ``None`` when the full path must run (no plan, validation due, a call
+        off the plan; a model that changed also drops the plan).
+
+        Examples
+        --------
+        ::
+
+            loss = elbo.backend.loss_and_grads(elbo, call, model, guide, (x, y), {}, validating=False)
+        """
+        if self.plan is None or validating:
+            return None
+        captured = _replay_captures(self.plan, model, guide, args, kwargs)
+        if captured is None:
+            return None
+        try:
+            nll, kl_by_site, closed_form, batch = _replay_terms(self.plan, *captured, *args, elbo.num_data,
+                                                                elbo.data_plate)
+        except ReplayMismatch:  # the model changed: the full path from now on (and a plan, if it allows)
+            self.plan = None
+            return None
+        call.frame = Frame(batch, None)
+        loss, surrogate_loss = elbo.account(nll, kl_by_site, closed_form)
+        if getattr(surrogate_loss, "requires_grad", False):
+            (surrogate_loss / elbo.num_particles).backward(retain_graph=elbo.retain_graph)
+        warn_if_nan(loss, "loss")
+        return loss
 
 
 class ReplayMismatch(Exception):
@@ -66,7 +126,7 @@ def _site(fn, value) -> dict[str, Any]:
     return {"fn": fn, "value": value, "scale": 1.0, "mask": None, "args": (), "kwargs": {}}
 
 
-def plan_replay(model, guide, traces: tuple, num_data: int | None, data_plate: str) -> ReplayPlan | None:
+def _plan_replay(model, guide, traces: tuple, num_data: int | None, data_plate: str) -> ReplayPlan | None:
     """The plan of a replayable model and guide from a full step's ``(model_trace, guide_trace)``, else ``None``:
     a :class:`~pyro_bbb.BNN` whose latent sites are all global sites of a :class:`~pyro_bbb.MeanFieldGuide` (weights
     under a prior without trainable parameters, and e.g. a learned noise scale), observed only at its likelihood's
@@ -109,7 +169,7 @@ def plan_replay(model, guide, traces: tuple, num_data: int | None, data_plate: s
     return ReplayPlan(model, guide, guide.prototype_trace, sites, ParamReader(names))
 
 
-def replay_captures(plan: ReplayPlan, model, guide, args: tuple, kwargs: dict) -> tuple[list, list] | None:
+def _replay_captures(plan: ReplayPlan, model, guide, args: tuple, kwargs: dict) -> tuple[list, list] | None:
     """``(parameter-capture traces, estimator handlers)`` when a call ``(model, guide, *args, **kwargs)`` can follow
     ``plan``: the same model and guide, ``(x, y)`` with targets, the same prototype, no pruning, no JIT trace, and no
     handler active but ``SVI``'s / ``fit``'s parameter capture and at most one of Flipout and local
@@ -124,7 +184,7 @@ def replay_captures(plan: ReplayPlan, model, guide, args: tuple, kwargs: dict) -
     return stack
 
 
-def replay_terms(plan: ReplayPlan, captures: list, estimators: list, x, y, num_data: int | None,
+def _replay_terms(plan: ReplayPlan, captures: list, estimators: list, x, y, num_data: int | None,
                  data_plate: str) -> tuple[torch.Tensor, dict, dict, int]:
     """One step's terms as the ELBO's own path computes them, from the same draws in the same order, without the
     handlers but the estimator's (told each site's posterior as the guide's draw would): ``(scaled negative

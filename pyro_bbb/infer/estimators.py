@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from pyro.poutine.messenger import Messenger
 from torch.overrides import TorchFunctionMode
 
+from .._internals import active_messengers
 from ..nn.functional import FlipoutMap, batched_conv, batched_linear, sample_dims
 from ..nn.module import is_layer_prior
 from ..nn.moments import affine_moments, tracking_modules
@@ -40,7 +41,7 @@ from .guide import POSTERIOR_KEY
 __all__ = [
     "FlipoutMessenger", "LocalReparameterizationMessenger", "flipout", "local_reparameterization",
     "MomentPropagationMessenger", "moment_propagation", "ESTIMATORS",
-    "estimator", "PosteriorReader",
+    "estimator", "PosteriorReader", "started_estimators", "check_estimators_reached",
 ]
 
 
@@ -426,3 +427,34 @@ class _DrawnWeightLinear(TorchFunctionMode):
                 apply = partial(batched_conv, spatial_dims=spatial, transposed=transposed, **settings)
                 return self.reader.affine(input, weight, bias, apply, spatial + 1)
         return func(*args, **kwargs)
+
+
+def started_estimators() -> list[PosteriorReader]:
+    """The estimators active around a model-and-guide run, each told that a new run starts.
+
+    Examples
+    --------
+    >>> with flipout():
+    ...     len(started_estimators())
+    1
+    """
+    estimators = active_messengers(PosteriorReader)
+    for estimator in estimators:
+        estimator.start_run()
+    return estimators
+
+
+def check_estimators_reached(estimators: list[PosteriorReader], guide_trace) -> None:
+    """A clear error when a weight the guide drew with a posterior mean and scale reached none of ``estimators``
+    (it would silently stay on plain reparameterization); see :meth:`PosteriorReader.check_reached`.
+
+    Examples
+    --------
+    >>> check_estimators_reached([], None)
+    """
+    if not estimators:
+        return
+    weights = [n for n, site in guide_trace.nodes.items()
+               if site["type"] == "sample" and POSTERIOR_KEY in site["infer"]]
+    for estimator in estimators:
+        estimator.check_reached(weights)

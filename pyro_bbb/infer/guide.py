@@ -21,6 +21,7 @@ from .._internals import (
     autonormal_event_dim,
     autonormal_loc_and_scale,
     module_local_params_enabled,
+    pyro_name,
     site_name,
 )
 from ..nn.module import BayesianModule
@@ -28,7 +29,7 @@ from ..priors import is_real_support
 
 __all__ = [
     "MeanFieldGuide", "DEFAULT_INIT_SCALE", "POSTERIOR_KEY", "has_site_posteriors", "require_site_posteriors",
-    "require_fitted_posteriors", "site_loc_scale",
+    "require_fitted_posteriors", "site_loc_scale", "site_param_names",
     "site_posterior", "AdoptedPosteriorWarning",
 ]
 
@@ -267,8 +268,7 @@ class MeanFieldGuide(AutoNormalHooks):
         """
         names = self.__dict__.setdefault("_param_names", {}).get(name)
         if names is None:
-            names = self._param_names[name] = tuple(site_name(self.module_name, f"{kind}.{name}")
-                                                    for kind in ("locs", "scales"))
+            names = self._param_names[name] = site_param_names(self, name)
         store = pyro.get_param_store()
         if module_local_params_enabled() or not all(n in store for n in names):
             return None
@@ -461,6 +461,20 @@ def site_loc_scale(guide, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     if isinstance(guide, MeanFieldGuide):
         return guide.posterior_params(name)
     return autonormal_loc_and_scale(guide, name)
+
+
+def site_param_names(guide, name: str) -> tuple[str, str]:
+    """The names in Pyro's param store of site ``name``'s posterior loc and (unconstrained) scale, for a
+    :class:`MeanFieldGuide` or Pyro's ``AutoNormal`` (whether or not they exist yet).
+
+    Examples
+    --------
+    >>> from pyro.infer.autoguide import AutoNormal
+    >>> site_param_names(AutoNormal(BayesianLinear(2, 1)), "weight")
+    ('AutoNormal.locs.weight', 'AutoNormal.scales.weight')
+    """
+    prefix = guide.module_name if isinstance(guide, MeanFieldGuide) else pyro_name(guide)
+    return site_name(prefix, f"locs.{name}"), site_name(prefix, f"scales.{name}")
 
 
 def site_posterior(guide, name: str, site: dict) -> dist.Distribution:

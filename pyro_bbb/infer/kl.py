@@ -21,13 +21,13 @@ from pyro.distributions.kl import kl_divergence
 from pyro.distributions.util import scale_and_mask
 from pyro.util import check_site_shape
 
-from .._internals import foreach_norm, tensor_version
+from .._internals import autonormal_draw_site, foreach_norm, tensor_version
 from ..distributions import EmpiricalBayesNormalDistribution
 from ..priors import strip_independent
 
 __all__ = [
     "log_prob_sum", "base_normal", "has_trainable_parameters", "normal_kl_sum", "normal_kl_of", "zero_mean_prior_scale",
-    "batched_normal_kls", "site_kl", "is_unscaled", "elementwise_kl", "total_kl",
+    "batched_normal_kls", "site_kl", "is_unscaled", "elementwise_kl", "total_kl", "latent_site_kl", "sum_site_kls",
 ]
 
 
@@ -208,3 +208,58 @@ def total_kl(q: torch.distributions.Distribution, p: torch.distributions.Distrib
     0.0
     """
     return elementwise_kl(q, p, draws).sum()
+
+
+def latent_site_kl(name: str, model_site: dict, guide_trace,
+                   validate: bool = False) -> tuple[torch.Tensor | None, tuple | None, str | None]:
+    """How the ELBO counts latent site ``name``'s KL: ``(kl, None, drawn)``, or ``(None, (loc, scale, t), drawn)``
+    when it is closed-form against a ``Normal(0, t)`` prior (computed with the others by :func:`batched_normal_kls`).
+    ``drawn`` names AutoNormal's auxiliary site whose Normal a prior that needs the posterior reads (its log q is then
+    in this KL), else ``None``. A clear error for a site the guide lacks, or (``validate``) does not reparameterize.
+
+    Examples
+    --------
+    >>> trace = pyro.poutine.trace(lambda: pyro.sample("w", Normal(1.0, 2.0))).get_trace()
+    >>> model_site = {**trace.nodes["w"], "fn": Normal(0.0, 1.0)}
+    >>> latent_site_kl("w", model_site, trace)[1][2]
+    1.0
+    """
+    guide_site = guide_trace.nodes.get(name)
+    if guide_site is None:
+        raise ValueError(
+            f"the model's latent site {name!r} has no posterior in the guide: the guide was set up from an earlier "
+            "call whose model had no such site (a site the model emits only for some inputs). Emit the same latent "
+            "sites on every call, or observe this one.")
+    if validate and not guide_site["fn"].has_rsample:
+        raise NotImplementedError(
+            f"guide site {name!r} ({type(guide_site['fn']).__name__}) is not reparameterizable; pyro_bbb.ELBO needs "
+            "reparameterized guide draws (MeanFieldGuide's are).")
+    draw = autonormal_draw_site(guide_trace, name) if needs_posterior(model_site["fn"]) else None
+    if draw is not None:  # AutoNormal's site is a Delta: the prior's KL reads the Normal it draws through
+        guide_site = draw
+    drawn = None if draw is None else draw["name"]
+    q = base_normal(guide_site["fn"]) if guide_site["mask"] is None and is_unscaled(guide_site["scale"]) else None
+    t = None if q is None else zero_mean_prior_scale(q.loc, model_site["fn"])
+    if t is not None:
+        return None, (q.loc, q.scale, t), drawn
+    return site_kl(guide_site, model_site), None, drawn
+
+
+def sum_site_kls(kl_by_site: dict[str, torch.Tensor | None], closed_form: dict[str, tuple]) -> torch.Tensor:
+    """The total KL of one particle: the sites of ``closed_form`` (``(loc, scale, t)`` against ``Normal(0, t)``,
+    ``None`` in ``kl_by_site``) computed together by :func:`batched_normal_kls`, whose entries in ``kl_by_site`` they
+    fill (detached), plus the other sites' KLs.
+
+    Examples
+    --------
+    >>> kl_by_site = {"w": None, "s": torch.tensor(0.5)}
+    >>> sum_site_kls(kl_by_site, {"w": (torch.zeros(2), torch.ones(2), 1.0)}), kl_by_site["w"]
+    (tensor(0.5000), tensor(0.))
+    """
+    kl = torch.zeros(())
+    if not closed_form:
+        return sum(kl_by_site.values(), kl)
+    kls = batched_normal_kls(list(closed_form.values()))
+    kl = sum((v for name, v in kl_by_site.items() if name not in closed_form), kl + kls.sum())
+    kl_by_site.update(zip(closed_form, kls.detach().unbind()))
+    return kl

@@ -13,11 +13,13 @@ Examples
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from numbers import Real
 
 from .._checks import check_count, check_nonnegative
 
-__all__ = ["Schedule", "Constant", "LinearWarmup", "Cyclical"]
+__all__ = ["Schedule", "Constant", "LinearWarmup", "Cyclical", "as_schedule", "weight_at"]
 
 
 class Schedule:
@@ -95,3 +97,34 @@ class Cyclical(Schedule):
     def __call__(self, step: int) -> float:
         tau = (max(step, 0) % self.period) / self.period
         return min(tau / self.ratio, 1.0)
+
+
+def as_schedule(kl_weight) -> Callable[[int], float]:
+    """``kl_weight`` as a schedule: a number becomes :class:`Constant`, a callable stays as it is.
+
+    Examples
+    --------
+    >>> as_schedule(0.5)
+    Constant(weight=0.5)
+    """
+    if isinstance(kl_weight, Real) and not isinstance(kl_weight, bool):
+        return Constant(kl_weight)
+    if callable(kl_weight):
+        return kl_weight
+    raise ValueError(f"`kl_weight` must be a number >= 0 or a schedule (step -> weight), got {kl_weight!r}.")
+
+
+def weight_at(schedule: Callable[[int], float], step: int) -> float:
+    """The schedule's weight at ``step``, checked: a clear error for a weight that is not a finite number >= 0.
+
+    Examples
+    --------
+    >>> weight_at(LinearWarmup(4), 1)
+    0.25
+    """
+    weight = schedule(step)
+    weight = weight.item() if hasattr(weight, "item") else weight
+    if not isinstance(weight, Real) or not math.isfinite(weight) or weight < 0:
+        raise ValueError(f"kl_weight schedule {schedule!r} returned {weight!r} at step {step}; a KL weight must be a "
+                         "finite number >= 0.")
+    return float(weight)

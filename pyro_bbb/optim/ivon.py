@@ -43,8 +43,11 @@ from pyro.optim import PyroOptim
 from torch.distributions import transform_to
 
 from .._checks import check_count, check_nonnegative, check_positive
-from .._internals import pyro_name, site_name, tensor_version
+from .._internals import tensor_version
 from ..distributions import EmpiricalBayesNormalDistribution
+from ..infer.contract import latest_objective_run
+from ..infer.guide import site_param_names
+from ..infer.schedules import Constant
 from ..nn.module import current_priors
 from ..priors import is_real_support, strip_independent
 from .adam import Adam
@@ -154,6 +157,8 @@ class IVON(PyroOptim):
         self._flat: tuple | None = None  # (sites, momentum, hess) concatenated, between steps
         self._width_cache: tuple | None = None  # (sites, [(raw scale, version)], sigma, 1 / (N sigma d sigma / d u))
         self._unit: tuple | None = None  # (delta, hess_init + delta) of the last step
+        # the latest objective run (infer.contract) it applied or that came before it: gradients it may not take
+        self._last_objective_run = getattr(latest_objective_run(), "number", 0)
 
     # -- which parameter is what ---------------------------------------------------------------------------------
     def _weight_sites(self) -> dict[str, tuple[str, str]]:
@@ -161,12 +166,8 @@ class IVON(PyroOptim):
         prototype = self.guide.prototype_trace
         if prototype is None:
             return {}
-        prefix = pyro_name(self.guide)
-        return {
-            name: (site_name(prefix, f"locs.{name}"), site_name(prefix, f"scales.{name}"))
-            for name, site in prototype.iter_stochastic_nodes()
-            if is_real_support(site["fn"].support)
-        }
+        return {name: site_param_names(self.guide, name) for name, site in prototype.iter_stochastic_nodes()
+                if is_real_support(site["fn"].support)}
 
     def _classify(self, params: list[torch.Tensor]) -> None:
         """The role of every parameter not seen before (the guide's names are read only when there is one)."""
@@ -231,6 +232,12 @@ class IVON(PyroOptim):
     # -- one step ----------------------------------------------------------------------------------------------------
     def __call__(self, params: Iterable[torch.Tensor], *args: Any, **kwargs: Any) -> None:
         params = list(dict.fromkeys(params))
+        try:
+            self._check_objective()
+        except ValueError:
+            for p in params:  # nothing moves, and the next step's gradients do not add to these
+                p.grad = None
+            raise
         self._classify(params)
         pairs: dict[str, dict[str, torch.Tensor]] = {}
         others = []
@@ -353,6 +360,38 @@ class IVON(PyroOptim):
             self.site_state[site] = {"momentum": torch.zeros_like(hess), "hess": hess}
 
     # -- where it can train ------------------------------------------------------------------------------------------
+    def _check_objective(self) -> None:
+        """A clear error, before this step changes anything, unless the gradients it is given are those of
+        ``pyro_bbb.ELBO(num_data=self.num_data)`` at KL weight 1 for its guide, computed since its last step
+        (:mod:`pyro_bbb.infer.contract`): in a plain ``SVI`` loop as under ``fit`` or Lightning."""
+        run = latest_objective_run()
+        if run is None or run.number <= self._last_objective_run or not run.is_for(self.guide):
+            raise ValueError(
+                f"IVON got gradients that pyro_bbb.ELBO did not compute (e.g. pyro.infer.Trace_ELBO or "
+                "TraceMeanField_ELBO, which do not scale a minibatch to the training set): it reads the likelihood's "
+                f"curvature off the ELBO's gradients for N={self.num_data}. Use pyro_bbb.ELBO(num_data="
+                f"{self.num_data}) as the objective, e.g. SVI(model, guide, optimizer, "
+                f"pyro_bbb.ELBO(num_data={self.num_data})). Nothing was changed."
+            )
+        self._check_pairing(run.num_data, run.kl_weight, "build both with the training-set size N: IVON(guide, "
+                            "num_data=N) and pyro_bbb.ELBO(num_data=N)")
+        self._last_objective_run = run.number
+
+    def _check_pairing(self, num_data: int | None, kl_weight: Any, num_data_fix: str) -> None:
+        """The training-set size and KL weight the objective uses, against this optimizer's (``num_data_fix`` says
+        how to make the sizes agree)."""
+        if self.num_data != num_data:
+            raise ValueError(
+                f"IVON(num_data={self.num_data}) disagrees with the objective, which scales the data to N={num_data}: "
+                f"{num_data_fix}. Nothing was changed."
+            )
+        if not (kl_weight == 1.0 or (isinstance(kl_weight, Constant) and kl_weight.weight == 1.0)):
+            raise ValueError(
+                f"kl_weight={kl_weight!r}: IVON sets each width from the likelihood's curvature and the prior's "
+                "precision and needs the full KL (kl_weight=1); it needs no KL warm-up: drop kl_weight. Nothing was "
+                "changed."
+            )
+
     def check_training(self, guide: Any, num_data: int, kl_weight: Any = 1.0, clip_norm: float | None = None,
                        *, clipping_option: str = "clip_norm") -> None:
         """A clear error, before any step, when a training loop would feed this optimizer gradients it cannot read:
@@ -372,16 +411,7 @@ class IVON(PyroOptim):
             raise ValueError(
                 "the IVON optimizer was built for another guide; build it with this one: IVON(guide, ...)."
             )
-        if self.num_data != num_data:
-            raise ValueError(
-                f"IVON(num_data={self.num_data}) disagrees with the {num_data} data it would train on; pass "
-                f"num_data={num_data}."
-            )
-        if callable(kl_weight) or kl_weight != 1.0:
-            raise ValueError(
-                f"kl_weight={kl_weight!r}: IVON sets each width from the likelihood's curvature and the prior's "
-                "precision and needs the full KL (kl_weight=1); it needs no KL warm-up."
-            )
+        self._check_pairing(num_data, kl_weight, f"pass IVON(guide, num_data={num_data})")
         if clip_norm is not None:
             raise ValueError(
                 f"{clipping_option}={clip_norm!r}: IVON reads the loss's curvature off the size of the gradients (the "

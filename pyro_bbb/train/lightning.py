@@ -37,10 +37,10 @@ from .._checks import is_set_up
 from .._internals import set_up_autoguide
 from ..data.inputs import num_rows
 from ..infer.elbo import ELBO
-from ..infer.estimators import estimator as estimator_named
 from ..optim import IVON
-from ..plates import data_plate_of
+from ..optim import Adam as JointAdam
 from .distributed import raise_if_any_rank_failed
+from .step import TrainingStep
 
 try:
     import lightning.pytorch as pl
@@ -103,13 +103,11 @@ class BayesianLightningModule(pl.LightningModule):
                 f"pyro_bbb.optim.Adam(lr=...), got {type(optimizer).__name__}; for a torch optimizer, subclass and "
                 "override configure_optimizers."
             )
-        if isinstance(optimizer, IVON):
-            optimizer.check_training(guide, num_data, kl_weight)
         self.pyro_optimizer = optimizer
         self.model, self.guide = model, guide
-        self.elbo = ELBO(num_data=num_data, kl_weight=kl_weight, num_particles=num_particles,
-                         data_plate=data_plate_of(model))
-        self.estimator = estimator_named(estimator)
+        # the step's parts checked together (IVON: this guide and N, KL weight 1); Lightning runs backward and steps
+        self.pyro_step = TrainingStep(model, guide, optimizer or JointAdam(lr=lr), num_data=num_data,
+                                      kl_weight=kl_weight, num_particles=num_particles, estimator=estimator)
         self.lr = lr
         if not is_set_up(guide):
             if example_batch is None:
@@ -123,11 +121,10 @@ class BayesianLightningModule(pl.LightningModule):
         x, y = batch
         error, loss = None, None
         try:
-            with self.estimator():
-                loss = self.elbo.differentiable_loss(self.model, self.guide, x, y)
+            loss = self.pyro_step.differentiable_loss(x, y)
             if not bool(torch.isfinite(loss)):
                 raise FloatingPointError(
-                    f"the loss became {float(loss)} at step {self.elbo.step + 1}; lower the learning rate, clip "
+                    f"the loss became {float(loss)} at step {self.elbo.step}; lower the learning rate, clip "
                     "gradients (Trainer(gradient_clip_val=...)), or check the data for NaN and extreme values."
                 )
         except (ValueError, TypeError, FloatingPointError) as caught:
@@ -136,11 +133,24 @@ class BayesianLightningModule(pl.LightningModule):
             raise_if_any_rank_failed(error)  # every rank stops together, with the failing rank's message
         elif error is not None:
             raise error
-        self.elbo.step += 1
         terms = self.elbo.last_terms
         self.log_dict({"nll": terms["nll"], "kl": terms["kl"], "kl_weight": terms["kl_weight"]},
                       on_step=True, on_epoch=True, batch_size=num_rows(x), sync_dist=True)
         return loss
+
+    @property
+    def elbo(self) -> ELBO:
+        """The objective (:class:`pyro_bbb.ELBO`) of the training step.
+
+        Examples
+        --------
+        See the module example (``module.elbo.step``).
+        """
+        return self.pyro_step.elbo
+
+    @elbo.setter
+    def elbo(self, value: ELBO) -> None:
+        self.pyro_step.elbo = value
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         if self.pyro_optimizer is None:

@@ -12,7 +12,6 @@ Examples
 
 from __future__ import annotations
 
-import math
 import signal
 import threading
 import time
@@ -21,181 +20,28 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pyro
-import pyro.poutine as poutine
 import torch
-from pyro.infer.util import zero_grads
 from pyro.optim import PyroOptim
 from tqdm.auto import tqdm
 
-from .._checks import check_count, check_positive, is_set_up
-from .._internals import all_finite, foreach_copy_, set_up_autoguide
+from .._checks import check_count, check_positive
 from ..data.batches import Batches, DataError, check_batch, likelihood_of, model_device
 from ..data.inputs import inputs_to, model_dtype, num_rows
 from ..evaluate import metrics
 from ..evaluate.diagnostics import layer_summary
 from ..infer.elbo import ELBO
-from ..infer.estimators import estimator as estimator_named
-from ..infer.guide import MeanFieldGuide, has_site_posteriors
+from ..infer.guide import has_site_posteriors
 from ..likelihoods import TargetError
 from ..nn.module import training_mode
-from ..optim import IVON
 from ..optim import Adam as JointAdam
-from ..plates import data_plate_of
 from ..prediction.predictive import predict
 from ..prediction.results import ClassificationPrediction, RegressionPrediction
 from . import distributed as distributed_
 from .history import History
+from .step import TrainingDivergedError, TrainingStep
 from .stopping import EarlyStopping
 
-__all__ = ["fit", "TrainingDivergedError"]
-
-
-class TrainingDivergedError(FloatingPointError):
-    """The loss (or a gradient) became NaN or infinite; the parameters were restored to the last finite state.
-    Its ``history`` attribute holds the :class:`History` up to the failing step.
-
-    Examples
-    --------
-    >>> issubclass(TrainingDivergedError, FloatingPointError)   # ``except FloatingPointError`` catches it
-    True
-    """
-
-
-# -- data ------------------------------------------------------------------------------------------------------
-
-
-# -- checks ----------------------------------------------------------------------------------------------------
-# -- one step --------------------------------------------------------------------------------------------------
-class _Stepper:
-    """SVI steps with global gradient clipping and a rollback to the last parameters that gave a finite loss."""
-
-    def __init__(self, model, guide, elbo: ELBO, optimizer: PyroOptim, clip_norm: float | None, estimator,
-                 distributed: bool = False):
-        self.model, self.guide, self.elbo, self.optimizer = model, guide, elbo, optimizer
-        self.clip_norm, self.estimator, self.distributed = clip_norm, estimator, distributed
-        self.snapshot: dict[torch.Tensor, torch.Tensor] = {}
-        self.initial: dict[torch.Tensor, torch.Tensor] = {}  # each parameter as this fit first saw it
-        self.last_finite_loss: float | None = None
-        self.global_loss = math.nan
-        self.steps = 0
-        self._error: BaseException | None = None
-        # a pyro_bbb optimizer's state (keyed by parameter name), to give back with the parameters on a bad batch
-        self.initial_optimizer_state = optimizer.get_state() if isinstance(optimizer, JointAdam | IVON) else None
-
-    def set_up_everywhere(self, batches) -> None:
-        """Distributed: create the guide's parameters from a first batch, then give every rank rank 0's values."""
-        error = None
-        try:
-            if not is_set_up(self.guide):
-                x, y = next(iter(batches))
-                set_up_autoguide(self.guide, x, y)
-        except (ValueError, TypeError, StopIteration) as caught:
-            error = caught
-        distributed_.raise_if_any_rank_failed(error)
-        distributed_.synchronise_parameters()
-        if isinstance(self.model, torch.nn.Module):
-            distributed_.synchronise_buffers(self.model)
-
-    def guarded(self, batches):
-        """Batches; in distributed mode an error while reading or checking one is kept for the next step, where
-        every rank learns of it together (a rank raising alone would leave the others waiting)."""
-        if not self.distributed:
-            yield from batches
-            return
-        iterator = iter(batches)
-        while True:
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            except (ValueError, TypeError) as error:
-                self._error = error
-                batch = (torch.zeros(0), torch.zeros(0))
-            yield batch
-
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        self.steps += 1
-        if self.distributed:
-            return self._distributed_step(x, y)
-        try:
-            with poutine.trace(param_only=True) as capture, self.estimator():
-                loss = self.elbo.loss_and_grads(self.model, self.guide, x, y)
-        except ValueError as error:
-            # torch's argument validation: a NaN reached a distribution's parameters before the loss
-            if "found invalid values" not in str(error):
-                raise
-            self._diverged("a distribution's parameters", str(error).split(":")[0])
-        # in the trace's order, not a set's (which follows memory addresses): the global gradient norm that clip_norm
-        # divides by is a sum over parameters, and another order rounds differently -- the same seed would not give
-        # the same training run
-        params = list(dict.fromkeys(site["value"].unconstrained() for site in capture.trace.nodes.values()))
-        return self._apply(params, loss)
-
-    def _distributed_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        """Local loss and gradients, then (collectively) failures, the weighted gradient sum, one update."""
-        error, loss = self._error, 0.0
-        self._error = None
-        if error is None and num_rows(x) > 0:
-            try:
-                with self.estimator():
-                    loss = self.elbo.loss_and_grads(self.model, self.guide, x, y)
-            except (ValueError, FloatingPointError) as caught:
-                error = caught
-        elif error is None:  # an empty shard: keep the KL schedule and the random streams in step with the others
-            self.elbo.step += 1
-            with torch.no_grad(), poutine.block():
-                for _ in range(self.elbo.num_particles):
-                    self.guide(x, y)
-        distributed_.raise_if_any_rank_failed(error)
-        self.global_loss, _ = distributed_.combine_gradients(num_rows(x), loss if math.isfinite(loss) else math.inf)
-        params = [p for _, p in pyro.get_param_store().named_parameters()]  # a fixed order, as above
-        loss = self._apply(params, self.global_loss)
-        if isinstance(self.model, torch.nn.Module):  # running statistics follow rank 0, as under DDP
-            distributed_.synchronise_buffers(self.model)
-        return loss
-
-    def _apply(self, params: list[torch.Tensor], loss: float) -> float:
-        grads = [p.grad for p in params if p.grad is not None]
-        if not math.isfinite(loss) or not all_finite(grads):
-            zero_grads(params)
-            self._diverged("the loss" if not math.isfinite(loss) else "a gradient", f"loss {loss}")
-        self._remember(params)
-        self.last_finite_loss = loss
-        if self.clip_norm is not None:
-            torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], self.clip_norm, foreach=True)
-        self.optimizer(params)
-        zero_grads(params)
-        return loss
-
-    @torch.no_grad()
-    def _remember(self, params: list[torch.Tensor]) -> None:
-        """Copy the parameters that just gave a finite loss (one foreach copy once every parameter is known)."""
-        known = [p for p in params if p in self.snapshot]  # tensors hash by identity
-        if known:
-            foreach_copy_([self.snapshot[p] for p in known], known)
-        for p in params:
-            if p not in self.snapshot:
-                self.snapshot[p] = p.detach().clone()
-                self.initial[p] = self.snapshot[p].clone()
-
-    @torch.no_grad()
-    def restore_initial(self) -> None:
-        """Every parameter back to its value when this fit first used it, and a pyro_bbb optimizer's state to what
-        it was at the start of fit."""
-        for param, value in self.initial.items():
-            param.copy_(value)
-        if self.initial_optimizer_state is not None:
-            self.optimizer.set_state(self.initial_optimizer_state)
-
-    def _diverged(self, what: str, detail: str):
-        with torch.no_grad():
-            for param, value in self.snapshot.items():
-                param.copy_(value)
-        raise TrainingDivergedError(
-            f"{what} became NaN or infinite at step {self.steps} ({detail}); the last finite loss was "
-            f"{self.last_finite_loss}, and the parameters were restored to the state that gave it. Lower the "
-            "learning rate, set clip_norm (e.g. 5.0), standardise x and y, or check the data for extreme values."
-        )
+__all__ = ["fit"]
 
 
 def _check_guide_saw_the_targets(model, guide) -> None:
@@ -323,24 +169,21 @@ def fit(
     """
     _check_settings(epochs, batch_size, num_particles, num_validation_samples, lr, clip_norm, optimizer)
     lr_at = _learning_rates(lr, lr_final, epochs, optimizer)
-    estimator_context, per_layer = _check_guide(model, guide, estimator)
+    per_layer = _check_guide(model, guide)
     batches, rank = _training_batches(model, data, batch_size, distributed, seed)
     validation_data = _validation_batch(model, validation_data)
-    if isinstance(optimizer, IVON):
-        optimizer.check_training(guide, batches.num_data, kl_weight, clip_norm)
+    step = TrainingStep(model, guide, optimizer or JointAdam(lr=lr), num_data=batches.num_data, kl_weight=kl_weight,
+                        num_particles=num_particles, estimator=estimator, clip_norm=clip_norm, distributed=distributed)
     _check_early_stopping(early_stopping, validation_data is not None)
     if seed is not None:
         pyro.set_rng_seed(seed)
 
-    elbo = ELBO(num_data=batches.num_data, kl_weight=kl_weight, num_particles=num_particles,
-                data_plate=data_plate_of(model))
-    stepper = _Stepper(model, guide, elbo, optimizer or JointAdam(lr=lr), clip_norm, estimator_context,
-                       distributed=distributed)
     if distributed:
-        stepper.set_up_everywhere(batches)
-    record = _EpochRecorder(model, guide, elbo, batches.num_data, per_layer, validation_data, num_validation_samples)
+        step.set_up_everywhere(batches)
+    record = _EpochRecorder(model, guide, step.elbo, batches.num_data, per_layer, validation_data,
+                            num_validation_samples)
     with training_mode(model, True):
-        return _train(stepper, batches, record, epochs, list(callbacks), progress and rank == 0, distributed, lr_at,
+        return _train(step, batches, record, epochs, list(callbacks), progress and rank == 0, distributed, lr_at,
                       early_stopping)
 
 
@@ -375,15 +218,8 @@ def _learning_rates(lr: float, lr_final: float | None, epochs: int, optimizer) -
     return lambda epoch: lr * (lr_final / lr) ** ((epoch - 1) / max(1, epochs - 1))
 
 
-def _check_guide(model, guide, estimator: str) -> tuple[Callable[[], Any], bool]:
-    """The estimator's context, and whether the History can have per-layer columns -- decided before any step."""
-    estimator_context = estimator_named(estimator)
-    if estimator != "reparam" and not isinstance(guide, MeanFieldGuide):
-        raise ValueError(
-            f"estimator={estimator!r} reads each weight's posterior mean and scale, which only "
-            f"pyro_bbb.MeanFieldGuide provides; {type(guide).__name__} does not. Use estimator='reparam' with this "
-            "guide, or a MeanFieldGuide."
-        )
+def _check_guide(model, guide) -> bool:
+    """Whether the History can have per-layer columns -- decided before any step."""
     _check_guide_saw_the_targets(model, guide)
     per_layer = has_site_posteriors(guide)  # the per-layer history columns need a Normal posterior per weight
     if not per_layer:
@@ -393,7 +229,7 @@ def _check_guide(model, guide, estimator: str) -> tuple[Callable[[], Any], bool]
             "pyro_bbb.MeanFieldGuide or AutoNormal).",
             stacklevel=3,
         )
-    return estimator_context, per_layer
+    return per_layer
 
 
 def _training_batches(model, data, batch_size, distributed: bool, seed):
@@ -436,7 +272,7 @@ def _validation_batch(model, validation_data):
     return inputs_to(x, device), y
 
 
-def _train(stepper: _Stepper, batches, record, epochs: int, callbacks, progress: bool, distributed: bool,
+def _train(stepper: TrainingStep, batches, record, epochs: int, callbacks, progress: bool, distributed: bool,
            lr_at: Callable[[int], float] | None = None,
            early_stopping: EarlyStopping | None = None) -> History:
     """The epochs: steps, one record per epoch, callbacks, early stopping; a bad batch, a NaN or Ctrl-C end it
@@ -496,7 +332,7 @@ def _train(stepper: _Stepper, batches, record, epochs: int, callbacks, progress:
     return history
 
 
-def _note_for_early_stopping(early_stopping: EarlyStopping, epoch: int, history: History, stepper: _Stepper,
+def _note_for_early_stopping(early_stopping: EarlyStopping, epoch: int, history: History, stepper: TrainingStep,
                              distributed: bool) -> None:
     """Show the epoch to ``early_stopping``; a metric this model does not record is an error with nothing lost.
     Distributed, it sees the mean over ranks of the monitored value, so that every rank decides alike."""

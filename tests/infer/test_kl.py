@@ -43,7 +43,7 @@ def test_batched_normal_kls_equal_torchs_closed_form_per_site_and_its_gradients(
     torch's kl_divergence gives them site by site; mixed dtypes take the per-site path with the same results."""
     from pyro.distributions.kl import kl_divergence
 
-    from pyro_bbb.infer.elbo import batched_normal_kls
+    from pyro_bbb.infer.kl import batched_normal_kls
 
     torch.manual_seed(0)
     shapes, ts = [(5, 3), (5,), (1, 5), (1,)], [1.0, 0.5, 2.0, 0.1]

@@ -128,7 +128,7 @@ def test_flipout_vectorized_particles_see_ordinary_batches():
             elbo.loss_and_grads(bnn, guide, x, y)
     # 5 particles x 10 rows as an ordinary batch (the guide's set-up and the one-particle check see 10 rows)
     assert (50, 4) in seen and set(seen) == {(10, 4), (50, 4)}
-    assert elbo._pair.vectorized_ok
+    assert elbo.pairs.current.vectorized_ok
 
 
 def test_vectorized_particles_equal_sequential_ones_for_a_last_step_model():
@@ -149,7 +149,7 @@ def test_vectorized_particles_of_a_model_reading_draws_as_batch_fall_back_to_one
     elbo = pyro_bbb.ELBO(num_data=20, num_particles=4, vectorize_particles=True)
     with pytest.warns(UserWarning, match="one at a time"):
         elbo.loss(model, guide, x, y)
-    assert elbo._pair.vectorized_ok is False
+    assert elbo.pairs.current.vectorized_ok is False
     # the fallback is the sequential estimator: the same expected loss (here: near-point posterior, same value)
     pyro.clear_param_store()
     guide = pyro_bbb.MeanFieldGuide(model, init_scale=1e-6)

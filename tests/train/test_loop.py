@@ -25,13 +25,14 @@ def test_num_data_comes_from_the_data_and_the_partial_batch_is_scaled(monkeypatc
     model = regression_model()
     guide = pyro_bbb.MeanFieldGuide(model)
     seen = []
-    original = pyro_bbb.ELBO._finish_call
+    original = pyro_bbb.ELBO.loss_and_grads
 
-    def spy(self):
-        original(self)
+    def spy(self, *args, **kwargs):
+        loss = original(self, *args, **kwargs)
         seen.append((self.last_terms["num_data"], self.last_terms["batch_size"]))
+        return loss
 
-    monkeypatch.setattr(pyro_bbb.ELBO, "_finish_call", spy)
+    monkeypatch.setattr(pyro_bbb.ELBO, "loss_and_grads", spy)
     fit(model, guide, small_data(50), batch_size=16)
     assert seen == [(50, 16), (50, 16), (50, 16), (50, 2)]
 

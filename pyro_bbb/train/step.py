@@ -1,0 +1,241 @@
+"""``TrainingStep``: one training step -- objective, optimizer, estimator, clipping -- and the check that they fit.
+
+Examples
+--------
+>>> bnn = BNN(BayesianLinear(2, 1), likelihoods.Gaussian(scale=0.5))
+>>> step = TrainingStep(bnn, MeanFieldGuide(bnn), pyro_bbb.optim.Adam(lr=1e-2), num_data=50)
+>>> isinstance(step(torch.randn(5, 2), torch.randn(5)), float)
+True
+"""
+
+from __future__ import annotations
+
+import math
+
+import pyro
+import pyro.poutine as poutine
+import torch
+from pyro.infer.util import zero_grads
+from pyro.optim import PyroOptim
+
+from .._checks import is_set_up
+from .._internals import all_finite, foreach_copy_, set_up_autoguide
+from ..data.inputs import num_rows
+from ..infer.contract import note_objective_run
+from ..infer.elbo import ELBO
+from ..infer.estimators import estimator as estimator_named
+from ..infer.guide import MeanFieldGuide
+from ..optim import IVON
+from ..optim import Adam as JointAdam
+from ..plates import data_plate_of
+from . import distributed as distributed_
+
+__all__ = ["TrainingStep", "TrainingDivergedError"]
+
+
+class TrainingDivergedError(FloatingPointError):
+    """The loss (or a gradient) became NaN or infinite; the parameters were restored to the last finite state.
+    Its ``history`` attribute holds the :class:`History` up to the failing step.
+
+    Examples
+    --------
+    >>> issubclass(TrainingDivergedError, FloatingPointError)   # ``except FloatingPointError`` catches it
+    True
+    """
+
+
+class TrainingStep:
+    """One training step, and the check that its parts fit together: the objective (a :class:`pyro_bbb.ELBO` built
+    here from ``num_data``, ``kl_weight`` and ``num_particles``, with its KL schedule's counter), the optimizer, the
+    gradient estimator and global gradient clipping. :func:`pyro_bbb.fit` and
+    :class:`~pyro_bbb.train.lightning.BayesianLightningModule` drive it; any pairing that is not right (an estimator
+    the guide cannot serve; :class:`~pyro_bbb.optim.IVON` with another guide or ``N``, a KL weight other than 1, or
+    clipped gradients) is a clear error when it is built, before any parameter changes. A step whose loss or
+    gradients are not finite restores the last parameters that gave a finite loss
+    (:class:`~pyro_bbb.train.TrainingDivergedError`).
+
+    A plain ``pyro.infer.SVI`` loop gets the same check from the optimizer itself at its first step (see
+    :mod:`pyro_bbb.infer.contract`).
+
+    Parameters
+    ----------
+    model, guide :
+        E.g. :class:`pyro_bbb.BNN` and :class:`pyro_bbb.MeanFieldGuide`.
+    optimizer : pyro.optim.PyroOptim
+        E.g. :class:`pyro_bbb.optim.Adam` or :class:`pyro_bbb.optim.IVON`.
+    num_data : int
+        Size of the training set.
+    kl_weight, num_particles :
+        As in :class:`pyro_bbb.ELBO`.
+    estimator : str
+        One of :data:`~pyro_bbb.infer.estimators.ESTIMATORS`.
+    clip_norm : float, optional
+        Clip the global gradient norm to this value.
+    distributed : bool
+        Data-parallel steps over the ranks of a ``torch.distributed`` process group (see ``fit(distributed=True)``).
+    clipping_option : str
+        How the caller names its gradient clipping, in error messages.
+
+    Examples
+    --------
+    >>> bnn = BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5))
+    >>> guide = MeanFieldGuide(bnn)
+    >>> step = TrainingStep(bnn, guide, pyro_bbb.optim.Adam(lr=1e-2), num_data=100, estimator="flipout")
+    >>> loss = step(torch.randn(10, 3), torch.randn(10))
+    >>> step.elbo.step
+    1
+    >>> TrainingStep(bnn, guide, pyro_bbb.optim.IVON(guide, num_data=100), num_data=100, kl_weight=0.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: kl_weight=0.5: IVON sets each width from the likelihood's curvature and the prior's precision ...
+    """
+
+    def __init__(self, model, guide, optimizer: PyroOptim, *, num_data: int, kl_weight=1.0, num_particles: int = 1,
+                 estimator: str = "reparam", clip_norm: float | None = None, distributed: bool = False,
+                 clipping_option: str = "clip_norm"):
+        estimator_context = estimator_named(estimator)
+        if estimator != "reparam" and not isinstance(guide, MeanFieldGuide):
+            raise ValueError(
+                f"estimator={estimator!r} reads each weight's posterior mean and scale, which only "
+                f"pyro_bbb.MeanFieldGuide provides; {type(guide).__name__} does not. Use estimator='reparam' with "
+                "this guide, or a MeanFieldGuide."
+            )
+        if isinstance(optimizer, IVON):
+            optimizer.check_training(guide, num_data, kl_weight, clip_norm, clipping_option=clipping_option)
+        self.elbo = ELBO(num_data=num_data, kl_weight=kl_weight, num_particles=num_particles,
+                         data_plate=data_plate_of(model))
+        self.model, self.guide, self.optimizer = model, guide, optimizer
+        self.clip_norm, self.estimator, self.distributed = clip_norm, estimator_context, distributed
+        self.snapshot: dict[torch.Tensor, torch.Tensor] = {}
+        self.initial: dict[torch.Tensor, torch.Tensor] = {}  # each parameter as this fit first saw it
+        self.last_finite_loss: float | None = None
+        self.global_loss = math.nan
+        self.steps = 0
+        self._error: BaseException | None = None
+        # a pyro_bbb optimizer's state (keyed by parameter name), to give back with the parameters on a bad batch
+        self.initial_optimizer_state = optimizer.get_state() if isinstance(optimizer, JointAdam | IVON) else None
+
+    def set_up_everywhere(self, batches) -> None:
+        """Distributed: create the guide's parameters from a first batch, then give every rank rank 0's values."""
+        error = None
+        try:
+            if not is_set_up(self.guide):
+                x, y = next(iter(batches))
+                set_up_autoguide(self.guide, x, y)
+        except (ValueError, TypeError, StopIteration) as caught:
+            error = caught
+        distributed_.raise_if_any_rank_failed(error)
+        distributed_.synchronise_parameters()
+        if isinstance(self.model, torch.nn.Module):
+            distributed_.synchronise_buffers(self.model)
+
+    def guarded(self, batches):
+        """Batches; in distributed mode an error while reading or checking one is kept for the next step, where
+        every rank learns of it together (a rank raising alone would leave the others waiting)."""
+        if not self.distributed:
+            yield from batches
+            return
+        iterator = iter(batches)
+        while True:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            except (ValueError, TypeError) as error:
+                self._error = error
+                batch = (torch.zeros(0), torch.zeros(0))
+            yield batch
+
+    def differentiable_loss(self, x, y) -> torch.Tensor:
+        """The objective on a batch under the estimator, as a tensor to differentiate (for a loop that runs backward
+        and the optimizer itself, e.g. Lightning); the KL schedule advances one step."""
+        with self.estimator():
+            loss = self.elbo.differentiable_loss(self.model, self.guide, x, y)
+        self.elbo.step += 1
+        return loss
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """One step on the batch ``(x, y)``: loss and gradients, clipping, the optimizer; returns the loss."""
+        self.steps += 1
+        if self.distributed:
+            return self._distributed_step(x, y)
+        try:
+            with poutine.trace(param_only=True) as capture, self.estimator():
+                loss = self.elbo.loss_and_grads(self.model, self.guide, x, y)
+        except ValueError as error:
+            # torch's argument validation: a NaN reached a distribution's parameters before the loss
+            if "found invalid values" not in str(error):
+                raise
+            self._diverged("a distribution's parameters", str(error).split(":")[0])
+        # in the trace's order, not a set's (which follows memory addresses): the global gradient norm that clip_norm
+        # divides by is a sum over parameters, and another order rounds differently -- the same seed would not give
+        # the same training run
+        params = list(dict.fromkeys(site["value"].unconstrained() for site in capture.trace.nodes.values()))
+        return self._apply(params, loss)
+
+    def _distributed_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Local loss and gradients, then (collectively) failures, the weighted gradient sum, one update."""
+        error, loss = self._error, 0.0
+        self._error = None
+        if error is None and num_rows(x) > 0:
+            try:
+                with self.estimator():
+                    loss = self.elbo.loss_and_grads(self.model, self.guide, x, y)
+            except (ValueError, FloatingPointError) as caught:
+                error = caught
+        elif error is None:  # an empty shard: keep the KL schedule and the random streams in step with the others
+            self.elbo.step += 1
+            note_objective_run(self.elbo.num_data, self.elbo.kl_weight, self.guide)  # the others' objective
+            with torch.no_grad(), poutine.block():
+                for _ in range(self.elbo.num_particles):
+                    self.guide(x, y)
+        distributed_.raise_if_any_rank_failed(error)
+        self.global_loss, _ = distributed_.combine_gradients(num_rows(x), loss if math.isfinite(loss) else math.inf)
+        params = [p for _, p in pyro.get_param_store().named_parameters()]  # a fixed order, as above
+        loss = self._apply(params, self.global_loss)
+        if isinstance(self.model, torch.nn.Module):  # running statistics follow rank 0, as under DDP
+            distributed_.synchronise_buffers(self.model)
+        return loss
+
+    def _apply(self, params: list[torch.Tensor], loss: float) -> float:
+        grads = [p.grad for p in params if p.grad is not None]
+        if not math.isfinite(loss) or not all_finite(grads):
+            zero_grads(params)
+            self._diverged("the loss" if not math.isfinite(loss) else "a gradient", f"loss {loss}")
+        self._remember(params)
+        self.last_finite_loss = loss
+        if self.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], self.clip_norm, foreach=True)
+        self.optimizer(params)
+        zero_grads(params)
+        return loss
+
+    @torch.no_grad()
+    def _remember(self, params: list[torch.Tensor]) -> None:
+        """Copy the parameters that just gave a finite loss (one foreach copy once every parameter is known)."""
+        known = [p for p in params if p in self.snapshot]  # tensors hash by identity
+        if known:
+            foreach_copy_([self.snapshot[p] for p in known], known)
+        for p in params:
+            if p not in self.snapshot:
+                self.snapshot[p] = p.detach().clone()
+                self.initial[p] = self.snapshot[p].clone()
+
+    @torch.no_grad()
+    def restore_initial(self) -> None:
+        """Every parameter back to its value when this fit first used it, and a pyro_bbb optimizer's state to what
+        it was at the start of fit."""
+        for param, value in self.initial.items():
+            param.copy_(value)
+        if self.initial_optimizer_state is not None:
+            self.optimizer.set_state(self.initial_optimizer_state)
+
+    def _diverged(self, what: str, detail: str):
+        with torch.no_grad():
+            for param, value in self.snapshot.items():
+                param.copy_(value)
+        raise TrainingDivergedError(
+            f"{what} became NaN or infinite at step {self.steps} ({detail}); the last finite loss was "
+            f"{self.last_finite_loss}, and the parameters were restored to the state that gave it. Lower the "
+            "learning rate, set clip_norm (e.g. 5.0), standardise x and y, or check the data for extreme values."
+        )
