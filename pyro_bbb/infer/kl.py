@@ -253,8 +253,9 @@ def sum_site_kls(kl_by_site: dict[str, torch.Tensor | None], closed_form: dict[s
     Examples
     --------
     >>> kl_by_site = {"w": None, "s": torch.tensor(0.5)}
-    >>> sum_site_kls(kl_by_site, {"w": (torch.zeros(2), torch.ones(2), 1.0)}), kl_by_site["w"]
-    (tensor(0.5000), tensor(0.))
+    >>> total = sum_site_kls(kl_by_site, {"w": (torch.ones(2), torch.ones(2), 1.0)})
+    >>> round(total.item(), 4), round(kl_by_site["w"].item(), 4)   # 0.5 + 2 * (1 / 2)
+    (1.5, 1.0)
     """
     kl = torch.zeros(())
     if not closed_form:
