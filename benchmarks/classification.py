@@ -20,8 +20,9 @@ from sklearn.metrics import roc_auc_score
 from torch import nn
 
 import pyro_bbb
-from pyro_bbb import likelihoods, metrics, priors
+from pyro_bbb import likelihoods, priors
 from pyro_bbb.data import digits
+from pyro_bbb.evaluate import metrics
 from pyro_bbb.nn import BayesianLinear
 
 

@@ -47,7 +47,9 @@ import torch
 from uci import _read, load_split, test_log_likelihood  # noqa: E402  (benchmarks/uci.py)
 
 import pyro_bbb
-from pyro_bbb import datasets, likelihoods, metrics, priors
+from pyro_bbb import likelihoods, priors
+from pyro_bbb.data import datasets
+from pyro_bbb.evaluate import metrics
 from pyro_bbb.nn import BayesianLinear
 from pyro_bbb.optim import IVON
 

@@ -74,7 +74,7 @@ def main() -> None:
     repeats = 20 if args.quick else args.repeats
     x, y, _, _ = digits()
     bnn, guide = trained_model(x, y, epochs=2 if args.quick else 300)
-    summary = pyro_bbb.diagnostics.layer_summary(bnn, guide)["net.0"]
+    summary = pyro_bbb.evaluate.diagnostics.layer_summary(bnn, guide)["net.0"]
     print(f"digits 64-100-10, N = {x.shape[0]}; posterior std / prior std of the hidden layer "
           f"{summary['std_ratio_geomean']:.2f} (geometric mean); {repeats} gradient draws per cell")
     results = {}

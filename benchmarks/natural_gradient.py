@@ -50,8 +50,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import pyro_bbb
-from pyro_bbb import likelihoods, metrics, plots, priors
+from pyro_bbb import likelihoods, priors
 from pyro_bbb.data import digits
+from pyro_bbb.evaluate import metrics, plots
 from pyro_bbb.nn import BayesianConv2d, BayesianLinear, BayesianLSTM
 from pyro_bbb.optim import IVON
 

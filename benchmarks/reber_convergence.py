@@ -42,8 +42,9 @@ import torch
 from torch import nn
 
 import pyro_bbb
-from pyro_bbb import likelihoods, priors, schedules
+from pyro_bbb import likelihoods, priors
 from pyro_bbb.data import embedded_reber
+from pyro_bbb.infer import schedules
 from pyro_bbb.nn import BayesianGRU, BayesianLinear, BayesianLSTM
 
 CONFIGS = {

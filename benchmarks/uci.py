@@ -121,10 +121,10 @@ def test_log_likelihood(bnn, guide, x_test, y_test, y_mean: float, y_std: float,
     return log_lik, rmse
 
 
-def convergence(history: pyro_bbb.History) -> tuple[float, float, float]:
+def convergence(history: pyro_bbb.train.History) -> tuple[float, float, float]:
     """``(elbo_change, elbo_drift, std_drift)`` of a run (see the module docstring); NaN when too short.
 
-    >>> h = pyro_bbb.History()
+    >>> h = pyro_bbb.train.History()
     >>> for e, loss in enumerate([10.0, 8.0, 7.0, 6.5, 6.2, 6.1, 6.05, 6.0, 6.0, 6.0], 1):
     ...     h.append({"epoch": e, "loss": loss, "std_ratio": {"fc": 1.0}})
     >>> convergence(h)

@@ -27,7 +27,7 @@ TUTORIAL_ORDER = [
 #: API sections: a title and the modules it holds (a name ending in ``.`` takes that package and its modules).
 API_ROLES = [
     ("The model: networks, priors, likelihoods", ["pyro_bbb", "pyro_bbb.bnn", "pyro_bbb.priors",
-                                                  "pyro_bbb.distributions", "pyro_bbb.likelihoods", "pyro_bbb.plates"]),
+                                                  "pyro_bbb.distributions", "pyro_bbb.likelihoods"]),
     ("Bayesian layers", ["pyro_bbb.nn."]),
     ("Inference: guide, ELBO, estimators", ["pyro_bbb.infer."]),
     ("Optimizers", ["pyro_bbb.optim."]),

@@ -1,12 +1,12 @@
 """pyro_bbb: Bayes-by-Backprop Bayesian neural networks in Pyro, correct by construction.
 
-The happy path (``model -> guide -> fit -> predict``) is at the top level; the rest lives in packages by role:
-:mod:`pyro_bbb.nn` (layers, moment propagation, ``bayesianize``), :mod:`pyro_bbb.infer` (guide, ELBO, estimators,
-schedules), :mod:`pyro_bbb.train` (``fit`` and what goes with it), :mod:`pyro_bbb.prediction`,
-:mod:`pyro_bbb.evaluate` (metrics, diagnostics, plots, export) and :mod:`pyro_bbb.data`; the modules a model is
-written with (:mod:`~pyro_bbb.priors`, :mod:`~pyro_bbb.likelihoods`, :mod:`~pyro_bbb.optim`) sit beside them.
-``pyro_bbb.schedules``, ``metrics``, ``plots``, ``diagnostics`` and ``datasets`` name the modules of those
-packages that a script reaches for most.
+The happy path (``model -> guide -> fit -> predict``) is at the top level, with what a user reaches for around it
+(the estimators as effect handlers, checkpoints, the posterior summary and the evidence); everything else lives in
+packages by role: :mod:`pyro_bbb.nn` (layers, ``bayesianize``), :mod:`pyro_bbb.infer` (guide, ELBO, estimators,
+schedules), :mod:`pyro_bbb.optim`, :mod:`pyro_bbb.train` (``fit``, its history, early stopping, one training step),
+:mod:`pyro_bbb.prediction`, :mod:`pyro_bbb.evaluate` (metrics, diagnostics, plots, export, model selection) and
+:mod:`pyro_bbb.data`; the modules a model is written with (:mod:`~pyro_bbb.priors`, :mod:`~pyro_bbb.likelihoods`)
+sit beside them. One name per thing: ``pyro_bbb.evaluate.metrics``, not an alias at the top.
 
 Examples
 --------
@@ -18,35 +18,18 @@ Examples
 torch.Size([5, 3])
 """
 
-from . import data, distributions, evaluate, infer, likelihoods, nn, optim, plates, prediction, priors, train
-from ._version import __version__
+from . import data, evaluate, infer, likelihoods, nn, optim, prediction, priors, train
+from ._version import __version__ as __version__
 from .bnn import BNN
 from .checkpoint import load, save
-from .data import DataError
-from .data import datasets as datasets
-from .evaluate import diagnostics, evidence, metrics, plots, summary, to_inference_data
-from .infer import (
-    DEFAULT_INIT_SCALE,
-    ELBO,
-    FlipoutMessenger,
-    LocalReparameterizationMessenger,
-    MeanFieldGuide,
-    MomentPropagationMessenger,
-    flipout,
-    local_reparameterization,
-    moment_propagation,
-    schedules,
-)
+from .evaluate import evidence, summary
+from .infer import ELBO, MeanFieldGuide, flipout, local_reparameterization, moment_propagation
 from .nn import bayesianize
-from .prediction import ClassificationPrediction, Prediction, RegressionPrediction, predict, set_up_guide
-from .train import EarlyStopping, History, TrainingDivergedError, fit
+from .prediction import predict
+from .train import EarlyStopping, TrainingDivergedError, fit
 
 __all__ = [
-    "BNN", "bayesianize", "ELBO", "MeanFieldGuide", "DEFAULT_INIT_SCALE", "flipout", "local_reparameterization",
-    "moment_propagation", "FlipoutMessenger", "LocalReparameterizationMessenger", "MomentPropagationMessenger",
-    "fit", "EarlyStopping", "History", "TrainingDivergedError", "DataError", "set_up_guide", "predict",
-    "Prediction", "RegressionPrediction", "ClassificationPrediction", "save", "load", "summary",
-    "to_inference_data", "evidence", "data", "distributions", "evaluate", "infer", "likelihoods", "nn", "optim",
-    "plates", "prediction", "priors", "train", "datasets", "diagnostics", "metrics", "plots", "schedules",
-    "__version__",
+    "BNN", "bayesianize", "MeanFieldGuide", "ELBO", "fit", "predict", "evidence", "summary", "save", "load",
+    "flipout", "local_reparameterization", "moment_propagation", "EarlyStopping", "TrainingDivergedError",
+    "nn", "infer", "optim", "train", "prediction", "evaluate", "data", "priors", "likelihoods",
 ]

@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from pyro.nn import PyroModule, PyroSample
 
-from .data.inputs import as_tensor, targets_like
+from ._plates import DATA_PLATE
+from .data._inputs import as_tensor, targets_like
 from .distributions import ExpectedNormal
 from .nn.moments import MomentPropagationError, Moments, gaussian_expectation, standardized_expectations
-from .plates import DATA_PLATE
 from .prediction.results import ClassificationPrediction, Prediction, RegressionPrediction
 
 __all__ = ["TargetError", "Likelihood", "Gaussian", "HeteroscedasticGaussian", "Categorical", "Bernoulli"]

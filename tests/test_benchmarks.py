@@ -46,7 +46,7 @@ def test_uci_convergence_check():
     uci = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(uci)
     assert doctest.testmod(uci, verbose=False).failed == 0
-    history = pyro_bbb.History()
+    history = pyro_bbb.train.History()
     # a loss jittering around a flat end: no drift, while the raw last-epoch change sees the jitter
     for epoch, loss in enumerate([10.0] * 10 + [1.0, 1.2] * 50, 1):
         history.append({"epoch": epoch, "loss": loss, "std_ratio": {"a": 1.0, "b": 2.0 - epoch / 110}})

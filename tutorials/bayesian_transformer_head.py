@@ -47,7 +47,8 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import pyro_bbb  # noqa: E402
-from pyro_bbb import likelihoods, metrics, plots  # noqa: E402
+from pyro_bbb import likelihoods  # noqa: E402
+from pyro_bbb.evaluate import metrics, plots
 
 VOCAB, LENGTH, MARKER = 24, 12, 5
 

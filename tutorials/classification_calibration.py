@@ -21,8 +21,9 @@ import pyro  # noqa: E402
 import torch  # noqa: E402
 
 import pyro_bbb  # noqa: E402
-from pyro_bbb import diagnostics, likelihoods, metrics, plots, priors  # noqa: E402
+from pyro_bbb import likelihoods, priors  # noqa: E402
 from pyro_bbb.data import digits  # noqa: E402
+from pyro_bbb.evaluate import diagnostics, metrics, plots
 from pyro_bbb.evaluate.pruning import prune_by_snr  # noqa: E402
 from pyro_bbb.nn import BayesianLinear  # noqa: E402
 

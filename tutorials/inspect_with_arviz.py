@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Inspecting a Bayes-by-Backprop posterior with ArviZ
 #
-# Train a small BNN on 1-D regression, export one set of posterior draws to ArviZ (`pyro_bbb.to_inference_data`:
+# Train a small BNN on 1-D regression, export a set of posterior draws to ArviZ (`pyro_bbb.evaluate.to_inference_data`:
 # posterior, posterior predictive, pointwise log-likelihood, observed and constant data, all from the *same*
 # draws), read the per-layer summary table (`pyro_bbb.summary`), estimate the out-of-sample fit with PSIS-LOO,
 # and save ArviZ's plots and ours as PNGs in `tutorials/figures/`.
@@ -26,8 +26,9 @@ import pyro  # noqa: E402
 import torch  # noqa: E402
 
 import pyro_bbb  # noqa: E402
-from pyro_bbb import likelihoods, plots  # noqa: E402
+from pyro_bbb import likelihoods  # noqa: E402
 from pyro_bbb.data import toy_regression  # noqa: E402
+from pyro_bbb.evaluate import plots
 from pyro_bbb.nn import BayesianLinear  # noqa: E402
 
 
@@ -42,7 +43,7 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=50, lr=1e-2, progress=progress, seed=0)
 
     # %% One set of draws for every group.
-    idata = pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=500)
+    idata = pyro_bbb.evaluate.to_inference_data(bnn, guide, x, y, num_samples=500)
     print(idata)
 
     # %% The posterior, layer by layer (exact: computed from the guide's means and scales).
@@ -51,7 +52,7 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
 
     with pd.option_context(*[item for pair in with_pandas_width.items() for item in pair]):
         print(pyro_bbb.summary(bnn, guide).round(3))
-        print(pyro_bbb.diagnostics.parameter_summary(bnn, guide).head(6).round(3))
+        print(pyro_bbb.evaluate.diagnostics.parameter_summary(bnn, guide).head(6).round(3))
         print(az.summary(idata, var_names=["net.2.bias", "likelihood.scale"], kind="stats").round(3))
 
     # %% Leave-one-out: reff=1.0 because the draws are independent.

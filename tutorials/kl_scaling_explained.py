@@ -36,8 +36,10 @@ import pyro  # noqa: E402
 import torch  # noqa: E402
 
 import pyro_bbb  # noqa: E402
-from pyro_bbb import likelihoods, metrics, plots, priors, schedules  # noqa: E402
+from pyro_bbb import likelihoods, priors  # noqa: E402
 from pyro_bbb.data import digits  # noqa: E402
+from pyro_bbb.evaluate import metrics, plots
+from pyro_bbb.infer import schedules
 from pyro_bbb.nn import BayesianLinear  # noqa: E402
 
 BATCH = 32

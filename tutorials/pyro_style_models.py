@@ -27,8 +27,9 @@ import torch  # noqa: E402
 from pyro.nn import PyroModule, PyroSample  # noqa: E402
 
 import pyro_bbb  # noqa: E402
-from pyro_bbb import likelihoods, metrics, plots  # noqa: E402
+from pyro_bbb import likelihoods  # noqa: E402
 from pyro_bbb.data import toy_regression  # noqa: E402
+from pyro_bbb.evaluate import metrics, plots
 from pyro_bbb.infer.estimators import ESTIMATORS  # noqa: E402
 
 

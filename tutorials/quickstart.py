@@ -26,8 +26,9 @@ import pyro  # noqa: E402
 import torch  # noqa: E402
 
 import pyro_bbb  # noqa: E402
-from pyro_bbb import likelihoods, metrics, plots  # noqa: E402
+from pyro_bbb import likelihoods  # noqa: E402
 from pyro_bbb.data import toy_regression  # noqa: E402
+from pyro_bbb.evaluate import metrics, plots
 from pyro_bbb.nn import BayesianLinear  # noqa: E402
 
 

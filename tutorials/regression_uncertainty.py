@@ -28,8 +28,9 @@ import pyro  # noqa: E402
 import torch  # noqa: E402
 
 import pyro_bbb  # noqa: E402
-from pyro_bbb import likelihoods, metrics, plots, priors  # noqa: E402
+from pyro_bbb import likelihoods, priors  # noqa: E402
 from pyro_bbb.data.datasets import heteroscedastic_noise_std, heteroscedastic_regression  # noqa: E402
+from pyro_bbb.evaluate import metrics, plots
 from pyro_bbb.nn import BayesianLinear  # noqa: E402
 
 

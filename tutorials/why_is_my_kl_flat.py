@@ -10,7 +10,7 @@
 #   `num_data` far too large), the posterior widths never leave their tiny initial values, the KL stays high and
 #   flat, the network is deterministic in all but name.
 #
-# `pyro_bbb.diagnostics.check_posterior` names both from the guide alone (per layer: the KL carried by the best-
+# `pyro_bbb.evaluate.diagnostics.check_posterior` names both from the guide alone (per layer: the KL of the best-
 # informed weights, and the posterior width against the prior's) and says what to change. This script trains the
 # same digits classifier three ways and plots, per run, the NLL, the KL per layer and the posterior/prior width
 # from `History`; it writes `tutorials/figures/why_is_my_kl_flat.png` and prints what `check_posterior` says.
@@ -28,8 +28,10 @@ import pyro  # noqa: E402
 import torch  # noqa: E402
 
 import pyro_bbb  # noqa: E402
-from pyro_bbb import diagnostics, likelihoods, metrics, plots, schedules  # noqa: E402
+from pyro_bbb import likelihoods  # noqa: E402
 from pyro_bbb.data import digits  # noqa: E402
+from pyro_bbb.evaluate import diagnostics, metrics, plots
+from pyro_bbb.infer import schedules
 from pyro_bbb.nn import BayesianLinear  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Data in and out of a model: the inputs a network takes (:mod:`~pyro_bbb.data.inputs`), ``fit``'s checked
+"""Data in and out of a model: the inputs a network takes (:mod:`~pyro_bbb.data._inputs`), ``fit``'s checked
 minibatches (:mod:`~pyro_bbb.data.batches`) and the data sets the tutorials and tests use
 (:mod:`~pyro_bbb.data.datasets`).
 

@@ -26,8 +26,8 @@ import numpy as np
 import pyro.distributions as dist
 import torch
 
+from ..infer._kl import elementwise_kl, total_kl
 from ..infer.guide import require_fitted_posteriors, site_loc_scale, site_posterior
-from ..infer.kl import elementwise_kl, total_kl
 from ..nn.module import current_priors, site_owners
 from ..priors import is_real_support, prior_in_force, prior_std, strip_independent
 

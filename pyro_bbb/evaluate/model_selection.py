@@ -31,12 +31,12 @@ import torch
 
 from .._checks import check_count, require_set_up
 from .._internals import active_messengers
+from .._plates import data_plate_of
+from ..data._inputs import model_dtype
 from ..data.batches import Batches, likelihood_of, model_device
-from ..data.inputs import model_dtype
 from ..infer.elbo import ELBO
 from ..infer.estimators import PosteriorReader
 from ..nn.module import training_mode
-from ..plates import data_plate_of
 
 __all__ = ["Evidence", "evidence", "compare_evidence"]
 

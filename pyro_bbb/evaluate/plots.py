@@ -2,7 +2,7 @@
 
 Every function returns its matplotlib figure and, given ``path``, saves it (PNG by extension). Needs matplotlib
 (``pip install matplotlib``). ArviZ's own plots (``plot_posterior``, ``plot_forest``, ``plot_ppc``,
-``plot_loo_pit``) work on :func:`pyro_bbb.to_inference_data`'s export.
+``plot_loo_pit``) work on :func:`pyro_bbb.evaluate.to_inference_data`'s export.
 
 Examples
 --------
@@ -69,7 +69,7 @@ def _finish(fig, path: str | Path | None):
 
 
 def plot_history(history, path: str | Path | None = None):
-    """Training traces from :class:`pyro_bbb.History` against the epoch: the loss and NLL per datum (and the
+    """Training traces from :class:`pyro_bbb.train.History` against the epoch: the loss and NLL per datum (and the
     validation NLL), the KL per layer, the posterior std / prior std per layer, and the KL weight when a schedule
     changed it (a constant weight is named in the KL panel's title instead). With early stopping, a dotted line
     marks the best epoch (whose parameters fit returned).

@@ -1,6 +1,6 @@
 """Variational inference: the mean-field guide (:mod:`~pyro_bbb.infer.guide`), the ELBO that scales minibatches
 (:mod:`~pyro_bbb.infer.elbo`, with the data plate's scaling in :mod:`~pyro_bbb.infer.scaling`, the KL arithmetic in
-:mod:`~pyro_bbb.infer.kl` and the replayed fast path in ``_replay``), the lower-variance gradient estimators as
+:mod:`~pyro_bbb.infer._kl` and the replayed fast path in ``_replay``), the lower-variance gradient estimators as
 effect handlers (:mod:`~pyro_bbb.infer.estimators`) and KL-weight schedules (:mod:`~pyro_bbb.infer.schedules`).
 
 Examples

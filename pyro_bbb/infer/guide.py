@@ -399,7 +399,7 @@ def has_site_posteriors(guide) -> bool:
     :class:`MeanFieldGuide` and Pyro's :class:`~pyro.infer.autoguide.AutoNormal` do; ``AutoDelta``,
     ``AutoDiagonalNormal`` (one joint latent), ``AutoLowRankMultivariateNormal``, ``AutoGuideList`` and
     hand-written guides do not. Per-layer summaries, ``check_posterior`` and the per-layer columns of
-    :class:`pyro_bbb.History` need them.
+    :class:`pyro_bbb.train.History` need them.
 
     Examples
     --------

@@ -17,8 +17,8 @@ from typing import Any
 from pyro.poutine.messenger import Messenger
 
 from .._internals import is_deterministic_site
+from .._plates import DATA_PLATE, data_plate_frame
 from ..nn.module import is_layer_prior
-from ..plates import DATA_PLATE, data_plate_frame
 
 __all__ = ["DataPlateScaleMessenger", "scale_data_plate"]
 

@@ -231,7 +231,7 @@ class FlipoutMap:
     :func:`pyro_bbb.flipout` returns for :data:`bayesian_affine_map`: the posterior mean's product plus the drawn
     perturbation ``delta = W - loc`` (and ``bias_delta``) with random signs per example, drawn once per sequence.
     It keeps its parts, so that a recurrent layer can run its whole time loop in one kernel
-    (:mod:`pyro_bbb.nn.recurrence`).
+    (:mod:`pyro_bbb.nn._time_loop`).
 
     Examples
     --------

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from pyro.poutine.messenger import Messenger
 
-from ..plates import DATA_PLATE, data_plate_frame
+from .._plates import DATA_PLATE, data_plate_frame
 
 __all__ = ["ObservationPlaceholderMessenger", "observation_placeholder", "SubsampleCoverMessenger", "cover_subsample"]
 

@@ -28,7 +28,8 @@ from pyro.poutine.util import site_is_subsample
 
 from .._checks import check_count, is_set_up
 from .._internals import without_trace_shapes
-from ..data.inputs import (
+from .._plates import data_plate_frame, data_plate_named, data_plate_of
+from ..data._inputs import (
     Inputs,
     cast_inputs,
     check_finite_inputs,
@@ -41,7 +42,6 @@ from ..data.inputs import (
     split_rows,
 )
 from ..nn.module import training_mode
-from ..plates import data_plate_frame, data_plate_named, data_plate_of
 from .messengers import ObservationPlaceholderMessenger, SubsampleCoverMessenger
 from .results import Prediction, prediction_for
 

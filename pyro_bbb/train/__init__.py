@@ -1,6 +1,7 @@
-"""Training: ``fit`` (:mod:`~pyro_bbb.train.loop`), its :class:`History` (:mod:`~pyro_bbb.train.history`), early
-stopping (:mod:`~pyro_bbb.train.stopping`), data-parallel training (:mod:`~pyro_bbb.train.distributed`) and the
-Lightning module (:mod:`~pyro_bbb.train.lightning`, imported on its own: it needs ``lightning``).
+"""Training: ``fit`` (:mod:`~pyro_bbb.train.loop`), its :class:`History` (:mod:`~pyro_bbb.train.history`), one
+training step and its checks (:mod:`~pyro_bbb.train.step`), early stopping (:mod:`~pyro_bbb.train.stopping`),
+data-parallel training (:mod:`~pyro_bbb.train.distributed`) and the Lightning module
+(:mod:`~pyro_bbb.train.lightning`, imported on its own: it needs ``lightning``).
 
 Examples
 --------
@@ -12,7 +13,8 @@ Examples
 """
 
 from .history import History
-from .loop import TrainingDivergedError, fit
+from .loop import fit
+from .step import TrainingDivergedError, TrainingStep
 from .stopping import EarlyStopping
 
-__all__ = ["fit", "History", "EarlyStopping", "TrainingDivergedError"]
+__all__ = ["fit", "History", "EarlyStopping", "TrainingDivergedError", "TrainingStep"]

@@ -35,7 +35,7 @@ from pyro.optim import PyroOptim
 
 from .._checks import is_set_up
 from .._internals import set_up_autoguide
-from ..data.inputs import num_rows
+from ..data._inputs import num_rows
 from ..infer.elbo import ELBO
 from ..optim import IVON
 from ..optim import Adam as JointAdam

@@ -25,8 +25,8 @@ from pyro.optim import PyroOptim
 from tqdm.auto import tqdm
 
 from .._checks import check_count, check_positive
+from ..data._inputs import inputs_to, model_dtype, num_rows
 from ..data.batches import Batches, DataError, check_batch, likelihood_of, model_device
-from ..data.inputs import inputs_to, model_dtype, num_rows
 from ..evaluate import metrics
 from ..evaluate.diagnostics import layer_summary
 from ..infer.elbo import ELBO
@@ -109,7 +109,7 @@ def fit(
     data : (x, y) or DataLoader
         Training data; a pair is reshuffled into batches of ``batch_size`` every epoch (``None``: full batch).
         ``x`` may be a tensor, a tuple of tensors or a dict of tensors (a transformers ``BatchEncoding``) with a
-        common first dimension (see :mod:`pyro_bbb.data.inputs`); a DataLoader yields ``(x, y)`` pairs of those.
+        common first dimension (see :mod:`pyro_bbb.data._inputs`); a DataLoader yields ``(x, y)`` pairs of those.
     epochs : int
         Passes over the data.
     optimizer : pyro.optim.PyroOptim, optional

@@ -20,14 +20,14 @@ from pyro.optim import PyroOptim
 
 from .._checks import is_set_up
 from .._internals import all_finite, foreach_copy_, set_up_autoguide
-from ..data.inputs import num_rows
+from .._plates import data_plate_of
+from ..data._inputs import num_rows
 from ..infer.contract import note_objective_run
 from ..infer.elbo import ELBO
 from ..infer.estimators import estimator as estimator_named
 from ..infer.guide import MeanFieldGuide
 from ..optim import IVON
 from ..optim import Adam as JointAdam
-from ..plates import data_plate_of
 from . import distributed as distributed_
 
 __all__ = ["TrainingStep", "TrainingDivergedError"]

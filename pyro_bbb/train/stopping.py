@@ -37,7 +37,7 @@ class EarlyStopping:
     """Stop :func:`~pyro_bbb.fit` once ``monitor`` has not improved for ``patience`` epochs, and restore the
     parameters of the best epoch when training ends (early or not).
 
-    The monitored value is read from each epoch's :class:`~pyro_bbb.History` record: a validation metric
+    The monitored value is read from each epoch's :class:`~pyro_bbb.train.History` record: a validation metric
     (``"val_log_likelihood"``, the default, ``"val_rmse"``, ``"val_accuracy"``, ``"val_ece"`` -- these need
     ``fit(validation_data=...)``) or a training one (``"loss"``, ``"nll"``). An epoch improves on the best when it is
     better by more than ``min_delta``. Restoring copies the values of every parameter ``fit`` trained back in place

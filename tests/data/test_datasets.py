@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from pyro_bbb import datasets
+from pyro_bbb.data import datasets
 
 
 @pytest.mark.parametrize(

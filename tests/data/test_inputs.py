@@ -10,8 +10,9 @@ import torch
 from pyro.nn import PyroModule
 
 import pyro_bbb
-from pyro_bbb import likelihoods, metrics
-from pyro_bbb.data.inputs import as_tensor, cast_inputs, num_rows, select_rows, split_rows, targets_like
+from pyro_bbb import likelihoods
+from pyro_bbb.data._inputs import as_tensor, cast_inputs, num_rows, select_rows, split_rows, targets_like
+from pyro_bbb.evaluate import metrics
 from pyro_bbb.nn import BayesianLinear
 from pyro_bbb.prediction.predictive import UntrainedGuideWarning
 
@@ -38,7 +39,7 @@ def test_n_by_1_targets_give_the_same_fit_metrics_and_export_as_n_targets():
                                validation_data=(x, targets))
         pyro.set_rng_seed(1)
         pred = pyro_bbb.predict(model, guide, x, num_samples=20)
-        idata = pyro_bbb.to_inference_data(model, guide, x, targets, num_samples=10)
+        idata = pyro_bbb.evaluate.to_inference_data(model, guide, x, targets, num_samples=10)
         results.append((history["loss"], metrics.rmse(pred, targets), metrics.log_likelihood(pred, targets),
                         metrics.interval_coverage(pred, targets), idata.log_likelihood["y"].values))
     (loss_a, rmse_a, ll_a, cov_a, lik_a), (loss_b, rmse_b, ll_b, cov_b, lik_b) = results
@@ -67,7 +68,7 @@ def test_numpy_and_float64_inputs_work_everywhere():
     pred = pyro_bbb.predict(model, guide, xn, num_samples=5)
     assert pred.mean.dtype == torch.float32
     assert np.isfinite(metrics.rmse(pred, yn))
-    pyro_bbb.to_inference_data(model, guide, xn, yn, num_samples=5)
+    pyro_bbb.evaluate.to_inference_data(model, guide, xn, yn, num_samples=5)
 
 
 def test_integer_inputs_to_a_float_model_name_both_dtypes():
@@ -158,7 +159,7 @@ def test_predict_sets_up_a_guide_that_has_not_seen_the_model_and_leaves_the_rng_
     model = pyro_bbb.BNN(BayesianLinear(2, 3, prior=pyro_bbb.priors.Moped(0.1)), likelihoods.Categorical())
     guide = pyro_bbb.MeanFieldGuide(model)
     state = torch.get_rng_state()
-    pyro_bbb.set_up_guide(model, guide, x[:1])
+    pyro_bbb.prediction.set_up_guide(model, guide, x[:1])
     assert torch.equal(torch.get_rng_state(), state)
     pyro.clear_param_store()
     guide = pyro_bbb.MeanFieldGuide(model)
@@ -217,7 +218,7 @@ def run_everything(kind, x, y, tmp_path):
     pyro.set_rng_seed(1)
     looped = pyro_bbb.predict(model, guide, inputs, num_samples=30, batch_size=7, vectorize=False)
     torch.testing.assert_close(vectorized.mean, looped.mean)
-    idata = pyro_bbb.to_inference_data(model, guide, inputs, y, num_samples=10)
+    idata = pyro_bbb.evaluate.to_inference_data(model, guide, inputs, y, num_samples=10)
     path = tmp_path / f"{kind}.pt"
     pyro_bbb.save(path, model, guide)
     pyro.clear_param_store()

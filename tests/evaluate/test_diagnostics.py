@@ -5,8 +5,9 @@ import torch
 from pyro.distributions.kl import kl_divergence
 
 import pyro_bbb
-from pyro_bbb import diagnostics, priors
-from pyro_bbb.infer.kl import elementwise_kl
+from pyro_bbb import priors
+from pyro_bbb.evaluate import diagnostics
+from pyro_bbb.infer._kl import elementwise_kl
 
 from ..helpers import digits_fit, fitted_3_5_1
 

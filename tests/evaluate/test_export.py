@@ -36,7 +36,7 @@ def fitted():
 
 def test_groups_dims_and_shapes(fitted):
     bnn, guide, x, y = fitted
-    idata = pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=100, num_chains=2)
+    idata = pyro_bbb.evaluate.to_inference_data(bnn, guide, x, y, num_samples=100, num_chains=2)
     assert set(idata.groups()) == {"posterior", "posterior_predictive", "log_likelihood", "observed_data",
                                    "constant_data"}
     assert idata.posterior["net.weight"].dims == ("chain", "draw", "net_out", "net_in")
@@ -51,7 +51,7 @@ def test_groups_dims_and_shapes(fitted):
 
 def test_log_likelihood_and_predictive_come_from_the_exported_draws(fitted):
     bnn, guide, x, y = fitted
-    idata = pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=500)
+    idata = pyro_bbb.evaluate.to_inference_data(bnn, guide, x, y, num_samples=500)
     w = torch.as_tensor(idata.posterior["net.weight"].values[0])  # (500, 1, 2)
     b = torch.as_tensor(idata.posterior["net.bias"].values[0])  # (500, 1)
     mean = (w @ x.T).squeeze(1) + b  # (500, 60): the network under each exported draw
@@ -65,7 +65,7 @@ def test_log_likelihood_and_predictive_come_from_the_exported_draws(fitted):
 
 def test_loo_and_arviz_summary_and_plots(fitted):
     bnn, guide, x, y = fitted
-    idata = pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=400)
+    idata = pyro_bbb.evaluate.to_inference_data(bnn, guide, x, y, num_samples=400)
     loo = az.loo(idata, reff=1.0)
     assert np.isfinite(loo.elpd_loo)
     lppd = float(np.log(np.exp(idata.log_likelihood["y"].values[0]).mean(0)).sum())
@@ -84,7 +84,7 @@ def test_classification_and_conv_dims():
     x, y = torch.randn(10, 1, 4, 4), torch.randint(0, 3, (10,))
     guide = pyro_bbb.MeanFieldGuide(bnn)
     guide(x, y)
-    idata = pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=20)
+    idata = pyro_bbb.evaluate.to_inference_data(bnn, guide, x, y, num_samples=20)
     assert idata.posterior["net.0.weight"].dims == ("chain", "draw", "net_0_out", "net_0_in", "net_0_k0", "net_0_k1")
     assert idata.posterior_predictive["y"].values.dtype.kind in "iuf"
     assert idata.log_likelihood["y"].shape == (1, 20, 10)
@@ -95,15 +95,15 @@ def test_plain_pyro_model_sites_and_size_warning(monkeypatch):
     x, y = torch.randn(8, 3), torch.randn(8)
     guide = pyro_bbb.MeanFieldGuide(model)
     guide(x, y)
-    idata = pyro_bbb.to_inference_data(model, guide, x, num_samples=10, sites=["fc.weight"])
+    idata = pyro_bbb.evaluate.to_inference_data(model, guide, x, num_samples=10, sites=["fc.weight"])
     assert list(idata.posterior.data_vars) == ["fc.weight"]
     assert idata.posterior["fc.weight"].dims == ("chain", "draw", "fc_out", "fc_in")
     assert "log_likelihood" not in idata.groups()
     with pytest.raises(ValueError, match="no latent sites named"):
-        pyro_bbb.to_inference_data(model, guide, x, sites=["nope"])
+        pyro_bbb.evaluate.to_inference_data(model, guide, x, sites=["nope"])
     monkeypatch.setattr(export, "LARGE_POSTERIOR_BYTES", 10)
     with pytest.warns(UserWarning, match="sites="):
-        pyro_bbb.to_inference_data(model, guide, x, num_samples=10)
+        pyro_bbb.evaluate.to_inference_data(model, guide, x, num_samples=10)
 
 
 class LastStep(torch.nn.Module):
@@ -124,7 +124,7 @@ def test_recurrent_layer_weights_of_different_shapes_get_their_own_dims_under_an
     for guide in (pyro_bbb.MeanFieldGuide(bnn), AutoNormal(bnn)):
         pyro.clear_param_store()
         guide(x, y)
-        idata = pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=4)
+        idata = pyro_bbb.evaluate.to_inference_data(bnn, guide, x, y, num_samples=4)
         posterior = idata.posterior
         assert posterior["net.rnn.weight_ih_l0"].dims[2:] == ("net_rnn_weight_ih_l0_out", "net_rnn_weight_ih_l0_in")
         assert posterior.sizes["net_rnn_weight_hh_l0_in"] == 5 and posterior.sizes["net_rnn_weight_ih_l0_in"] == 3
@@ -137,9 +137,10 @@ def test_datatree_for_arviz_1_gives_the_numbers_of_arviz_0(fitted):
     arviz_stats = pytest.importorskip("arviz_stats")
     bnn, guide, x, y = fitted
     pyro.set_rng_seed(3)
-    idata = pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=300, num_chains=2, container="InferenceData")
+    idata = pyro_bbb.evaluate.to_inference_data(bnn, guide, x, y, num_samples=300, num_chains=2,
+                                                container="InferenceData")
     pyro.set_rng_seed(3)
-    tree = pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=300, num_chains=2, container="DataTree")
+    tree = pyro_bbb.evaluate.to_inference_data(bnn, guide, x, y, num_samples=300, num_chains=2, container="DataTree")
     assert isinstance(tree, xr.DataTree) and set(tree.children) == set(idata.groups())
     for group in idata.groups():  # the same draws, variables and dimensions in both containers
         xr.testing.assert_identical(tree[group].to_dataset(), idata[group])
@@ -156,13 +157,14 @@ def test_datatree_for_arviz_1_gives_the_numbers_of_arviz_0(fitted):
 
 def test_the_container_follows_the_installed_arviz(fitted, monkeypatch):
     bnn, guide, x, y = fitted
-    assert isinstance(pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=5), az.InferenceData)  # ArviZ 0.x
+    # ArviZ 0.x
+    assert isinstance(pyro_bbb.evaluate.to_inference_data(bnn, guide, x, y, num_samples=5), az.InferenceData)
     monkeypatch.setattr(az, "__version__", "1.0.0")
-    assert isinstance(pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=5), xr.DataTree)
+    assert isinstance(pyro_bbb.evaluate.to_inference_data(bnn, guide, x, y, num_samples=5), xr.DataTree)
     with pytest.raises(ValueError, match='needs ArviZ 0.x .* use container="DataTree"'):
-        pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=5, container="InferenceData")
+        pyro_bbb.evaluate.to_inference_data(bnn, guide, x, y, num_samples=5, container="InferenceData")
     with pytest.raises(ValueError, match="container must be one of"):
-        pyro_bbb.to_inference_data(bnn, guide, x, y, num_samples=5, container="netcdf")
+        pyro_bbb.evaluate.to_inference_data(bnn, guide, x, y, num_samples=5, container="netcdf")
 
 
 def test_a_plate_nested_in_the_data_plate_gives_one_pointwise_log_likelihood_per_datum():
@@ -180,7 +182,7 @@ def test_a_plate_nested_in_the_data_plate_gives_one_pointwise_log_likelihood_per
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # vectorized, no fallback to one call per draw
         prediction = pyro_bbb.predict(model, guide, x, num_samples=5)
-        idata = pyro_bbb.to_inference_data(model, guide, x, y, num_samples=5)
+        idata = pyro_bbb.evaluate.to_inference_data(model, guide, x, y, num_samples=5)
     assert prediction.samples.shape == (5, 10, 3)
     weight = torch.as_tensor(idata.posterior["fc.weight"].values[0])  # (draws, 3, 2)
     bias = torch.as_tensor(idata.posterior["fc.bias"].values[0])

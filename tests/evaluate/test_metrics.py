@@ -4,7 +4,7 @@ import pyro.distributions as dist
 import pytest
 import torch
 
-from pyro_bbb import metrics
+from pyro_bbb.evaluate import metrics
 from pyro_bbb.prediction.results import ClassificationPrediction, Prediction, RegressionPrediction
 
 

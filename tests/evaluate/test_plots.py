@@ -7,7 +7,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import pyro_bbb  # noqa: E402
-from pyro_bbb import likelihoods, plots  # noqa: E402
+from pyro_bbb import likelihoods  # noqa: E402
+from pyro_bbb.evaluate import plots
 from pyro_bbb.nn import BayesianLinear  # noqa: E402
 from pyro_bbb.prediction.results import ClassificationPrediction, RegressionPrediction  # noqa: E402
 

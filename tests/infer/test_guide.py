@@ -6,8 +6,9 @@ import torch
 from pyro.nn import PyroModule
 
 import pyro_bbb
-from pyro_bbb import DEFAULT_INIT_SCALE, ELBO, MeanFieldGuide, priors
+from pyro_bbb import ELBO, MeanFieldGuide, priors
 from pyro_bbb._checks import GuideNotSetUpError
+from pyro_bbb.infer import DEFAULT_INIT_SCALE
 from pyro_bbb.nn import BayesianLinear
 
 from ..helpers import MLP

@@ -5,7 +5,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import pyro_bbb
-from pyro_bbb import likelihoods, metrics, priors
+from pyro_bbb import likelihoods, priors
+from pyro_bbb.evaluate import metrics
 from pyro_bbb.nn import BayesianConv2d, BayesianLinear
 
 

@@ -370,12 +370,12 @@ def test_grouped_draws_equal_each_draw_alone(mode, kwargs, shared_input, with_st
     diagonal: every draw's output and final state equal that draw run alone (torch's kernel with its weights), for
     an input shared by all draws (the data) or one per draw (after a Bayesian layer), with and without an initial
     state. A GRU keeps one call per draw (its wider kernel differs from the lone draw's in the 5th digit)."""
-    from pyro_bbb.nn import _rnn_kernels
-    from pyro_bbb.nn.draws import fold_draws
+    from pyro_bbb.nn import _fused_kernel
+    from pyro_bbb.nn._draws import fold_draws
 
     torch.manual_seed(0)
     num_draws, rows, hidden = 7, 5, 4  # GROUPED_WIDTH 12 -> groups of 3, 3 and 1 draws
-    monkeypatch.setattr(_rnn_kernels, "GROUPED_WIDTH", 12)
+    monkeypatch.setattr(_fused_kernel, "GROUPED_WIDTH", 12)
     layer = {"LSTM": BayesianLSTM, "GRU": BayesianGRU}[mode](3, hidden, **kwargs)
     states = layer.num_layers * layer.num_directions
     batch_first = kwargs.get("batch_first", False)
@@ -394,8 +394,8 @@ def test_grouped_draws_equal_each_draw_alone(mode, kwargs, shared_input, with_st
         return ((h, torch.cat([c0[s] for s in selected], 1)),) if mode == "LSTM" else (h,)
 
     widths = []  # the hidden width of every direct kernel call
-    kernel = _rnn_kernels.RecurrentKernel.op
-    monkeypatch.setattr(_rnn_kernels.RecurrentKernel, "op", lambda self, w, *a, **k: widths.append(w[1].shape[1])
+    kernel = _fused_kernel.RecurrentKernel.op
+    monkeypatch.setattr(_fused_kernel.RecurrentKernel, "op", lambda self, w, *a, **k: widths.append(w[1].shape[1])
                         or kernel(self, w, *a, **k))
     with torch.no_grad(), pyro.plate("draws", num_draws, dim=-2), fold_draws(num_draws):
         output, state = poutine.condition(layer, data=draws)(torch.cat(inputs, batch_dim), *initial(range(num_draws)))

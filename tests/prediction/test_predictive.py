@@ -259,7 +259,7 @@ def test_export_of_a_subsampling_model_covers_every_input():
     x, y = torch.randn(60, 2), torch.randn(60)
     model = Subsampled(subsample_size=40)
     guide = fitted_guide(model, x, y)
-    idata = pyro_bbb.to_inference_data(model, guide, x, y, num_samples=5)
+    idata = pyro_bbb.evaluate.to_inference_data(model, guide, x, y, num_samples=5)
     assert idata.log_likelihood["y"].shape[-1] == 60
 
 
@@ -292,7 +292,7 @@ def test_set_up_guide_takes_the_observation_not_a_nested_plates_index_site():
 
     model = Checked()
     guide = pyro_bbb.MeanFieldGuide(model)
-    pyro_bbb.set_up_guide(model, guide, torch.randn(4, 2))
+    pyro_bbb.prediction.set_up_guide(model, guide, torch.randn(4, 2))
     latent = {name for name, _ in guide.prototype_trace.iter_stochastic_nodes()}
     assert latent == {"fc.weight", "fc.bias"}  # the observation stayed an observation, the plate index no site
     pyro_bbb.fit(model, guide, (torch.randn(8, 2), torch.randn(8, 3)), epochs=1, progress=False)
@@ -314,7 +314,7 @@ def test_a_set_up_but_never_trained_guide_is_named_by_predict_check_posterior_an
     with pytest.warns(UntrainedGuideWarning, match="never trained"):
         pyro_bbb.predict(bnn, guide, x, num_samples=4)
     with pytest.warns(PosteriorWarning, match="never trained") as caught:
-        report = pyro_bbb.diagnostics.check_posterior(bnn, guide)
+        report = pyro_bbb.evaluate.diagnostics.check_posterior(bnn, guide)
     assert {entry["status"] for entry in report.values()} == {"not trained"}
     assert not any("kl_weight" in str(w.message) for w in caught)
 

@@ -17,19 +17,19 @@ def test_history_plot_writes_a_png_with_labelled_axes_and_the_kl_weight_only_whe
     assert len(fig.axes) == 3 and all(ax.get_ylabel() for ax in fig.axes)  # a constant weight: no flat panel
     assert "KL weight 1" in fig.axes[1].get_title()
     warmed = pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), small_data(), epochs=3, progress=False,
-                          kl_weight=pyro_bbb.schedules.LinearWarmup(4))
+                          kl_weight=pyro_bbb.infer.schedules.LinearWarmup(4))
     assert [ax.get_title() for ax in warmed.plot().axes][-1] == "KL weight (schedule)"
 
 
 def test_history_drift_is_the_share_of_progress_made_over_the_last_tail():
-    history = pyro_bbb.History()
+    history = pyro_bbb.train.History()
     for epoch in range(1, 101):  # exponential convergence, then a steady linear trace
         history.append({"epoch": epoch, "loss": math.exp(-epoch / 5), "nll": -epoch, "std_ratio": {"a": 1.0}})
     assert history.drift("loss") < 1e-6
     assert history.drift("nll") == pytest.approx(10 / 90)  # still improving at a steady rate: tail / (1 - tail)
     assert history.drift("nll", tail=0.2) == pytest.approx(20 / 80)
     assert history.drift("std_ratio") == {"a": 0.0}
-    short = pyro_bbb.History()
+    short = pyro_bbb.train.History()
     for epoch in (1, 2):
         short.append({"epoch": epoch, "loss": 1.0})
     assert math.isnan(short.drift())

@@ -114,7 +114,7 @@ def test_lightning_refuses_what_ivon_cannot_read_before_any_step():
     x, y, bnn, guide = _ivon_setup()
     before = {k: v.clone() for k, v in guide.state_dict().items()}
     with pytest.raises(ValueError, match="kl_weight"):
-        BayesianLightningModule(bnn, guide, num_data=64, kl_weight=pyro_bbb.schedules.LinearWarmup(10),
+        BayesianLightningModule(bnn, guide, num_data=64, kl_weight=pyro_bbb.infer.schedules.LinearWarmup(10),
                                 optimizer=IVON(guide, num_data=64))
     with pytest.raises(ValueError, match="another guide"):
         BayesianLightningModule(bnn, guide, num_data=64, optimizer=IVON(pyro_bbb.MeanFieldGuide(bnn), num_data=64))

@@ -8,8 +8,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import pyro_bbb
-from pyro_bbb import likelihoods, metrics
+from pyro_bbb import likelihoods
 from pyro_bbb.data.datasets import heteroscedastic_regression
+from pyro_bbb.evaluate import metrics
 from pyro_bbb.nn import BayesianLinear
 
 from ..helpers import digits_fit, params, regression_model, small_data

@@ -8,7 +8,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 import pyro_bbb
 from pyro_bbb import likelihoods
 from pyro_bbb.nn import BayesianGRU, BayesianLSTM
-from pyro_bbb.nn.recurrence import recurrence
+from pyro_bbb.nn._time_loop import recurrence
 
 GATES = {"LSTM": 4, "GRU": 3}
 
