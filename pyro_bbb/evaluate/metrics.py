@@ -1,7 +1,14 @@
-"""Metrics of predictive quality: log-likelihood, RMSE, accuracy, calibration, Brier score, interval coverage.
+"""Metrics of predictive quality -- log-likelihood, RMSE, accuracy, calibration (equal-width, equal-mass and
+per-class bins), Brier score, interval coverage -- and of what a prediction's uncertainty buys: out-of-distribution
+detection and selective prediction.
 
 Each metric takes a :class:`~pyro_bbb.prediction.Prediction` (from :func:`pyro_bbb.predict`) or the plain tensor
-it needs (predictive means, class probabilities) and the targets, and returns a Python float.
+it needs (predictive means, class probabilities, uncertainty scores) and the targets, and returns a Python float.
+The uncertainty metrics read a *score* -- higher means less sure -- from a prediction (:func:`uncertainty_score`:
+``"entropy"``, ``"mutual_information"``, ``"max_probability"`` (one minus the top class probability) for a
+classifier, ``"std"`` for a regression) or take the scores as a tensor. Detection treats the out-of-distribution
+inputs as positives and equals scikit-learn's ``roc_auc_score``, ``average_precision_score`` and ``roc_curve``
+(ties included; tested to 1e-6).
 
 Examples
 --------
@@ -26,6 +33,8 @@ __all__ = [
     "expected_calibration_error",
     "brier_score",
     "interval_coverage",
+    "SCORES", "uncertainty_score", "ood_auroc", "ood_aupr", "fpr_at_tpr", "risk_coverage", "aurc",
+    "risk_at_coverage", "adaptive_calibration_error", "classwise_calibration_error",
 ]
 
 
@@ -145,3 +154,239 @@ def interval_coverage(
         lower, upper = prediction
     y = targets_of_shape(y, lower.shape)
     return float(((y >= lower) & (y <= upper)).float().mean())
+
+
+# -- what the uncertainty buys ---------------------------------------------------------------------------
+#: The kinds of uncertainty score a prediction gives.
+SCORES = ("entropy", "mutual_information", "max_probability", "std")
+
+
+def uncertainty_score(prediction: Prediction | torch.Tensor, score: str = "entropy") -> torch.Tensor:
+    """Per-input uncertainty (higher: less sure) of ``prediction``; a tensor is taken as the scores themselves.
+
+    Examples
+    --------
+    >>> probs = torch.tensor([[[0.9, 0.1], [0.5, 0.5]]])   # one draw, two inputs
+    >>> p = ClassificationPrediction(dist.Categorical(probs=probs), torch.zeros(1, 2))
+    >>> uncertainty_score(p, "max_probability")
+    tensor([0.1000, 0.5000])
+    """
+    if isinstance(prediction, torch.Tensor):
+        return prediction.detach().reshape(-1)
+    if score not in SCORES:
+        raise ValueError(f"`score` must be one of {SCORES}, got {score!r}.")
+    if isinstance(prediction, ClassificationPrediction):
+        if score == "std":
+            raise ValueError('score="std" is for a regression; a classifier has "entropy", "mutual_information" and '
+                             '"max_probability".')
+        if score == "max_probability":
+            probs = prediction.probs
+            top = torch.maximum(probs, 1 - probs) if prediction.binary else probs.max(-1).values
+            return (1 - top).detach()
+        value = prediction.predictive_entropy if score == "entropy" else prediction.mutual_information
+        return value.detach()
+    if isinstance(prediction, RegressionPrediction):
+        if score != "std":
+            raise ValueError(f'score={score!r} is for a classifier; a regression prediction has score="std".')
+        return prediction.std.detach().reshape(prediction.std.shape[0], -1).mean(-1)
+    raise TypeError(f"expected a Prediction from pyro_bbb.predict or a tensor of scores, got "
+                    f"{type(prediction).__name__}.")
+
+
+def _detection_arrays(inside, outside, score: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores of both sets (float64, one dimension) and labels (1: out of distribution)."""
+    scores_in = uncertainty_score(inside, score).to(torch.float64).reshape(-1)
+    scores_out = uncertainty_score(outside, score).to(torch.float64).reshape(-1)
+    if scores_in.numel() == 0 or scores_out.numel() == 0:
+        raise ValueError("out-of-distribution detection needs at least one in-distribution and one "
+                         "out-of-distribution input.")
+    if not (torch.isfinite(scores_in).all() and torch.isfinite(scores_out).all()):
+        raise ValueError("the uncertainty scores hold NaN or infinite values.")
+    scores = torch.cat([scores_in, scores_out])
+    labels = torch.cat([torch.zeros_like(scores_in), torch.ones_like(scores_out)])
+    return scores, labels
+
+
+def _curve(scores: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cumulative true and false positives at each distinct score, from the highest down (as ``roc_curve``)."""
+    order = torch.argsort(scores, descending=True, stable=True)
+    scores, labels = scores[order], labels[order]
+    last_of_each = torch.ones_like(scores, dtype=torch.bool)
+    last_of_each[:-1] = scores[1:] != scores[:-1]
+    tps = labels.cumsum(0)[last_of_each]
+    fps = (1 - labels).cumsum(0)[last_of_each]
+    return tps, fps
+
+
+def ood_auroc(inside: Prediction | torch.Tensor, outside: Prediction | torch.Tensor, score: str = "entropy") -> float:
+    """Area under the ROC curve of telling ``outside`` (positive) from ``inside`` by the score: the probability that
+    an out-of-distribution input scores higher than an in-distribution one (ties count one half). 0.5 is chance.
+
+    Examples
+    --------
+    >>> ood_auroc(torch.tensor([0.1, 0.2]), torch.tensor([0.3, 0.2]))
+    0.875
+    """
+    scores, labels = _detection_arrays(inside, outside, score)
+    tps, fps = _curve(scores, labels)
+    tpr = torch.cat([tps.new_zeros(1), tps / tps[-1]])
+    fpr = torch.cat([fps.new_zeros(1), fps / fps[-1]])
+    return float(torch.trapezoid(tpr, fpr))
+
+
+def ood_aupr(inside: Prediction | torch.Tensor, outside: Prediction | torch.Tensor, score: str = "entropy") -> float:
+    """Average precision of finding ``outside`` (positive) among both sets by the score, as scikit-learn's
+    ``average_precision_score``: ``sum_k (recall_k - recall_{k-1}) precision_k`` over the distinct scores.
+
+    Examples
+    --------
+    >>> ood_aupr(torch.tensor([0.1, 0.2]), torch.tensor([0.3, 0.4]))
+    1.0
+    """
+    scores, labels = _detection_arrays(inside, outside, score)
+    tps, fps = _curve(scores, labels)
+    precision = tps / (tps + fps)
+    recall = tps / tps[-1]
+    steps = torch.diff(torch.cat([recall.new_zeros(1), recall]))
+    return float((steps * precision).sum())
+
+
+def fpr_at_tpr(inside: Prediction | torch.Tensor, outside: Prediction | torch.Tensor, score: str = "entropy",
+               tpr: float = 0.95) -> float:
+    """The fraction of in-distribution inputs flagged (false positive rate) at the highest threshold that flags at
+    least ``tpr`` of the out-of-distribution ones: "FPR at 95% TPR" by default. Lower is better.
+
+    Examples
+    --------
+    >>> fpr_at_tpr(torch.tensor([0.1, 0.2, 0.5, 0.6]), torch.tensor([0.3, 0.7]), tpr=0.95)
+    0.5
+    """
+    if not 0.0 < tpr <= 1.0:
+        raise ValueError(f"`tpr` must lie in (0, 1], got {tpr!r}.")
+    scores, labels = _detection_arrays(inside, outside, score)
+    tps, fps = _curve(scores, labels)
+    reached = torch.nonzero(tps / tps[-1] >= tpr - 1e-12)[0, 0]
+    return float(fps[reached] / fps[-1])
+
+
+def _confidence_and_error(prediction, y, score: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-input uncertainty and loss: 0/1 error of the most probable class, or squared error of the mean."""
+    uncertainty = uncertainty_score(prediction, score).to(torch.float64)
+    if isinstance(prediction, ClassificationPrediction):
+        y = targets_of_shape(y, prediction.predicted_class.shape).to(prediction.predicted_class.device)
+        error = (prediction.predicted_class != y.long()).to(torch.float64)
+    elif isinstance(prediction, RegressionPrediction):
+        y = targets_of_shape(y, prediction.mean.shape).to(prediction.mean.device)
+        error = (prediction.mean - y).pow(2).reshape(y.shape[0], -1).mean(-1).to(torch.float64)
+    else:
+        raise TypeError(f"selective prediction needs a Prediction from pyro_bbb.predict, got "
+                        f"{type(prediction).__name__}.")
+    return uncertainty, error.detach()
+
+
+def risk_coverage(prediction: Prediction, y: torch.Tensor, score: str = "max_probability"
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Selective prediction: keep the ``k`` surest inputs (lowest score) and report the risk among them, for every
+    ``k``. Returns ``(coverage k / n, risk)``; the risk is the error rate (classification) or the mean squared error
+    (regression) of the kept inputs. Ties in the score are kept in input order.
+
+    Examples
+    --------
+    >>> probs = torch.tensor([[[0.9, 0.1], [0.6, 0.4], [0.3, 0.7]]])
+    >>> p = ClassificationPrediction(dist.Categorical(probs=probs), torch.zeros(1, 3))
+    >>> coverage, risk = risk_coverage(p, torch.tensor([0, 1, 1]))
+    >>> risk.tolist()
+    [0.0, 0.0, 0.3333333333333333]
+    """
+    uncertainty, error = _confidence_and_error(prediction, y, score)
+    order = torch.argsort(uncertainty, stable=True)
+    kept = torch.arange(1, error.numel() + 1, dtype=torch.float64, device=error.device)
+    return kept / error.numel(), error[order].cumsum(0) / kept
+
+
+def aurc(prediction: Prediction, y: torch.Tensor, score: str = "max_probability") -> float:
+    """Area under the risk-coverage curve (the mean of the risk over the coverages ``1/n, ..., 1``); lower is better.
+
+    Examples
+    --------
+    >>> probs = torch.tensor([[[0.9, 0.1], [0.6, 0.4], [0.3, 0.7]]])
+    >>> p = ClassificationPrediction(dist.Categorical(probs=probs), torch.zeros(1, 3))
+    >>> round(aurc(p, torch.tensor([0, 1, 1])), 4)
+    0.1111
+    """
+    return float(risk_coverage(prediction, y, score)[1].mean())
+
+
+def risk_at_coverage(prediction: Prediction, y: torch.Tensor, coverage: float = 0.8,
+                     score: str = "max_probability") -> float:
+    """The risk when only the surest ``coverage`` fraction of the inputs is predicted (at least one input).
+
+    Examples
+    --------
+    >>> probs = torch.tensor([[[0.9, 0.1], [0.6, 0.4], [0.3, 0.7]]])
+    >>> p = ClassificationPrediction(dist.Categorical(probs=probs), torch.zeros(1, 3))
+    >>> risk_at_coverage(p, torch.tensor([0, 1, 1]), coverage=0.67)
+    0.0
+    """
+    if not 0.0 < coverage <= 1.0:
+        raise ValueError(f"`coverage` must lie in (0, 1], got {coverage!r}.")
+    covered, risk = risk_coverage(prediction, y, score)
+    return float(risk[max(int(coverage * covered.numel()), 1) - 1])
+
+
+def _probs_and_labels(prediction, y) -> tuple[torch.Tensor, torch.Tensor]:
+    probs = prediction.probs if isinstance(prediction, ClassificationPrediction) else prediction
+    if not isinstance(probs, torch.Tensor):
+        raise TypeError(f"expected a ClassificationPrediction or a probability tensor, got {type(probs).__name__}.")
+    probs = probs.detach().to(torch.float64)
+    if probs.dim() == 1:
+        probs = torch.stack([1 - probs, probs], -1)
+    return probs, targets_of_shape(y, probs.shape[:1]).to(probs.device).long()
+
+
+def adaptive_calibration_error(prediction: ClassificationPrediction | torch.Tensor, y: torch.Tensor,
+                               num_bins: int = 15) -> float:
+    """Expected calibration error over ``num_bins`` bins of equal mass (Nixon et al. 2019): the inputs sorted by
+    confidence (the top class probability) and cut into bins of (nearly) equal counts, ``sum_b |B_b| / n
+    |accuracy(B_b) - confidence(B_b)|``.
+
+    Examples
+    --------
+    >>> probs = torch.tensor([[0.9, 0.1], [0.9, 0.1], [0.6, 0.4], [0.6, 0.4]])
+    >>> round(adaptive_calibration_error(probs, torch.tensor([0, 0, 0, 1]), num_bins=2), 4)
+    0.1
+    """
+    check_count("num_bins", num_bins)
+    probs, y = _probs_and_labels(prediction, y)
+    confidence, predicted = probs.max(-1)
+    order = torch.argsort(confidence, stable=True)
+    correct = (predicted == y).to(torch.float64)[order]
+    confidence = confidence[order]
+    total = 0.0
+    for part in torch.tensor_split(torch.arange(confidence.numel(), device=confidence.device), num_bins):
+        if part.numel():
+            total += float((correct[part] - confidence[part]).sum().abs())
+    return total / confidence.numel()
+
+
+def classwise_calibration_error(prediction: ClassificationPrediction | torch.Tensor, y: torch.Tensor,
+                                num_bins: int = 15) -> float:
+    """Calibration of every class probability, not only the top one (Kull et al. 2019): for each class ``c``, the
+    equal-width binned gap between ``p_c`` and the frequency of ``y = c``, averaged over the classes.
+
+    Examples
+    --------
+    >>> probs = torch.tensor([[0.75, 0.25]] * 4)
+    >>> round(classwise_calibration_error(probs, torch.tensor([0, 0, 0, 1])), 6)
+    0.0
+    """
+    check_count("num_bins", num_bins)
+    probs, y = _probs_and_labels(prediction, y)
+    one_hot = torch.nn.functional.one_hot(y, probs.shape[-1]).to(torch.float64)
+    bins = (probs * num_bins).long().clamp(max=num_bins - 1)
+    per_class = []
+    for c in range(probs.shape[-1]):
+        gap = torch.zeros(num_bins, dtype=torch.float64, device=probs.device)
+        gap.index_add_(0, bins[:, c], one_hot[:, c] - probs[:, c])
+        per_class.append(gap.abs().sum() / probs.shape[0])
+    return float(torch.stack(per_class).mean())

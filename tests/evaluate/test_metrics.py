@@ -64,3 +64,89 @@ def test_rmse_and_coverage():
 def test_length_mismatch_is_an_error():
     with pytest.raises(ValueError, match="covers 3 inputs"):
         metrics.accuracy(torch.rand(3, 2), torch.tensor([0, 1]))
+
+
+# -- what the uncertainty buys: against scikit-learn ------------------------------------------------------------
+def _scores(seed, n_in=300, n_out=200, ties=False):
+    g = torch.Generator().manual_seed(seed)
+    inside, outside = torch.rand(n_in, generator=g), torch.rand(n_out, generator=g) + 0.3
+    if ties:  # few distinct values: many ties within and across the sets
+        inside, outside = (inside * 8).round() / 8, (outside * 8).round() / 8
+    return inside, outside
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_detection_metrics_equal_scikit_learn(seed, ties):
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    import numpy as np
+
+    inside, outside = _scores(seed, ties=ties)
+    labels = np.r_[np.zeros(len(inside)), np.ones(len(outside))]
+    scores = np.r_[inside.numpy(), outside.numpy()].astype(np.float64)
+    assert metrics.ood_auroc(inside, outside) == pytest.approx(sklearn_metrics.roc_auc_score(labels, scores), abs=1e-6)
+    assert metrics.ood_aupr(inside, outside) == pytest.approx(
+        sklearn_metrics.average_precision_score(labels, scores), abs=1e-6)
+    fpr, tpr, _ = sklearn_metrics.roc_curve(labels, scores, drop_intermediate=False)
+    for level in (0.5, 0.8, 0.95, 1.0):
+        expected = fpr[np.searchsorted(tpr, level - 1e-12)]
+        assert metrics.fpr_at_tpr(inside, outside, tpr=level) == pytest.approx(expected, abs=1e-6)
+
+
+def test_detection_reads_the_score_a_prediction_carries():
+    g = torch.Generator().manual_seed(0)
+    sure = torch.softmax(torch.randn(4, 30, 3, generator=g) * 4 + torch.tensor([6.0, 0, 0]), -1)
+    unsure = torch.softmax(torch.randn(4, 20, 3, generator=g), -1)
+    inside = ClassificationPrediction(dist.Categorical(probs=sure), torch.zeros(4, 30))
+    outside = ClassificationPrediction(dist.Categorical(probs=unsure), torch.zeros(4, 20))
+    for score in ("entropy", "mutual_information", "max_probability"):
+        expected = metrics.ood_auroc(metrics.uncertainty_score(inside, score),
+                                     metrics.uncertainty_score(outside, score))
+        assert metrics.ood_auroc(inside, outside, score=score) == expected
+    assert metrics.ood_auroc(inside, outside) > 0.9  # entropy separates the sure from the unsure
+    torch.testing.assert_close(metrics.uncertainty_score(inside, "max_probability"), 1 - inside.probs.max(-1).values)
+    regression = RegressionPrediction(dist.Normal(torch.zeros(4, 5), torch.arange(1.0, 6.0)), torch.zeros(4, 5))
+    torch.testing.assert_close(metrics.uncertainty_score(regression, "std"), regression.std)
+    with pytest.raises(ValueError, match='score="std" is for a regression'):
+        metrics.uncertainty_score(inside, "std")
+    with pytest.raises(ValueError, match="is for a classifier"):
+        metrics.uncertainty_score(regression, "entropy")
+    with pytest.raises(ValueError, match="at least one"):
+        metrics.ood_auroc(torch.zeros(0), torch.ones(3))
+    with pytest.raises(ValueError, match="NaN"):
+        metrics.ood_auroc(torch.tensor([float("nan")]), torch.ones(3))
+
+
+def test_risk_coverage_and_aurc_by_hand_and_against_a_sort():
+    g = torch.Generator().manual_seed(3)
+    probs = torch.softmax(torch.randn(1, 200, 4, generator=g) * 2, -1)
+    y = torch.randint(0, 4, (200,), generator=g)
+    p = ClassificationPrediction(dist.Categorical(probs=probs), torch.zeros(1, 200))
+    coverage, risk = metrics.risk_coverage(p, y)
+    confidence = probs[0].max(-1).values
+    errors = (probs[0].argmax(-1) != y).double()[torch.argsort(-confidence, stable=True)]
+    for k in (1, 50, 160, 200):
+        assert coverage[k - 1] == k / 200 and risk[k - 1] == pytest.approx(float(errors[:k].mean()), abs=1e-12)
+    assert risk[-1] == pytest.approx(1 - metrics.accuracy(p, y), abs=1e-6)
+    assert metrics.aurc(p, y) == pytest.approx(float(risk.mean()), abs=1e-12)
+    assert metrics.risk_at_coverage(p, y, 0.8) == pytest.approx(float(errors[:160].mean()), abs=1e-12)
+    regression = RegressionPrediction(dist.Normal(torch.zeros(2, 3), torch.tensor([1.0, 3.0, 2.0])),
+                                      torch.zeros(2, 3))
+    _, mse = metrics.risk_coverage(regression, torch.tensor([1.0, 3.0, 2.0]), score="std")
+    assert mse.tolist() == [1.0, 2.5, 14 / 3]  # kept by width 1, 2, 3: errors 1, 4, 9
+    with pytest.raises(ValueError, match="coverage"):
+        metrics.risk_at_coverage(p, y, 0.0)
+
+
+def test_adaptive_and_classwise_calibration_by_hand():
+    probs = torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.6, 0.4], [0.3, 0.7]])
+    y = torch.tensor([0, 1, 0, 1])
+    # equal mass, 2 bins: {0.6 right, 0.7 right} gap |2 - 1.3| ; {0.8 wrong, 0.9 right} gap |1 - 1.7|
+    assert metrics.adaptive_calibration_error(probs, y, num_bins=2) == pytest.approx((0.7 + 0.7) / 4)
+    # one bin per input: the mean of |correct - confidence|
+    assert metrics.adaptive_calibration_error(probs, y, num_bins=4) == pytest.approx((0.1 + 0.8 + 0.4 + 0.3) / 4)
+    # one class-wise bin: |mean p_c - freq(c)| averaged over classes
+    assert metrics.classwise_calibration_error(probs, y, num_bins=1) == pytest.approx(abs(0.65 - 0.5))
+    # binary probabilities of class 1 are the two-column case
+    assert metrics.classwise_calibration_error(probs[:, 1], y) == pytest.approx(
+        metrics.classwise_calibration_error(probs, y))
