@@ -1,7 +1,8 @@
 """Looking at a trained posterior: metrics of predictions (:mod:`~pyro_bbb.evaluate.metrics`), per-layer diagnostics
 and summaries (:mod:`~pyro_bbb.evaluate.diagnostics`), pruning by signal-to-noise (:mod:`~pyro_bbb.evaluate.pruning`),
 figures (:mod:`~pyro_bbb.evaluate.plots`), model selection by the ELBO
-(:mod:`~pyro_bbb.evaluate.model_selection`) and the ArviZ export (:mod:`~pyro_bbb.evaluate.export`).
+(:mod:`~pyro_bbb.evaluate.model_selection`), post-hoc temperature scaling (:mod:`~pyro_bbb.evaluate.calibration`)
+and the ArviZ export (:mod:`~pyro_bbb.evaluate.export`).
 
 Examples
 --------
@@ -12,12 +13,14 @@ Examples
 ['kl', 'kl_per_weight', 'kl_q99']
 """
 
-from . import diagnostics, metrics, model_selection, plots, pruning
+from . import calibration, diagnostics, metrics, model_selection, plots, pruning
+from .calibration import TemperatureScaling, fit_temperature
 from .diagnostics import check_posterior, layer_summary, parameter_summary, summary
 from .export import to_inference_data
 from .model_selection import Evidence, compare_evidence, evidence
 
 __all__ = [
     "diagnostics", "metrics", "plots", "pruning", "summary", "parameter_summary", "layer_summary", "check_posterior",
-    "to_inference_data", "model_selection", "Evidence", "evidence", "compare_evidence",
+    "to_inference_data", "model_selection", "Evidence", "evidence", "compare_evidence", "calibration",
+    "TemperatureScaling", "fit_temperature",
 ]

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from .._checks import check_count, check_positive
 from ..data._inputs import inputs_to, model_dtype, num_rows
 from ..data.batches import Batches, DataError, check_batch, likelihood_of, model_device
+from ..data.provenance import remember_training_inputs
 from ..evaluate import metrics
 from ..evaluate.diagnostics import layer_summary
 from ..infer.elbo import ELBO
@@ -180,6 +181,7 @@ def fit(
 
     if distributed:
         step.set_up_everywhere(batches)
+    remember_training_inputs(guide, getattr(batches, "x", None))  # (a DataLoader's data is not known)
     record = _EpochRecorder(model, guide, step.elbo, batches.num_data, per_layer, validation_data,
                             num_validation_samples)
     with training_mode(model, True):

@@ -47,10 +47,12 @@ def _outcomes(path: Path) -> dict[str, str]:
 
 
 def _run(workdir: Path, files: list[str], report: str, plugin: bool, env: dict | None = None) -> dict[str, str]:
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files, f"--junitxml={report}"]
-    if plugin:
-        command[5:5] = ["-p", "substitute_elbo"]
-    subprocess.run(command, cwd=workdir, env={**os.environ, **(env or {})}, check=False, capture_output=True)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(["-p", "substitute_elbo"] * plugin),
+               *files, f"--junitxml={report}"]
+    run = subprocess.run(command, cwd=workdir, env={**os.environ, **(env or {})}, check=False, capture_output=True,
+                         text=True)
+    if not (workdir / report).exists():
+        raise RuntimeError(f"pytest wrote no report:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
     return _outcomes(workdir / report)
 
 

@@ -1,0 +1,129 @@
+"""Post-hoc temperature scaling: calibrated *after* training, to compare with calibrated *by the posterior*.
+
+One number ``T`` rescales a classifier's log predictive probabilities, ``p_T(c) ∝ p(c)^(1/T)`` (for a deterministic
+net's softmax, dividing the logits by ``T``; Guo et al. 2017), chosen to minimise the negative log-likelihood of a
+held-out validation split. ``T > 1`` softens an overconfident predictive, ``T < 1`` sharpens an underconfident one;
+the predicted class never changes. Fitted on the training data it learns nothing about calibration (the training
+labels are what the net fits best), so :func:`fit_temperature` refuses inputs the guide was trained on.
+
+Examples
+--------
+>>> probs = torch.tensor([[0.99, 0.01], [0.99, 0.01], [0.99, 0.01], [0.01, 0.99]])
+>>> scaling = TemperatureScaling().fit(probs, torch.tensor([0, 0, 1, 1]))   # 99% sure, 75% right
+>>> scaling.temperature > 1.0
+True
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from ..data._inputs import targets_of_shape
+from ..data.provenance import fraction_seen_in_training
+from ..prediction.predictive import predict
+from ..prediction.results import ClassificationPrediction
+
+__all__ = ["TemperatureScaling", "fit_temperature"]
+
+
+def _log_probs(prediction: ClassificationPrediction | torch.Tensor) -> torch.Tensor:
+    """Log class probabilities ``(batch, C)`` in float64 of a prediction or a probability tensor (binary
+    ``(batch,)`` becomes two columns)."""
+    probs = prediction.probs if isinstance(prediction, ClassificationPrediction) else prediction
+    if not isinstance(probs, torch.Tensor):
+        raise TypeError(f"expected a ClassificationPrediction or a probability tensor, got {type(probs).__name__}.")
+    probs = probs.detach().to(torch.float64)
+    if probs.dim() == 1:
+        probs = torch.stack([1 - probs, probs], -1)
+    return probs.clamp_min(torch.finfo(torch.float64).tiny).log()
+
+
+class TemperatureScaling:
+    """One temperature for a classifier's predictive, fitted by the NLL of held-out data.
+
+    Parameters
+    ----------
+    temperature : float
+        The starting (or a fixed) temperature.
+
+    Examples
+    --------
+    >>> scaling = TemperatureScaling(2.0)
+    >>> scaling(torch.tensor([[0.8, 0.2]]))   # 0.8^(1/2) : 0.2^(1/2)
+    tensor([[0.6667, 0.3333]], dtype=torch.float64)
+    """
+
+    def __init__(self, temperature: float = 1.0):
+        if not (isinstance(temperature, int | float) and math.isfinite(temperature) and temperature > 0):
+            raise ValueError(f"`temperature` must be a finite number > 0, got {temperature!r}.")
+        self.temperature = float(temperature)
+
+    def fit(self, prediction: ClassificationPrediction | torch.Tensor, y: torch.Tensor,
+            max_iter: int = 100) -> TemperatureScaling:
+        """Choose the temperature minimising the validation NLL of ``prediction`` (L-BFGS over ``log T``); returns
+        ``self``.
+
+        Examples
+        --------
+        >>> TemperatureScaling().fit(torch.tensor([[0.7, 0.3], [0.3, 0.7]]), torch.tensor([0, 1])).temperature < 1
+        True
+        """
+        log_probs = _log_probs(prediction)
+        y = targets_of_shape(y, log_probs.shape[:1]).to(log_probs.device).long()
+        if y.numel() < 2:
+            raise ValueError("temperature scaling needs a validation split of at least two labelled inputs.")
+        log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+        optimizer = torch.optim.LBFGS([log_t], lr=0.5, max_iter=max_iter, line_search_fn="strong_wolfe")
+
+        def closure() -> torch.Tensor:
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(log_probs / log_t.exp(), y)
+            loss.backward()
+            return loss
+
+        optimizer.step(closure)
+        self.temperature = float(log_t.detach().exp().clamp(1e-3, 1e3))
+        return self
+
+    def __call__(self, prediction: ClassificationPrediction | torch.Tensor) -> torch.Tensor:
+        """The calibrated class probabilities ``(batch, C)`` (float64)."""
+        return torch.softmax(_log_probs(prediction) / self.temperature, -1)
+
+    def __repr__(self) -> str:
+        return f"TemperatureScaling(temperature={self.temperature:.4g})"
+
+
+def fit_temperature(model: Callable, guide: Callable, validation_data: tuple[torch.Tensor, torch.Tensor], *,
+                    num_samples: int = 64) -> TemperatureScaling:
+    """Temperature scaling of ``predict(model, guide, x)`` fitted on ``validation_data``, a split held out of
+    training: a clear error when every validation input is one the guide was trained on by :func:`pyro_bbb.fit`.
+
+    Examples
+    --------
+    >>> x, y = torch.randn(80, 4), torch.randint(0, 3, (80,))
+    >>> bnn = BNN(BayesianLinear(4, 3), likelihoods.Categorical())
+    >>> guide = MeanFieldGuide(bnn)
+    >>> _ = pyro_bbb.fit(bnn, guide, (x[:60], y[:60]), epochs=2, progress=False)
+    >>> fit_temperature(bnn, guide, (x[60:], y[60:])).temperature > 0
+    True
+    >>> fit_temperature(bnn, guide, (x[:60], y[:60]))
+    Traceback (most recent call last):
+    ...
+    ValueError: every validation input is one the guide was trained on: temperature scaling fitted on the training ...
+    """
+    if not isinstance(validation_data, tuple | list) or len(validation_data) != 2:
+        raise TypeError("validation_data must be an (x, y) pair of held-out inputs and labels.")
+    x, y = validation_data
+    if fraction_seen_in_training(guide, x) == 1.0:
+        raise ValueError(
+            "every validation input is one the guide was trained on: temperature scaling fitted on the training data "
+            "learns the fit, not the calibration. Hold a split out of training (e.g. 10-20% of the data, never passed "
+            "to fit) and fit the temperature on it."
+        )
+    prediction = predict(model, guide, x, num_samples=num_samples)
+    if not isinstance(prediction, ClassificationPrediction):
+        raise TypeError("temperature scaling is for a classifier (a Categorical or Bernoulli likelihood).")
+    return TemperatureScaling().fit(prediction, y)
