@@ -23,12 +23,13 @@ import torch
 
 from ..infer.guide import site_loc_scale
 from ..nn.module import site_owners
-from ..prediction.results import ClassificationPrediction, RegressionPrediction
+from ..prediction.results import ClassificationPrediction, Prediction, RegressionPrediction
 from ..priors import is_real_support
 from . import metrics
 from .diagnostics import layer_summary
 
-__all__ = ["plot_history", "plot_std_ratio", "plot_reliability", "plot_predictive_band", "save_figure"]
+__all__ = ["plot_history", "plot_std_ratio", "plot_reliability", "plot_predictive_band", "plot_risk_coverage",
+           "plot_ood_scores", "save_figure"]
 
 
 def _pyplot():
@@ -192,6 +193,54 @@ def plot_reliability(prediction: ClassificationPrediction | torch.Tensor, y: tor
     ece = metrics.expected_calibration_error(probs, y, num_bins)
     ax.set(xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1.1), title=f"{title} (ECE {ece:.3f})")
     ax.legend(fontsize=7, loc="upper left")
+    return _finish(fig, path)
+
+
+def plot_risk_coverage(predictions: dict[str, Prediction], y: torch.Tensor, score: str = "max_probability",
+                       path: str | Path | None = None, *, ax=None):
+    """Selective prediction: the risk (error rate, or MSE for a regression) of the surest fraction of the inputs
+    against that fraction, one curve per named prediction, each labelled with its AURC.
+
+    Examples
+    --------
+    ::
+
+        plot_risk_coverage({"BNN": pred, "ensemble": ens_pred}, y_test, path="risk_coverage.png")
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(4.5, 4)) if ax is None else (ax.figure, ax)
+    for name, prediction in predictions.items():
+        coverage, risk = metrics.risk_coverage(prediction, y, score)
+        ax.plot(coverage.cpu(), risk.cpu(), label=f"{name} (AURC {float(risk.mean()):.4f})")
+    ax.set(xlabel="coverage (fraction predicted, surest first)", ylabel="risk of the predicted", xlim=(0, 1),
+           title=f"risk against coverage ({score})")
+    ax.legend(fontsize=7)
+    return _finish(fig, path)
+
+
+def plot_ood_scores(inside: Prediction | torch.Tensor, outside: Prediction | torch.Tensor, score: str = "entropy",
+                    path: str | Path | None = None, *, ax=None, title: str = "", bins: int = 40):
+    """Histograms of the uncertainty score on in- and out-of-distribution inputs, titled with the detection AUROC and
+    the FPR at 95% TPR: how far apart the two sets lie.
+
+    Examples
+    --------
+    ::
+
+        plot_ood_scores(predict(bnn, guide, x_test), predict(bnn, guide, x_shifted), path="ood.png")
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(4.5, 3.5)) if ax is None else (ax.figure, ax)
+    scores_in = metrics.uncertainty_score(inside, score).cpu()
+    scores_out = metrics.uncertainty_score(outside, score).cpu()
+    edges = torch.linspace(float(torch.cat([scores_in, scores_out]).min()),
+                           float(torch.cat([scores_in, scores_out]).max()) + 1e-12, bins + 1)
+    ax.hist(scores_in, bins=edges, alpha=0.6, density=True, label="in distribution")
+    ax.hist(scores_out, bins=edges, alpha=0.6, density=True, label="out of distribution")
+    auroc, fpr = metrics.ood_auroc(scores_in, scores_out), metrics.fpr_at_tpr(scores_in, scores_out)
+    ax.set(xlabel=score.replace("_", " "), ylabel="density",
+           title=f"{title + ': ' if title else ''}AUROC {auroc:.3f}, FPR@95 {fpr:.3f}")
+    ax.legend(fontsize=7)
     return _finish(fig, path)
 
 

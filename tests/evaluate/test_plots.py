@@ -8,7 +8,7 @@ import torch  # noqa: E402
 
 import pyro_bbb  # noqa: E402
 from pyro_bbb import likelihoods  # noqa: E402
-from pyro_bbb.evaluate import plots
+from pyro_bbb.evaluate import plots  # noqa: E402
 from pyro_bbb.nn import BayesianLinear  # noqa: E402
 from pyro_bbb.prediction.results import ClassificationPrediction, RegressionPrediction  # noqa: E402
 
@@ -40,3 +40,18 @@ def test_reliability_and_band(tmp_path):
     assert (tmp_path / "reliability.png").exists() and (tmp_path / "band.png").exists()
     with pytest.raises(ValueError, match="1-D inputs"):
         plots.plot_predictive_band(band, torch.randn(30, 2))
+
+
+def test_risk_coverage_and_ood_score_plots(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    sure = torch.softmax(torch.randn(4, 50, 3, generator=g) * 3, -1)
+    unsure = torch.softmax(torch.randn(4, 30, 3, generator=g) * 0.3, -1)
+    inside = ClassificationPrediction(dist.Categorical(probs=sure), torch.zeros(4, 50))
+    outside = ClassificationPrediction(dist.Categorical(probs=unsure), torch.zeros(4, 30))
+    y = torch.randint(0, 3, (50,), generator=g)
+    fig = plots.plot_risk_coverage({"a": inside, "b": inside}, y, path=tmp_path / "rc.png")
+    assert (tmp_path / "rc.png").stat().st_size > 1000 and len(fig.axes[0].lines) == 2
+    plots.plot_ood_scores(inside, outside, path=tmp_path / "ood.png", title="shifted")
+    assert (tmp_path / "ood.png").stat().st_size > 1000
+    fig = plots.plot_ood_scores(inside, outside, score="mutual_information")
+    assert "AUROC" in fig.axes[0].get_title()

@@ -16,7 +16,6 @@ from pyro_bbb.nn import BayesianLinear
 
 from ..helpers import Regression
 
-
 # -- every backend against the reference path --------------------------------------------------------------------
 PRIORS = {
     "default": lambda: None,  # the layers' default (a fan-in Normal)
@@ -37,8 +36,9 @@ def test_every_backend_equals_the_reference_path(prior, guide_kind, estimator, n
     (``replay=False``): the same losses, terms and parameters after every SVI step, bit for bit, for every estimator,
     fixed / learned / empirical-Bayes / scale-mixture priors, MeanFieldGuide and AutoNormal, one or two particles; and
     the backend runs exactly where its rules say it applies (MeanFieldGuide, one particle, no trainable prior)."""
-    import pyro_bbb
     from pyro.infer.autoguide import AutoNormal
+
+    import pyro_bbb
 
     def build():
         def layer(i, o):
