@@ -12,12 +12,14 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[dev]"
 	$(PY) -m pip install --quiet --no-deps ivon-opt==0.1.3  # IVON's reference implementation, for the tests only
+	$(PY) -m pip install --quiet --no-deps mnist1d==0.0.2.post1  # its procedural data, for benchmarks/uncertainty.py
 	touch $@
 
 install: $(VENV)/.installed
 
+# The README's first model: trains, prints its figures, writes bnn_band.png here.
 quickstart: install
-	$(PY) tutorials/quickstart.py
+	$(PY) docs/code_blocks.py README.md
 
 # Every module's correctness in minutes (the long statistical and training tests are marked `slow`), then ruff.
 test: install

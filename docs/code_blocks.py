@@ -32,7 +32,5 @@ def run_page(page: Path, cwd: Path, timeout: float = 600) -> subprocess.Complete
 if __name__ == "__main__":
     page = Path(sys.argv[1]).resolve()
     cwd = Path(sys.argv[sys.argv.index("--cwd") + 1]) if "--cwd" in sys.argv else Path.cwd()
-    result = run_page(page, cwd)
-    sys.stdout.write(result.stdout)
-    sys.stderr.write(result.stderr[-4000:])
-    sys.exit(result.returncode)
+    code = "\n\n".join(python_blocks(page))  # run as a reader would: the progress bar and prints as they come
+    sys.exit(subprocess.run([sys.executable, "-c", code], cwd=cwd, check=False).returncode)
