@@ -20,7 +20,8 @@ PACKAGE = "pyro_bbb"
 
 #: Reading order of the tutorials (any tutorial not listed comes after these, alphabetically).
 TUTORIAL_ORDER = [
-    "quickstart", "regression_uncertainty", "classification_calibration", "kl_scaling_explained", "why_is_my_kl_flat",
+    "quickstart", "regression_uncertainty", "classification_calibration", "uncertainty_baselines",
+    "kl_scaling_explained", "why_is_my_kl_flat",
     "pyro_style_models", "natural_gradient", "bayesian_lstm_reber", "bayesian_transformer_head", "inspect_with_arviz",
 ]
 

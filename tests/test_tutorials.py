@@ -24,6 +24,18 @@ def test_quickstart(tmp_path):
 
 
 @pytest.mark.slow
+def test_uncertainty_baselines(tmp_path):
+    results = load("uncertainty_baselines").main(epochs=3, out_dir=tmp_path, progress=False)
+    assert set(results) == {"deterministic", "deterministic + temperature", "pyro_bbb BNN",
+                            "pyro_bbb BNN + temperature"}
+    assert all(0.0 <= row["OOD AUROC"] <= 1.0 and row["NLL"] > 0 for row in results.values())
+    # temperature scaling keeps the predicted class
+    assert results["deterministic"]["accuracy"] == results["deterministic + temperature"]["accuracy"]
+    for name in ("digits", "ood_scores"):
+        assert (tmp_path / f"uncertainty_{name}.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
 def test_regression_uncertainty(tmp_path):
     tutorial = load("regression_uncertainty")
     tutorial.main(epochs=3, out_dir=tmp_path, progress=False)
