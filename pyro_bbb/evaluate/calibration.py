@@ -25,6 +25,7 @@ from ..data._inputs import targets_of_shape
 from ..data.provenance import fraction_seen_in_training
 from ..prediction.predictive import predict
 from ..prediction.results import ClassificationPrediction
+from .metrics import class_probabilities
 
 __all__ = ["TemperatureScaling", "fit_temperature"]
 
@@ -32,12 +33,7 @@ __all__ = ["TemperatureScaling", "fit_temperature"]
 def _log_probs(prediction: ClassificationPrediction | torch.Tensor) -> torch.Tensor:
     """Log class probabilities ``(batch, C)`` in float64 of a prediction or a probability tensor (binary
     ``(batch,)`` becomes two columns)."""
-    probs = prediction.probs if isinstance(prediction, ClassificationPrediction) else prediction
-    if not isinstance(probs, torch.Tensor):
-        raise TypeError(f"expected a ClassificationPrediction or a probability tensor, got {type(probs).__name__}.")
-    probs = probs.detach().to(torch.float64)
-    if probs.dim() == 1:
-        probs = torch.stack([1 - probs, probs], -1)
+    probs = class_probabilities(prediction).detach().to(torch.float64)
     return probs.clamp_min(torch.finfo(torch.float64).tiny).log()
 
 

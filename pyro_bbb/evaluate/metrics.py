@@ -33,13 +33,21 @@ __all__ = [
     "expected_calibration_error",
     "brier_score",
     "interval_coverage",
-    "SCORES", "uncertainty_score", "ood_auroc", "ood_aupr", "fpr_at_tpr", "risk_coverage", "aurc",
-    "risk_at_coverage", "adaptive_calibration_error", "classwise_calibration_error",
+    "class_probabilities", "SCORES", "uncertainty_score", "ood_auroc", "ood_aupr", "fpr_at_tpr", "risk_coverage",
+    "aurc", "risk_at_coverage", "adaptive_calibration_error", "classwise_calibration_error",
 ]
 
 
-def _class_probs(prediction: ClassificationPrediction | torch.Tensor) -> torch.Tensor:
-    """Class probabilities ``(batch, C)``; binary ``(batch,)`` probabilities become two columns."""
+def class_probabilities(prediction: ClassificationPrediction | torch.Tensor) -> torch.Tensor:
+    """Class probabilities ``(batch, C)`` of a classifier's prediction or of a probability tensor; binary ``(batch,)``
+    probabilities of class 1 become two columns.
+
+    Examples
+    --------
+    >>> class_probabilities(torch.tensor([0.25, 1.0]))
+    tensor([[0.7500, 0.2500],
+            [0.0000, 1.0000]])
+    """
     probs = prediction.probs if isinstance(prediction, ClassificationPrediction) else prediction
     if not isinstance(probs, torch.Tensor):
         raise TypeError(f"expected a ClassificationPrediction or a probability tensor, got {type(probs).__name__}.")
@@ -93,7 +101,7 @@ def accuracy(prediction: ClassificationPrediction | torch.Tensor, y: torch.Tenso
     >>> accuracy(torch.tensor([0.9, 0.2]), torch.tensor([1, 1]))    # binary: P(y = 1)
     0.5
     """
-    probs = _class_probs(prediction)
+    probs = class_probabilities(prediction)
     y = targets_of_shape(y, probs.shape[:1])
     return float((probs.argmax(-1) == y.long()).float().mean())
 
@@ -112,7 +120,7 @@ def expected_calibration_error(
     0.0
     """
     check_count("num_bins", num_bins)
-    probs = _class_probs(prediction)
+    probs = class_probabilities(prediction)
     y = targets_of_shape(y, probs.shape[:1])
     confidence, predicted = probs.max(-1)
     correct = (predicted == y.long()).to(probs.dtype)
@@ -130,7 +138,7 @@ def brier_score(prediction: ClassificationPrediction | torch.Tensor, y: torch.Te
     >>> brier_score(torch.tensor([[1.0, 0.0]]), torch.tensor([1]))
     2.0
     """
-    probs = _class_probs(prediction)
+    probs = class_probabilities(prediction)
     y = targets_of_shape(y, probs.shape[:1])
     one_hot = torch.nn.functional.one_hot(y.long(), probs.shape[-1]).to(probs.dtype)
     return float((probs - one_hot).pow(2).sum(-1).mean())
@@ -335,12 +343,7 @@ def risk_at_coverage(prediction: Prediction, y: torch.Tensor, coverage: float = 
 
 
 def _probs_and_labels(prediction, y) -> tuple[torch.Tensor, torch.Tensor]:
-    probs = prediction.probs if isinstance(prediction, ClassificationPrediction) else prediction
-    if not isinstance(probs, torch.Tensor):
-        raise TypeError(f"expected a ClassificationPrediction or a probability tensor, got {type(probs).__name__}.")
-    probs = probs.detach().to(torch.float64)
-    if probs.dim() == 1:
-        probs = torch.stack([1 - probs, probs], -1)
+    probs = class_probabilities(prediction).detach().to(torch.float64)
     return probs, targets_of_shape(y, probs.shape[:1]).to(probs.device).long()
 
 

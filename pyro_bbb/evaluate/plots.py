@@ -171,9 +171,7 @@ def plot_reliability(prediction: ClassificationPrediction | torch.Tensor, y: tor
     See the module example.
     """
     plt = _pyplot()
-    probs = prediction.probs if isinstance(prediction, ClassificationPrediction) else prediction
-    if probs.dim() == 1:
-        probs = torch.stack([1 - probs, probs], -1)
+    probs = metrics.class_probabilities(prediction)
     confidence, predicted = probs.max(-1)
     correct = (predicted == y.long()).float()
     bins = (confidence * num_bins).long().clamp(max=num_bins - 1)
