@@ -35,7 +35,7 @@ __all__ = ["TrainingStep", "TrainingDivergedError"]
 
 class TrainingDivergedError(FloatingPointError):
     """The loss (or a gradient) became NaN or infinite; the parameters were restored to the last finite state.
-    Its ``history`` attribute holds the :class:`History` up to the failing step.
+    Its ``history`` attribute holds the :class:`~pyro_bbb.train.History` up to the failing step.
 
     Examples
     --------
@@ -54,7 +54,7 @@ class TrainingStep:
     gradients are not finite restores the last parameters that gave a finite loss
     (:class:`~pyro_bbb.train.TrainingDivergedError`).
 
-    A plain ``pyro.infer.SVI`` loop gets the same check from the optimizer itself at its first step (see
+    A plain ``pyro.infer.SVI`` loop gets the same check from the optimizer itself at every step (see
     :mod:`pyro_bbb.infer.contract`).
 
     Parameters
