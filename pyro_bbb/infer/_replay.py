@@ -37,7 +37,7 @@ from ..nn.module import BayesianModule, is_layer_prior
 from ._kl import has_trainable_parameters, is_unscaled, site_kl, zero_mean_prior_scale
 from ._terms import Frame
 from .estimators import FlipoutMessenger, LocalReparameterizationMessenger
-from .guide import POSTERIOR_KEY, MeanFieldGuide
+from .guide import MeanFieldGuide, drawn_posterior
 from .scaling import DataPlateScaleMessenger
 
 __all__ = ["ReplayBackend"]
@@ -148,12 +148,13 @@ def _plan_replay(model, guide, traces: tuple, num_data: int | None, data_plate: 
             return None
         if guide.posterior_param_names(name) is None:
             return None
-        if POSTERIOR_KEY in site["infer"]:  # a layer's weight
+        weight = drawn_posterior(site) is not None
+        if weight:  # a layer's weight
             if not is_layer_prior(model_site["fn"]) or has_trainable_parameters(model_site["fn"]):
                 return None  # a learned prior's parameters would escape the replayed step's parameter capture
         elif model_site["mask"] is not None or not is_unscaled(model_site["scale"]):  # e.g. a learned noise scale
             return None
-        sites.append((name, priors[name], POSTERIOR_KEY in site["infer"]))
+        sites.append((name, priors[name], weight))
     model_sites = [n for n, site in model_trace.nodes.items() if site["type"] == "sample"]
     observed = [n for n in model_sites if model_trace.nodes[n]["is_observed"]]
     if observed != [model.likelihood.site] or [n for n in model_sites if n not in observed] != latent:

@@ -36,7 +36,7 @@ from .._internals import active_messengers
 from ..nn.functional import FlipoutMap, batched_conv, batched_linear, sample_dims
 from ..nn.module import is_layer_prior
 from ..nn.moments import affine_moments, tracking_modules
-from .guide import POSTERIOR_KEY
+from .guide import drawn_posterior
 
 __all__ = [
     "FlipoutMessenger", "LocalReparameterizationMessenger", "flipout", "local_reparameterization",
@@ -127,7 +127,7 @@ class PosteriorReader(Messenger):
             )
 
     def _pyro_post_sample(self, msg: dict[str, Any]) -> None:
-        posterior = msg["infer"].get(POSTERIOR_KEY)
+        posterior = drawn_posterior(msg)
         if posterior is not None:
             self.remember_posterior(msg["name"], *posterior)
             if len(self._drawn) > 4096:  # a handler kept across many runs outside pyro_bbb.ELBO: forget dead draws
@@ -455,6 +455,6 @@ def check_estimators_reached(estimators: list[PosteriorReader], guide_trace) -> 
     if not estimators:
         return
     weights = [n for n, site in guide_trace.nodes.items()
-               if site["type"] == "sample" and POSTERIOR_KEY in site["infer"]]
+               if site["type"] == "sample" and drawn_posterior(site) is not None]
     for estimator in estimators:
         estimator.check_reached(weights)

@@ -28,8 +28,8 @@ from ..nn.module import BayesianModule
 from ..priors import is_real_support
 
 __all__ = [
-    "MeanFieldGuide", "DEFAULT_INIT_SCALE", "POSTERIOR_KEY", "has_site_posteriors", "require_site_posteriors",
-    "require_fitted_posteriors", "site_loc_scale", "site_param_names",
+    "MeanFieldGuide", "DEFAULT_INIT_SCALE", "has_site_posteriors", "require_site_posteriors",
+    "require_fitted_posteriors", "site_loc_scale", "site_param_names", "drawn_posterior",
     "site_posterior", "AdoptedPosteriorWarning",
 ]
 
@@ -55,7 +55,7 @@ class AdoptedPosteriorWarning(UserWarning):
     """
 
 #: Key under which a guide site's ``infer`` dict carries the live posterior ``(loc, scale)`` of a mean-field Normal.
-POSTERIOR_KEY = "pyro_bbb_posterior"
+_POSTERIOR_KEY = "pyro_bbb_posterior"
 
 #: Initial posterior standard deviation of every weight (``benchmarks/init_scale.py`` measures the choice).
 DEFAULT_INIT_SCALE = 1e-4
@@ -337,7 +337,7 @@ class MeanFieldGuide(AutoNormalHooks):
         loc, scale = self.loc_and_scale(name)
         if is_real_support(site["fn"].support):
             normal = dist.Normal(loc, scale).to_event(self.event_dim(name))
-            return pyro.sample(name, normal, infer={POSTERIOR_KEY: (loc, scale)})
+            return pyro.sample(name, normal, infer={_POSTERIOR_KEY: (loc, scale)})
         return pyro.sample(name, self.posterior_at(name, loc, scale))
 
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
@@ -353,23 +353,6 @@ class MeanFieldGuide(AutoNormalHooks):
                         stack.enter_context(plates[frame.name])
                 result[name] = self._sample(name, site)
         return result
-
-    def posterior_params(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """The live (differentiable) posterior mean and standard deviation of site ``name``.
-
-        For a constrained site these are the parameters of the Normal in unconstrained space.
-
-        Examples
-        --------
-        >>> guide = MeanFieldGuide(BayesianLinear(2, 1))
-        >>> _ = guide(torch.zeros(1, 2))
-        >>> [t.shape for t in guide.posterior_params("weight")]
-        [torch.Size([1, 2]), torch.Size([1, 2])]
-        """
-        require_set_up(self, "the posterior")
-        if not self.has_site(name):
-            raise KeyError(f"no latent site named {name!r}; the guide's sites are {sorted(self.site_names())}.")
-        return self.loc_and_scale(name)
 
     @torch.no_grad()
     def site_posteriors(self) -> dict[str, dist.Distribution]:
@@ -445,8 +428,13 @@ def require_fitted_posteriors(guide, what: str) -> None:
     require_site_posteriors(guide, what)
 
 
+# The one place that answers, for any guide with a Normal posterior per site (MeanFieldGuide, AutoNormal), what a
+# site's posterior is: its parameters' names in the store (site_param_names), its live loc and scale
+# (site_loc_scale), its distribution (site_posterior), and -- inside a trace -- the (loc, scale) a draw came from
+# (drawn_posterior). IVON, the estimators, the ELBO's replay, diagnostics, pruning, plots and export ask here.
 def site_loc_scale(guide, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The live posterior mean and standard deviation (unconstrained space) of site ``name``.
+    """The live (differentiable) posterior mean and standard deviation of site ``name``, in unconstrained space for
+    a constrained site; a pruned weight's are 0 and the smallest positive scale.
 
     Examples
     --------
@@ -456,11 +444,34 @@ def site_loc_scale(guide, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     >>> _ = guide(torch.zeros(1, 2))
     >>> site_loc_scale(guide, "bias")[1]
     tensor([0.0500], grad_fn=<SoftplusBackward0>)
+    >>> site_loc_scale(guide, "fc9.weight")
+    Traceback (most recent call last):
+    ...
+    KeyError: "no latent site named 'fc9.weight'; the guide's sites are ['bias', 'weight']."
     """
+    require_set_up(guide, "the posterior of a site")
     require_site_posteriors(guide, "the posterior of a site")
+    site = guide.prototype_trace.nodes.get(name)
+    if site is None or site["type"] != "sample" or site["is_observed"]:
+        names = sorted(n for n, _ in guide.prototype_trace.iter_stochastic_nodes())
+        raise KeyError(f"no latent site named {name!r}; the guide's sites are {names}.")
     if isinstance(guide, MeanFieldGuide):
-        return guide.posterior_params(name)
+        return guide.loc_and_scale(name)
     return autonormal_loc_and_scale(guide, name)
+
+
+def drawn_posterior(site: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The live ``(loc, scale)`` a :class:`MeanFieldGuide` drew a real-valued sample site from (what the estimators
+    read), or ``None`` for any other site.
+
+    Examples
+    --------
+    >>> guide = MeanFieldGuide(BayesianLinear(2, 1))
+    >>> trace = poutine.trace(guide).get_trace(torch.zeros(1, 2))
+    >>> [t.shape for t in drawn_posterior(trace.nodes["weight"])]
+    [torch.Size([1, 2]), torch.Size([1, 2])]
+    """
+    return site["infer"].get(_POSTERIOR_KEY)
 
 
 def site_param_names(guide, name: str) -> tuple[str, str]:

@@ -93,14 +93,16 @@ def test_constrained_site_gets_a_transformed_normal_at_its_name():
     assert all(torch.isfinite(torch.tensor(svi.step(x, y))) for _ in range(5))
 
 
-def test_posterior_params_are_live():
+def test_a_sites_posterior_is_read_live_in_one_place():
+    from pyro_bbb.infer.guide import site_loc_scale
+
     model = MLP()
     guide = MeanFieldGuide(model)
     guide(torch.randn(3, 2), torch.randn(3))
-    loc, scale = guide.posterior_params("fc1.weight")
+    loc, scale = site_loc_scale(guide, "fc1.weight")
     assert loc.requires_grad and scale.requires_grad
     with pytest.raises(KeyError, match="no latent site named 'fc9.weight'"):
-        guide.posterior_params("fc9.weight")
+        site_loc_scale(guide, "fc9.weight")
 
 
 @pytest.mark.parametrize("bad", [0.0, -0.1, "small"])
