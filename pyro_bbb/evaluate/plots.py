@@ -160,8 +160,10 @@ def plot_std_ratio(model: Callable, guide, path: str | Path | None = None, bins:
 
 
 def plot_reliability(prediction: ClassificationPrediction | torch.Tensor, y: torch.Tensor, num_bins: int = 10,
-                     path: str | Path | None = None, *, ax=None, title: str = "reliability"):
-    """Reliability diagram: accuracy against confidence in equal-width bins, with counts and the ECE.
+                     path: str | Path | None = None, *, ax=None, title: str = "reliability", equal_mass: bool = False):
+    """Reliability diagram: accuracy against confidence in equal-width bins, with counts and the ECE; with
+    ``equal_mass=True``, in bins of equal counts (each bar spans its inputs' confidences) with the adaptive ECE of
+    :func:`~pyro_bbb.evaluate.metrics.adaptive_calibration_error`, which a confident net's crowded top bin hides less.
 
     ``prediction`` may also be a tensor of class probabilities (a deterministic model's, to compare); ``ax`` draws
     into an existing matplotlib axes (side-by-side comparisons) and ``title`` heads it (the ECE is appended).
@@ -174,22 +176,29 @@ def plot_reliability(prediction: ClassificationPrediction | torch.Tensor, y: tor
     probs = metrics.class_probabilities(prediction)
     confidence, predicted = probs.max(-1)
     correct = (predicted == y.long()).float()
-    bins = (confidence * num_bins).long().clamp(max=num_bins - 1)
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(4.5, 4))
+    if equal_mass:
+        order = torch.argsort(confidence, stable=True)
+        groups = [order[part] for part in torch.tensor_split(torch.arange(len(order)), num_bins) if part.numel()]
+        spans = [(float(confidence[g].min()), float(confidence[g].max())) for g in groups]
     else:
-        fig = ax.figure
-    for b in range(num_bins):
-        inside = bins == b
-        if inside.any():
-            accuracy, mean_confidence = float(correct[inside].mean()), float(confidence[inside].mean())
-            ax.bar(b / num_bins, accuracy, width=1 / num_bins, align="edge", edgecolor="k", color="C0", alpha=0.6)
+        bins = (confidence * num_bins).long().clamp(max=num_bins - 1)
+        groups = [torch.nonzero(bins == b).squeeze(-1) for b in range(num_bins)]
+        spans = [(b / num_bins, (b + 1) / num_bins) for b in range(num_bins)]
+    fig, ax = plt.subplots(figsize=(4.5, 4)) if ax is None else (ax.figure, ax)
+    for group, (low, high) in zip(groups, spans):
+        if group.numel():
+            accuracy, mean_confidence = float(correct[group].mean()), float(confidence[group].mean())
+            width = max(high - low, 0.005)
+            ax.bar(low, accuracy, width=width, align="edge", edgecolor="k", color="C0", alpha=0.6)
             ax.plot(mean_confidence, accuracy, "o", color="C3", ms=4)
-            ax.text((b + 0.5) / num_bins, accuracy + 0.02, str(int(inside.sum())), ha="center", fontsize=7)
+            ax.text(low + width / 2, accuracy + 0.02, str(int(group.numel())), ha="center", fontsize=7)
     ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
     ax.plot([], [], "o", color="C3", ms=4, label="(mean confidence, accuracy)")
-    ece = metrics.expected_calibration_error(probs, y, num_bins)
-    ax.set(xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1.1), title=f"{title} (ECE {ece:.3f})")
+    if equal_mass:
+        label = f"adaptive ECE {metrics.adaptive_calibration_error(probs, y, num_bins):.3f}"
+    else:
+        label = f"ECE {metrics.expected_calibration_error(probs, y, num_bins):.3f}"
+    ax.set(xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1.1), title=f"{title} ({label})")
     ax.legend(fontsize=7, loc="upper left")
     return _finish(fig, path)
 

@@ -55,3 +55,15 @@ def test_risk_coverage_and_ood_score_plots(tmp_path):
     assert (tmp_path / "ood.png").stat().st_size > 1000
     fig = plots.plot_ood_scores(inside, outside, score="mutual_information")
     assert "AUROC" in fig.axes[0].get_title()
+
+
+def test_reliability_in_equal_mass_bins_shows_the_adaptive_ece():
+    from pyro_bbb.evaluate import metrics
+
+    g = torch.Generator().manual_seed(2)
+    probs = torch.softmax(torch.randn(200, 4, generator=g) * 3, -1)
+    y = torch.randint(0, 4, (200,), generator=g)
+    fig = plots.plot_reliability(probs, y, num_bins=5, equal_mass=True)
+    ax = fig.axes[0]
+    assert f"adaptive ECE {metrics.adaptive_calibration_error(probs, y, 5):.3f}" in ax.get_title()
+    assert sorted(int(t.get_text()) for t in ax.texts) == [40] * 5  # five bins of 40 inputs each
