@@ -1,7 +1,9 @@
-"""Variational inference: the mean-field guide (:mod:`~pyro_bbb.infer.guide`), the ELBO that scales minibatches
-(:mod:`~pyro_bbb.infer.elbo`, with the data plate's scaling in :mod:`~pyro_bbb.infer.scaling`, the KL arithmetic in
-:mod:`~pyro_bbb.infer._kl` and the replayed fast path in ``_replay``), the lower-variance gradient estimators as
-effect handlers (:mod:`~pyro_bbb.infer.estimators`) and KL-weight schedules (:mod:`~pyro_bbb.infer.schedules`).
+"""Variational inference: the mean-field guide (:mod:`~pyro_bbb.infer.guide`, which also answers what any mean-field
+guide's posterior at a site is), the ELBO that scales minibatches (:mod:`~pyro_bbb.infer.elbo`, its reference path,
+with the data plate's scaling in :mod:`~pyro_bbb.infer.scaling`; the KL arithmetic, the per-pair state, a call's
+terms and the replayed backend are private), the record of which objective computed the gradients an optimizer
+applies (:mod:`~pyro_bbb.infer.contract`), the lower-variance gradient estimators as effect handlers
+(:mod:`~pyro_bbb.infer.estimators`) and KL-weight schedules (:mod:`~pyro_bbb.infer.schedules`).
 
 Examples
 --------
