@@ -5,9 +5,9 @@ message per parameter and site.
 It must stay equal to the Pyro path of :class:`pyro_bbb.ELBO` (the reference), bit for bit;
 ``tests/infer/test_replay.py`` runs every case against it. The ELBO sees one object, :class:`ReplayBackend`, which
 holds every rule of when a step is replayed: :meth:`ReplayBackend.after_full_step` records a plan after a step
-through Pyro's handlers (or finds the model and guide cannot be replayed), and :meth:`ReplayBackend.terms` gives a
-later step's terms -- or ``None``, and the ELBO takes its own path. A model that no longer matches the plan (a new
-site, a cleared param store) drops the plan.
+through Pyro's handlers (or finds the model and guide cannot be replayed), and
+:meth:`ReplayBackend.loss_and_grads` runs a later step -- or returns ``None``, and the ELBO takes its own path. A model
+that no longer matches the plan (a new site, a cleared param store) drops the plan.
 
 Examples
 --------

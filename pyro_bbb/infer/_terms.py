@@ -48,10 +48,6 @@ class CallTerms:
 
     def __init__(self, kl_weight: float):
         self.kl_weight = kl_weight
-        self.reset()
-
-    def reset(self) -> None:
-        """Forget what was added (a replayed step that fell back to the full path)."""
         self.nll, self.kl, self.loss, self.frame = 0.0, 0.0, 0.0, None
         self.kl_by_site: dict[str, Any] = {}
 
