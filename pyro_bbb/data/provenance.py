@@ -25,9 +25,10 @@ __all__ = ["remember_training_inputs", "fraction_seen_in_training"]
 _seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _fingerprints(x: torch.Tensor) -> set[int]:
+def _fingerprints(x: torch.Tensor) -> list[int]:
+    """One hash per row of ``x``, of its bytes."""
     rows = x.detach().to("cpu").contiguous().reshape(x.shape[0], -1).numpy()
-    return {hash(row.tobytes()) for row in rows}
+    return [hash(row.tobytes()) for row in rows]
 
 
 def remember_training_inputs(guide: Any, x: Any) -> None:
@@ -59,5 +60,4 @@ def fraction_seen_in_training(guide: Any, x: torch.Tensor) -> float | None:
         return None
     if seen is None or not isinstance(x, torch.Tensor) or not x.shape[0]:
         return None
-    rows = x.detach().to("cpu").contiguous().reshape(x.shape[0], -1).numpy()
-    return sum(hash(row.tobytes()) in seen for row in rows) / x.shape[0]
+    return sum(fingerprint in seen for fingerprint in _fingerprints(x)) / x.shape[0]
