@@ -73,9 +73,11 @@ PRIORS = {
     "eb-plain": lambda: priors.EmpiricalBayesNormal(concentration=None),
 }
 
-#: name -> (estimator, noise model, weight prior: a key of PRIORS).
+#: name -> (estimator, noise model, weight prior: a key of PRIORS). The defaults choose the KL weight (``fit``'s
+#: ``kl_weight="auto"``); every other variant is the Bayes posterior (``KL_WEIGHTS``).
 VARIANTS = {
     "defaults": ("reparam", "homoscedastic", "default"),
+    "defaults, kl_weight=1": ("reparam", "homoscedastic", "default"),
     "defaults, heteroscedastic": ("reparam", "heteroscedastic", "default"),
     "BbB, learned noise": ("reparam", "homoscedastic", "normal"),
     "BbB local reparam, learned noise": ("local_reparam", "homoscedastic", "normal"),
@@ -86,6 +88,9 @@ VARIANTS = {
     "DVI (moments), heteroscedastic, EB closed form + hyperprior": ("moments", "heteroscedastic", "eb"),
     "DVI (moments), heteroscedastic, EB closed form": ("moments", "heteroscedastic", "eb-plain"),
 }
+
+#: The KL weight of each variant: "auto" for the defaults, 1 (the Bayes posterior) for the rest.
+KL_WEIGHTS = {name: "auto" if name in ("defaults", "defaults, heteroscedastic") else 1.0 for name in VARIANTS}
 
 
 def _read(name: str, filename: str) -> np.ndarray:
@@ -148,7 +153,8 @@ def run_split(task: tuple) -> tuple:
     outputs = 2 if noise == "heteroscedastic" else 1
     start = time.perf_counter()
     if patience is None:
-        bnn, guide, history = _train(x_train, y_train, hidden, outputs, prior, estimator, split, epochs, lr_final)
+        bnn, guide, history = _train(x_train, y_train, hidden, outputs, prior, estimator, split, epochs, lr_final,
+                                     kl_weight=KL_WEIGHTS[variant])
         trained = len(history)
     else:
         order = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(1000 + split))
@@ -156,12 +162,13 @@ def run_split(task: tuple) -> tuple:
         fit_rows, validation_rows = order[:-held], order[-held:]
         stop = pyro_bbb.EarlyStopping(patience)
         bnn, guide, history = _train(x_train[fit_rows], y_train[fit_rows], hidden, outputs, prior, estimator, split,
-                                     epochs, lr_final, early_stopping=stop,
+                                     epochs, lr_final, early_stopping=stop, kl_weight=KL_WEIGHTS[variant],
                                      validation_data=(x_train[validation_rows], y_train[validation_rows]))
         trained = stop.best_epoch or len(history)
         if refit:  # the whole training split, for the chosen epochs, on the schedule cut at that epoch
             cut = None if lr_final is None else 1e-2 * (lr_final / 1e-2) ** ((trained - 1) / max(1, epochs - 1))
-            bnn, guide, history = _train(x_train, y_train, hidden, outputs, prior, estimator, split, trained, cut)
+            bnn, guide, history = _train(x_train, y_train, hidden, outputs, prior, estimator, split, trained, cut,
+                                         kl_weight=KL_WEIGHTS[variant])
     change, drift, std_drift = convergence(history)
     log_lik, rmse = test_log_likelihood(bnn, guide, x_test, y_test, y_mean, y_std, num_samples)
     return name, variant, log_lik, rmse, time.perf_counter() - start, change, drift, trained, std_drift

@@ -3,7 +3,7 @@
 The file holds only tensors, numbers and strings, and is read with ``torch.load(..., weights_only=True)``: a
 checkpoint from a stranger cannot run code. It stores the guide's variational parameters, the model's
 deterministic parameters and buffers, one example input (to rebuild the guide's sites) and the settings needed to
-predict (likelihood, data plate).
+predict (likelihood, data plate), and the KL weight the posterior was trained at (:mod:`pyro_bbb.infer.tempering`).
 
 Examples
 --------
@@ -33,6 +33,7 @@ from ._checks import require_set_up
 from ._plates import data_plate_of
 from ._version import __version__
 from .data._inputs import Inputs, cast_inputs, input_tensors, inputs_to, map_inputs
+from .infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
 
 __all__ = ["save", "load"]
 
@@ -128,6 +129,9 @@ def save(path: str | os.PathLike, model, guide, optimizer=None) -> None:
     }
     if optimizer is not None:
         checkpoint["optimizer"] = {"class": type(optimizer).__name__, "state": optimizer.get_state()}
+    choice = kl_weight_of(guide)
+    if choice is not None:  # the KL weight it was trained at: a tempered posterior stays one when loaded
+        checkpoint["kl_weight_choice"] = choice.to_dict()
     torch.save(checkpoint, path)
 
 
@@ -230,6 +234,8 @@ def load(path: str | os.PathLike, model, guide, optimizer=None):
                 f"the checkpoint holds the state of a {saved_optimizer.get('class')}, not of a "
                 f"{type(optimizer).__name__}; pass an optimizer of the class that was saved."
             )
+    choice = checkpoint.get("kl_weight_choice")
+    choice = None if choice is None else KLWeightChoice.from_dict(choice)  # (a bad record: ValueError, nothing changed)
     if optimizer is not None:  # first: a state it refuses leaves the model and guide as they were
         optimizer.set_state(saved_optimizer["state"])
     if isinstance(model, torch.nn.Module):
@@ -238,4 +244,6 @@ def load(path: str | os.PathLike, model, guide, optimizer=None):
     with torch.no_grad():
         for name, value in checkpoint["param_store"].items():
             store[name].copy_(value)
+    if choice is not None:
+        record_kl_weight(guide, choice)
     return guide

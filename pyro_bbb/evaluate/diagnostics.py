@@ -28,6 +28,7 @@ import torch
 
 from ..infer._kl import elementwise_kl, total_kl
 from ..infer.guide import require_fitted_posteriors, site_loc_scale, site_posterior
+from ..infer.tempering import kl_weight_of
 from ..nn.module import current_priors, site_owners
 from ..priors import is_real_support, prior_in_force, prior_std, strip_independent
 
@@ -206,8 +207,13 @@ def check_posterior(
             stacklevel=2,
         )
         return summary
+    choice = kl_weight_of(guide)
+    tempered = (f" (This guide was trained at KL weight {choice.kl_weight:g}: a tempered posterior, narrower than the "
+                "Bayes one by design; kl_weight=1 gives the Bayes posterior.)") if choice and choice.tempered else ""
     for layer, entry in summary.items():
         entry["status"] = "ok"
+        if choice is not None:
+            entry["kl_weight"] = choice.kl_weight
         if "std_ratio" not in entry:
             continue
         if entry["kl_q99"] < prior_kl:
@@ -229,7 +235,7 @@ def check_posterior(
                 "The KL is under-weighted (raise kl_weight towards 1 and check that num_data is the training-set "
                 "size), or training stopped while the posterior was still widening from the guide's small "
                 "init_scale (train longer, or start wider). Very large data sets can legitimately give narrow "
-                "posteriors; lower the threshold then.",
+                "posteriors; lower the threshold then." + tempered,
                 PosteriorWarning,
                 stacklevel=2,
             )
@@ -245,7 +251,10 @@ def summary(model: Callable, guide):
 
     One row per layer -- number of weights, mean ``|mu|``, mean and 5/50/95% quantiles of the posterior std
     ``sigma``, mean prior std, KL, KL per weight, and 5/50/95% quantiles of the signal-to-noise ratio ``|mu|/sigma``.
-    The per-weight table is :func:`parameter_summary`.
+    The per-weight table is :func:`parameter_summary`. A guide trained by :func:`pyro_bbb.fit` adds the column
+    ``kl_weight`` (the weight it was trained at; other than 1: a tempered posterior, not the Bayes one), and the
+    table's ``attrs["kl_weight"]`` holds the :class:`~pyro_bbb.infer.tempering.KLWeightChoice` (every candidate's
+    validation NLL when ``fit`` chose it).
 
     Examples
     --------
@@ -280,7 +289,12 @@ def summary(model: Callable, guide):
         rows[layer] = row
     columns = ["num_weights", "mean_abs_mu", "sigma_mean", "sigma_q05", "sigma_q50", "sigma_q95", "prior_sigma",
                "kl", "kl_per_weight", "snr_q05", "snr_q50", "snr_q95"]
-    return pd.DataFrame.from_dict(rows, orient="index").reindex(columns=columns)
+    table = pd.DataFrame.from_dict(rows, orient="index").reindex(columns=columns)
+    choice = kl_weight_of(guide)
+    if choice is not None:
+        table["kl_weight"] = choice.kl_weight
+        table.attrs["kl_weight"] = choice
+    return table
 
 
 @torch.no_grad()

@@ -31,6 +31,7 @@ import xarray as xr
 
 from .._checks import check_count
 from ..data._inputs import Inputs, cast_inputs, input_tensors, model_dtype, num_rows, targets_of_shape
+from ..infer.tempering import kl_weight_of
 from ..nn.module import site_owners
 from ..prediction.predictive import predict_with_draws
 
@@ -139,6 +140,9 @@ def to_inference_data(
       ``fc1_in``);
     * ``posterior_predictive``: one predictive draw of the targets per weight draw;
     * ``log_likelihood`` (with ``y``): ``log p(y_i | x_i, w_s)`` per datum, unscaled, for ``az.loo`` / ``az.waic``;
+    * the ``posterior`` group's attributes ``kl_weight``, ``kl_weight_chosen_by``, ``tempered_posterior`` and
+      ``kl_weight_note`` when the guide was trained by :func:`pyro_bbb.fit` (see :mod:`pyro_bbb.infer.tempering`):
+      a posterior trained at a KL weight other than 1 is a tempered one, not the Bayes posterior;
     * ``observed_data`` (with ``y``) and ``constant_data`` (``x``; a tuple or dict of inputs gives one variable per
       tensor: ``x_0``, ``x_1`` or ``x_input_ids``, ``x_attention_mask``); the data dimension is ``obs_id``.
 
@@ -222,4 +226,9 @@ def to_inference_data(
             log_lik = log_lik.flatten(2).sum(-1)
         groups["log_likelihood"] = dataset({obs: (chain_draw + ["obs_id"], _by_chain(log_lik, num_chains))})
         groups["observed_data"] = dataset({obs: (["obs_id"] + event_dims, y.detach().cpu().numpy())})
+    choice = kl_weight_of(guide)
+    if choice is not None:  # a tempered posterior says so in the posterior's own attributes
+        groups["posterior"].attrs.update({"kl_weight": choice.kl_weight, "kl_weight_chosen_by": choice.chosen_by,
+                                          "tempered_posterior": int(choice.tempered),
+                                          "kl_weight_note": choice.describe()})
     return _wrap(groups, container)

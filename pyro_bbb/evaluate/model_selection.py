@@ -36,6 +36,7 @@ from ..data._inputs import model_dtype
 from ..data.batches import Batches, likelihood_of, model_device
 from ..infer.elbo import ELBO
 from ..infer.estimators import PosteriorReader
+from ..infer.tempering import kl_weight_of
 from ..nn.module import training_mode
 
 __all__ = ["Evidence", "evidence", "compare_evidence"]
@@ -55,6 +56,10 @@ class Evidence:
         The two terms (the KL closed-form where one is registered, else estimated from the same draws).
     num_data, num_draws : int
         Data points and weight draws the estimate used.
+    trained_kl_weight : float, optional
+        The KL weight the guide was trained at (:mod:`pyro_bbb.infer.tempering`; ``None``: not known). The ELBO
+        here is always the weight-1 ELBO, a lower bound on the log evidence for any guide; a guide trained at
+        another weight is a tempered posterior, which this bound scores but which did not maximise it.
 
     Examples
     --------
@@ -70,6 +75,7 @@ class Evidence:
     kl: float
     num_data: int
     num_draws: int
+    trained_kl_weight: float | None = None
 
     @property
     def per_datum(self) -> float:
@@ -83,7 +89,18 @@ class Evidence:
 
     def __str__(self) -> str:
         return (f"ELBO {self.elbo:.2f} ± {self.standard_error:.2f} nats ({self.per_datum:.4f} per datum; expected "
-                f"log-likelihood {self.expected_log_likelihood:.2f}, KL {self.kl:.2f}; {self.num_draws} draws)")
+                f"log-likelihood {self.expected_log_likelihood:.2f}, KL {self.kl:.2f}; {self.num_draws} draws)"
+                + self.tempering_note)
+
+    @property
+    def tempering_note(self) -> str:
+        """A sentence when the guide was trained at a KL weight other than 1 (else empty)."""
+        weight = self.trained_kl_weight
+        if weight is None or math.isclose(weight, 1.0):
+            return ""
+        return (f"; the guide was trained at KL weight {weight:g} (a tempered posterior): this is the KL-weight-1 "
+                "ELBO, still a lower bound on the evidence, but the guide did not maximise it, so compare it only "
+                "with models trained at the same weight")
 
 
 def evidence(
@@ -112,6 +129,10 @@ def evidence(
         guide).
     data : (x, y) or DataLoader
         The data the guide was trained on (the ELBO of other data is not a bound on this model's evidence for them).
+
+    The ELBO is always computed at KL weight 1 (the bound on the evidence). A guide that :func:`pyro_bbb.fit` trained
+    at another weight (chosen by ``kl_weight="auto"``, or given) is a tempered posterior: :attr:`Evidence.
+    trained_kl_weight` and the printed result say so, since such a guide was not trained to maximise this bound.
     num_draws : int
         Weight draws; the standard error falls as ``1 / sqrt(num_draws)``.
     batch_size : int, optional
@@ -170,7 +191,8 @@ def evidence(
     standard_error = float(values.std() / math.sqrt(num_draws))
     return Evidence(elbo=float(values.mean()), standard_error=standard_error,
                     expected_log_likelihood=float(-draws[:, 0].mean()), kl=float(draws[:, 1].mean()),
-                    num_data=batches.num_data, num_draws=num_draws)
+                    num_data=batches.num_data, num_draws=num_draws,
+                    trained_kl_weight=getattr(kl_weight_of(guide), "kl_weight", None))
 
 
 def _one_draw(elbo: ELBO, model, guide, batches: Batches) -> tuple[float, float]:

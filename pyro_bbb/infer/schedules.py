@@ -111,6 +111,11 @@ def as_schedule(kl_weight) -> Callable[[int], float]:
         return Constant(kl_weight)
     if callable(kl_weight):
         return kl_weight
+    if kl_weight == "auto" or hasattr(kl_weight, "candidates"):
+        raise ValueError(
+            "kl_weight='auto' (choosing the weight on a split of the training data) runs in pyro_bbb.fit only; here "
+            "pass a number: 1 for the Bayes posterior, or the weight fit chose (history.kl_weight_choice.kl_weight)."
+        )
     raise ValueError(f"`kl_weight` must be a number >= 0 or a schedule (step -> weight), got {kl_weight!r}.")
 
 

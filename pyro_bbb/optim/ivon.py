@@ -87,6 +87,11 @@ class IVON(PyroOptim):
         of ``N``. ``ivon-opt``'s default is no clipping (``math.inf``); ``benchmarks/README.md`` shows the choice.
     adam_lr : float
         Learning rate of the Adam that trains the other parameters.
+    ess : float, optional
+        The effective sample size of the posterior, ``N / kl_weight`` (default ``N``: the Bayes posterior, KL weight
+        1). A tempered posterior, trained by ``pyro_bbb.ELBO(num_data=N, kl_weight=w)``, is the Bayes posterior of
+        ``N / w`` data: pass ``ess=N / w`` (the widths and the prior's pull follow ``ess``; the gradients are still
+        read per datum of the ``N``). Any other pairing of the objective's KL weight and ``ess`` is refused.
     keep_widths : bool
         Start each weight's curvature from the guide's width at the first step, ``h = 1 / (N sigma^2) - delta``
         (at least 0: a width beyond the prior's becomes the prior's), instead of from ``hess_init``: to continue from a
@@ -125,6 +130,7 @@ class IVON(PyroOptim):
         clip_radius: float = 0.1,
         adam_lr: float = 1e-3,
         keep_widths: bool = False,
+        ess: float | None = None,
     ):
         if not hasattr(guide, "scale_constraint") or not hasattr(guide, "model"):
             raise TypeError(
@@ -136,6 +142,7 @@ class IVON(PyroOptim):
                 raise ValueError(f"`{name}` must lie in [0, 1), got {value!r}.")
         self.guide = guide
         self.num_data = check_count("num_data", num_data)
+        self.ess = float(num_data) if ess is None else check_positive("ess", ess)
         self.defaults = {
             "lr": check_positive("lr", lr),
             "beta1": float(beta1),
@@ -203,7 +210,7 @@ class IVON(PyroOptim):
         key = tuple(key)
         if not dynamic and self._prior_cache is not None and self._prior_cache[0] == key:
             return (*self._prior_cache[2], False)
-        n = float(self.num_data)
+        n = self.ess
         dtype = locs[0].dtype
         prior_loc = torch.cat([b.loc.detach().expand(p.shape).reshape(-1) for b, p in zip(bases, locs)]).to(dtype)
         delta = torch.cat([(1.0 / (n * b.scale.detach().square())).expand(p.shape).reshape(-1)
@@ -267,7 +274,7 @@ class IVON(PyroOptim):
                 return
         self.steps += 1
         d = self.defaults
-        n = float(self.num_data)
+        n, ess = float(self.num_data), self.ess  # gradients are read per datum of N; widths and prior pull use ess
         locs = [pairs[site]["loc"] for site in sites]
         raw_scales = [pairs[site]["scale"] for site in sites]
         sizes = [p.numel() for p in locs]
@@ -297,7 +304,7 @@ class IVON(PyroOptim):
         # ones set last step from this h and delta, 1 / (N sigma^2) = h + delta: the width-gradient term alone.
         difference = width_grad
         if own is None or moved:
-            difference.add_(sigma.square().mul_(n).reciprocal_()).sub_(delta).sub_(hess)
+            difference.add_(sigma.square().mul_(ess).reciprocal_()).sub_(delta).sub_(hess)
         pull = mu.sub(prior_loc).mul_(delta)  # the prior's per-datum gradient, delta (m - m_prior)
         beta1, rho = d["beta1"], (1.0 - d["beta2"]) * self._rate_ratio  # the curvature's step follows the schedule
         # momentum of the negative log-likelihood's per-datum gradient (the KL's part removed)
@@ -308,7 +315,7 @@ class IVON(PyroOptim):
         step = torch.add(pull, momentum, alpha=1.0 / (1.0 - beta1**self.steps)).div_(precision)
         step.clamp_(-d["clip_radius"], d["clip_radius"])
         mu.addcmul_(step, self._step_unit(delta), value=-d["lr"])
-        sigma = precision.mul_(n).rsqrt_()
+        sigma = precision.mul_(ess).rsqrt_()
         u, slope = self._unconstrained(sigma)
         for p, q, m_part, u_part in zip(locs, raw_scales, mu.split(sizes), u.split(sizes)):
             p.copy_(m_part.view(p.shape))
@@ -350,7 +357,7 @@ class IVON(PyroOptim):
         scales = [self._transform(pairs[site]["scale"]) for site in sites]
         _, delta, _ = self._prior_vectors(sites, locs, scales)
         self._prior_cache = None
-        n = float(self.num_data)
+        n = self.ess
         for site, loc, scale, part in zip(sites, locs, scales, delta.split([p.numel() for p in locs])):
             if self.defaults["keep_widths"]:
                 hess = scale.detach().reshape(-1).square().mul(n).reciprocal().sub(part).clamp_(min=0.0)
@@ -385,11 +392,16 @@ class IVON(PyroOptim):
                 f"IVON(num_data={self.num_data}) disagrees with the objective, which scales the data to N={num_data}: "
                 f"{num_data_fix}. Nothing was changed."
             )
-        if not (kl_weight == 1.0 or (isinstance(kl_weight, Constant) and kl_weight.weight == 1.0)):
+        weight = kl_weight.weight if isinstance(kl_weight, Constant) else kl_weight
+        expected = self.num_data / self.ess
+        if not (isinstance(weight, int | float) and math.isclose(weight, expected, rel_tol=1e-9)):
+            fix = ("drop kl_weight" if expected == 1.0 else f"use kl_weight={expected:g}") + (
+                f", or build IVON(guide, num_data={self.num_data}, ess={self.num_data}/kl_weight) for a constant "
+                "kl_weight" if not callable(weight) else "")
             raise ValueError(
                 f"kl_weight={kl_weight!r}: IVON sets each width from the likelihood's curvature and the prior's "
-                "precision and needs the full KL (kl_weight=1); it needs no KL warm-up: drop kl_weight. Nothing was "
-                "changed."
+                f"precision for an effective sample size ess={self.ess:g}, the KL weight num_data / ess = "
+                f"{expected:g} (no KL schedule or warm-up): {fix}. Nothing was changed."
             )
 
     def check_training(self, guide: Any, num_data: int, kl_weight: Any = 1.0, clip_norm: float | None = None,
@@ -461,5 +473,6 @@ class IVON(PyroOptim):
         self.adam.set_state(state_dict.get("adam") or {})
 
     def __repr__(self) -> str:
-        settings = {"num_data": self.num_data, **self.defaults}
+        settings = {"num_data": self.num_data, **({} if self.ess == self.num_data else {"ess": self.ess}),
+                    **self.defaults}
         return ", ".join(f"{k}={v}" for k, v in settings.items()).join((f"{type(self).__name__}(", ")"))

@@ -47,6 +47,10 @@ class History:
         #: it stopped for want of improvement (``None`` when it ran all epochs).
         self.best_epoch: int | None = None
         self.stopped_epoch: int | None = None
+        #: The KL weight the posterior was trained at and how it was chosen (a
+        #: :class:`~pyro_bbb.infer.tempering.KLWeightChoice`; with ``kl_weight="auto"``, every candidate's validation
+        #: NLL).
+        self.kl_weight_choice = None
 
     def append(self, record: dict[str, Any]) -> None:
         self.records.append(record)
@@ -99,14 +103,18 @@ class History:
         """Plain lists and dicts (JSON-serialisable)."""
         return {key: self[key] for key in self.keys()} | {
             "step_loss": list(self.step_loss), "interrupted": self.interrupted, "best_epoch": self.best_epoch,
-            "stopped_epoch": self.stopped_epoch}
+            "stopped_epoch": self.stopped_epoch,
+            "kl_weight_choice": None if self.kl_weight_choice is None else self.kl_weight_choice.to_dict()}
 
     def __repr__(self) -> str:
         if not self.records:
             return "History(epochs=0)"
         r = self.last
+        choice = self.kl_weight_choice
+        chosen = f" chosen by validation from {sorted(choice.validation_nll)}" if getattr(
+            choice, "chosen_by", None) == "validation" else ""
         return (f"History(epochs={len(self)}, loss_per_datum={r['loss_per_datum']:.4g}, nll={r['nll']:.4g}, "
-                f"kl={r['kl']:.4g}, kl_weight={r['kl_weight']:.3g})")
+                f"kl={r['kl']:.4g}, kl_weight={r['kl_weight']:.3g}{chosen})")
 
     def plot(self, path: str | Path | None = None):
         """Loss, KL per layer, KL weight and posterior/prior std per layer against the epoch (see

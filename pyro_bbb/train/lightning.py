@@ -28,6 +28,7 @@ Examples
 from __future__ import annotations
 
 from collections.abc import Callable
+from numbers import Real
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ from .._checks import is_set_up
 from .._internals import set_up_autoguide
 from ..data._inputs import num_rows
 from ..infer.elbo import ELBO
+from ..infer.tempering import KLWeightChoice, record_kl_weight
 from ..optim import IVON
 from ..optim import Adam as JointAdam
 from .distributed import raise_if_any_rank_failed
@@ -67,7 +69,8 @@ class BayesianLightningModule(pl.LightningModule):
     lr : float
         Adam learning rate.
     kl_weight : float or schedule
-        As in :class:`pyro_bbb.ELBO`; the schedule's step advances once per training step.
+        As in :class:`pyro_bbb.ELBO`; the schedule's step advances once per training step. ``fit``'s
+        ``kl_weight="auto"`` is not available here: choose the weight with ``fit`` on a subset and pass it.
     estimator : str
         ``"reparam"``, ``"flipout"`` or ``"local_reparam"`` (see :mod:`pyro_bbb.infer.estimators`).
     num_particles : int
@@ -109,6 +112,8 @@ class BayesianLightningModule(pl.LightningModule):
         self.pyro_step = TrainingStep(model, guide, optimizer or JointAdam(lr=lr), num_data=num_data,
                                       kl_weight=kl_weight, num_particles=num_particles, estimator=estimator)
         self.lr = lr
+        if isinstance(kl_weight, Real):  # what every view of the posterior reports (a schedule: its weight at the end)
+            record_kl_weight(guide, KLWeightChoice(kl_weight=float(kl_weight)))
         if not is_set_up(guide):
             if example_batch is None:
                 raise ValueError(

@@ -12,6 +12,7 @@ Examples
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 import time
@@ -20,25 +21,30 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pyro
+import pyro.poutine as poutine
 import torch
 from pyro.optim import PyroOptim
 from tqdm.auto import tqdm
 
-from .._checks import check_count, check_positive
-from ..data._inputs import inputs_to, model_dtype, num_rows
+from .._checks import check_count, check_positive, is_set_up
+from .._internals import without_trace_shapes
+from ..data._inputs import inputs_to, model_dtype, num_rows, select_rows
 from ..data.batches import Batches, DataError, check_batch, likelihood_of, model_device
 from ..data.provenance import remember_training_inputs
 from ..evaluate import metrics
 from ..evaluate.diagnostics import layer_summary
 from ..infer.elbo import ELBO
 from ..infer.guide import has_site_posteriors
-from ..likelihoods import TargetError
+from ..infer.tempering import KLWeightChoice, record_kl_weight
+from ..likelihoods import Bernoulli, Categorical, TargetError
 from ..nn.module import training_mode
+from ..optim import IVON
 from ..optim import Adam as JointAdam
 from ..prediction.predictive import predict
 from ..prediction.results import ClassificationPrediction, RegressionPrediction
 from . import distributed as distributed_
 from .history import History
+from .selection import ParameterSnapshot, SelectKLWeight, run_path, validation_split
 from .step import TrainingDivergedError, TrainingStep
 from .stopping import EarlyStopping
 
@@ -82,7 +88,7 @@ def fit(
     optimizer: PyroOptim | None = None,
     lr: float = 1e-3,
     lr_final: float | None = None,
-    kl_weight: float | Callable[[int], float] = 1.0,
+    kl_weight: float | Callable[[int], float] | str | SelectKLWeight = "auto",
     num_particles: int = 1,
     clip_norm: float | None = None,
     estimator: str = "reparam",
@@ -123,8 +129,16 @@ def fit(
         rate) in the first epoch to ``lr_final`` in the last. A converged ELBO needs it with minibatches (their
         noise keeps a constant step from settling), and a heteroscedastic likelihood needs it to stay stable: as the
         learned noise shrinks, a constant step moves the predictions by more than the noise.
-    kl_weight : float or schedule
-        Weight of the KL (see :mod:`pyro_bbb.infer.schedules`); 1 is the ELBO.
+    kl_weight : "auto", SelectKLWeight, float or schedule
+        Weight of the KL. ``"auto"`` (the default, :class:`~pyro_bbb.train.selection.SelectKLWeight` with its
+        defaults) chooses it from the data: candidates 1, 0.1, 0.01 and 0.001 are compared on a split carved from
+        the training data (10%, stratified by class), weight 1 is kept whenever it predicts as well (within a
+        standard error), and the model is then trained on all the data at the chosen weight (see
+        :mod:`pyro_bbb.train.selection`; the path costs about half of ``epochs`` more). ``kl_weight=1`` trains the
+        Bayes posterior (the ELBO); another number or a schedule (:mod:`pyro_bbb.infer.schedules`) is used as
+        given. The weight used is recorded on the guide (:mod:`pyro_bbb.infer.tempering`) and in
+        ``history.kl_weight_choice``. Selection needs tensor data and Adam: with a DataLoader, ``distributed=True`` or
+        :class:`~pyro_bbb.optim.IVON`, ``"auto"`` trains at weight 1 and says why in the choice.
     num_particles : int
         Weight draws per step.
     clip_norm : float, optional
@@ -169,12 +183,20 @@ def fit(
     See the module example; ``history.plot("history.png")`` draws the KL and posterior-std traces.
     """
     _check_settings(epochs, batch_size, num_particles, num_validation_samples, lr, clip_norm, optimizer)
+    selection = _selection_asked(kl_weight)
     lr_at = _learning_rates(lr, lr_final, epochs, optimizer)
     per_layer = _check_guide(model, guide)
     batches, rank = _training_batches(model, data, batch_size, distributed, seed)
     validation_data = _validation_batch(model, validation_data)
-    step = TrainingStep(model, guide, optimizer or JointAdam(lr=lr), num_data=batches.num_data, kl_weight=kl_weight,
-                        num_particles=num_particles, estimator=estimator, clip_norm=clip_norm, distributed=distributed)
+    optimizer = optimizer or JointAdam(lr=lr)
+    options = {"num_particles": num_particles, "estimator": estimator, "clip_norm": clip_norm,
+               "distributed": distributed}
+    choice = None
+    if selection is not None:
+        fallback = _why_selection_cannot_run(batches, distributed, optimizer, selection)
+        choice = KLWeightChoice(kl_weight=1.0, chosen_by="fallback", reason=fallback) if fallback else None
+        kl_weight = 1.0
+    step = TrainingStep(model, guide, optimizer, num_data=batches.num_data, kl_weight=kl_weight, **options)
     _check_early_stopping(early_stopping, validation_data is not None)
     if seed is not None:
         pyro.set_rng_seed(seed)
@@ -182,14 +204,131 @@ def fit(
     if distributed:
         step.set_up_everywhere(batches)
     remember_training_inputs(guide, getattr(batches, "x", None))  # (a DataLoader's data is not known)
+    start = None
+    if selection is not None and choice is None:
+        with training_mode(model, True):
+            if not is_set_up(guide):  # on a batch of all the data, as the first step would: its errors come first
+                with torch.no_grad(), poutine.block(), without_trace_shapes():
+                    guide(*next(iter(batches)))
+            start = ParameterSnapshot(model, guide, optimizer=optimizer)
+            choice = _choose_kl_weight(model, guide, batches, optimizer, selection, epochs, batch_size, options,
+                                       num_validation_samples, progress, seed, start)
+        if choice.reason == _INTERRUPTED:
+            history = History()
+            history.interrupted, history.kl_weight_choice = True, choice
+            return history
+        step = TrainingStep(model, guide, optimizer, num_data=batches.num_data, kl_weight=choice.kl_weight,
+                            **options)
     record = _EpochRecorder(model, guide, step.elbo, batches.num_data, per_layer, validation_data,
                             num_validation_samples)
-    with training_mode(model, True):
-        return _train(step, batches, record, epochs, list(callbacks), progress and rank == 0, distributed, lr_at,
-                      early_stopping)
+    try:
+        with training_mode(model, True):
+            history = _train(step, batches, record, epochs, list(callbacks), progress and rank == 0, distributed,
+                             lr_at, early_stopping)
+    except (DataError, ValueError):  # the parameters go back to the start of fit, before the selection's path too
+        if start is not None:
+            start.restore()
+        raise
+    if choice is None:  # a number or a schedule: the weight the last step used
+        choice = KLWeightChoice(kl_weight=float(history.last["kl_weight"]) if len(history) else 1.0)
+    history.kl_weight_choice = choice
+    record_kl_weight(guide, choice)
+    return history
 
 
 # -- fit's chapters ---------------------------------------------------------------------------------------------
+def _selection_asked(kl_weight) -> SelectKLWeight | None:
+    """The selection ``kl_weight`` asks for, or ``None`` for a number or a schedule (checked by the ELBO)."""
+    if isinstance(kl_weight, SelectKLWeight):
+        return kl_weight
+    if isinstance(kl_weight, str):
+        if kl_weight != "auto":
+            raise ValueError(
+                f'kl_weight must be "auto" (chosen from the data), a number (1: the Bayes posterior), a schedule or '
+                f"a pyro_bbb.train.SelectKLWeight, got {kl_weight!r}."
+            )
+        return SelectKLWeight()
+    return None
+
+
+def _why_selection_cannot_run(batches, distributed: bool, optimizer, selection: SelectKLWeight) -> str:
+    """Why ``kl_weight="auto"`` must train at weight 1 instead ("" when it can choose)."""
+    if batches.loader is not None:
+        return "a DataLoader's data cannot be split; pass (x, y) tensors to choose the KL weight"
+    if distributed:
+        return "distributed training; choose the KL weight in one process and pass it"
+    if isinstance(optimizer, IVON):
+        return "IVON needs the KL at weight 1"
+    if round(selection.validation_fraction * batches.num_data) < 2:
+        return f"{batches.num_data} training rows are too few to hold out a validation split"
+    return ""
+
+
+_INTERRUPTED = "interrupted (Ctrl-C) while choosing"
+
+
+def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeight, epochs: int, batch_size,
+                      options: dict, num_samples: int, progress: bool, seed,
+                      start: ParameterSnapshot) -> KLWeightChoice:
+    """The selection path on a split carved from ``batches`` (see :mod:`pyro_bbb.train.selection`); leaves the
+    parameters (and a pyro_bbb optimizer's state) where the chosen weight's run left them.
+
+    A path that cannot run on the split (a step that fails, e.g. a hand-written model whose data plate must see every
+    row, or a run that diverges) puts every parameter back as it was, warns, and falls back to weight 1 on all the
+    data, where the same problem, if it is one, is raised as usual. Ctrl-C ends it with the parameters as they were.
+    """
+    classes = isinstance(likelihood_of(model), Categorical | Bernoulli)
+    generator = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(2**31, ())))
+    train_rows, held_out = validation_split(batches.y, selection.validation_fraction, stratify=classes,
+                                            generator=generator)
+    x_held, y_held = select_rows(batches.x, held_out), batches.y[held_out]
+    part = Batches((select_rows(batches.x, train_rows), batches.y[train_rows]), batch_size, batches.likelihood,
+                   batches.device, batches.dtype)
+    bar = tqdm(total=len(selection.candidates), desc="choosing kl_weight", unit="weight", disable=not progress,
+               dynamic_ncols=True, mininterval=0.5)
+    scores = {}
+
+    def train_at(weight: float, phase_epochs: int) -> None:
+        step = TrainingStep(model, guide, optimizer, num_data=part.num_data, kl_weight=weight, **options)
+        record = _EpochRecorder(model, guide, step.elbo, part.num_data, False, None, num_samples)
+        if _train(step, part, record, phase_epochs, [], False, False).interrupted:
+            raise KeyboardInterrupt
+
+    def score() -> torch.Tensor:
+        pred = predict(model, guide, inputs_to(x_held, batches.device), num_samples=num_samples)
+        log_density = metrics.log_likelihood(pred, y_held.to(pred.samples.device), reduction="none")
+        log_density = log_density.detach().cpu().double()
+        return torch.where(torch.isfinite(log_density), log_density, -math.inf)  # a NaN prediction is never chosen
+
+    def report(weight: float, nll: float) -> None:
+        scores[f"{weight:g}"] = f"{nll:.3g}"
+        bar.set_postfix(scores, refresh=False)
+        bar.update()
+
+    try:
+        chosen, nll, se, snapshot = run_path(selection, train_at, score,
+                                             lambda: ParameterSnapshot(model, guide, optimizer=optimizer), epochs,
+                                             report)
+    except KeyboardInterrupt:
+        start.restore()
+        return KLWeightChoice(kl_weight=1.0, chosen_by="fallback", reason=_INTERRUPTED)
+    except (ValueError, TypeError, TrainingDivergedError) as error:
+        start.restore()
+        reason = f"the path on a split of {part.num_data} of the {batches.num_data} rows failed: {error}"
+        warnings.warn(f"fit(kl_weight='auto'): {reason}. The parameters were put back; training at KL weight 1 on "
+                      "all the data instead (pass kl_weight=1 to skip the selection).", stacklevel=3)
+        return KLWeightChoice(kl_weight=1.0, chosen_by="fallback", reason=reason)
+    finally:
+        bar.close()
+    if not math.isfinite(nll[chosen]):
+        start.restore()
+        return KLWeightChoice(kl_weight=1.0, chosen_by="fallback",
+                              reason="every candidate's validation NLL was infinite or NaN")
+    snapshot.restore()
+    return KLWeightChoice(kl_weight=chosen, chosen_by="validation", validation_nll=nll, validation_nll_se=se,
+                          num_validation=len(held_out))
+
+
 def _check_settings(epochs, batch_size, num_particles, num_validation_samples, lr, clip_norm, optimizer) -> None:
     check_count("epochs", epochs)
     check_count("batch_size", batch_size, optional=True)

@@ -192,7 +192,7 @@ def test_fit_with_particles_and_a_ragged_batch(estimator):
     x = torch.randn(70, 2, generator=g)
     y = torch.tanh(x.sum(-1)) + 0.1 * torch.randn(70, generator=g)
     guide = pyro_bbb.MeanFieldGuide(model)
-    history = pyro_bbb.fit(model, guide, (x, y), epochs=40, batch_size=32, num_particles=2, lr=0.02,
+    history = pyro_bbb.fit(model, guide, (x, y), epochs=40, batch_size=32, num_particles=2, lr=0.02, kl_weight=1,
                            estimator=estimator, progress=False, seed=0)
     assert history["nll"][-1] < 0.5 * history["nll"][0]
 
@@ -443,7 +443,7 @@ def test_fit_with_moments_does_not_depend_on_the_random_stream():
         pyro.clear_param_store()
         pyro.set_rng_seed(seed)  # the guide's weight draws (unused by moments) and the order of the rows
         history = pyro_bbb.fit(model, guide, (x, y), epochs=60, batch_size=64, lr=0.02, estimator=estimator,
-                               progress=False)
+                               progress=False, kl_weight=1)
         return torch.tensor(history["loss"]), history["nll"]
 
     (first, nll), (second, _) = losses("moments", 0), losses("moments", 1)
@@ -612,7 +612,7 @@ def test_a_weight_no_estimator_can_handle_is_an_error_before_any_update():
     guide(x, y)
     before = {name: value.detach().clone() for name, value in pyro.get_param_store().items()}
     with pytest.raises(ValueError, match=r"no Bayesian layer operation for the weight sites \['w'\]"):
-        pyro_bbb.fit(model, guide, (x, y), epochs=1, estimator="flipout", progress=False)
+        pyro_bbb.fit(model, guide, (x, y), epochs=1, estimator="flipout", progress=False, kl_weight=1)
     assert all(torch.equal(before[name], value) for name, value in pyro.get_param_store().items())
     pyro.clear_param_store()
     model = PyroStyleRegression()

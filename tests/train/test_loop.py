@@ -34,7 +34,7 @@ def test_num_data_comes_from_the_data_and_the_partial_batch_is_scaled(monkeypatc
         return loss
 
     monkeypatch.setattr(pyro_bbb.ELBO, "loss_and_grads", spy)
-    fit(model, guide, small_data(50), batch_size=16)
+    fit(model, guide, small_data(50), batch_size=16, kl_weight=1)
     assert seen == [(50, 16), (50, 16), (50, 16), (50, 2)]
 
 
@@ -76,6 +76,8 @@ def test_progress_bar_shows_the_terms(capsys):
     terms = dict(re.findall(r"([\w/]+)=([-\d.e+]+)", err.strip().split("\r")[-1]))
     loss, nll, kl, weight = (float(terms[k]) for k in ("loss/datum", "nll/datum", "kl/datum", "kl_w"))
     assert loss == pytest.approx(nll + weight * kl, rel=2e-3, abs=2e-3)
+    pyro.clear_param_store()
+    model = regression_model()
     fit(model, pyro_bbb.MeanFieldGuide(model), small_data(), epochs=2, progress=False)
     assert capsys.readouterr().err == ""
 
@@ -135,7 +137,7 @@ def test_clip_norm_bounds_the_global_update():
     x, y = small_data()
     guide(x, y)
     before = params()
-    fit(model, guide, (x, y), optimizer=pyro.optim.SGD({"lr": 0.1}), clip_norm=0.01)
+    fit(model, guide, (x, y), optimizer=pyro.optim.SGD({"lr": 0.1}), clip_norm=0.01, kl_weight=1)
     after = params()
     step = torch.cat([(after[k] - before[k]).reshape(-1) for k in before])
     # the param store holds constrained values: scales move through exp, which is ~linear for small steps
@@ -164,12 +166,12 @@ def test_nan_loss_stops_and_restores_the_last_finite_parameters():
     x, y = small_data()
     model = poisoned_model(at=5)  # call 1 sets the guide up, so calls 2, 3, 4 are steps 1-3 and step 4 is NaN
     with pytest.raises(pyro_bbb.TrainingDivergedError, match=r"step 4 .* last finite loss was \d"):
-        fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=10, lr=0.01, seed=0)
+        fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=10, lr=0.01, seed=0, kl_weight=1)
     restored = params()
     # The loss of step 3 was the last finite one; it was computed at the parameters after 2 updates.
     pyro.clear_param_store()
     model = poisoned_model(at=100)
-    fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=2, lr=0.01, seed=0)
+    fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=2, lr=0.01, seed=0, kl_weight=1)
     reference = params()
     assert restored.keys() == reference.keys()
     for name in reference:
@@ -415,7 +417,7 @@ def test_diverged_error_carries_the_history_so_far():
     x, y = small_data()
     model = poisoned_model(at=9)  # call 1 sets the guide up; step 8 (full batches: epoch 8) is NaN
     with pytest.raises(pyro_bbb.TrainingDivergedError) as error:
-        fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=20, seed=0)
+        fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=20, seed=0, kl_weight=1)
     history = error.value.history
     assert len(history) == 7 and len(history.step_loss) == 7
     assert all(math.isfinite(v) for v in history["loss"])
@@ -438,7 +440,7 @@ def test_ctrl_c_finishes_the_step_and_returns_the_history_marked_interrupted():
 
     model.net.insert(1, Interrupting())
     before = signal.getsignal(signal.SIGINT)  # default_int_handler, or SIG_IGN in a background job
-    history = fit(model, guide, (x, y), epochs=10, batch_size=16, seed=0)
+    history = fit(model, guide, (x, y), epochs=10, batch_size=16, seed=0, kl_weight=1)
     assert history.interrupted
     assert len(history.step_loss) == 5  # step 5 was finished, no step after it
     assert len(history) == 2 and history.last["interrupted"]  # epoch 1 (4 steps) and the partial epoch 2

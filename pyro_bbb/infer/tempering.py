@@ -1,0 +1,142 @@
+"""The KL weight a posterior was trained at, and how it was chosen: every place that shows a posterior says so.
+
+A KL weight ``lambda`` other than 1 makes ``fit`` find the best mean-field approximation of the *generalized* (or
+tempered) posterior ``p_lambda(w | D) ∝ p(D | w)^(1 / lambda) p(w)``: the likelihood counts ``1 / lambda`` times
+(``lambda < 1`` sharpens the posterior towards the data). ``fit`` records the weight on the guide as a
+:class:`KLWeightChoice`, with every candidate's validation score when it chose the weight itself, and
+:func:`pyro_bbb.summary`, :func:`~pyro_bbb.evaluate.diagnostics.check_posterior`, the ArviZ export,
+:func:`pyro_bbb.evidence` and :func:`pyro_bbb.save` / :func:`~pyro_bbb.load` read it back from here.
+
+Examples
+--------
+>>> choice = KLWeightChoice(kl_weight=0.01, chosen_by="validation", validation_nll={1.0: 0.31, 0.01: 0.04})
+>>> choice.tempered, choice.describe()
+(True, 'KL weight 0.01 (chosen by validation NLL: 1 -> 0.31, 0.01 -> 0.04); a tempered posterior, not the Bayes one')
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["KLWeightChoice", "record_kl_weight", "kl_weight_of"]
+
+_records: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class KLWeightChoice:
+    """The KL weight a guide was trained at and how it came to be.
+
+    Parameters
+    ----------
+    kl_weight : float
+        The weight of the KL in the objective the posterior was trained on (a schedule's last weight).
+    chosen_by : str
+        ``"validation"`` (``fit`` compared candidates on a split carved from the training data), ``"user"`` (a
+        number or schedule was passed) or ``"fallback"`` (selection was asked for but could not run: ``reason`` says
+        why, and the weight is 1).
+    validation_nll : dict, optional
+        Candidate weight -> negative log predictive density per validation datum, when chosen by validation.
+    validation_nll_se : dict, optional
+        Candidate weight -> standard error of its NLL difference from the best candidate (paired over the rows).
+    num_validation : int, optional
+        Rows of the carved validation split.
+    reason : str
+        Why selection fell back to weight 1 (empty otherwise).
+
+    Examples
+    --------
+    >>> KLWeightChoice(kl_weight=1.0).tempered
+    False
+    """
+
+    kl_weight: float
+    chosen_by: str = "user"
+    validation_nll: dict[float, float] = field(default_factory=dict)
+    validation_nll_se: dict[float, float] = field(default_factory=dict)
+    num_validation: int | None = None
+    reason: str = ""
+
+    @property
+    def tempered(self) -> bool:
+        """Whether the posterior is a tempered one (KL weight other than 1), not the Bayes posterior."""
+        return not math.isclose(self.kl_weight, 1.0)
+
+    def describe(self) -> str:
+        """One line for a user: the weight, how it was chosen, and whether the posterior is the Bayes one.
+
+        Examples
+        --------
+        >>> KLWeightChoice(kl_weight=1.0).describe()
+        'KL weight 1 (given); the Bayes posterior'
+        """
+        how = {"user": "given", "fallback": f"selection not run: {self.reason}"}.get(self.chosen_by, "")
+        if self.chosen_by == "validation":
+            scores = ", ".join(f"{w:g} -> {nll:.3g}" for w, nll in self.validation_nll.items())
+            how = f"chosen by validation NLL: {scores}"
+        kind = "a tempered posterior, not the Bayes one" if self.tempered else "the Bayes posterior"
+        return f"KL weight {self.kl_weight:g} ({how}); {kind}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain numbers, strings and lists (for a checkpoint read with ``weights_only=True``, or JSON).
+
+        Examples
+        --------
+        >>> KLWeightChoice.from_dict(KLWeightChoice(kl_weight=0.1).to_dict()).kl_weight
+        0.1
+        """
+        return {"kl_weight": float(self.kl_weight), "chosen_by": self.chosen_by,
+                "validation_nll": [[float(w), float(v)] for w, v in self.validation_nll.items()],
+                "validation_nll_se": [[float(w), float(v)] for w, v in self.validation_nll_se.items()],
+                "num_validation": self.num_validation, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, entry: dict[str, Any]) -> KLWeightChoice:
+        """The inverse of :meth:`to_dict`.
+
+        Examples
+        --------
+        >>> KLWeightChoice.from_dict({"kl_weight": 0.5}).chosen_by
+        'user'
+        """
+        if not isinstance(entry, dict) or "kl_weight" not in entry:
+            raise ValueError(f"a KL weight record needs a 'kl_weight' entry, got {entry!r}.")
+        return cls(kl_weight=float(entry["kl_weight"]), chosen_by=str(entry.get("chosen_by", "user")),
+                   validation_nll={float(w): float(v) for w, v in entry.get("validation_nll", [])},
+                   validation_nll_se={float(w): float(v) for w, v in entry.get("validation_nll_se", [])},
+                   num_validation=entry.get("num_validation"), reason=str(entry.get("reason", "")))
+
+
+def record_kl_weight(guide: Any, choice: KLWeightChoice) -> None:
+    """Record that ``guide`` was trained at ``choice.kl_weight`` (``fit`` and :func:`pyro_bbb.load` call it).
+
+    Examples
+    --------
+    >>> guide = pyro_bbb.MeanFieldGuide(BayesianLinear(2, 1))
+    >>> record_kl_weight(guide, KLWeightChoice(kl_weight=0.1))
+    >>> kl_weight_of(guide).kl_weight
+    0.1
+    """
+    if not isinstance(choice, KLWeightChoice):
+        raise TypeError(f"record_kl_weight takes a KLWeightChoice, got {type(choice).__name__}.")
+    try:
+        _records[guide] = choice
+    except TypeError:  # a guide that cannot be weakly referenced is not recorded
+        pass
+
+
+def kl_weight_of(guide: Any) -> KLWeightChoice | None:
+    """How ``guide`` was trained (``None``: not by ``fit``, nor loaded from a checkpoint that says).
+
+    Examples
+    --------
+    >>> kl_weight_of(pyro_bbb.MeanFieldGuide(BayesianLinear(2, 1))) is None
+    True
+    """
+    try:
+        return _records.get(guide)
+    except TypeError:
+        return None

@@ -1,0 +1,202 @@
+"""Choosing the KL weight from the data: a split carved from the training set, candidates compared by their
+validation NLL, weight 1 (the Bayes posterior) kept whenever it predicts as well.
+
+``fit(kl_weight="auto")`` (the default) runs :class:`SelectKLWeight`'s path: it holds out ``validation_fraction`` of
+the training rows (stratified by class for a classifier), trains on the rest through the candidate weights from the
+smallest to the largest, each warm-started from the one before for a share of the epochs, and scores each on the
+held-out rows. It keeps the weight with the best NLL -- or weight 1 when its NLL is within one standard error of
+the best (paired over the held-out rows) -- restores the parameters it had at that weight, and trains on *all* the
+data at that weight for ``fit``'s epochs. Small weights first: the means are learnt where the objective is nearly
+the likelihood (as a MAP warm start), and a larger weight then only widens the posterior, which its KL does within
+a few epochs.
+
+Examples
+--------
+>>> y = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 1, 1])
+>>> train_rows, held_out = validation_split(y, 0.2, stratify=True, generator=torch.Generator().manual_seed(0))
+>>> sorted(y[held_out].tolist()), len(train_rows)
+([0, 1], 8)
+>>> choose_weight({1.0: torch.tensor([-0.50, -0.52, -0.49]), 0.1: torch.tensor([-0.49, -0.51, -0.50])})[0]
+1.0
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pyro
+import torch
+
+from .._checks import check_positive
+
+__all__ = ["SelectKLWeight", "DEFAULT_CANDIDATES", "validation_split", "choose_weight", "ParameterSnapshot"]
+
+#: The candidate KL weights of ``fit(kl_weight="auto")``: the Bayes posterior and three tempered ones, a factor of 10
+#: apart (VOGN and noisy K-FAC temper by 0.1-0.5, bayesian-torch's recipe by about 0.003; ``docs/concepts.md``).
+DEFAULT_CANDIDATES = (1.0, 0.1, 0.01, 0.001)
+
+
+@dataclass(frozen=True)
+class SelectKLWeight:
+    """How ``fit`` chooses the KL weight (``kl_weight="auto"`` is ``SelectKLWeight()``).
+
+    Parameters
+    ----------
+    candidates : sequence of float
+        Weights to compare, each in ``(0, 1]``; 1 (the Bayes posterior) is always one of them.
+    validation_fraction : float
+        Share of the training rows held out to score the candidates (stratified by class for a classifier).
+    selection_epochs : float
+        Share of ``fit``'s ``epochs`` spent on the path, split evenly among the candidates (at least one epoch
+        each); ``fit`` then trains ``epochs`` more on all the data at the chosen weight.
+
+    Examples
+    --------
+    >>> SelectKLWeight(candidates=(0.1, 0.01)).candidates
+    (1.0, 0.1, 0.01)
+    """
+
+    candidates: Sequence[float] = DEFAULT_CANDIDATES
+    validation_fraction: float = 0.1
+    selection_epochs: float = 0.5
+
+    def __post_init__(self):
+        weights = []
+        for weight in self.candidates:
+            if not isinstance(weight, int | float) or isinstance(weight, bool) or not 0.0 < weight <= 1.0:
+                raise ValueError(f"every candidate KL weight must be a number in (0, 1], got {weight!r}.")
+            weights.append(float(weight))
+        object.__setattr__(self, "candidates", tuple(sorted(set(weights) | {1.0}, reverse=True)))
+        if not 0.0 < self.validation_fraction < 0.5:
+            raise ValueError(
+                f"validation_fraction must be in (0, 0.5) (a share of the training rows), got "
+                f"{self.validation_fraction!r}."
+            )
+        check_positive("selection_epochs", self.selection_epochs)
+
+    def epochs_per_candidate(self, epochs: int) -> int:
+        """Epochs of the path at each candidate, for a ``fit`` of ``epochs``.
+
+        Examples
+        --------
+        >>> SelectKLWeight().epochs_per_candidate(100)
+        12
+        """
+        return max(1, round(epochs * self.selection_epochs / len(self.candidates)))
+
+
+def validation_split(y: torch.Tensor, fraction: float, *, stratify: bool,
+                     generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row indices ``(train, held_out)`` holding out ``fraction`` of the rows; with ``stratify``, that share of every
+    class (a class of one row stays in ``train``), so the held-out split has the training set's class balance.
+
+    Examples
+    --------
+    >>> train_rows, held_out = validation_split(torch.arange(10.0), 0.3, stratify=False,
+    ...                                         generator=torch.Generator().manual_seed(0))
+    >>> len(train_rows), len(held_out)
+    (7, 3)
+    """
+    n = y.shape[0]
+    if not stratify:
+        order = torch.randperm(n, generator=generator)
+        size = min(n - 1, max(1, round(fraction * n)))
+        return order[size:].sort().values, order[:size].sort().values
+    labels = y.reshape(n, -1)[:, 0].long().cpu()
+    held = []
+    for label in labels.unique():
+        rows = (labels == label).nonzero().flatten()
+        rows = rows[torch.randperm(len(rows), generator=generator)]
+        held.append(rows[: round(fraction * len(rows))] if len(rows) > 1 else rows[:0])
+    held_out = torch.cat(held).sort().values
+    keep = torch.ones(n, dtype=torch.bool)
+    keep[held_out] = False
+    return keep.nonzero().flatten(), held_out
+
+
+def choose_weight(log_likelihoods: dict[float, torch.Tensor]) -> tuple[float, dict[float, float], dict[float, float]]:
+    """The weight with the best validation NLL, except that weight 1 (the Bayes posterior) is kept whenever its NLL
+    is within one standard error of the best's (the standard error of the mean per-row difference, paired over the
+    held-out rows); with every weight's NLL and that standard error.
+
+    ``log_likelihoods`` maps each weight to the log predictive density of every held-out row.
+
+    Examples
+    --------
+    >>> weight, nll, se = choose_weight({1.0: torch.tensor([-0.9, -1.1]), 0.1: torch.tensor([-0.1, -0.2])})
+    >>> weight, round(nll[1.0], 3), round(nll[0.1], 3)
+    (0.1, 1.0, 0.15)
+    """
+    nll = {w: -float(ll.mean()) for w, ll in log_likelihoods.items()}
+    best = min(nll, key=nll.get)
+    se = {}
+    for weight, ll in log_likelihoods.items():
+        difference = (log_likelihoods[best] - ll).double()
+        se[weight] = float(difference.std() / math.sqrt(len(difference))) if len(difference) > 1 else 0.0
+    if 1.0 in nll and nll[1.0] <= nll[best] + se[1.0]:
+        return 1.0, nll, se
+    return best, nll, se
+
+
+class ParameterSnapshot:
+    """Every parameter in Pyro's store (and a module's buffers) as they are now, to put back later: the path keeps one
+    per candidate, and ``fit`` restores the chosen one.
+
+    Examples
+    --------
+    >>> pyro.clear_param_store()
+    >>> p = pyro.param("p", torch.zeros(2))
+    >>> snapshot = ParameterSnapshot()
+    >>> with torch.no_grad():
+    ...     _ = p.add_(1.0)
+    >>> snapshot.restore()
+    >>> pyro.param("p").tolist()
+    [0.0, 0.0]
+    """
+
+    def __init__(self, *modules: torch.nn.Module, optimizer=None):
+        store = pyro.get_param_store()
+        self.params = {name: store[name].unconstrained().detach().clone() for name in store.keys()}
+        self.buffers = [(buffer, buffer.detach().clone()) for module in modules if isinstance(module, torch.nn.Module)
+                        for buffer in module.buffers()]
+        self.optimizer = optimizer
+        self.optimizer_state = optimizer.get_state() if hasattr(optimizer, "get_state") else None
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        store = pyro.get_param_store()
+        for name, value in self.params.items():
+            if name in store:
+                store[name].unconstrained().copy_(value)
+        for buffer, value in self.buffers:
+            buffer.copy_(value)
+        if self.optimizer_state is not None:
+            self.optimizer.set_state(self.optimizer_state)
+
+
+def run_path(selection: SelectKLWeight, train_at: Callable[[float, int], None],
+             score: Callable[[], torch.Tensor], snapshot: Callable[[], ParameterSnapshot],
+             epochs: int, report: Callable[[float, float], None] | None = None):
+    """The path: for every candidate from the smallest to the largest, ``train_at(weight, epochs)`` (warm-started
+    from the one before), ``score()`` the held-out rows' log densities and keep a ``snapshot()``. Returns
+    ``(chosen weight, NLL by weight, standard error by weight, the chosen weight's snapshot)``.
+
+    Examples
+    --------
+    >>> trained = []
+    >>> run_path(SelectKLWeight(candidates=(0.1,)), lambda w, e: trained.append((w, e)),
+    ...          lambda: torch.tensor([-1.0, -1.0]), lambda: None, epochs=4)[0], trained
+    (1.0, [(0.1, 1), (1.0, 1)])
+    """
+    per_candidate = selection.epochs_per_candidate(epochs)
+    scores, snapshots = {}, {}
+    for weight in sorted(selection.candidates):
+        train_at(weight, per_candidate)
+        scores[weight] = score()
+        snapshots[weight] = snapshot()
+        if report is not None:
+            report(weight, -float(scores[weight].mean()))
+    chosen, nll, se = choose_weight({w: scores[w] for w in selection.candidates})
+    return chosen, nll, se, snapshots[chosen]
