@@ -11,7 +11,7 @@ Examples
 --------
 >>> choice = KLWeightChoice(kl_weight=0.01, chosen_by="validation", validation_nll={1.0: 0.31, 0.01: 0.04})
 >>> choice.tempered, choice.describe()
-(True, 'KL weight 0.01 (chosen by validation NLL: 1 -> 0.31, 0.01 -> 0.04); a tempered posterior, not the Bayes one')
+(True, 'KL weight 0.01, chosen by validation NLL (1: 0.31, 0.01: 0.04): tempered')
 """
 
 from __future__ import annotations
@@ -71,14 +71,14 @@ class KLWeightChoice:
         Examples
         --------
         >>> KLWeightChoice(kl_weight=1.0).describe()
-        'KL weight 1 (given); the Bayes posterior'
+        'KL weight 1 (given): the Bayes posterior'
         """
-        how = {"user": "given", "fallback": f"selection not run: {self.reason}"}.get(self.chosen_by, "")
+        how = {"user": " (given)", "fallback": f" (selection not run: {self.reason})"}.get(self.chosen_by, "")
         if self.chosen_by == "validation":
-            scores = ", ".join(f"{w:g} -> {nll:.3g}" for w, nll in self.validation_nll.items())
-            how = f"chosen by validation NLL: {scores}"
-        kind = "a tempered posterior, not the Bayes one" if self.tempered else "the Bayes posterior"
-        return f"KL weight {self.kl_weight:g} ({how}); {kind}"
+            scores = ", ".join(f"{w:g}: {nll:.3g}" for w, nll in self.validation_nll.items())
+            how = f", chosen by validation NLL ({scores})"
+        kind = "tempered" if self.tempered else "the Bayes posterior"
+        return f"KL weight {self.kl_weight:g}{how}: {kind}"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain numbers, strings and lists (for a checkpoint read with ``weights_only=True``, or JSON).

@@ -48,7 +48,7 @@ def test_bayesianized_bert_trains_predicts_and_round_trips(include, converted, t
     assert sum(isinstance(m, BayesianLinear) for m in net.modules()) == converted
     bnn = pyro_bbb.BNN(net, likelihoods.Categorical())
     guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=1e-3)
-    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=4, batch_size=40, lr=5e-3, progress=False, seed=0)
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=4, batch_size=40, lr=5e-3, progress=False, seed=0, kl_weight=1)
     assert history["nll"][-1] < history["nll"][0]
     pyro.set_rng_seed(0)
     prediction = pyro_bbb.predict(bnn, guide, x, num_samples=10, vectorize=True)  # checked against one draw alone

@@ -112,7 +112,8 @@ def test_exact_gradients_reach_the_closed_form_optimal_mean_field_gaussian():
         )
         guide = MeanFieldGuide(bnn)
         optimizer = IVON(guide, num_data=200, lr=0.1, beta2=0.9) if name == "ivon" else pyro_bbb.optim.Adam(lr=1e-2)
-        pyro_bbb.fit(bnn, guide, (x, y), epochs=300, optimizer=optimizer, estimator="moments", progress=False)
+        pyro_bbb.fit(bnn, guide, (x, y), epochs=300, optimizer=optimizer, estimator="moments", progress=False,
+                     kl_weight=1)  # the Bayes posterior's closed form
         q = guide.site_posteriors()
         fitted_mean = torch.cat([q["net.weight"].loc.reshape(-1), q["net.bias"].loc])
         fitted_std = torch.cat([q["net.weight"].scale.reshape(-1), q["net.bias"].scale])
@@ -308,3 +309,47 @@ def test_the_shortcut_through_its_own_widths_equals_the_full_curvature_estimate(
     shortcut = _ivon_run(12)
     monkeypatch.setattr(IVON, "_own_widths", lambda self, sites, raw_scales: None)
     torch.testing.assert_close(shortcut, _ivon_run(12), rtol=0, atol=1e-12)
+
+
+def _tempered_run(num_data_of_elbo, kl_weight, ess, steps=30):
+    """IVON in SVI on the float64 regression from seed 0, full batch; the posterior's means and widths."""
+    x, y = _regression(40, seed=2)
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1, prior=priors.Normal(0.0, 1.0), dtype=torch.float64),
+                       likelihoods.Gaussian(scale=0.5))
+    guide = MeanFieldGuide(bnn)
+    optimizer = IVON(guide, num_data=num_data_of_elbo, ess=ess, lr=0.1)
+    svi = SVI(bnn, guide, optimizer, ELBO(num_data=num_data_of_elbo, kl_weight=kl_weight))
+    pyro.set_rng_seed(0)
+    for _ in range(steps):
+        svi.step(x, y)
+    q = guide.site_posteriors()
+    return torch.cat([q["net.weight"].loc.reshape(-1), q["net.bias"].loc, q["net.weight"].scale.reshape(-1),
+                      q["net.bias"].scale])
+
+
+def test_a_tempered_objective_with_ess_n_over_the_weight_is_the_bayes_posterior_of_ess_data():
+    """ELBO(N, kl_weight=w) is w * ELBO(N / w) (the likelihood counted 1 / w times): IVON(num_data=N, ess=N / w) on
+    it takes the same steps as IVON(num_data=N / w) on ELBO(N / w) at weight 1, given the same draws."""
+    tempered = _tempered_run(40, 0.25, ess=160)
+    bayes_of_more_data = _tempered_run(160, 1.0, ess=None)
+    torch.testing.assert_close(tempered, bayes_of_more_data, rtol=1e-9, atol=1e-12)
+    plain = _tempered_run(40, 1.0, ess=None)
+    assert (plain[4:] / tempered[4:]).min() > 1.5  # the tempered widths are narrower: half, at the optimum
+
+
+@pytest.mark.parametrize("kl_weight, ess, fix", [(0.25, None, "drop kl_weight, or build IVON"),
+                                                 (1.0, 160, "use kl_weight=0.25"), (0.5, 160, "use kl_weight=0.25")])
+def test_a_kl_weight_that_does_not_match_ess_is_refused_with_nothing_changed(kl_weight, ess, fix):
+    x, y = _regression(40, seed=2)
+    pyro.clear_param_store()
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1, dtype=torch.float64), likelihoods.Gaussian(scale=0.5))
+    guide = MeanFieldGuide(bnn)
+    with torch.no_grad():
+        guide(x, y)
+    before = {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
+    svi = SVI(bnn, guide, IVON(guide, num_data=40, ess=ess), ELBO(num_data=40, kl_weight=kl_weight))
+    with pytest.raises(ValueError, match=fix):
+        svi.step(x, y)
+    assert all(torch.equal(before[k], v) for k, v in pyro.get_param_store().items())

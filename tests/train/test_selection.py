@@ -1,0 +1,288 @@
+"""fit(kl_weight="auto"): the split, the rule, the path, and every way it can fall back or fail."""
+
+import math
+import signal
+import warnings
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.nn import PyroModule, PyroSample
+from torch.utils.data import DataLoader, TensorDataset
+
+import pyro_bbb
+from pyro_bbb import likelihoods
+from pyro_bbb.infer.tempering import kl_weight_of
+from pyro_bbb.nn import BayesianLinear
+from pyro_bbb.optim import IVON
+from pyro_bbb.train.selection import SelectKLWeight, choose_weight, validation_split
+
+from ..helpers import params, regression_model, small_data
+
+
+def classification_data(n=240, d=5, classes=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    logits = x[:, :classes] * 3.0
+    y = torch.distributions.Categorical(logits=logits).sample()
+    return x, y
+
+
+def classifier(d=5, classes=3):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(BayesianLinear(d, 32), torch.nn.ReLU(), BayesianLinear(32, classes))
+    return pyro_bbb.BNN(net, likelihoods.Categorical())
+
+
+# -- the split -------------------------------------------------------------------------------------------------------
+def test_a_stratified_split_holds_out_the_share_of_every_class_and_is_a_partition():
+    y = torch.cat([torch.zeros(100), torch.ones(50), torch.full((20,), 2.0), torch.full((1,), 3.0)]).long()
+    train, held = validation_split(y, 0.1, stratify=True, generator=torch.Generator().manual_seed(0))
+    assert sorted(torch.cat([train, held]).tolist()) == list(range(len(y)))  # disjoint, and every row somewhere
+    counts = torch.bincount(y[held], minlength=4).tolist()
+    assert counts == [10, 5, 2, 0]  # the share of each class; a class of one row stays in training
+    again = validation_split(y, 0.1, stratify=True, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(again[1], held)  # the same seed, the same split
+
+
+def test_an_unstratified_split_holds_out_the_share_of_the_rows():
+    train, held = validation_split(torch.randn(31, 2), 0.1, stratify=False, generator=torch.Generator().manual_seed(1))
+    assert len(held) == 3 and len(train) == 28 and set(train.tolist()).isdisjoint(held.tolist())
+
+
+# -- the rule --------------------------------------------------------------------------------------------------------
+def test_the_rule_keeps_the_best_weight_and_weight_one_only_within_a_standard_error():
+    g = torch.Generator().manual_seed(0)
+    base = -torch.rand(400, generator=g)
+    clearly_worse = {1.0: base - 0.5, 0.1: base}
+    assert choose_weight(clearly_worse)[0] == 0.1
+    noise = 0.05 * torch.randn(400, generator=g)
+    noise -= noise.mean()
+    as_good = {1.0: base + noise, 0.1: base - noise + 0.001}  # 0.1 better by 0.001 nats, with a large spread
+    weight, nll, se = choose_weight(as_good)
+    assert weight == 1.0 and nll[1.0] > nll[0.1] and nll[1.0] <= nll[0.1] + se[1.0]
+    # between two tempered weights there is no preference: the best NLL wins
+    assert choose_weight({1.0: base - 1.0, 0.1: base - 0.001, 0.01: base})[0] == 0.01
+
+
+def test_a_candidate_with_infinite_or_nan_validation_nll_is_never_chosen():
+    good = -torch.rand(50)
+    weight, nll, _ = choose_weight({1.0: good, 0.1: torch.full((50,), -math.inf)})
+    assert weight == 1.0 and nll[0.1] == math.inf
+
+
+def test_selection_settings_are_checked_and_weight_one_is_always_a_candidate():
+    assert SelectKLWeight(candidates=[0.5]).candidates == (1.0, 0.5)
+    for bad in ([0.0], [2.0], [math.nan], ["0.1"]):
+        with pytest.raises(ValueError, match=r"in \(0, 1\]"):
+            SelectKLWeight(candidates=bad)
+    with pytest.raises(ValueError, match="validation_fraction"):
+        SelectKLWeight(validation_fraction=0.7)
+    with pytest.raises(ValueError, match="kl_weight must be \"auto\""):
+        pyro_bbb.fit(regression_model(), pyro_bbb.MeanFieldGuide(regression_model()), small_data(), epochs=1,
+                     kl_weight="automatic", progress=False)
+
+
+# -- fit ---------------------------------------------------------------------------------------------------------------
+def test_fit_chooses_a_weight_on_a_held_out_split_and_then_trains_on_all_the_data(monkeypatch):
+    x, y = classification_data()
+    bnn = classifier()
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    sizes = []
+    original = pyro_bbb.ELBO.loss_and_grads
+
+    def spy(self, *args, **kwargs):
+        sizes.append(self.num_data)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(pyro_bbb.ELBO, "loss_and_grads", spy)
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=8, batch_size=64, lr=1e-2, progress=False, seed=0)
+    choice = history.kl_weight_choice
+    per_class = torch.bincount(y).tolist()
+    assert choice.chosen_by == "validation" and choice.num_validation == sum(round(0.1 * n) for n in per_class)
+    assert sorted(choice.validation_nll) == [0.001, 0.01, 0.1, 1.0]
+    assert all(math.isfinite(v) for v in choice.validation_nll.values())
+    best = min(choice.validation_nll, key=choice.validation_nll.get)
+    assert choice.kl_weight in (best, 1.0)
+    # the path trained on the other rows (1 epoch at each of the 4 weights: 4 batches each), the final fit on all
+    # 240 for 8 epochs; the records are the final fit's, at the chosen weight
+    assert sizes == [240 - choice.num_validation] * 16 + [240] * 32
+    assert len(history) == 8 and {r["kl_weight"] for r in history.records} == {choice.kl_weight}
+    assert {r["num_data"] for r in history.records} == {240}
+    assert kl_weight_of(guide) is choice
+    assert "chosen by validation" in repr(history) and history.to_dict()["kl_weight_choice"]["kl_weight"] == \
+        choice.kl_weight
+
+
+def test_the_same_seed_gives_the_same_choice_and_the_same_parameters():
+    x, y = classification_data()
+    results = []
+    for _ in range(2):
+        pyro.clear_param_store()
+        bnn = classifier()
+        history = pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=4, batch_size=64, progress=False,
+                               seed=3)
+        results.append((history.kl_weight_choice, params()))
+    assert results[0][0] == results[1][0]
+    for name, value in results[0][1].items():
+        torch.testing.assert_close(value, results[1][1][name], rtol=0, atol=0)
+
+
+def test_kl_weight_one_is_the_bayes_posterior_and_reproduces_a_plain_training_run():
+    x, y = small_data(64)
+    runs = []
+    for kl_weight in (1, 1.0):
+        pyro.clear_param_store()
+        torch.manual_seed(0)
+        model = regression_model()
+        history = pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=3, batch_size=16,
+                               kl_weight=kl_weight, progress=False, seed=0)
+        runs.append((history, params()))
+    # a hand-written loop at weight 1: the same numbers
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    pyro.set_rng_seed(0)
+    svi = pyro.infer.SVI(model, guide, pyro_bbb.optim.Adam(lr=1e-3), pyro_bbb.ELBO(num_data=64))
+    from pyro_bbb.data.batches import Batches
+
+    for _ in range(3):
+        for xb, yb in Batches((x, y), 16, None, None):
+            svi.step(xb, yb)
+    for history, fitted in runs:
+        assert history.kl_weight_choice.chosen_by == "user" and not history.kl_weight_choice.tempered
+        for name, value in params().items():
+            torch.testing.assert_close(fitted[name], value, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("how", ["dataloader", "ivon", "tiny"])
+def test_where_selection_cannot_run_fit_trains_at_weight_one_and_says_why(how):
+    x, y = small_data(64) if how != "tiny" else small_data(12)
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    options = {}
+    data = (x, y)
+    if how == "dataloader":
+        data = DataLoader(TensorDataset(x, y), batch_size=16)
+    if how == "ivon":
+        options = {"optimizer": IVON(guide, num_data=64)}
+    history = pyro_bbb.fit(model, guide, data, epochs=2, progress=False, **options)
+    choice = history.kl_weight_choice
+    assert choice.chosen_by == "fallback" and choice.kl_weight == 1.0 and choice.reason
+    assert {"dataloader": "DataLoader", "ivon": "IVON", "tiny": "too few"}[how] in choice.reason
+    assert "selection not run" in choice.describe()
+
+
+class FullPlate(PyroModule):
+    """A hand-written model with a latent per datum (inside its data plate, which is the whole batch): its guide has a
+    parameter per training row, so it cannot follow a split of the rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = PyroSample(dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+
+    def forward(self, x, y=None):
+        with pyro.plate("data", x.shape[0]):
+            return pyro.sample("y", dist.Normal((x * self.w).sum(-1), 0.5), obs=y)
+
+
+def test_a_model_the_split_breaks_trains_at_weight_one_with_a_warning_and_nothing_lost():
+    x = torch.randn(40, 3)
+    y = x @ torch.tensor([1.0, -1.0, 0.5]) + 0.5 * torch.randn(40)
+    model = FullPlate()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    with pytest.warns(UserWarning, match="put back; training at KL weight 1"):
+        history = pyro_bbb.fit(model, guide, (x, y), epochs=100, lr=0.05, progress=False, seed=0)
+    assert history.kl_weight_choice.chosen_by == "fallback" and "36 of the 40 rows" in history.kl_weight_choice.reason
+    assert guide.site_posteriors()["w"].loc.shape == (40, 3) and len(history) == 100  # trained on all the rows
+    assert history["nll"][-1] < 0.5 * history["nll"][0]
+
+
+def test_ctrl_c_while_choosing_returns_an_interrupted_history_with_the_parameters_as_they_were():
+    x, y = small_data(64)
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    with torch.no_grad():
+        guide(x, y)
+    before = params()
+    calls = []
+
+    class Interrupting(torch.nn.Module):
+        def forward(self, h):
+            calls.append(1)
+            if len(calls) == 4:
+                signal.raise_signal(signal.SIGINT)
+            return h
+
+    model.net.insert(1, Interrupting())
+    history = pyro_bbb.fit(model, guide, (x, y), epochs=10, batch_size=16, progress=False, seed=0)
+    assert history.interrupted and len(history) == 0
+    assert history.kl_weight_choice.reason.startswith("interrupted")
+    for name, value in params().items():
+        torch.testing.assert_close(value, before[name], rtol=0, atol=0)
+
+
+def test_an_error_in_the_final_fit_puts_back_the_parameters_of_the_start_of_fit():
+    x, y = small_data(64)
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    with torch.no_grad():
+        guide(x, y)
+    before = params()
+    with pytest.raises(ValueError, match="restored to their state at the start of fit"):
+        pyro_bbb.fit(model, guide, (x, y), epochs=3, batch_size=16, progress=False,
+                     early_stopping=pyro_bbb.EarlyStopping(patience=2, monitor="val_accuracy"),
+                     validation_data=(x, y))
+    for name, value in params().items():
+        torch.testing.assert_close(value, before[name], rtol=0, atol=0)
+
+
+def test_a_progress_bar_shows_the_candidates_while_choosing(capsys):
+    x, y = classification_data()
+    bnn = classifier()
+    pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=2, batch_size=64, seed=0)
+    err = capsys.readouterr().err
+    assert "choosing kl_weight" in err and "0.001=" in err
+
+
+def test_the_tempering_is_shown_wherever_the_posterior_is(tmp_path):
+    x, y = classification_data()
+    bnn = classifier()
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=2, batch_size=64, progress=False, seed=0,
+                           kl_weight=SelectKLWeight(candidates=(0.01,)))
+    choice = history.kl_weight_choice
+    table = pyro_bbb.summary(bnn, guide)
+    assert set(table["kl_weight"]) == {choice.kl_weight} and table.attrs["kl_weight"] is choice
+    idata = pyro_bbb.evaluate.to_inference_data(bnn, guide, x[:10], y[:10], num_samples=5, container="DataTree")
+    assert idata["posterior"].attrs["kl_weight"] == choice.kl_weight
+    assert idata["posterior"].attrs["tempered_posterior"] == int(choice.tempered)
+    result = pyro_bbb.evidence(bnn, guide, (x, y), num_draws=4)
+    assert result.trained_kl_weight == choice.kl_weight
+    assert ("tempered" in str(result)) == choice.tempered
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = pyro_bbb.evaluate.diagnostics.check_posterior(bnn, guide)
+    assert all(entry["kl_weight"] == choice.kl_weight for entry in report.values())
+    path = tmp_path / "bnn.pt"
+    pyro_bbb.save(path, bnn, guide)
+    pyro.clear_param_store()
+    bnn2 = classifier()
+    guide2 = pyro_bbb.load(path, bnn2, pyro_bbb.MeanFieldGuide(bnn2))
+    assert kl_weight_of(guide2) == choice
+
+
+def test_a_tempered_posterior_that_looks_collapsed_is_named_as_tempered():
+    x, y = classification_data()
+    bnn = classifier()
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=1, batch_size=64, progress=False, seed=0, kl_weight=1e-6)
+    with pytest.warns(pyro_bbb.evaluate.diagnostics.PosteriorWarning, match="trained at KL weight 1e-06"):
+        pyro_bbb.evaluate.diagnostics.check_posterior(bnn, guide, collapsed_std_ratio=10.0)
+
+
+def test_lightning_and_a_plain_elbo_refuse_auto_with_the_fix():
+    with pytest.raises(ValueError, match="runs in pyro_bbb.fit only"):
+        pyro_bbb.ELBO(num_data=10, kl_weight="auto")
