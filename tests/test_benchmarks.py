@@ -14,7 +14,8 @@ UCI = BENCHMARKS.parents[1] / "shared" / "uci"
 @pytest.mark.parametrize(
     "script",
     ["step_time.py", "predict.py", "fit_overhead.py", "gradient_variance.py", "init_scale.py", "classification.py",
-     "uci.py", "reber_convergence.py", "memory.py", "natural_gradient.py", "evidence.py", "uncertainty.py"],
+     "uci.py", "reber_convergence.py", "memory.py", "natural_gradient.py", "evidence.py", "uncertainty.py",
+     "held_out_tasks.py"],
 )
 def test_benchmark_quick_mode(script):
     if script in ("uci.py", "evidence.py") and not UCI.exists():

@@ -42,7 +42,7 @@ def train(optimizer_name: str, x, y, epochs: int, progress: bool):
     if optimizer_name == "IVON":
         options = {"optimizer": IVON(guide, num_data=len(x), lr=0.1)}
     else:
-        options = {"lr": 1e-2}
+        options = {"lr": 1e-2, "kl_weight": 1}  # the same objective as IVON's: the ELBO
     history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=64, progress=progress, seed=0, **options)
     return bnn, guide, history
 

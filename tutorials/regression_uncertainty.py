@@ -107,7 +107,7 @@ def compare_estimators(steps: int, out_dir: Path, progress: bool = True) -> dict
         bnn = heteroscedastic_bnn(prior)
         guide = pyro_bbb.MeanFieldGuide(bnn)
         history = pyro_bbb.fit(bnn, guide, (x, y), epochs=steps, batch_size=len(x), lr=1e-2, estimator=estimator,
-                               progress=progress, seed=0)
+                               kl_weight=1, progress=progress, seed=0)  # the same objective for every estimator
         pred = pyro_bbb.predict(bnn, guide, x_test, num_samples=200)
         results[name] = {"test_log_lik": metrics.log_likelihood(pred, y_test), "rmse": metrics.rmse(pred, y_test),
                          "coverage_90": metrics.interval_coverage(pred, y_test, level=0.9),

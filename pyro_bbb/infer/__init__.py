@@ -3,7 +3,8 @@ guide's posterior at a site is), the ELBO that scales minibatches (:mod:`~pyro_b
 with the data plate's scaling in :mod:`~pyro_bbb.infer.scaling`; the KL arithmetic, the per-pair state, a call's
 terms and the replayed backend are private), the record of which objective computed the gradients an optimizer
 applies (:mod:`~pyro_bbb.infer.contract`), the lower-variance gradient estimators as effect handlers
-(:mod:`~pyro_bbb.infer.estimators`) and KL-weight schedules (:mod:`~pyro_bbb.infer.schedules`).
+(:mod:`~pyro_bbb.infer.estimators`), KL-weight schedules (:mod:`~pyro_bbb.infer.schedules`) and the record of
+the KL weight a posterior was trained at (:mod:`~pyro_bbb.infer.tempering`).
 
 Examples
 --------

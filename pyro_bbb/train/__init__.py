@@ -1,4 +1,5 @@
-"""Training: ``fit`` (:mod:`~pyro_bbb.train.loop`), its :class:`History` (:mod:`~pyro_bbb.train.history`), one
+"""Training: ``fit`` (:mod:`~pyro_bbb.train.loop`), the KL weight's choice (:mod:`~pyro_bbb.train.selection`), its
+:class:`History` (:mod:`~pyro_bbb.train.history`), one
 training step and its checks (:mod:`~pyro_bbb.train.step`), early stopping (:mod:`~pyro_bbb.train.stopping`),
 data-parallel training (:mod:`~pyro_bbb.train.distributed`) and the Lightning module
 (:mod:`~pyro_bbb.train.lightning`, imported on its own: it needs ``lightning``).
@@ -14,7 +15,8 @@ Examples
 
 from .history import History
 from .loop import fit
+from .selection import SelectKLWeight
 from .step import TrainingDivergedError, TrainingStep
 from .stopping import EarlyStopping
 
-__all__ = ["fit", "History", "EarlyStopping", "TrainingDivergedError", "TrainingStep"]
+__all__ = ["fit", "History", "EarlyStopping", "TrainingDivergedError", "TrainingStep", "SelectKLWeight"]

@@ -137,8 +137,9 @@ def fit(
         :mod:`pyro_bbb.train.selection`; the path costs about half of ``epochs`` more). ``kl_weight=1`` trains the
         Bayes posterior (the ELBO); another number or a schedule (:mod:`pyro_bbb.infer.schedules`) is used as
         given. The weight used is recorded on the guide (:mod:`pyro_bbb.infer.tempering`) and in
-        ``history.kl_weight_choice``. Selection needs tensor data and Adam: with a DataLoader, ``distributed=True`` or
-        :class:`~pyro_bbb.optim.IVON`, ``"auto"`` trains at weight 1 and says why in the choice.
+        ``history.kl_weight_choice``. Selection needs tensor data: with a DataLoader or ``distributed=True``,
+        ``"auto"`` trains at weight 1, and with :class:`~pyro_bbb.optim.IVON` at the weight its ``ess`` sets
+        (``num_data / ess``), and ``history.kl_weight_choice.reason`` says why.
     num_particles : int
         Weight draws per step.
     clip_norm : float, optional
@@ -194,8 +195,9 @@ def fit(
     choice = None
     if selection is not None:
         fallback = _why_selection_cannot_run(batches, distributed, optimizer, selection)
-        choice = KLWeightChoice(kl_weight=1.0, chosen_by="fallback", reason=fallback) if fallback else None
-        kl_weight = 1.0
+        # IVON's own effective sample size sets the weight it can train at: N / ess (1 by default)
+        kl_weight = optimizer.num_data / optimizer.ess if isinstance(optimizer, IVON) else 1.0
+        choice = KLWeightChoice(kl_weight=kl_weight, chosen_by="fallback", reason=fallback) if fallback else None
     step = TrainingStep(model, guide, optimizer, num_data=batches.num_data, kl_weight=kl_weight, **options)
     _check_early_stopping(early_stopping, validation_data is not None)
     if seed is not None:
@@ -258,7 +260,7 @@ def _why_selection_cannot_run(batches, distributed: bool, optimizer, selection: 
     if distributed:
         return "distributed training; choose the KL weight in one process and pass it"
     if isinstance(optimizer, IVON):
-        return "IVON needs the KL at weight 1"
+        return "IVON trains at the KL weight its ess sets (num_data / ess)"
     if round(selection.validation_fraction * batches.num_data) < 2:
         return f"{batches.num_data} training rows are too few to hold out a validation split"
     return ""

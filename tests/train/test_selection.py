@@ -286,3 +286,31 @@ def test_a_tempered_posterior_that_looks_collapsed_is_named_as_tempered():
 def test_lightning_and_a_plain_elbo_refuse_auto_with_the_fix():
     with pytest.raises(ValueError, match="runs in pyro_bbb.fit only"):
         pyro_bbb.ELBO(num_data=10, kl_weight="auto")
+
+
+def test_with_ivon_auto_trains_at_the_weight_its_ess_sets():
+    x, y = small_data(64)
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    history = pyro_bbb.fit(model, guide, (x, y), epochs=2, progress=False,
+                           optimizer=IVON(guide, num_data=64, ess=640))
+    assert history.kl_weight_choice.kl_weight == pytest.approx(0.1) and history.last["kl_weight"] == pytest.approx(0.1)
+    assert "ess" in history.kl_weight_choice.reason
+
+
+def test_a_checkpoint_with_a_damaged_kl_weight_record_is_refused_with_nothing_changed(tmp_path):
+    x, y = classification_data()
+    bnn = classifier()
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=1, batch_size=64, progress=False, seed=0, kl_weight=0.1)
+    path = tmp_path / "bnn.pt"
+    pyro_bbb.save(path, bnn, guide)
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["kl_weight_choice"] = {"weight": 0.1}
+    torch.save(checkpoint, path)
+    before = params()
+    with pytest.raises(ValueError, match="'kl_weight'"):
+        pyro_bbb.load(path, bnn, guide)
+    for name, value in params().items():
+        torch.testing.assert_close(value, before[name], rtol=0, atol=0)
+    assert kl_weight_of(guide).kl_weight == 0.1
