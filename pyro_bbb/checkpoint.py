@@ -244,6 +244,5 @@ def load(path: str | os.PathLike, model, guide, optimizer=None):
     with torch.no_grad():
         for name, value in checkpoint["param_store"].items():
             store[name].copy_(value)
-    if choice is not None:
-        record_kl_weight(guide, choice)
+    record_kl_weight(guide, choice)  # (none in the checkpoint: nothing known of how it was trained)
     return guide

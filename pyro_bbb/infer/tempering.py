@@ -37,7 +37,7 @@ class KLWeightChoice:
     chosen_by : str
         ``"validation"`` (``fit`` compared candidates on a split carved from the training data), ``"user"`` (a
         number or schedule was passed) or ``"fallback"`` (selection was asked for but could not run: ``reason`` says
-        why, and the weight is 1).
+        why, and the weight is 1, or ``num_data / ess`` with :class:`~pyro_bbb.optim.IVON`).
     validation_nll : dict, optional
         Candidate weight -> negative log predictive density per validation datum, when chosen by validation.
     validation_nll_se : dict, optional
@@ -110,8 +110,9 @@ class KLWeightChoice:
                    num_validation=entry.get("num_validation"), reason=str(entry.get("reason", "")))
 
 
-def record_kl_weight(guide: Any, choice: KLWeightChoice) -> None:
-    """Record that ``guide`` was trained at ``choice.kl_weight`` (``fit`` and :func:`pyro_bbb.load` call it).
+def record_kl_weight(guide: Any, choice: KLWeightChoice | None) -> None:
+    """Record that ``guide`` was trained at ``choice.kl_weight`` (``fit`` and :func:`pyro_bbb.load` call it);
+    ``None`` forgets the record (a checkpoint that holds none).
 
     Examples
     --------
@@ -120,6 +121,12 @@ def record_kl_weight(guide: Any, choice: KLWeightChoice) -> None:
     >>> kl_weight_of(guide).kl_weight
     0.1
     """
+    if choice is None:
+        try:
+            _records.pop(guide, None)
+        except TypeError:
+            pass
+        return
     if not isinstance(choice, KLWeightChoice):
         raise TypeError(f"record_kl_weight takes a KLWeightChoice, got {type(choice).__name__}.")
     try:

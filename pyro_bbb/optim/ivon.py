@@ -101,8 +101,9 @@ class IVON(PyroOptim):
     Notes
     -----
     It reads the negative log-likelihood's gradients from the ELBO's by removing the closed-form KL's, so the KL
-    must enter with weight 1 (no KL schedule). Gradients averaged over ranks (``fit(distributed=True)``) average the
-    curvature estimate with them. :meth:`get_state` keys the state by site name.
+    must enter with the weight ``num_data / ess`` (1 by default; no KL schedule). With ``ess`` other than ``N``, read
+    ``N`` as ``ess`` in the width and prior formulas above. Gradients averaged over ranks
+    (``fit(distributed=True)``) average the curvature estimate with them. :meth:`get_state` keys the state by site name.
 
     The curvature estimate is Price's, read off one weight draw per step: under plain reparameterization it is
     heavy-tailed while the means are far from their optimum (the gradient over a small width), and one large estimate
@@ -407,9 +408,9 @@ class IVON(PyroOptim):
     def check_training(self, guide: Any, num_data: int, kl_weight: Any = 1.0, clip_norm: float | None = None,
                        *, clipping_option: str = "clip_norm") -> None:
         """A clear error, before any step, when a training loop would feed this optimizer gradients it cannot read:
-        another guide or training-set size, a KL weight other than 1 (it removes the closed-form KL's gradient to
-        find the likelihood's), or clipped gradients (their size is its curvature). ``clipping_option`` names the
-        loop's own clipping setting in the message.
+        another guide or training-set size, a KL weight other than ``num_data / ess`` (it removes the closed-form KL's
+        gradient to find the likelihood's), or clipped gradients (their size is its curvature). ``clipping_option``
+        names the loop's own clipping setting in the message.
 
         Examples
         --------

@@ -231,8 +231,9 @@ def fit(
         if start is not None:
             start.restore()
         raise
-    if choice is None:  # a number or a schedule: the weight the last step used
-        choice = KLWeightChoice(kl_weight=float(history.last["kl_weight"]) if len(history) else 1.0)
+    if choice is None:  # a number or a schedule: the weight the last step used (before any step: a number's own)
+        given = float(kl_weight) if isinstance(kl_weight, int | float) else 1.0
+        choice = KLWeightChoice(kl_weight=float(history.last["kl_weight"]) if len(history) else given)
     history.kl_weight_choice = choice
     record_kl_weight(guide, choice)
     return history
@@ -255,18 +256,21 @@ def _selection_asked(kl_weight) -> SelectKLWeight | None:
 
 def _why_selection_cannot_run(batches, distributed: bool, optimizer, selection: SelectKLWeight) -> str:
     """Why ``kl_weight="auto"`` must train at weight 1 instead ("" when it can choose)."""
-    if batches.loader is not None:
-        return "a DataLoader's data cannot be split; pass (x, y) tensors to choose the KL weight"
     if distributed:
         return "distributed training; choose the KL weight in one process and pass it"
+    if getattr(batches, "loader", None) is not None:
+        return "a DataLoader's data cannot be split; pass (x, y) tensors to choose the KL weight"
     if isinstance(optimizer, IVON):
         return "IVON trains at the KL weight its ess sets (num_data / ess)"
-    if round(selection.validation_fraction * batches.num_data) < 2:
-        return f"{batches.num_data} training rows are too few to hold out a validation split"
     return ""
 
 
 _INTERRUPTED = "interrupted (Ctrl-C) while choosing"
+
+
+def _warn_fallback(reason: str) -> None:
+    warnings.warn(f"fit(kl_weight='auto'): {reason}. The parameters were put back; training at KL weight 1 on all the "
+                  "data instead (pass kl_weight=1 to skip the selection).", stacklevel=4)
 
 
 def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeight, epochs: int, batch_size,
@@ -281,8 +285,11 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
     """
     classes = isinstance(likelihood_of(model), Categorical | Bernoulli)
     generator = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(2**31, ())))
-    train_rows, held_out = validation_split(batches.y, selection.validation_fraction, stratify=classes,
-                                            generator=generator)
+    train_rows, held_out = validation_split(batches.y, selection.validation_fraction,
+                                            stratify=classes and batches.y.dim() == 1, generator=generator)
+    if len(held_out) < 2 or len(train_rows) < 2:
+        return KLWeightChoice(kl_weight=1.0, chosen_by="fallback",
+                              reason=f"{batches.num_data} training rows are too few to hold out a validation split")
     x_held, y_held = select_rows(batches.x, held_out), batches.y[held_out]
     part = Batches((select_rows(batches.x, train_rows), batches.y[train_rows]), batch_size, batches.likelihood,
                    batches.device, batches.dtype)
@@ -297,7 +304,7 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
             raise KeyboardInterrupt
 
     def score() -> torch.Tensor:
-        pred = predict(model, guide, inputs_to(x_held, batches.device), num_samples=num_samples)
+        pred = predict(model, guide, inputs_to(x_held, batches.device), num_samples=num_samples, batch_size=batch_size)
         log_density = metrics.log_likelihood(pred, y_held.to(pred.samples.device), reduction="none")
         log_density = log_density.detach().cpu().double()
         return torch.where(torch.isfinite(log_density), log_density, -math.inf)  # a NaN prediction is never chosen
@@ -317,15 +324,18 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
     except (ValueError, TypeError, TrainingDivergedError) as error:
         start.restore()
         reason = f"the path on a split of {part.num_data} of the {batches.num_data} rows failed: {error}"
-        warnings.warn(f"fit(kl_weight='auto'): {reason}. The parameters were put back; training at KL weight 1 on "
-                      "all the data instead (pass kl_weight=1 to skip the selection).", stacklevel=3)
+        _warn_fallback(reason)
         return KLWeightChoice(kl_weight=1.0, chosen_by="fallback", reason=reason)
+    except BaseException:  # anything else (e.g. out of memory): nothing half-trained is left behind
+        start.restore()
+        raise
     finally:
         bar.close()
     if not math.isfinite(nll[chosen]):
         start.restore()
-        return KLWeightChoice(kl_weight=1.0, chosen_by="fallback",
-                              reason="every candidate's validation NLL was infinite or NaN")
+        reason = "every candidate's validation NLL was infinite or NaN"
+        _warn_fallback(reason)
+        return KLWeightChoice(kl_weight=1.0, chosen_by="fallback", reason=reason)
     snapshot.restore()
     return KLWeightChoice(kl_weight=chosen, chosen_by="validation", validation_nll=nll, validation_nll_se=se,
                           num_validation=len(held_out))

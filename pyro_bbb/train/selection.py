@@ -22,14 +22,18 @@ Examples
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pyro
 import torch
+from pyro.optim import PyroOptim
 
 from .._checks import check_positive
+from ..optim import IVON
+from ..optim import Adam as JointAdam
 
 __all__ = ["SelectKLWeight", "DEFAULT_CANDIDATES", "validation_split", "choose_weight", "ParameterSnapshot"]
 
@@ -89,8 +93,9 @@ class SelectKLWeight:
 
 def validation_split(y: torch.Tensor, fraction: float, *, stratify: bool,
                      generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row indices ``(train, held_out)`` holding out ``fraction`` of the rows; with ``stratify``, that share of every
-    class (a class of one row stays in ``train``), so the held-out split has the training set's class balance.
+    """Row indices ``(train, held_out)`` holding out ``round(fraction * n)`` rows; with ``stratify`` (integer labels,
+    one per row), that share of every class, rounded by largest remainder so that every class of two or more rows is
+    held out first (a class keeps at least one training row), so the held-out split has the training set's balance.
 
     Examples
     --------
@@ -104,12 +109,21 @@ def validation_split(y: torch.Tensor, fraction: float, *, stratify: bool,
         order = torch.randperm(n, generator=generator)
         size = min(n - 1, max(1, round(fraction * n)))
         return order[size:].sort().values, order[:size].sort().values
-    labels = y.reshape(n, -1)[:, 0].long().cpu()
+    labels = y.reshape(n).long().cpu()
+    classes = labels.unique()
+    counts = torch.stack([(labels == label).sum() for label in classes]).double()
+    quota = fraction * counts
+    sizes = quota.floor().long()
+    # the rest of round(fraction * n) by largest remainder, first to classes of 2 or more rows that would have none
+    order = sorted(range(len(classes)), key=lambda c: (not (sizes[c] == 0 and counts[c] >= 2),
+                                                       -float(quota[c] - sizes[c])))
+    for c in order[: max(0, round(fraction * n) - int(sizes.sum()))]:
+        sizes[c] += 1
     held = []
-    for label in labels.unique():
+    for label, size, count in zip(classes, sizes.tolist(), counts.tolist()):
         rows = (labels == label).nonzero().flatten()
         rows = rows[torch.randperm(len(rows), generator=generator)]
-        held.append(rows[: round(fraction * len(rows))] if len(rows) > 1 else rows[:0])
+        held.append(rows[: min(size, int(count) - 1)])  # a class keeps at least one training row
     held_out = torch.cat(held).sort().values
     keep = torch.ones(n, dtype=torch.bool)
     keep[held_out] = False
@@ -130,6 +144,7 @@ def choose_weight(log_likelihoods: dict[float, torch.Tensor]) -> tuple[float, di
     (0.1, 1.0, 0.15)
     """
     nll = {w: -float(ll.mean()) for w, ll in log_likelihoods.items()}
+    nll = {w: math.inf if math.isnan(v) else v for w, v in nll.items()}  # a NaN score is never the best
     best = min(nll, key=nll.get)
     se = {}
     for weight, ll in log_likelihoods.items():
@@ -162,7 +177,11 @@ class ParameterSnapshot:
         self.buffers = [(buffer, buffer.detach().clone()) for module in modules if isinstance(module, torch.nn.Module)
                         for buffer in module.buffers()]
         self.optimizer = optimizer
-        self.optimizer_state = optimizer.get_state() if hasattr(optimizer, "get_state") else None
+        self.optimizer_state = None
+        if isinstance(optimizer, JointAdam | IVON):  # their get_state copies
+            self.optimizer_state = optimizer.get_state()
+        elif isinstance(optimizer, PyroOptim):  # Pyro's returns the live per-parameter state dicts
+            self.optimizer_state = copy.deepcopy(optimizer.get_state())
 
     @torch.no_grad()
     def restore(self) -> None:
@@ -172,7 +191,14 @@ class ParameterSnapshot:
                 store[name].unconstrained().copy_(value)
         for buffer, value in self.buffers:
             buffer.copy_(value)
-        if self.optimizer_state is not None:
+        if self.optimizer_state is None:
+            return
+        if not isinstance(self.optimizer, JointAdam | IVON):
+            # Pyro's optimizer hands a stored state to a parameter's torch optimizer when it builds one: rebuild them
+            self.optimizer.optim_objs.clear()
+            self.optimizer.grad_clip.clear()
+            self.optimizer.set_state(copy.deepcopy(self.optimizer_state))
+        else:
             self.optimizer.set_state(self.optimizer_state)
 
 

@@ -49,9 +49,9 @@ class TrainingStep:
     here from ``num_data``, ``kl_weight`` and ``num_particles``, with its KL schedule's counter), the optimizer, the
     gradient estimator and global gradient clipping. :func:`pyro_bbb.fit` and
     :class:`~pyro_bbb.train.lightning.BayesianLightningModule` drive it; any pairing that is not right (an estimator
-    the guide cannot serve; :class:`~pyro_bbb.optim.IVON` with another guide or ``N``, a KL weight other than 1, or
-    clipped gradients) is a clear error when it is built, before any parameter changes. A step whose loss or
-    gradients are not finite restores the last parameters that gave a finite loss
+    the guide cannot serve; :class:`~pyro_bbb.optim.IVON` with another guide or ``N``, a KL weight other than its
+    ``num_data / ess``, or clipped gradients) is a clear error when it is built, before any parameter changes. A step
+    whose loss or gradients are not finite restores the last parameters that gave a finite loss
     (:class:`~pyro_bbb.train.TrainingDivergedError`).
 
     A plain ``pyro.infer.SVI`` loop gets the same check from the optimizer itself at every step (see

@@ -99,8 +99,7 @@ def test_fit_chooses_a_weight_on_a_held_out_split_and_then_trains_on_all_the_dat
     monkeypatch.setattr(pyro_bbb.ELBO, "loss_and_grads", spy)
     history = pyro_bbb.fit(bnn, guide, (x, y), epochs=8, batch_size=64, lr=1e-2, progress=False, seed=0)
     choice = history.kl_weight_choice
-    per_class = torch.bincount(y).tolist()
-    assert choice.chosen_by == "validation" and choice.num_validation == sum(round(0.1 * n) for n in per_class)
+    assert choice.chosen_by == "validation" and choice.num_validation == 24  # 10% of the rows, every class's share
     assert sorted(choice.validation_nll) == [0.001, 0.01, 0.1, 1.0]
     assert all(math.isfinite(v) for v in choice.validation_nll.values())
     best = min(choice.validation_nll, key=choice.validation_nll.get)
@@ -314,3 +313,37 @@ def test_a_checkpoint_with_a_damaged_kl_weight_record_is_refused_with_nothing_ch
     for name, value in params().items():
         torch.testing.assert_close(value, before[name], rtol=0, atol=0)
     assert kl_weight_of(guide).kl_weight == 0.1
+
+
+def test_the_split_rounds_by_largest_remainder_and_holds_out_small_classes_first():
+    y = torch.arange(10).repeat_interleave(4)  # 10 classes of 4 rows: round(0.1 * 40) = 4 rows, from 4 classes
+    train, held = validation_split(y, 0.1, stratify=True, generator=torch.Generator().manual_seed(0))
+    assert len(held) == 4 and len(set(y[held].tolist())) == 4
+    y = torch.cat([torch.zeros(95), torch.ones(5)]).long()  # 95 / 5: the minority class is held out too
+    train, held = validation_split(y, 0.1, stratify=True, generator=torch.Generator().manual_seed(0))
+    assert len(held) == 10 and 1 in y[held].tolist() and 1 in y[train].tolist()
+
+
+def test_a_nan_score_is_never_the_best():
+    weight, nll, _ = choose_weight({1.0: torch.tensor([math.nan, -1.0]), 0.1: torch.tensor([-0.1, -0.1])})
+    assert weight == 0.1 and nll[1.0] == math.inf
+
+
+def test_a_pyro_optimizers_state_is_put_back_by_the_snapshot():
+    from pyro_bbb.train.selection import ParameterSnapshot
+
+    x, y = small_data(64)
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    optimizer = pyro.optim.Adam({"lr": 1e-2})
+    svi = pyro.infer.SVI(model, guide, optimizer, pyro_bbb.ELBO(num_data=64))
+    svi.step(x, y)
+    snapshot = ParameterSnapshot(model, guide, optimizer=optimizer)
+    kept = {name: {k: v.clone() if torch.is_tensor(v) else v for k, v in state["state"][0].items()}
+            for name, state in optimizer.get_state().items()}
+    for _ in range(3):
+        svi.step(x, y)
+    snapshot.restore()
+    svi.step(x, y)  # the torch optimizers are rebuilt from the restored state: step 2 of Adam, not step 5
+    for name, state in optimizer.get_state().items():
+        assert int(state["state"][0]["step"]) == int(kept[name]["step"]) + 1
