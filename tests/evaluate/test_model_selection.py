@@ -177,7 +177,7 @@ def test_compare_ranks_by_the_elbo_and_refuses_candidates_that_share_one_posteri
         for name, noise in {"noise 0.5 (the truth)": NOISE, "noise 3": 3.0}.items():
             bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=noise))
             guide = MeanFieldGuide(bnn)
-            pyro_bbb.fit(bnn, guide, (x, y), epochs=100, lr=1e-2, progress=False, seed=0)
+            pyro_bbb.fit(bnn, guide, (x, y), epochs=100, lr=1e-2, progress=False, seed=0, kl_weight=1)
             trained[name] = (bnn, guide)
         ranked = compare_evidence(trained, (x, y), num_draws=50)
     assert list(ranked) == ["noise 0.5 (the truth)", "noise 3"]

@@ -199,7 +199,7 @@ def test_local_latents_train_with_fit_on_minibatches():
     x, y = _local_data()
     model = LocalLatent()
     guide = _local_guide(model)
-    pyro_bbb.fit(model, guide, (x, y), epochs=1000, batch_size=10, progress=False, seed=0,
+    pyro_bbb.fit(model, guide, (x, y), epochs=1000, batch_size=10, progress=False, seed=0, kl_weight=1,
                  optimizer=pyro.optim.ClippedAdam({"lr": 0.02, "lrd": 0.9993}))
     _assert_matches_the_optimum(guide, x, y, std_rtol=0.12, mean_in_stds=0.5)  # one particle: noisier
 
