@@ -212,9 +212,13 @@ def fit(
             if not is_set_up(guide):  # on a batch of all the data, as the first step would: its errors come first
                 with torch.no_grad(), poutine.block(), without_trace_shapes():
                     guide(*next(iter(batches)))
-            start = ParameterSnapshot(model, guide, optimizer=optimizer)
-            choice = _choose_kl_weight(model, guide, batches, optimizer, selection, epochs, batch_size, options,
-                                       num_validation_samples, progress, seed, start)
+            if _has_latent_sites(guide):
+                start = ParameterSnapshot(model, guide, optimizer=optimizer)
+                choice = _choose_kl_weight(model, guide, batches, optimizer, selection, epochs, batch_size, options,
+                                           num_validation_samples, progress, seed, start)
+            else:
+                choice = KLWeightChoice(kl_weight=1.0, chosen_by="fallback",
+                                        reason="the model has no latent weights, so the KL weight changes nothing")
         if choice.reason == _INTERRUPTED:
             history = History()
             history.interrupted, history.kl_weight_choice = True, choice
@@ -252,6 +256,14 @@ def _selection_asked(kl_weight) -> SelectKLWeight | None:
             )
         return SelectKLWeight()
     return None
+
+
+def _has_latent_sites(guide) -> bool:
+    """Whether the (set-up) guide has a latent site: without one there is no KL to weigh (``True`` when unknown)."""
+    prototype = getattr(guide, "prototype_trace", None)
+    if prototype is None:
+        return True
+    return any(not site["is_observed"] for _, site in prototype.iter_stochastic_nodes())
 
 
 def _why_selection_cannot_run(batches, distributed: bool, optimizer, selection: SelectKLWeight) -> str:

@@ -347,3 +347,22 @@ def test_a_pyro_optimizers_state_is_put_back_by_the_snapshot():
     svi.step(x, y)  # the torch optimizers are rebuilt from the restored state: step 2 of Adam, not step 5
     for name, state in optimizer.get_state().items():
         assert int(state["state"][0]["step"]) == int(kept[name]["step"]) + 1
+
+
+def test_a_model_without_latent_weights_skips_the_selection():
+    x, y = classification_data()
+    torch.manual_seed(0)
+    bnn = pyro_bbb.BNN(torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)),
+                       likelihoods.Categorical())
+    sizes = []
+    original = pyro_bbb.ELBO.loss_and_grads
+
+    def spy(self, *args, **kwargs):
+        sizes.append(self.num_data)
+        return original(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pyro_bbb.ELBO, "loss_and_grads", spy)
+        history = pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=2, batch_size=64, progress=False)
+    assert history.kl_weight_choice.chosen_by == "fallback" and "no latent weights" in history.kl_weight_choice.reason
+    assert sizes == [240] * 8  # no path: only the fit on all the data
