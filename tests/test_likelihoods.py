@@ -108,7 +108,7 @@ def heteroscedastic_fit(noise: torch.Tensor, x: torch.Tensor, epochs: int = 150)
     bnn = pyro_bbb.BNN(net, likelihoods.HeteroscedasticGaussian())
     guide = pyro_bbb.MeanFieldGuide(bnn)
     y = torch.sin(2 * x).squeeze(-1) + noise
-    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=64, lr=1e-2, lr_final=1e-3,
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=64, lr=1e-2, lr_final=1e-3, kl_weight=1,
                            estimator="moments", progress=False, seed=0)
     grid = torch.linspace(-1.8, 1.8, 50).unsqueeze(-1)
     return history, pyro_bbb.predict(bnn, guide, grid, num_samples=100), torch.sin(2 * grid).squeeze(-1)
