@@ -35,6 +35,21 @@ def classifier(d=5, classes=3):
     return pyro_bbb.BNN(net, likelihoods.Categorical())
 
 
+def set_up_regression():
+    """Data, a set-up regression model and guide, and the parameters as they are before any training."""
+    x, y = small_data(64)
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    with torch.no_grad():
+        guide(x, y)
+    return (x, y), model, guide, params()
+
+
+def assert_params_unchanged(before):
+    for name, value in params().items():
+        torch.testing.assert_close(value, before[name], rtol=0, atol=0)
+
+
 # -- the split -------------------------------------------------------------------------------------------------------
 def test_a_stratified_split_holds_out_the_share_of_every_class_and_is_a_partition():
     y = torch.cat([torch.zeros(100), torch.ones(50), torch.full((20,), 2.0), torch.full((1,), 3.0)]).long()
@@ -200,12 +215,7 @@ def test_a_model_the_split_breaks_trains_at_weight_one_with_a_warning_and_nothin
 
 
 def test_ctrl_c_while_choosing_returns_an_interrupted_history_with_the_parameters_as_they_were():
-    x, y = small_data(64)
-    model = regression_model()
-    guide = pyro_bbb.MeanFieldGuide(model)
-    with torch.no_grad():
-        guide(x, y)
-    before = params()
+    (x, y), model, guide, before = set_up_regression()
     calls = []
 
     class Interrupting(torch.nn.Module):
@@ -219,23 +229,16 @@ def test_ctrl_c_while_choosing_returns_an_interrupted_history_with_the_parameter
     history = pyro_bbb.fit(model, guide, (x, y), epochs=10, batch_size=16, progress=False, seed=0)
     assert history.interrupted and len(history) == 0
     assert history.kl_weight_choice.reason.startswith("interrupted")
-    for name, value in params().items():
-        torch.testing.assert_close(value, before[name], rtol=0, atol=0)
+    assert_params_unchanged(before)
 
 
 def test_an_error_in_the_final_fit_puts_back_the_parameters_of_the_start_of_fit():
-    x, y = small_data(64)
-    model = regression_model()
-    guide = pyro_bbb.MeanFieldGuide(model)
-    with torch.no_grad():
-        guide(x, y)
-    before = params()
+    (x, y), model, guide, before = set_up_regression()
     with pytest.raises(ValueError, match="restored to their state at the start of fit"):
         pyro_bbb.fit(model, guide, (x, y), epochs=3, batch_size=16, progress=False,
                      early_stopping=pyro_bbb.EarlyStopping(patience=2, monitor="val_accuracy"),
                      validation_data=(x, y))
-    for name, value in params().items():
-        torch.testing.assert_close(value, before[name], rtol=0, atol=0)
+    assert_params_unchanged(before)
 
 
 def test_a_progress_bar_shows_the_candidates_while_choosing(capsys):
@@ -310,8 +313,7 @@ def test_a_checkpoint_with_a_damaged_kl_weight_record_is_refused_with_nothing_ch
     before = params()
     with pytest.raises(ValueError, match="'kl_weight'"):
         pyro_bbb.load(path, bnn, guide)
-    for name, value in params().items():
-        torch.testing.assert_close(value, before[name], rtol=0, atol=0)
+    assert_params_unchanged(before)
     assert kl_weight_of(guide).kl_weight == 0.1
 
 
