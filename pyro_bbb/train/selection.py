@@ -2,13 +2,13 @@
 validation NLL, weight 1 (the Bayes posterior) kept whenever it predicts as well.
 
 ``fit(kl_weight="auto")`` (the default) runs :class:`SelectKLWeight`'s path: it holds out ``validation_fraction`` of
-the training rows (stratified by class for a classifier), trains on the rest at the smallest candidate weight (a
-warm-up: the means are learnt where the objective is nearly the likelihood, as from a MAP start), and from that one
-snapshot trains every candidate for the same number of epochs and scores it on the held-out rows. Every candidate
-has trained exactly as long when it is scored, so a score compares weights, not training times. It keeps the weight
-with the best NLL -- or weight 1 when its NLL is within one standard error of the best (paired over the held-out
-rows) -- restores the parameters it had at that weight, and trains on *all* the data at that weight for ``fit``'s
-epochs.
+the training rows (stratified by class for a classifier), trains on the rest through the candidate weights from the
+smallest to the largest, each warm-started from the one before for a share of the epochs, and scores each on the
+held-out rows. It keeps the weight with the best NLL -- or weight 1 when its NLL is within one standard error of
+the best (paired over the held-out rows) -- restores the parameters it had at that weight, and trains on *all* the
+data at that weight for ``fit``'s epochs. Small weights first: the means are learnt where the objective is nearly
+the likelihood (as a MAP warm start), and a larger weight then only widens the posterior, which its KL does within
+a few epochs.
 
 Examples
 --------
@@ -53,8 +53,8 @@ class SelectKLWeight:
     validation_fraction : float
         Share of the training rows held out to score the candidates (stratified by class for a classifier).
     selection_epochs : float
-        Share of ``fit``'s ``epochs`` spent on the path, split evenly between the warm-up and each candidate's run
-        from it (at least one epoch each); ``fit`` then trains ``epochs`` more on all the data at the chosen weight.
+        Share of ``fit``'s ``epochs`` spent on the path, split evenly among the candidates (at least one epoch
+        each); ``fit`` then trains ``epochs`` more on all the data at the chosen weight.
 
     Examples
     --------
@@ -80,15 +80,15 @@ class SelectKLWeight:
             )
         check_positive("selection_epochs", self.selection_epochs)
 
-    def epochs_per_phase(self, epochs: int) -> int:
-        """Epochs of the path's warm-up, and of each candidate's run from it, for a ``fit`` of ``epochs``.
+    def epochs_per_candidate(self, epochs: int) -> int:
+        """Epochs of the path at each candidate, for a ``fit`` of ``epochs``.
 
         Examples
         --------
-        >>> SelectKLWeight().epochs_per_phase(100)  # a warm-up and 4 candidates: 5 x 10 = half of 100
-        10
+        >>> SelectKLWeight().epochs_per_candidate(100)
+        12
         """
-        return max(1, round(epochs * self.selection_epochs / (len(self.candidates) + 1)))
+        return max(1, round(epochs * self.selection_epochs / len(self.candidates)))
 
 
 def validation_split(y: torch.Tensor, fraction: float, *, stratify: bool,
@@ -205,28 +205,21 @@ class ParameterSnapshot:
 def run_path(selection: SelectKLWeight, train_at: Callable[[float, int], None],
              score: Callable[[], torch.Tensor], snapshot: Callable[[], ParameterSnapshot],
              epochs: int, report: Callable[[float, float], None] | None = None):
-    """The path: ``train_at(smallest weight, epochs)`` as a warm-up and take a ``snapshot()``; then for every
-    candidate, restore that snapshot, ``train_at(weight, epochs)`` for the same epochs, ``score()`` the held-out
-    rows' log densities and keep a ``snapshot()``. Returns ``(chosen weight, NLL by weight, standard error by
-    weight, the chosen weight's snapshot)``.
+    """The path: for every candidate from the smallest to the largest, ``train_at(weight, epochs)`` (warm-started
+    from the one before), ``score()`` the held-out rows' log densities and keep a ``snapshot()``. Returns
+    ``(chosen weight, NLL by weight, standard error by weight, the chosen weight's snapshot)``.
 
     Examples
     --------
-    >>> class Snapshot:
-    ...     def restore(self):
-    ...         trained.append("restore")
     >>> trained = []
     >>> run_path(SelectKLWeight(candidates=(0.1,)), lambda w, e: trained.append((w, e)),
-    ...          lambda: torch.tensor([-1.0, -1.0]), Snapshot, epochs=6)[0], trained
-    (1.0, [(0.1, 1), 'restore', (0.1, 1), 'restore', (1.0, 1)])
+    ...          lambda: torch.tensor([-1.0, -1.0]), lambda: None, epochs=4)[0], trained
+    (1.0, [(0.1, 1), (1.0, 1)])
     """
-    per_phase = selection.epochs_per_phase(epochs)
+    per_candidate = selection.epochs_per_candidate(epochs)
     scores, snapshots = {}, {}
-    train_at(min(selection.candidates), per_phase)
-    warmed_up = snapshot()
     for weight in sorted(selection.candidates):
-        warmed_up.restore()
-        train_at(weight, per_phase)
+        train_at(weight, per_candidate)
         scores[weight] = score()
         snapshots[weight] = snapshot()
         if report is not None:
