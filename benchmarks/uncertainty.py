@@ -158,7 +158,7 @@ def bayesian_row(method, make, data, epochs, seed) -> dict:
     pyro.set_rng_seed(seed)
     test = pyro_bbb.predict(bnn, guide, x_test, num_samples=100).draw_probs
     ood = pyro_bbb.predict(bnn, guide, x_ood, num_samples=100).draw_probs
-    return {**scores(test, y_test, ood), "train s": seconds}
+    return {**scores(test, y_test, ood), "train s": seconds, "weight": history.kl_weight_choice.kl_weight}
 
 
 def run_task(name, make, raw, epochs, seeds, figures: Path | None):

@@ -15,10 +15,10 @@ UCI = BENCHMARKS.parents[1] / "shared" / "uci"
     "script",
     ["step_time.py", "predict.py", "fit_overhead.py", "gradient_variance.py", "init_scale.py", "classification.py",
      "uci.py", "reber_convergence.py", "memory.py", "natural_gradient.py", "evidence.py", "uncertainty.py",
-     "held_out_tasks.py"],
+     "held_out_tasks.py", "training_longer.py"],
 )
 def test_benchmark_quick_mode(script):
-    if script in ("uci.py", "evidence.py") and not UCI.exists():
+    if script in ("uci.py", "evidence.py", "training_longer.py") and not UCI.exists():
         pytest.skip("the UCI data (../shared/uci) is not available here")
     result = subprocess.run([sys.executable, str(BENCHMARKS / script), "--quick"], capture_output=True, text=True,
                             timeout=600, cwd=BENCHMARKS)
