@@ -31,10 +31,10 @@ from pyro.poutine.messenger import Messenger
 from pyro.util import warn_if_nan
 
 from .._internals import ParamReader, is_tracing, param_captures, preset_samples, sample_priors
+from .._kl import has_trainable_parameters, is_unscaled, site_kl, zero_mean_prior_scale
 from .._plates import data_plate_frame
 from ..bnn import BNN
 from ..nn.module import BayesianModule, is_layer_prior
-from ._kl import has_trainable_parameters, is_unscaled, site_kl, zero_mean_prior_scale
 from ._terms import Frame
 from .estimators import FlipoutMessenger, LocalReparameterizationMessenger
 from .guide import MeanFieldGuide, drawn_posterior
@@ -121,7 +121,7 @@ class _SampleGuard(Messenger):
 
 
 def _site(fn, value) -> dict[str, Any]:
-    """A trace site's fields :func:`~pyro_bbb.infer._kl.site_kl` reads, for a replayed latent site (unscaled,
+    """A trace site's fields :func:`~pyro_bbb._kl.site_kl` reads, for a replayed latent site (unscaled,
     unmasked)."""
     return {"fn": fn, "value": value, "scale": 1.0, "mask": None, "args": (), "kwargs": {}}
 

@@ -17,8 +17,8 @@ from pyro.util import check_model_guide_match
 
 from .._checks import check_count
 from .._internals import TraceMeanFieldHooks, check_mean_field_requirement, is_tracing, without_trace_shapes
+from .._kl import latent_site_kl, log_prob_sum, sum_site_kls
 from .._plates import DATA_PLATE, data_plate_named, trace_data_plate_frame
-from ._kl import latent_site_kl, log_prob_sum, sum_site_kls
 from ._pairs import PairStates, checked_vectorized_particles
 from ._replay import ReplayBackend
 from ._terms import CallBookkeeping, CallTerms

@@ -16,7 +16,7 @@ import math
 import pyro.distributions as dist
 import torch
 
-from ..data._inputs import targets_of_shape
+from .._inputs import targets_of_shape
 from ..priors import strip_independent
 
 __all__ = ["Prediction", "RegressionPrediction", "ClassificationPrediction", "prediction_for"]

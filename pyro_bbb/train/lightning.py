@@ -35,8 +35,8 @@ import torch
 from pyro.optim import PyroOptim
 
 from .._checks import is_set_up
+from .._inputs import num_rows
 from .._internals import set_up_autoguide
-from ..data._inputs import num_rows
 from ..infer.elbo import ELBO
 from ..infer.tempering import KLWeightChoice, record_kl_weight
 from ..optim import IVON

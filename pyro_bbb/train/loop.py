@@ -27,8 +27,8 @@ from pyro.optim import PyroOptim
 from tqdm.auto import tqdm
 
 from .._checks import check_count, check_positive, is_set_up
+from .._inputs import inputs_to, model_dtype, num_rows, select_rows
 from .._internals import without_trace_shapes
-from ..data._inputs import inputs_to, model_dtype, num_rows, select_rows
 from ..data.batches import Batches, DataError, check_batch, likelihood_of, model_device
 from ..data.provenance import remember_training_inputs
 from ..evaluate import metrics
@@ -116,7 +116,7 @@ def fit(
     data : (x, y) or DataLoader
         Training data; a pair is reshuffled into batches of ``batch_size`` every epoch (``None``: full batch).
         ``x`` may be a tensor, a tuple of tensors or a dict of tensors (a transformers ``BatchEncoding``) with a
-        common first dimension (see :mod:`pyro_bbb.data._inputs`); a DataLoader yields ``(x, y)`` pairs of those.
+        common first dimension (each row one datum); a DataLoader yields ``(x, y)`` pairs of those.
     epochs : int
         Passes over the data.
     optimizer : pyro.optim.PyroOptim, optional

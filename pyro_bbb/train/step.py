@@ -19,9 +19,9 @@ from pyro.infer.util import zero_grads
 from pyro.optim import PyroOptim
 
 from .._checks import is_set_up
+from .._inputs import num_rows
 from .._internals import all_finite, foreach_copy_, set_up_autoguide
 from .._plates import data_plate_of
-from ..data._inputs import num_rows
 from ..infer.contract import note_objective_run
 from ..infer.elbo import ELBO
 from ..infer.estimators import estimator as estimator_named
