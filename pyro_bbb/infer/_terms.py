@@ -14,10 +14,11 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import pyro
+import pyro.poutine as poutine
 import torch
 from pyro.infer.util import is_validation_enabled
 
-from .contract import note_objective_run
+from .contract import ObjectiveRun, mark_objective_run
 from .schedules import weight_at
 
 __all__ = ["CallTerms", "Frame", "CallBookkeeping"]
@@ -131,19 +132,22 @@ class CallBookkeeping:
 
     @contextmanager
     def recording(self, model, guide, gradients: bool):
-        """One call = one set of terms (and, when it computes gradients, a note for the optimizer)."""
+        """One call = one set of terms (and, when it computes gradients, a mark on every parameter it reached, for
+        the optimizer: :mod:`~pyro_bbb.infer.contract`)."""
         pair = self.pairs.select(model, guide)
         self.current_call = CallTerms(self.current_kl_weight())
         validating = is_validation_enabled()
         try:
             skip = validating and pair.validated and not self.revalidate
-            with pyro.validation_enabled(False) if skip else nullcontext():
+            capture = poutine.trace(param_only=True) if gradients else nullcontext()
+            with pyro.validation_enabled(False) if skip else nullcontext(), capture:
                 yield
             self.last_terms = self.current_call.finish(self.num_data)
             pair.validated = pair.validated or validating
             if gradients:
-                note_objective_run(self.last_terms["num_data"] or self.last_terms["batch_size"], self.kl_weight,
-                                   guide)
+                reached = {id(p): p for p in (site["value"].unconstrained() for site in capture.trace.nodes.values())}
+                run = ObjectiveRun(self.last_terms["num_data"] or self.last_terms["batch_size"], self.kl_weight)
+                mark_objective_run(reached.values(), run)
         finally:
             self.current_call = None
 

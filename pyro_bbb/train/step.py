@@ -22,7 +22,7 @@ from .._checks import is_set_up
 from .._inputs import num_rows
 from .._internals import all_finite, foreach_copy_, set_up_autoguide
 from .._plates import data_plate_of
-from ..infer.contract import note_objective_run
+from ..infer.contract import ObjectiveRun, mark_objective_run
 from ..infer.elbo import ELBO
 from ..infer.estimators import estimator as estimator_named
 from ..infer.guide import MeanFieldGuide
@@ -185,13 +185,14 @@ class TrainingStep:
                 error = caught
         elif error is None:  # an empty shard: keep the KL schedule and the random streams in step with the others
             self.elbo.step += 1
-            note_objective_run(self.elbo.num_data, self.elbo.kl_weight, self.guide)  # the others' objective
             with torch.no_grad(), poutine.block():
                 for _ in range(self.elbo.num_particles):
                     self.guide(x, y)
         distributed_.raise_if_any_rank_failed(error)
         self.global_loss, _ = distributed_.combine_gradients(num_rows(x), loss if math.isfinite(loss) else math.inf)
         params = [p for _, p in pyro.get_param_store().named_parameters()]  # a fixed order, as above
+        # every rank's ELBO (this one's settings) computed the combined gradients, an empty shard's included
+        mark_objective_run(params, ObjectiveRun(self.elbo.num_data, self.elbo.kl_weight))
         loss = self._apply(params, self.global_loss)
         if isinstance(self.model, torch.nn.Module):  # running statistics follow rank 0, as under DDP
             distributed_.synchronise_buffers(self.model)
