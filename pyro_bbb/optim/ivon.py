@@ -403,26 +403,28 @@ class IVON(PyroOptim):
                 f"{expected:g} (no KL schedule or warm-up): {fix}. Nothing was changed."
             )
 
-    def check_training(self, guide: Any, num_data: int, kl_weight: Any = 1.0, clip_norm: float | None = None,
+    def check_training(self, guide: Any, objective: Any, clip_norm: float | None = None,
                        *, clipping_option: str = "clip_norm") -> None:
         """A clear error, before any step, when a training loop would feed this optimizer gradients it cannot read:
-        another guide or training-set size, a KL weight other than ``num_data / ess`` (it removes the closed-form KL's
-        gradient to find the likelihood's), or clipped gradients (their size is its curvature). ``clipping_option``
-        names the loop's own clipping setting in the message.
+        another guide, an ``objective`` (the :class:`pyro_bbb.ELBO` that will compute the gradients: the owner of the
+        training-set size and the KL weight) with another ``N`` or a KL weight other than ``num_data / ess`` (it
+        removes the closed-form KL's gradient to find the likelihood's), or clipped gradients (their size is its
+        curvature). ``clipping_option`` names the loop's own clipping setting in the message.
 
         Examples
         --------
         >>> guide = MeanFieldGuide(BayesianLinear(2, 1))
-        >>> IVON(guide, num_data=10).check_training(guide, 10, kl_weight=0.5)
+        >>> IVON(guide, num_data=10).check_training(guide, pyro_bbb.ELBO(num_data=10, kl_weight=0.5))
         Traceback (most recent call last):
         ...
-        ValueError: kl_weight=0.5: IVON sets each width from the likelihood's curvature and the prior's precision ...
+        ValueError: kl_weight=Constant(weight=0.5): IVON sets each width from the likelihood's curvature and the ...
         """
         if guide is not self.guide:
             raise ValueError(
                 "the IVON optimizer was built for another guide; build it with this one: IVON(guide, ...)."
             )
-        self._check_pairing(num_data, kl_weight, f"pass IVON(guide, num_data={num_data})")
+        self._check_pairing(objective.num_data, objective.kl_weight,
+                            f"pass IVON(guide, num_data={objective.num_data})")
         if clip_norm is not None:
             raise ValueError(
                 f"{clipping_option}={clip_norm!r}: IVON reads the loss's curvature off the size of the gradients (the "

@@ -100,10 +100,10 @@ class TrainingStep:
                 f"pyro_bbb.MeanFieldGuide provides; {type(guide).__name__} does not. Use estimator='reparam' with "
                 "this guide, or a MeanFieldGuide."
             )
-        if isinstance(optimizer, IVON):
-            optimizer.check_training(guide, num_data, kl_weight, clip_norm, clipping_option=clipping_option)
         self.elbo = ELBO(num_data=num_data, kl_weight=kl_weight, num_particles=num_particles,
-                         data_plate=data_plate_of(model))
+                         data_plate=data_plate_of(model))  # the one owner of N and the KL weight
+        if isinstance(optimizer, IVON):
+            optimizer.check_training(guide, self.elbo, clip_norm, clipping_option=clipping_option)
         self.model, self.guide, self.optimizer = model, guide, optimizer
         self.clip_norm, self.estimator, self.distributed = clip_norm, estimator_context, distributed
         self.snapshot: dict[torch.Tensor, torch.Tensor] = {}
