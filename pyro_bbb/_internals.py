@@ -32,7 +32,7 @@ from torch.nn.modules.conv import _ConvNd, _ConvTransposeNd
 __all__ = [
     "CHECKED_ON", "site_name", "pyro_name", "module_local_params_enabled", "check_mean_field_requirement",
     "autonormal_loc_and_scale", "set_up_autoguide", "autonormal_event_dim", "param_captures", "ParamReader",
-    "preset_samples", "sample_priors", "is_deterministic_site", "AutoNormalHooks", "TraceMeanFieldHooks",
+    "preset_samples", "sample_priors", "is_deterministic_site", "AutoNormalHooks", "vectorized_model",
     "is_tracing", "tensor_version", "module_buffer", "foreach_norm", "foreach_copy_", "all_finite",
     "fused_adam_step", "optimizer_has_step_hooks", "recurrent_kernel", "ConvNd", "ConvTransposeNd",
     "without_trace_shapes", "active_messengers",
@@ -357,50 +357,16 @@ class AutoNormalHooks(AutoNormal):
         return self._pyro_name
 
 
-class TraceMeanFieldHooks(TraceMeanField_ELBO):
-    """Pyro's :class:`~pyro.infer.TraceMeanField_ELBO` with the private hooks a subclass overrides given public
-    names: :meth:`trace_pair` (one guide trace and the model replayed against it), :meth:`particle_traces` (the
-    pairs of one call, one per particle) and :meth:`particle_loss` (one pair's ``(loss, surrogate loss)``);
-    :meth:`pyro_particle_traces` and :meth:`vectorized_model` are Pyro's own.
+def vectorized_model(elbo: TraceMeanField_ELBO, model: Callable) -> Callable:
+    """``model`` under the particle plate Pyro's ELBO adds for ``vectorize_particles=True``.
 
     Examples
     --------
-    >>> def model():
-    ...     pyro.sample("z", pyro.distributions.Normal(0.0, 1.0))
-    >>> def guide():
-    ...     pyro.sample("z", pyro.distributions.Normal(0.0, 1.0))
-    >>> TraceMeanFieldHooks().loss(model, guide)
-    0.0
+    >>> elbo = TraceMeanField_ELBO(num_particles=2, vectorize_particles=True)
+    >>> callable(vectorized_model(elbo, lambda: None))
+    True
     """
-
-    def _get_trace(self, model, guide, args, kwargs):
-        return self.trace_pair(model, guide, args, kwargs)
-
-    def _get_traces(self, model, guide, args, kwargs):
-        return self.particle_traces(model, guide, args, kwargs)
-
-    def _differentiable_loss_particle(self, model_trace, guide_trace):
-        return self.particle_loss(model_trace, guide_trace)
-
-    def trace_pair(self, model, guide, args, kwargs):
-        """``(model_trace, guide_trace)`` of one particle; Pyro's by default."""
-        return TraceMeanField_ELBO._get_trace(self, model, guide, args, kwargs)
-
-    def particle_traces(self, model, guide, args, kwargs):
-        """The ``(model_trace, guide_trace)`` pairs of one call; Pyro's by default."""
-        return self.pyro_particle_traces(model, guide, args, kwargs)
-
-    def pyro_particle_traces(self, model, guide, args, kwargs):
-        """Pyro's pairs: one vectorized pair, or one pair per particle (each from :meth:`trace_pair`)."""
-        return TraceMeanField_ELBO._get_traces(self, model, guide, args, kwargs)
-
-    def particle_loss(self, model_trace, guide_trace):
-        """One pair's ``(loss, surrogate loss)``; Pyro's by default."""
-        return TraceMeanField_ELBO._differentiable_loss_particle(self, model_trace, guide_trace)
-
-    def vectorized_model(self, model: Callable) -> Callable:
-        """``model`` under the particle plate Pyro adds for ``vectorize_particles=True``."""
-        return self._vectorized_num_particles(model)
+    return elbo._vectorized_num_particles(model)
 
 
 def is_tracing() -> bool:

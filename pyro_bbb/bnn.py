@@ -11,10 +11,10 @@ from pyro.nn import PyroModule
 from pyro.nn.module import to_pyro_module_
 from pyro.poutine.runtime import get_plates
 
+from ._draws import fold_draws
+from ._inputs import Inputs, map_inputs, num_rows
 from ._plates import DATA_PLATE, data_plate_named
-from .data._inputs import Inputs, map_inputs, num_rows
 from .likelihoods import Likelihood
-from .nn._draws import fold_draws
 from .nn.moments import Moments
 
 __all__ = ["BNN", "net_output", "call_net"]
@@ -82,7 +82,7 @@ class BNN(PyroModule):
     net : torch.nn.Module
         Maps a batch of inputs ``(batch, ...)`` to outputs ``(batch, features)``. It always sees ordinary batches:
         S weight draws (a vectorized ``predict`` or vectorized particles) arrive as ``S * batch`` rows, block ``s``
-        belonging to draw ``s`` (see :mod:`pyro_bbb.nn._draws`), so indexing, ``view``, ``cat``, ``nn.Flatten`` and
+        belonging to draw ``s`` (see :mod:`pyro_bbb._draws`), so indexing, ``view``, ``cat``, ``nn.Flatten`` and
         pooling behave as without pyro_bbb. Inputs that are a tuple of tensors are passed as ``net(*x)``, a dict
         of tensors (a transformers ``BatchEncoding``) as ``net(**x)`` (see :func:`call_net`).
     likelihood : Likelihood

@@ -30,9 +30,9 @@ import pyro.poutine as poutine
 import torch
 
 from ._checks import require_set_up
+from ._inputs import Inputs, cast_inputs, input_tensors, inputs_to, map_inputs
 from ._plates import data_plate_of
 from ._version import __version__
-from .data._inputs import Inputs, cast_inputs, input_tensors, inputs_to, map_inputs
 from .infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
 
 __all__ = ["save", "load"]

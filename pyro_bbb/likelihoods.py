@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from pyro.nn import PyroModule, PyroSample
 
+from ._inputs import as_tensor, targets_like
 from ._plates import DATA_PLATE
-from .data._inputs import as_tensor, targets_like
 from .distributions import ExpectedNormal
 from .nn.moments import MomentPropagationError, Moments, gaussian_expectation, standardized_expectations
 from .prediction.results import ClassificationPrediction, Prediction, RegressionPrediction

@@ -7,6 +7,7 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro.infer import TraceMeanField_ELBO
 from pyro.infer.autoguide import AutoNormal
 
 from pyro_bbb import _internals
@@ -52,16 +53,21 @@ def _check_autonormal_hooks():
 
 
 def _check_elbo_hooks():
+    """pyro_bbb.ELBO overrides TraceMeanField_ELBO's three hooks under Pyro's names: Pyro must still call them."""
     calls = []
 
-    class Recording(_internals.TraceMeanFieldHooks):
-        def trace_pair(self, *args):
-            calls.append("trace_pair")
-            return super().trace_pair(*args)
+    class Recording(TraceMeanField_ELBO):
+        def _get_trace(self, *args):
+            calls.append("_get_trace")
+            return super()._get_trace(*args)
 
-        def particle_loss(self, model_trace, guide_trace):
-            calls.append("particle_loss")
-            return super().particle_loss(model_trace, guide_trace)
+        def _get_traces(self, *args):
+            calls.append("_get_traces")
+            return super()._get_traces(*args)
+
+        def _differentiable_loss_particle(self, model_trace, guide_trace):
+            calls.append("_differentiable_loss_particle")
+            return super()._differentiable_loss_particle(model_trace, guide_trace)
 
     def model():
         pyro.sample("z", dist.Normal(0.0, 1.0))
@@ -70,8 +76,8 @@ def _check_elbo_hooks():
         pyro.sample("z", dist.Normal(1.0, 1.0))
 
     assert Recording().loss(model, guide) == pytest.approx(0.5)
-    assert calls == ["trace_pair", "particle_loss"]
-    assert callable(Recording(num_particles=2, vectorize_particles=True).vectorized_model(model))
+    assert calls == ["_get_traces", "_get_trace", "_differentiable_loss_particle"]
+    assert callable(_internals.vectorized_model(Recording(num_particles=2, vectorize_particles=True), model))
 
 
 def _check_deterministic_flag():
@@ -168,7 +174,9 @@ def test_the_checked_versions_are_the_installed_ones_or_newer():
 
 
 def test_every_private_access_of_the_package_is_in_the_adapter():
-    """No module but ``_internals`` (and the replay module it serves) reaches a private Pyro or torch name."""
+    """No module but ``_internals`` (and the replay module it serves) reaches a private Pyro or torch name -- except
+    the ELBO's three overrides of ``TraceMeanField_ELBO``'s hooks, under Pyro's own names as Pyro's own subclasses
+    do (``_check_elbo_hooks`` above checks that Pyro still calls them)."""
     import re
     from pathlib import Path
 
@@ -183,6 +191,8 @@ def test_every_private_access_of_the_package_is_in_the_adapter():
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split("#")[0]
+            if path.relative_to(root).as_posix() == "infer/elbo.py":
+                code = re.sub(r"\._(get_traces?|differentiable_loss_particle)\(", "(", code)
             if pattern.search(code) and not code.lstrip().startswith(("\"", "'", ">>>")):
                 offenders.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
     assert not offenders, "\n".join(offenders)

@@ -1,6 +1,6 @@
-"""Data in and out of a model: the inputs a network takes (:mod:`~pyro_bbb.data._inputs`), ``fit``'s checked
-minibatches (:mod:`~pyro_bbb.data.batches`) and the data sets the tutorials and tests use
-(:mod:`~pyro_bbb.data.datasets`).
+"""Data in and out of a model: ``fit``'s checked minibatches (:mod:`~pyro_bbb.data.batches`), the data sets the
+tutorials and tests use (:mod:`~pyro_bbb.data.datasets`) and what a guide saw in training
+(:mod:`~pyro_bbb.data.provenance`).
 
 Examples
 --------

@@ -14,7 +14,16 @@ from typing import Any
 
 import torch
 
-from ._inputs import Inputs, as_tensor, cast_inputs, check_finite_inputs, input_shapes, inputs_to, num_rows, select_rows
+from .._inputs import (
+    Inputs,
+    as_tensor,
+    cast_inputs,
+    check_finite_inputs,
+    input_shapes,
+    inputs_to,
+    num_rows,
+    select_rows,
+)
 
 __all__ = ["DataError", "Batches", "check_batch", "model_device", "likelihood_of"]
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..data._inputs import targets_of_shape
+from .._inputs import targets_of_shape
 from ..data.provenance import fraction_seen_in_training
 from ..prediction.predictive import predict
 from ..prediction.results import ClassificationPrediction

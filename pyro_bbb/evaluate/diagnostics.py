@@ -26,7 +26,7 @@ import numpy as np
 import pyro.distributions as dist
 import torch
 
-from ..infer._kl import elementwise_kl, total_kl
+from .._kl import elementwise_kl, total_kl
 from ..infer.guide import require_fitted_posteriors, site_loc_scale, site_posterior
 from ..infer.tempering import kl_weight_of
 from ..nn.module import current_priors, site_owners

@@ -30,7 +30,7 @@ import torch
 import xarray as xr
 
 from .._checks import check_count
-from ..data._inputs import Inputs, cast_inputs, input_tensors, model_dtype, num_rows, targets_of_shape
+from .._inputs import Inputs, cast_inputs, input_tensors, model_dtype, num_rows, targets_of_shape
 from ..infer.tempering import kl_weight_of
 from ..nn.module import site_owners
 from ..prediction.predictive import predict_with_draws

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_count
-from ..data._inputs import targets_of_shape
+from .._inputs import targets_of_shape
 from ..prediction.results import ClassificationPrediction, Prediction, RegressionPrediction
 
 __all__ = [

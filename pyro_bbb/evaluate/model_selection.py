@@ -30,9 +30,9 @@ import pyro.poutine as poutine
 import torch
 
 from .._checks import check_count, require_set_up
+from .._inputs import model_dtype
 from .._internals import active_messengers
 from .._plates import data_plate_of
-from ..data._inputs import model_dtype
 from ..data.batches import Batches, likelihood_of, model_device
 from ..infer.elbo import ELBO
 from ..infer.estimators import PosteriorReader

@@ -5,9 +5,10 @@ message per parameter and site.
 It must stay equal to the Pyro path of :class:`pyro_bbb.ELBO` (the reference), bit for bit;
 ``tests/infer/test_replay.py`` runs every case against it. The ELBO sees one object, :class:`ReplayBackend`, which
 holds every rule of when a step is replayed: :meth:`ReplayBackend.after_full_step` records a plan after a step
-through Pyro's handlers (or finds the model and guide cannot be replayed), and
-:meth:`ReplayBackend.loss_and_grads` runs a later step -- or returns ``None``, and the ELBO takes its own path. A model
-that no longer matches the plan (a new site, a cleared param store) drops the plan.
+through Pyro's handlers (or finds the model and guide cannot be replayed), and :meth:`ReplayBackend.terms` computes a
+later step's terms -- or returns ``None``, and the ELBO takes its own path. It asks the ELBO nothing: the ELBO adds the
+terms up and differentiates them as it does its own. A model that no longer matches the plan (a new site, a cleared
+param store) drops the plan.
 
 Examples
 --------
@@ -28,14 +29,12 @@ from typing import Any
 import torch
 from pyro.distributions.util import scale_and_mask
 from pyro.poutine.messenger import Messenger
-from pyro.util import warn_if_nan
 
 from .._internals import ParamReader, is_tracing, param_captures, preset_samples, sample_priors
+from .._kl import has_trainable_parameters, is_unscaled, site_kl, zero_mean_prior_scale
 from .._plates import data_plate_frame
 from ..bnn import BNN
 from ..nn.module import BayesianModule, is_layer_prior
-from ._kl import has_trainable_parameters, is_unscaled, site_kl, zero_mean_prior_scale
-from ._terms import Frame
 from .estimators import FlipoutMessenger, LocalReparameterizationMessenger
 from .guide import MeanFieldGuide, drawn_posterior
 from .scaling import DataPlateScaleMessenger
@@ -70,16 +69,17 @@ class ReplayBackend:
         if self.enabled and traces is not None and num_particles == 1:
             self.plan = _plan_replay(model, guide, traces, num_data, data_plate)
 
-    def loss_and_grads(self, elbo, call, model, guide, args: tuple, kwargs: dict, validating: bool) -> float | None:
-        """A replayed step of ``elbo``: its terms go through ``elbo.account`` into ``call``, as on the full path, and
-        the surrogate loss is differentiated; ``None`` when the full path must run (no plan, validation due, a call
-        off the plan; a model that changed also drops the plan).
+    def terms(self, model, guide, args: tuple, kwargs: dict, num_data: int | None, data_plate: str,
+              validating: bool) -> tuple | None:
+        """A replayed step's ``(nll, kl_by_site, closed_form, batch_size)``, the terms the ELBO's own path adds up
+        for one particle; ``None`` when the full path must run (no plan, validation due, a call off the plan; a model
+        that changed also drops the plan).
 
         Examples
         --------
         ::
 
-            loss = elbo.backend.loss_and_grads(elbo, call, model, guide, (x, y), {}, validating=False)
+            terms = elbo.backend.terms(model, guide, (x, y), {}, elbo.num_data, elbo.data_plate, validating=False)
         """
         if self.plan is None or validating:
             return None
@@ -87,17 +87,10 @@ class ReplayBackend:
         if captured is None:
             return None
         try:
-            nll, kl_by_site, closed_form, batch = _replay_terms(self.plan, *captured, *args, elbo.num_data,
-                                                                elbo.data_plate)
+            return _replay_terms(self.plan, *captured, *args, num_data, data_plate)
         except ReplayMismatch:  # the model changed: the full path from now on (and a plan, if it allows)
             self.plan = None
             return None
-        call.frame = Frame(batch, None)
-        loss, surrogate_loss = elbo.account(nll, kl_by_site, closed_form)
-        if getattr(surrogate_loss, "requires_grad", False):
-            (surrogate_loss / elbo.num_particles).backward(retain_graph=elbo.retain_graph)
-        warn_if_nan(loss, "loss")
-        return loss
 
 
 class ReplayMismatch(Exception):
@@ -121,7 +114,7 @@ class _SampleGuard(Messenger):
 
 
 def _site(fn, value) -> dict[str, Any]:
-    """A trace site's fields :func:`~pyro_bbb.infer._kl.site_kl` reads, for a replayed latent site (unscaled,
+    """A trace site's fields :func:`~pyro_bbb._kl.site_kl` reads, for a replayed latent site (unscaled,
     unmasked)."""
     return {"fn": fn, "value": value, "scale": 1.0, "mask": None, "args": (), "kwargs": {}}
 

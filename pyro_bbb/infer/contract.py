@@ -1,15 +1,16 @@
-"""What objective computed the gradients an optimizer is about to apply.
+"""What objective computed the gradients an optimizer is about to apply: a record on the parameters themselves.
 
 An optimizer whose update *assumes* an objective -- :class:`pyro_bbb.optim.IVON` reads the likelihood's curvature
-off gradients of the ELBO at KL weight 1 with its own ``N`` -- cannot see that objective in a plain
-``pyro.infer.SVI`` loop: SVI hands it parameters with gradients, nothing more. So :class:`pyro_bbb.ELBO` notes, each
-time it computes gradients (``loss_and_grads`` and ``differentiable_loss``), an :class:`ObjectiveRun`: the
-training-set size it scaled the batch to and the KL weight it used. The optimizer reads the latest run at its step:
-none since its last step (or since it was built), or one for another guide, means another objective computed these
-gradients (Pyro's ``Trace_ELBO`` or
-``TraceMeanField_ELBO``, which note nothing), and a run with the wrong ``N`` or KL weight is named, with its fix,
-before any parameter changes. One record per process: a step computes its gradients and applies them before the
-next step's objective runs.
+off gradients of the ELBO at KL weight ``N / ess`` with its own ``N`` -- cannot see that objective in a plain
+``pyro.infer.SVI`` loop: SVI hands it parameters with gradients, nothing more. So :class:`pyro_bbb.ELBO`, each time
+it computes gradients (``loss_and_grads`` and ``differentiable_loss``), marks every parameter it reached with an
+:class:`ObjectiveRun`: the training-set size it scaled the batch to and the KL weight it used -- its own, the one
+owner of both. The optimizer :func:`takes <take_objective_run>` the mark off the parameters it is about to update: a
+parameter with a gradient and no mark (Pyro's ``Trace_ELBO`` or ``TraceMeanField_ELBO``, which mark nothing, or
+gradients it already applied) means another objective computed it, and a run with the wrong ``N`` or KL weight is
+named, with its fix, before any parameter changes. The marks belong to the parameters (held by identity, dropped
+with them), so two models trained alternately in one process, a guide wrapped in a handler and a checkpoint restored
+into new parameters are each checked against the objective that computed *their* gradients.
 
 Examples
 --------
@@ -17,68 +18,75 @@ Examples
 >>> guide = pyro_bbb.MeanFieldGuide(bnn)
 >>> elbo = pyro_bbb.ELBO(num_data=100)
 >>> _ = elbo.loss_and_grads(bnn, guide, torch.randn(10, 2), torch.randn(10))
->>> run = latest_objective_run()
+>>> params = [p for _, p in pyro.get_param_store().named_parameters()]
+>>> run = take_objective_run(params)
 >>> run.num_data, run.kl_weight
 (100, Constant(weight=1.0))
+>>> take_objective_run(params) is None  # taken: the next step needs new gradients
+True
 """
 
 from __future__ import annotations
 
-import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["ObjectiveRun", "note_objective_run", "latest_objective_run"]
+__all__ = ["ObjectiveRun", "mark_objective_run", "take_objective_run"]
 
-_counter = itertools.count(1)
-_latest: ObjectiveRun | None = None
+# unconstrained parameter (by identity, weakly) -> the run that last computed its gradient and was not yet applied
+_marks = WeakIdKeyDictionary()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ObjectiveRun:
     """One gradient computation of :class:`pyro_bbb.ELBO`: the training-set size ``num_data`` its minibatch was scaled
-    to (``None`` when it could not tell), its KL weight (a schedule; :class:`~pyro_bbb.infer.schedules.Constant` for a
-    number), a number that grows with every run, and the ``id`` of the guide when the guide is a module (``None``
-    for a guide wrapped in a handler: then any optimizer may take the run as its own).
+    to (``None`` when it could not tell) and its KL weight (a schedule;
+    :class:`~pyro_bbb.infer.schedules.Constant` for a number). Two runs are the same only when they are one object.
 
     Examples
     --------
-    >>> ObjectiveRun(num_data=50, kl_weight=1.0, number=1, guide_id=None).num_data
+    >>> ObjectiveRun(num_data=50, kl_weight=1.0).num_data
     50
     """
 
     num_data: int | None
     kl_weight: Any
-    number: int
-    guide_id: int | None
-
-    def is_for(self, guide: Any) -> bool:
-        """Whether these gradients may be ``guide``'s (the same module, or a guide the run could not identify)."""
-        return self.guide_id is None or self.guide_id == id(guide)
 
 
-def note_objective_run(num_data: int | None, kl_weight: Any, guide: Any = None) -> ObjectiveRun:
-    """Record that an objective has just computed gradients of ``guide`` with this ``num_data`` and KL weight.
+def mark_objective_run(params: Iterable[torch.Tensor], run: ObjectiveRun) -> ObjectiveRun:
+    """Mark each of ``params`` (unconstrained, as Pyro's optimizers get them) as having its gradient from ``run``.
 
     Examples
     --------
-    >>> note_objective_run(200, 1.0).num_data
+    >>> p = torch.zeros(2, requires_grad=True)
+    >>> mark_objective_run([p], ObjectiveRun(200, 1.0)).num_data
     200
     """
-    global _latest
-    guide_id = id(guide) if isinstance(guide, torch.nn.Module) else None
-    _latest = ObjectiveRun(num_data, kl_weight, next(_counter), guide_id)
-    return _latest
+    for param in params:
+        _marks[param] = run
+    return run
 
 
-def latest_objective_run() -> ObjectiveRun | None:
-    """The latest :class:`ObjectiveRun` of this process (``None`` before any).
+def take_objective_run(params: Iterable[torch.Tensor]) -> ObjectiveRun | None:
+    """The run that computed the gradients of ``params`` (those with a gradient), taking its mark off all of them;
+    ``None`` when one of them has no mark, when they were marked by different runs, or when none has a gradient.
 
     Examples
     --------
-    >>> note_objective_run(10, 1.0) is latest_objective_run()
+    >>> p, q = torch.zeros(2, requires_grad=True), torch.zeros(1, requires_grad=True)
+    >>> p.grad, q.grad = torch.ones(2), torch.ones(1)
+    >>> _ = mark_objective_run([p], ObjectiveRun(200, 1.0))
+    >>> take_objective_run([p, q]) is None  # q's gradient came from elsewhere
     True
     """
-    return _latest
+    params = list(params)
+    runs = {id(_marks.get(p)): _marks.get(p) for p in params if p.grad is not None}
+    for param in params:
+        _marks.pop(param, None)
+    if len(runs) != 1:
+        return None
+    return next(iter(runs.values()))

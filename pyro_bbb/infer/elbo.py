@@ -1,43 +1,131 @@
-"""``ELBO``: Pyro's mean-field ELBO with the minibatch scale applied through the data plate.
+"""``ELBO``: Pyro's mean-field ELBO with the minibatch scale applied through the data plate -- the whole objective.
 
-This module is the reference path (scale the data plate, draw, add NLL and KL); outside it: per-pair state
-(``_pairs``), a call's terms (``_terms``), the replayed backend (``_replay``, proven equal to this path).
+Read top to bottom: :class:`ELBO` overrides :class:`pyro.infer.TraceMeanField_ELBO`'s hooks under Pyro's own names
+(``_get_trace``: one guide draw and the model replayed against it, the data plate scaled by ``N/B``; ``_get_traces``:
+the particles; ``_differentiable_loss_particle``: one particle's NLL and KL), then keeps each call's terms
+(:class:`CallTerms`, read out as ``last_terms``) and marks the parameters it computed gradients for with its ``N``
+and KL weight (:mod:`~pyro_bbb.infer.contract`); :class:`PairStates` holds what it learns about each (model, guide)
+pair. The one thing elsewhere is the replayed fast path (:mod:`~pyro_bbb.infer._replay`), a backend that hands back a
+step's terms or ``None`` and is proven equal to this path.
+
+Examples
+--------
+>>> bnn = BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.1))
+>>> elbo = ELBO(num_data=1000)
+>>> _ = elbo.loss_and_grads(bnn, MeanFieldGuide(bnn), torch.randn(32, 3), torch.randn(32))
+>>> elbo.last_terms["num_data"], elbo.last_terms["batch_size"]
+(1000, 32)
 """
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
+import pyro
 import pyro.poutine as poutine
 import torch
+from pyro.infer import TraceMeanField_ELBO
 from pyro.infer.util import is_validation_enabled, torch_item
 from pyro.poutine.util import prune_subsample_sites
-from pyro.util import check_model_guide_match
+from pyro.util import check_model_guide_match, warn_if_nan
 
 from .._checks import check_count
-from .._internals import TraceMeanFieldHooks, check_mean_field_requirement, is_tracing, without_trace_shapes
+from .._internals import check_mean_field_requirement, is_tracing, vectorized_model, without_trace_shapes
+from .._kl import latent_site_kl, log_prob_sum, sum_site_kls
 from .._plates import DATA_PLATE, data_plate_named, trace_data_plate_frame
-from ._kl import latent_site_kl, log_prob_sum, sum_site_kls
-from ._pairs import PairStates, checked_vectorized_particles
 from ._replay import ReplayBackend
-from ._terms import CallBookkeeping, CallTerms
+from .contract import ObjectiveRun, mark_objective_run
 from .estimators import check_estimators_reached, started_estimators
 from .scaling import scale_data_plate
-from .schedules import as_schedule
+from .schedules import as_schedule, weight_at
 
-__all__ = ["ELBO"]
+__all__ = ["ELBO", "CallTerms", "PairStates"]
 
 
-class ELBO(CallBookkeeping, TraceMeanFieldHooks):
+class Frame:
+    """The data plate's size this call and the size it declared (what ``last_terms`` reads from a plate frame).
+
+    Examples
+    --------
+    >>> Frame(8, None).size
+    8
+    """
+
+    def __init__(self, size: int, full_size: int | None):
+        self.size, self.full_size = size, full_size
+
+
+class CallTerms:
+    """A running mean over particles of the scaled NLL, the KL (total and by site) and the loss, with the call's KL
+    weight and data-plate frame.
+
+    Examples
+    --------
+    >>> CallTerms(kl_weight=0.5).kl_weight
+    0.5
+    """
+
+    def __init__(self, kl_weight: float):
+        self.kl_weight = kl_weight
+        self.nll, self.kl, self.loss, self.frame = 0.0, 0.0, 0.0, None
+        self.kl_by_site: dict[str, Any] = {}
+
+    def add(self, nll, kl: torch.Tensor, kl_by_site: dict[str, torch.Tensor], loss: float,
+            num_particles: int) -> None:
+        """Add one particle's terms (each divided by ``num_particles``)."""
+        self.nll = _add_share(self.nll, nll.detach() if isinstance(nll, torch.Tensor) else nll, num_particles)
+        self.kl = _add_share(self.kl, kl.detach(), num_particles)
+        self.loss += loss / num_particles
+        for name, value in kl_by_site.items():
+            self.kl_by_site[name] = _add_share(self.kl_by_site.get(name, 0.0), value.detach(), num_particles)
+
+    def finish(self, num_data: int | None) -> dict[str, Any]:
+        """The call's ``last_terms`` (one device sync); ``num_data`` is the ELBO's own (else the plate's declared
+        size)."""
+        site_names = list(self.kl_by_site)
+        values = [self.nll, self.kl, *self.kl_by_site.values()]
+        values = [v.detach() if isinstance(v, torch.Tensor) else torch.tensor(float(v)) for v in values]
+        if any(v.dtype != values[0].dtype or v.device != values[0].device for v in values):
+            values = [v.to(values[0].device, torch.float64) for v in values]
+        floats = torch.stack(values).tolist()  # a float32 value is exact as a Python float
+        frame = self.frame  # the data plate as the model declared it: the batch, and a subsampled plate's N
+        batch_size = None if frame is None else frame.size
+        declared = None if frame is None or (frame.full_size or frame.size) == frame.size else frame.full_size
+        num_data = num_data if num_data is not None else declared
+        loss = float(self.loss)
+        return {
+            "loss": loss,
+            "nll": floats[0],
+            "kl": floats[1],
+            "kl_by_site": dict(zip(site_names, floats[2:], strict=True)),
+            "kl_weight": self.kl_weight,
+            "num_data": num_data,
+            "batch_size": batch_size,
+            "loss_per_datum": loss / (num_data or batch_size or 1),
+        }
+
+
+def _add_share(total, value, num_particles: int):
+    """``total + value / num_particles``: a running mean over particles (the value itself for one particle)."""
+    if num_particles == 1 and isinstance(total, float) and total == 0.0:
+        return value
+    return total + value / num_particles
+
+
+class ELBO(TraceMeanField_ELBO):
     """The Bayes-by-Backprop objective: a :class:`pyro.infer.TraceMeanField_ELBO` that scales minibatches.
 
     ``loss = N/B * (negative log-likelihood of the batch) + kl_weight * KL(q || p)``: the KL closed-form wherever one
     is registered (Normal posterior vs Normal or Laplace prior; those against zero-mean Normal priors computed together)
     and a Monte Carlo estimate from the guide's draw otherwise. The ``N/B`` scale is applied to every site inside
     ``pyro.plate(data_plate, B)`` (:mod:`~pyro_bbb.infer.scaling`): the user never divides by the dataset size. Works
-    unchanged with ``pyro.infer.SVI``; each gradient computation is noted for the optimizer
-    (:mod:`~pyro_bbb.infer.contract`), so :class:`pyro_bbb.optim.IVON` refuses gradients of another objective.
+    unchanged with ``pyro.infer.SVI``; each gradient computation marks the parameters it reached with this ELBO's ``N``
+    and KL weight (:mod:`~pyro_bbb.infer.contract`), so :class:`pyro_bbb.optim.IVON` refuses gradients of another
+    objective.
 
     Parameters
     ----------
@@ -88,7 +176,8 @@ class ELBO(CallBookkeeping, TraceMeanFieldHooks):
         self.last_step_replayed = False
         self.current_call: CallTerms | None = None
 
-    def trace_pair(self, model, guide, args, kwargs):
+    # -- Pyro's hooks, under Pyro's names ------------------------------------------------------------------------------
+    def _get_trace(self, model, guide, args, kwargs):
         """One guide draw and the model replayed against it, the data plate scaled; no log-density is computed up
         front (the loss evaluates only the ones it needs)."""
         estimators = started_estimators()
@@ -107,17 +196,17 @@ class ELBO(CallBookkeeping, TraceMeanFieldHooks):
             self.backend.keep_traces((model_trace, guide_trace))
         return model_trace, guide_trace
 
-    def particle_traces(self, model, guide, args, kwargs):
+    def _get_traces(self, model, guide, args, kwargs):
         """Pyro's particles, the data plate scaled inside the particle plate; vectorized particles are checked once
         against particle 0 run alone (and run one by one where they differ)."""
         unscaled = model
         model, guide = (scale_data_plate(fn, self.num_data, self.data_plate) for fn in (model, guide))
         if self.vectorize_particles and self.num_particles > 1 and not self.pairs.current.vectorized_ok:
-            yield from checked_vectorized_particles(self, self.pairs.current, model, guide, unscaled, args, kwargs)
+            yield from self._checked_vectorized_traces(model, guide, unscaled, args, kwargs)
             return
-        yield from self.pyro_particle_traces(model, guide, args, kwargs)
+        yield from super()._get_traces(model, guide, args, kwargs)
 
-    def particle_loss(self, model_trace, guide_trace):
+    def _differentiable_loss_particle(self, model_trace, guide_trace):
         """One particle's ``(loss, surrogate loss)``: the observed sites' NLL and each latent site's KL."""
         validate = is_validation_enabled()
         nll, kl_by_site, closed_form, drawn_through = 0.0, {}, {}, set()
@@ -138,7 +227,7 @@ class ELBO(CallBookkeeping, TraceMeanFieldHooks):
 
     def account(self, nll, kl_by_site: dict[str, torch.Tensor | None], closed_form: dict[str, tuple]):
         """``(loss, surrogate loss)`` from a particle's scaled NLL and KL by site (``closed_form``'s sites, ``(loc,
-        scale, t)`` against Normal(0, t), computed together), added to this call's terms; the replay backend's
+        scale, t)`` against Normal(0, t), computed together), added to this call's terms; a replayed step's
         terms go through it too."""
         kl = sum_site_kls(kl_by_site, closed_form)
         weight = self.current_call.kl_weight if self.current_call is not None else self.current_kl_weight()
@@ -159,15 +248,190 @@ class ELBO(CallBookkeeping, TraceMeanFieldHooks):
     def loss_and_grads(self, model, guide, *args, **kwargs):
         with without_trace_shapes(), self.recording(model, guide, gradients=True):
             validating = is_validation_enabled() and (self.revalidate or not self.pairs.current.validated)
-            loss = self.backend.loss_and_grads(self, self.current_call, model, guide, args, kwargs, validating)
-            self.last_step_replayed = loss is not None
-            if loss is None:
+            replayed = self.backend.terms(model, guide, args, kwargs, self.num_data, self.data_plate, validating)
+            self.last_step_replayed = replayed is not None
+            if replayed is None:
                 loss = super().loss_and_grads(model, guide, *args, **kwargs)
                 self.backend.after_full_step(model, guide, self.num_data, self.data_plate, self.num_particles)
+            else:
+                nll, kl_by_site, closed_form, batch_size = replayed
+                self.current_call.frame = Frame(batch_size, None)
+                loss, surrogate_loss = self.account(nll, kl_by_site, closed_form)
+                if getattr(surrogate_loss, "requires_grad", False):
+                    (surrogate_loss / self.num_particles).backward(retain_graph=self.retain_graph)
+                warn_if_nan(loss, "loss")
         self.step += 1
         return loss
+
+    # -- the bookkeeping of a call -------------------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """The KL schedule's step for the latest (model, guide) pair: its ``loss_and_grads`` calls so far.
+
+        Examples
+        --------
+        >>> pyro_bbb.ELBO(num_data=10).step
+        0
+        """
+        return self.pairs.current.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.pairs.current.step = value
+
+    def current_kl_weight(self) -> float:
+        """The KL weight at the current :attr:`step`; e.g. ``0.0`` at first with ``kl_weight=LinearWarmup(4)``.
+
+        Examples
+        --------
+        >>> pyro_bbb.ELBO(num_data=10, kl_weight=0.5).current_kl_weight()
+        0.5
+        """
+        return weight_at(self.kl_weight, self.step)
+
+    @contextmanager
+    def recording(self, model, guide, gradients: bool):
+        """One call = one set of terms (and, when it computes gradients, a mark on every parameter it reached, for
+        the optimizer: :mod:`~pyro_bbb.infer.contract`)."""
+        pair = self.pairs.select(model, guide)
+        self.current_call = CallTerms(self.current_kl_weight())
+        validating = is_validation_enabled()
+        try:
+            skip = validating and pair.validated and not self.revalidate
+            capture = poutine.trace(param_only=True) if gradients else nullcontext()
+            with pyro.validation_enabled(False) if skip else nullcontext(), capture:
+                yield
+            self.last_terms = self.current_call.finish(self.num_data)
+            pair.validated = pair.validated or validating
+            if gradients:
+                reached = {id(p): p for p in (site["value"].unconstrained() for site in capture.trace.nodes.values())}
+                run = ObjectiveRun(self.last_terms["num_data"] or self.last_terms["batch_size"], self.kl_weight)
+                mark_objective_run(reached.values(), run)
+        finally:
+            self.current_call = None
+
+    def _checked_vectorized_traces(self, model, guide, unscaled_model, args, kwargs):
+        """The particle traces where the vectorized particles are not known to be right: the first call compares
+        particle 0 with its draw run alone (:func:`particle_matches_alone`); where they differ (the model's code reads
+        the particle dimension as its batch) a warning, and the particles one at a time from then on."""
+        pair = self.pairs.current
+        if pair.vectorized_ok is None:
+            traces = next(super()._get_traces(model, guide, args, kwargs))
+            pair.vectorized_ok = particle_matches_alone(vectorized_model(self, unscaled_model), unscaled_model,
+                                                        traces[1], self.max_plate_nesting, args, kwargs)
+            if pair.vectorized_ok:
+                yield traces
+                return
+            warnings.warn(
+                "pyro_bbb.ELBO(vectorize_particles=True): particle 0 of the vectorized model differs from the same "
+                "weight draw run alone (the model's code reads the particle dimension as its batch); running the "
+                f"{self.num_particles} particles one at a time instead. Build the model with pyro_bbb.BNN, whose "
+                "network sees ordinary batches, or index from the right (out[..., -1, :]).", stacklevel=5)
+        for _ in range(self.num_particles):
+            yield self._get_trace(model, guide, args, kwargs)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(num_data={self.num_data}, kl_weight={self.kl_weight!r}, "
                 f"num_particles={self.num_particles}, vectorize_particles={self.vectorize_particles}, "
                 f"data_plate={self.data_plate!r})")
+
+
+# -- what the ELBO keeps for each (model, guide) pair ------------------------------------------------------------------
+class PairState:
+    """One pair's KL schedule ``step``, whether it was ``validated``, and ``vectorized_ok`` (``None``: not checked).
+
+    Examples
+    --------
+    >>> PairState(None, None).validated
+    False
+    """
+
+    def __init__(self, model, guide):
+        self.step, self.validated, self.vectorized_ok = 0, False, None
+        self._refs = tuple(_reference(obj) for obj in (model, guide))
+
+    def holds(self, model, guide) -> bool:
+        """Whether this is the state of ``(model, guide)``."""
+        return all(ref() is obj for ref, obj in zip(self._refs, (model, guide)))
+
+    def alive(self) -> bool:
+        """Whether its model and guide still exist."""
+        return all(ref() is not None for ref in self._refs)
+
+
+class PairStates:
+    """The states of the pairs an ELBO has seen, and the current one (a fresh state before any call): what one pair
+    learned never stands for another's.
+
+    Examples
+    --------
+    >>> PairStates().current.step
+    0
+    """
+
+    def __init__(self):
+        self._states: dict[tuple[int, int], PairState] = {}
+        self.current = PairState(None, None)
+
+    def select(self, model, guide) -> PairState:
+        """Make ``(model, guide)``'s state current (a new one for a new pair) and return it."""
+        key = (id(model), id(guide))
+        state = self._states.get(key)
+        if state is None or not state.holds(model, guide):
+            self._states = {k: v for k, v in self._states.items() if v.alive()}
+            state = self._states[key] = PairState(model, guide)
+        self.current = state
+        return state
+
+
+def _reference(obj) -> Callable[[], Any]:
+    """A weak reference where the object allows one (a module, a function), else a strong one."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
+
+
+def _first_particle(value: torch.Tensor, event_dim: int, max_plate_nesting: int) -> torch.Tensor:
+    """A vectorized site's value at particle 0, without the particle dimension or leading singletons."""
+    batch_dims = value.dim() - event_dim
+    if batch_dims >= max_plate_nesting:
+        value = value.select(batch_dims - max_plate_nesting, 0)
+    while value.dim() > event_dim and value.shape[0] == 1:
+        value = value[0]
+    return value
+
+
+@torch.no_grad()
+def particle_matches_alone(vectorized_model, model, guide_trace, max_plate_nesting, args, kwargs) -> bool:
+    """Whether the observed log-densities of particle 0 equal those of its weight draw run without the plate
+    (both with the estimators' handlers hidden: Flipout's signs are not part of the draw).
+
+    Examples
+    --------
+    >>> import pyro
+    >>> def model():
+    ...     pyro.sample("y", pyro.distributions.Normal(0.0, 1.0), obs=torch.tensor(0.5))
+    >>> trace = poutine.trace(lambda: None).get_trace()
+    >>> particle_matches_alone(model, model, trace, 1, (), {})
+    True
+    """
+    draws = {name: site["value"] for name, site in guide_trace.iter_stochastic_nodes()}
+    first = {name: _first_particle(value, guide_trace.nodes[name]["fn"].event_dim, max_plate_nesting)
+             for name, value in draws.items()}
+    try:
+        with poutine.block(hide_types=["bayesian_affine", "bayesian_affine_map"]), poutine.block():
+            together = poutine.trace(poutine.condition(vectorized_model, data=draws)).get_trace(*args, **kwargs)
+            alone = poutine.trace(poutine.condition(model, data=first)).get_trace(*args, **kwargs)
+    except (RuntimeError, ValueError, IndexError):
+        return False
+    for name, site in together.nodes.items():
+        if site["type"] != "sample" or not site["is_observed"]:
+            continue
+        vectorized = _first_particle(site["fn"].log_prob(site["value"]), 0, max_plate_nesting)
+        single = alone.nodes[name]["fn"].log_prob(alone.nodes[name]["value"])
+        if vectorized.numel() != single.numel() or not torch.allclose(
+            vectorized.reshape(-1), single.reshape(-1), rtol=1e-4, atol=1e-4
+        ):
+            return False
+    return True

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from .._draws import fold_rows, unfold_rows
 from .._internals import recurrent_kernel
-from ._draws import fold_rows, unfold_rows
 from .functional import AffineMap
 
 __all__ = ["RecurrentKernel", "GROUPED_WIDTH", "map_state"]

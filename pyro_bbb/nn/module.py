@@ -12,10 +12,10 @@ import torch
 from pyro.nn import PyroModule, PyroParam, PyroSample
 from pyro.poutine.runtime import get_plates
 
+from .._draws import draws_leading, fold_affine_output, folded_draws, unfold_affine_input
 from .._internals import ConvNd, module_buffer, pyro_name, sampled_attributes, site_name, tensor_version
 from .._plates import current_data_plate
 from ..priors import Prior, as_prior, initial_width, prior_state
-from ._draws import draws_leading, fold_affine_output, folded_draws, unfold_affine_input
 from .functional import bayesian_affine
 
 __all__ = [
@@ -273,8 +273,8 @@ class BayesianModule(PyroModule):
     def _affine(self, input: torch.Tensor, apply, feature_dims: int) -> torch.Tensor:
         """``apply(input, weight, bias)`` as the effectful :func:`~pyro_bbb.nn.functional.bayesian_affine`, so that
         the estimators in :mod:`pyro_bbb.infer.estimators` can replace the shared weight draw. Inside
-        :func:`~pyro_bbb.nn._draws.fold_draws` the input's rows are blocks of one draw each (see
-        :mod:`pyro_bbb.nn._draws`)."""
+        :func:`~pyro_bbb._draws.fold_draws` the input's rows are blocks of one draw each (see
+        :mod:`pyro_bbb._draws`)."""
         has_bias = "bias" in self._bayesian
         prefix = pyro_name(self)
         weight, bias = self.weight, self.bias if has_bias else None

@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
+from .._draws import draws_leading, fold_rows, folded_draws, unfold_rows
 from .._internals import pyro_name, site_name
 from ..priors import Normal, Prior
-from ._draws import draws_leading, fold_rows, folded_draws, unfold_rows
 from ._fused_kernel import RecurrentKernel, map_state
 from ._time_loop import recurrence
 from .functional import AffineMap, FlipoutMap, batched_linear, bayesian_affine_map, sample_dims
@@ -185,7 +185,7 @@ class _RecurrentCell(_Recurrent):
         return cached[2]
 
     def _run_folding(self, input: torch.Tensor, hx):
-        """``_run``, with folded rows (see :mod:`pyro_bbb.nn._draws`) unfolded into ``(S, B)`` and folded back."""
+        """``_run``, with folded rows (see :mod:`pyro_bbb._draws`) unfolded into ``(S, B)`` and folded back."""
         num_draws = self._unfolds()
         if num_draws is None:
             return self._run(input, hx)
@@ -330,7 +330,7 @@ class _RecurrentLayer(_Recurrent):
         num_draws = self._unfolds()
         if num_draws is None:
             return self._run(input, hx, lengths, packed)
-        # folded rows (see pyro_bbb.nn._draws): unfold the batch dimension into (S, B) with S in front, run, fold back
+        # folded rows (see pyro_bbb._draws): unfold the batch dimension into (S, B) with S in front, run, fold back
         batch_dim = input.dim() - (3 if self.batch_first else 2)
         sequence = unfold_rows(input, num_draws, batch_dim).movedim(batch_dim, 0)
         maps = self._all_maps(sequence.shape[:-2] if self.batch_first else sequence.movedim(-3, -2).shape[:-2])

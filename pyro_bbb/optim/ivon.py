@@ -45,7 +45,7 @@ from torch.distributions import transform_to
 from .._checks import check_count, check_nonnegative, check_positive
 from .._internals import tensor_version
 from ..distributions import EmpiricalBayesNormalDistribution
-from ..infer.contract import latest_objective_run
+from ..infer.contract import take_objective_run
 from ..infer.guide import site_param_names
 from ..infer.schedules import Constant
 from ..nn.module import current_priors
@@ -165,8 +165,6 @@ class IVON(PyroOptim):
         self._flat: tuple | None = None  # (sites, momentum, hess) concatenated, between steps
         self._width_cache: tuple | None = None  # (sites, [(raw scale, version)], sigma, 1 / (N sigma d sigma / d u))
         self._unit: tuple | None = None  # (delta, hess_init + delta) of the last step
-        # the latest objective run (infer.contract) it applied or that came before it: gradients it may not take
-        self._last_objective_run = getattr(latest_objective_run(), "number", 0)
 
     # -- which parameter is what ---------------------------------------------------------------------------------
     def _weight_sites(self) -> dict[str, tuple[str, str]]:
@@ -241,7 +239,7 @@ class IVON(PyroOptim):
     def __call__(self, params: Iterable[torch.Tensor], *args: Any, **kwargs: Any) -> None:
         params = list(dict.fromkeys(params))
         try:
-            self._check_objective()
+            self._check_objective(params)
         except ValueError:
             for p in params:  # nothing moves, and the next step's gradients do not add to these
                 p.grad = None
@@ -368,12 +366,13 @@ class IVON(PyroOptim):
             self.site_state[site] = {"momentum": torch.zeros_like(hess), "hess": hess}
 
     # -- where it can train ------------------------------------------------------------------------------------------
-    def _check_objective(self) -> None:
-        """A clear error, before this step changes anything, unless the gradients it is given are those of
-        ``pyro_bbb.ELBO(num_data=self.num_data)`` at KL weight 1 for its guide, computed since its last step
-        (:mod:`pyro_bbb.infer.contract`): in a plain ``SVI`` loop as under ``fit`` or Lightning."""
-        run = latest_objective_run()
-        if run is None or run.number <= self._last_objective_run or not run.is_for(self.guide):
+    def _check_objective(self, params: list[torch.Tensor]) -> None:
+        """A clear error, before this step changes anything, unless the gradients of ``params`` are those of
+        ``pyro_bbb.ELBO(num_data=self.num_data)`` at KL weight ``num_data / ess``, computed since they were last
+        applied (the mark the ELBO leaves on them: :mod:`pyro_bbb.infer.contract`): in a plain ``SVI`` loop as under
+        ``fit`` or Lightning."""
+        run = take_objective_run(params)
+        if run is None:
             raise ValueError(
                 f"IVON got gradients that pyro_bbb.ELBO did not compute (e.g. pyro.infer.Trace_ELBO or "
                 "TraceMeanField_ELBO, which do not scale a minibatch to the training set): it reads the likelihood's "
@@ -383,7 +382,6 @@ class IVON(PyroOptim):
             )
         self._check_pairing(run.num_data, run.kl_weight, "build both with the training-set size N: IVON(guide, "
                             "num_data=N) and pyro_bbb.ELBO(num_data=N)")
-        self._last_objective_run = run.number
 
     def _check_pairing(self, num_data: int | None, kl_weight: Any, num_data_fix: str) -> None:
         """The training-set size and KL weight the objective uses, against this optimizer's (``num_data_fix`` says
@@ -405,26 +403,28 @@ class IVON(PyroOptim):
                 f"{expected:g} (no KL schedule or warm-up): {fix}. Nothing was changed."
             )
 
-    def check_training(self, guide: Any, num_data: int, kl_weight: Any = 1.0, clip_norm: float | None = None,
+    def check_training(self, guide: Any, objective: Any, clip_norm: float | None = None,
                        *, clipping_option: str = "clip_norm") -> None:
         """A clear error, before any step, when a training loop would feed this optimizer gradients it cannot read:
-        another guide or training-set size, a KL weight other than ``num_data / ess`` (it removes the closed-form KL's
-        gradient to find the likelihood's), or clipped gradients (their size is its curvature). ``clipping_option``
-        names the loop's own clipping setting in the message.
+        another guide, an ``objective`` (the :class:`pyro_bbb.ELBO` that will compute the gradients: the owner of the
+        training-set size and the KL weight) with another ``N`` or a KL weight other than ``num_data / ess`` (it
+        removes the closed-form KL's gradient to find the likelihood's), or clipped gradients (their size is its
+        curvature). ``clipping_option`` names the loop's own clipping setting in the message.
 
         Examples
         --------
         >>> guide = MeanFieldGuide(BayesianLinear(2, 1))
-        >>> IVON(guide, num_data=10).check_training(guide, 10, kl_weight=0.5)
+        >>> IVON(guide, num_data=10).check_training(guide, pyro_bbb.ELBO(num_data=10, kl_weight=0.5))
         Traceback (most recent call last):
         ...
-        ValueError: kl_weight=0.5: IVON sets each width from the likelihood's curvature and the prior's precision ...
+        ValueError: kl_weight=Constant(weight=0.5): IVON sets each width from the likelihood's curvature and the ...
         """
         if guide is not self.guide:
             raise ValueError(
                 "the IVON optimizer was built for another guide; build it with this one: IVON(guide, ...)."
             )
-        self._check_pairing(num_data, kl_weight, f"pass IVON(guide, num_data={num_data})")
+        self._check_pairing(objective.num_data, objective.kl_weight,
+                            f"pass IVON(guide, num_data={objective.num_data})")
         if clip_norm is not None:
             raise ValueError(
                 f"{clipping_option}={clip_norm!r}: IVON reads the loss's curvature off the size of the gradients (the "

@@ -27,9 +27,7 @@ import torch
 from pyro.poutine.util import site_is_subsample
 
 from .._checks import check_count, is_set_up
-from .._internals import without_trace_shapes
-from .._plates import data_plate_frame, data_plate_named, data_plate_of
-from ..data._inputs import (
+from .._inputs import (
     Inputs,
     cast_inputs,
     check_finite_inputs,
@@ -41,6 +39,8 @@ from ..data._inputs import (
     select_rows,
     split_rows,
 )
+from .._internals import without_trace_shapes
+from .._plates import data_plate_frame, data_plate_named, data_plate_of
 from ..nn.module import training_mode
 from .messengers import ObservationPlaceholderMessenger, SubsampleCoverMessenger
 from .results import Prediction, prediction_for

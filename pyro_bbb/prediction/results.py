@@ -16,7 +16,7 @@ import math
 import pyro.distributions as dist
 import torch
 
-from ..data._inputs import targets_of_shape
+from .._inputs import targets_of_shape
 from ..priors import strip_independent
 
 __all__ = ["Prediction", "RegressionPrediction", "ClassificationPrediction", "prediction_for"]
@@ -53,8 +53,11 @@ class Prediction:
 
     def log_prob(self, y: torch.Tensor) -> torch.Tensor:
         """``log p(y | x, w_s)`` for every draw s and datum: shape ``(S, batch)`` (``(batch, 1)`` targets of scalar
-        predictions are read as ``(batch,)``)."""
-        return self.distribution.log_prob(targets_of_shape(y, self.samples.shape[1:]).to(self.samples.device))
+        predictions are read as ``(batch,)``; integer 0/1 labels of a Bernoulli are read as its float values)."""
+        y = targets_of_shape(y, self.samples.shape[1:]).to(self.samples.device)
+        if self.samples.is_floating_point() and not y.is_floating_point():
+            y = y.to(self.samples.dtype)
+        return self.distribution.log_prob(y)
 
     def log_likelihood(self, y: torch.Tensor) -> torch.Tensor:
         """Log posterior predictive density per datum: ``log mean_s p(y | x, w_s)``, shape ``(batch,)``."""

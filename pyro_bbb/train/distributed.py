@@ -24,7 +24,7 @@ import pyro
 import torch
 import torch.distributed as dist
 
-from ..data._inputs import inputs_to, num_rows, select_rows
+from .._inputs import inputs_to, num_rows, select_rows
 
 __all__ = [
     "ShardedBatches", "synchronise_parameters", "synchronise_buffers", "combine_gradients",

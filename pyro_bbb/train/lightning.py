@@ -35,8 +35,8 @@ import torch
 from pyro.optim import PyroOptim
 
 from .._checks import is_set_up
+from .._inputs import num_rows
 from .._internals import set_up_autoguide
-from ..data._inputs import num_rows
 from ..infer.elbo import ELBO
 from ..infer.tempering import KLWeightChoice, record_kl_weight
 from ..optim import IVON
@@ -161,8 +161,7 @@ class BayesianLightningModule(pl.LightningModule):
         if self.pyro_optimizer is None:
             return torch.optim.Adam(self.parameters(), lr=self.lr)
         if isinstance(self.pyro_optimizer, IVON):
-            self.pyro_optimizer.check_training(self.guide, self.pyro_optimizer.num_data,
-                                               clip_norm=self.trainer.gradient_clip_val,
+            self.pyro_optimizer.check_training(self.guide, self.elbo, clip_norm=self.trainer.gradient_clip_val,
                                                clipping_option="Trainer(gradient_clip_val)")
         return _PyroOptimizerStep(self.parameters(), self.pyro_optimizer)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -25,10 +26,11 @@ import pyro.poutine as poutine
 import torch
 from pyro.optim import PyroOptim
 from tqdm.auto import tqdm
+from tqdm.notebook import tqdm_notebook
 
 from .._checks import check_count, check_positive, is_set_up
+from .._inputs import inputs_to, model_dtype, num_rows, select_rows
 from .._internals import without_trace_shapes
-from ..data._inputs import inputs_to, model_dtype, num_rows, select_rows
 from ..data.batches import Batches, DataError, check_batch, likelihood_of, model_device
 from ..data.provenance import remember_training_inputs
 from ..evaluate import metrics
@@ -116,7 +118,7 @@ def fit(
     data : (x, y) or DataLoader
         Training data; a pair is reshuffled into batches of ``batch_size`` every epoch (``None``: full batch).
         ``x`` may be a tensor, a tuple of tensors or a dict of tensors (a transformers ``BatchEncoding``) with a
-        common first dimension (see :mod:`pyro_bbb.data._inputs`); a DataLoader yields ``(x, y)`` pairs of those.
+        common first dimension (each row one datum); a DataLoader yields ``(x, y)`` pairs of those.
     epochs : int
         Passes over the data.
     optimizer : pyro.optim.PyroOptim, optional
@@ -305,7 +307,8 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
     x_held, y_held = select_rows(batches.x, held_out), batches.y[held_out]
     part = Batches((select_rows(batches.x, train_rows), batches.y[train_rows]), batch_size, batches.likelihood,
                    batches.device, batches.dtype)
-    bar = tqdm(total=len(selection.candidates), desc="choosing kl_weight", unit="weight", disable=not progress,
+    live = progress and _live_display()
+    bar = tqdm(total=len(selection.candidates), desc="choosing kl_weight", unit="weight", disable=not live,
                dynamic_ncols=True, mininterval=0.5)
     scores = {}
 
@@ -325,6 +328,8 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
         scores[f"{weight:g}"] = f"{nll:.3g}"
         bar.set_postfix(scores, refresh=False)
         bar.update()
+        if progress and not live:
+            print(f"choosing kl_weight: validation NLL {nll:.3g} at kl_weight={weight:g}", file=sys.stderr, flush=True)
 
     try:
         chosen, nll, se, snapshot = run_path(selection, train_at, score,
@@ -443,8 +448,10 @@ def _train(stepper: TrainingStep, batches, record, epochs: int, callbacks, progr
     """The epochs: steps, one record per epoch, callbacks, early stopping; a bad batch, a NaN or Ctrl-C end it
     cleanly."""
     history = History()
-    bar = tqdm(range(1, epochs + 1), desc="fit", unit="epoch", disable=not progress, dynamic_ncols=True,
+    live = progress and _live_display()
+    bar = tqdm(range(1, epochs + 1), desc="fit", unit="epoch", disable=not live, dynamic_ncols=True,
                mininterval=0.5)
+    every = max(1, math.ceil(epochs / 10))  # not a terminal (a log file): a line every tenth of the epochs
     stop = _StopAfterStep(enabled=not distributed)  # Ctrl-C ends the current step, then fit returns
     try:
         with stop:
@@ -474,6 +481,8 @@ def _train(stepper: TrainingStep, batches, record, epochs: int, callbacks, progr
                     if early_stopping is not None and early_stopping.best_epoch is not None:
                         postfix["best"] = str(early_stopping.best_epoch)
                     bar.set_postfix(postfix, refresh=False)
+                    if progress and not live and (epoch % every == 0 or epoch == epochs):
+                        _print_line(f"fit: epoch {epoch}/{epochs}", postfix)
                 if stop.requested:
                     history.interrupted = True
                     break
@@ -495,6 +504,16 @@ def _train(stepper: TrainingStep, batches, record, epochs: int, callbacks, progr
         early_stopping.restore()
         history.best_epoch, history.stopped_epoch = early_stopping.best_epoch, early_stopping.stopped_epoch
     return history
+
+
+def _live_display() -> bool:
+    """Whether a progress bar can redraw in place: a terminal, or a notebook (``tqdm.auto``'s widget); a log file
+    gets a line now and then instead of a carriage return per update."""
+    return sys.stderr.isatty() or issubclass(tqdm, tqdm_notebook)
+
+
+def _print_line(what: str, values: dict[str, str]) -> None:
+    print(f"{what}: " + ", ".join(f"{key}={value}" for key, value in values.items()), file=sys.stderr, flush=True)
 
 
 def _note_for_early_stopping(early_stopping: EarlyStopping, epoch: int, history: History, stepper: TrainingStep,

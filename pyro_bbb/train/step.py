@@ -19,10 +19,10 @@ from pyro.infer.util import zero_grads
 from pyro.optim import PyroOptim
 
 from .._checks import is_set_up
+from .._inputs import num_rows
 from .._internals import all_finite, foreach_copy_, set_up_autoguide
 from .._plates import data_plate_of
-from ..data._inputs import num_rows
-from ..infer.contract import note_objective_run
+from ..infer.contract import ObjectiveRun, mark_objective_run
 from ..infer.elbo import ELBO
 from ..infer.estimators import estimator as estimator_named
 from ..infer.guide import MeanFieldGuide
@@ -100,10 +100,10 @@ class TrainingStep:
                 f"pyro_bbb.MeanFieldGuide provides; {type(guide).__name__} does not. Use estimator='reparam' with "
                 "this guide, or a MeanFieldGuide."
             )
-        if isinstance(optimizer, IVON):
-            optimizer.check_training(guide, num_data, kl_weight, clip_norm, clipping_option=clipping_option)
         self.elbo = ELBO(num_data=num_data, kl_weight=kl_weight, num_particles=num_particles,
-                         data_plate=data_plate_of(model))
+                         data_plate=data_plate_of(model))  # the one owner of N and the KL weight
+        if isinstance(optimizer, IVON):
+            optimizer.check_training(guide, self.elbo, clip_norm, clipping_option=clipping_option)
         self.model, self.guide, self.optimizer = model, guide, optimizer
         self.clip_norm, self.estimator, self.distributed = clip_norm, estimator_context, distributed
         self.snapshot: dict[torch.Tensor, torch.Tensor] = {}
@@ -185,13 +185,14 @@ class TrainingStep:
                 error = caught
         elif error is None:  # an empty shard: keep the KL schedule and the random streams in step with the others
             self.elbo.step += 1
-            note_objective_run(self.elbo.num_data, self.elbo.kl_weight, self.guide)  # the others' objective
             with torch.no_grad(), poutine.block():
                 for _ in range(self.elbo.num_particles):
                     self.guide(x, y)
         distributed_.raise_if_any_rank_failed(error)
         self.global_loss, _ = distributed_.combine_gradients(num_rows(x), loss if math.isfinite(loss) else math.inf)
         params = [p for _, p in pyro.get_param_store().named_parameters()]  # a fixed order, as above
+        # every rank's ELBO (this one's settings) computed the combined gradients, an empty shard's included
+        mark_objective_run(params, ObjectiveRun(self.elbo.num_data, self.elbo.kl_weight))
         loss = self._apply(params, self.global_loss)
         if isinstance(self.model, torch.nn.Module):  # running statistics follow rank 0, as under DDP
             distributed_.synchronise_buffers(self.model)

@@ -6,8 +6,8 @@ from pyro.distributions.kl import kl_divergence
 
 import pyro_bbb
 from pyro_bbb import priors
+from pyro_bbb._kl import elementwise_kl
 from pyro_bbb.evaluate import diagnostics
-from pyro_bbb.infer._kl import elementwise_kl
 
 from ..helpers import digits_fit, fitted_3_5_1
 

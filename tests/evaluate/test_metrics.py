@@ -150,3 +150,18 @@ def test_adaptive_and_classwise_calibration_by_hand():
     # binary probabilities of class 1 are the two-column case
     assert metrics.classwise_calibration_error(probs[:, 1], y) == pytest.approx(
         metrics.classwise_calibration_error(probs, y))
+
+
+@pytest.mark.parametrize("labels", ["long", "int32", "float", "bool"])
+@pytest.mark.parametrize("shape", ["(N,)", "(N, 1)"])
+def test_a_bernoulli_prediction_takes_the_labels_fit_takes_and_equals_the_hand_computed_value(labels, shape):
+    """Integer, float or boolean 0/1 labels, (N,) or (N, 1): the log predictive density of a two-draw Bernoulli."""
+    probs = torch.tensor([[0.9, 0.2, 0.6], [0.7, 0.4, 0.6]])  # 2 draws x 3 inputs, P(y = 1)
+    prediction = ClassificationPrediction(dist.Bernoulli(probs=probs), torch.zeros(2, 3))
+    y = torch.tensor([1, 0, 1])
+    y = {"long": y, "int32": y.int(), "float": y.float(), "bool": y.bool()}[labels]
+    y = y if shape == "(N,)" else y[:, None]
+    expected = [math.log((0.9 + 0.7) / 2), math.log((0.8 + 0.6) / 2), math.log(0.6)]
+    torch.testing.assert_close(metrics.log_likelihood(prediction, y, reduction="none"),
+                               torch.tensor(expected), rtol=1e-6, atol=1e-6)
+    assert metrics.accuracy(prediction, y) == pytest.approx(1.0)

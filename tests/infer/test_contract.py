@@ -1,8 +1,10 @@
 """The optimizer checks the objective that computed its gradients (``pyro_bbb.infer.contract``): IVON in a plain SVI
 loop, with MeanFieldGuide or AutoNormal, and under Lightning, refuses the five wrong pairings with a clear error
-before any parameter changes; the right pairing trains."""
+before any parameter changes; the right pairing trains; two models trained alternately in one process are each
+checked against their own objective."""
 
 import pyro
+import pyro.poutine as poutine
 import pytest
 import torch
 from pyro.infer import SVI, Trace_ELBO, TraceMeanField_ELBO
@@ -10,7 +12,7 @@ from pyro.infer.autoguide import AutoNormal
 
 import pyro_bbb
 from pyro_bbb import ELBO, MeanFieldGuide, likelihoods
-from pyro_bbb.infer.contract import latest_objective_run, note_objective_run
+from pyro_bbb.infer.contract import ObjectiveRun, mark_objective_run, take_objective_run
 from pyro_bbb.infer.schedules import Constant, LinearWarmup
 from pyro_bbb.nn import BayesianLinear
 from pyro_bbb.optim import IVON
@@ -81,24 +83,85 @@ def test_the_right_pairing_trains_and_a_later_switch_to_pyros_elbo_is_refused(gu
 def test_full_batch_without_num_data_is_the_right_n():
     """``ELBO()`` on the whole training set scales nothing: N is the batch, which IVON(num_data=N) accepts."""
     bnn, guide, x, y = _setup("MeanFieldGuide")
-    svi = SVI(bnn, guide, IVON(guide, num_data=N), ELBO())
+    optimizer = IVON(guide, num_data=N)
+    svi = SVI(bnn, guide, optimizer, ELBO())
     svi.step(x, y)
     svi.step(x, y)
-    assert latest_objective_run().num_data == N
+    assert optimizer.steps == 1  # the first call sets the widths, the second is an IVON step
 
 
-def test_each_gradient_computation_is_a_new_run_with_the_objectives_settings():
+def store_params():
+    return [p for _, p in pyro.get_param_store().named_parameters()]
+
+
+def test_each_gradient_computation_marks_the_parameters_it_reached_with_the_objectives_settings():
     bnn, guide, x, y = _setup("MeanFieldGuide")
+    params = store_params()
     elbo = ELBO(num_data=N, kl_weight=0.5)
-    elbo.loss(bnn, guide, x[:10], y[:10])  # no gradients: no run
-    first = note_objective_run(7, 1.0)
-    assert latest_objective_run() is first
-    elbo.differentiable_loss(bnn, guide, x[:10], y[:10])
-    run = latest_objective_run()
-    assert run.number > first.number and run.num_data == N and run.kl_weight.weight == 0.5
+    elbo.loss(bnn, guide, x[:10], y[:10])  # no gradients: no mark
+    assert take_objective_run(params) is None
+    elbo.differentiable_loss(bnn, guide, x[:10], y[:10]).backward()
+    run = take_objective_run(params)
+    assert run.num_data == N and run.kl_weight.weight == 0.5
+    assert take_objective_run(params) is None  # taken off
     elbo.loss_and_grads(bnn, guide, x[:10], y[:10])
-    assert latest_objective_run().number == run.number + 1
-    assert isinstance(latest_objective_run().kl_weight, Constant)
+    again = take_objective_run(params)
+    assert again is not run and isinstance(again.kl_weight, Constant)
+    # a parameter with a gradient from elsewhere spoils the set; so does one from another run
+    stray = torch.zeros(1, requires_grad=True)
+    stray.grad = torch.ones(1)
+    mark_objective_run(params, ObjectiveRun(N, 1.0))
+    assert take_objective_run(params + [stray]) is None
+    mark_objective_run(params[:1], ObjectiveRun(N, 1.0))
+    mark_objective_run(params[1:], ObjectiveRun(N, 1.0))
+    assert take_objective_run(params) is None
+
+
+def _two_models():
+    """Two models in one param store with distinct sites (A: 3-8-1 with N=200, B: 3-4-1 with N=100), each with
+    MeanFieldGuide; B's is handed to SVI wrapped in a handler."""
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    models = {}
+    for name, net, n in [("A", torch.nn.Sequential(BayesianLinear(3, 8), torch.nn.Tanh(), BayesianLinear(8, 1)), N),
+                         ("B", torch.nn.Sequential(torch.nn.Identity(), BayesianLinear(3, 4), torch.nn.Tanh(),
+                                                   BayesianLinear(4, 1)), N // 2)]:
+        bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
+        guide = MeanFieldGuide(bnn)
+        x, y = torch.randn(n, 3), torch.randn(n, 1)
+        guide(x[:32], y[:32])
+        models[name] = (bnn, guide, x, y, n)
+    assert not {p for p in models["A"][1].parameters()} & {p for p in models["B"][1].parameters()}
+    return models
+
+
+def test_two_models_trained_alternately_are_each_checked_against_their_own_objective():
+    models = _two_models()
+    (bnn_a, guide_a, x_a, y_a, n_a), (bnn_b, guide_b, x_b, y_b, n_b) = models["A"], models["B"]
+    wrapped_b = poutine.scale(guide_b, scale=1.0)  # a guide wrapped in a handler: not a module
+    ivon_a, ivon_b = IVON(guide_a, num_data=n_a), IVON(guide_b, num_data=n_b)
+    svi_a = SVI(bnn_a, guide_a, ivon_a, ELBO(num_data=n_a))
+    svi_b = SVI(bnn_b, wrapped_b, ivon_b, ELBO(num_data=n_b))
+    for i in range(3):  # alternately, each with its own objective: accepted
+        svi_a.step(x_a[32 * i:32 * (i + 1)], y_a[32 * i:32 * (i + 1)])
+        svi_b.step(x_b[32 * i:32 * (i + 1)], y_b[32 * i:32 * (i + 1)])
+    assert ivon_a.steps == ivon_b.steps == 2
+    before = _params()
+    # each with the other's objective (the other's N): refused, nothing changed
+    with pytest.raises(ValueError, match=rf"IVON\(num_data={n_a}\) disagrees .* N={n_b}"):
+        SVI(bnn_a, guide_a, ivon_a, ELBO(num_data=n_b)).step(x_a[:32], y_a[:32])
+    with pytest.raises(ValueError, match=rf"IVON\(num_data={n_b}\) disagrees .* N={n_a}"):
+        SVI(bnn_b, wrapped_b, ivon_b, ELBO(num_data=n_a)).step(x_b[:32], y_b[:32])
+    # A's objective has just run (its gradients not yet applied); B's gradients then come from Pyro's Trace_ELBO: a
+    # record of "the latest run in this process" would have let B take A's run; B's own parameters say otherwise
+    ELBO(num_data=n_b).loss_and_grads(bnn_a, guide_a, x_a[:32], y_a[:32])
+    with pytest.raises(ValueError, match="pyro_bbb.ELBO did not compute"):
+        SVI(bnn_b, wrapped_b, ivon_b, Trace_ELBO()).step(x_b[:32], y_b[:32])
+    for name, value in before.items():
+        torch.testing.assert_close(_params()[name], value, rtol=0, atol=0)
+    svi_a.step(x_a[:32], y_a[:32])  # and each trains on with its own
+    svi_b.step(x_b[:32], y_b[:32])
+    assert ivon_a.steps == ivon_b.steps == 3
 
 
 def test_under_lightning_an_objective_swapped_in_after_construction_is_refused():

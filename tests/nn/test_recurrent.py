@@ -370,8 +370,8 @@ def test_grouped_draws_equal_each_draw_alone(mode, kwargs, shared_input, with_st
     diagonal: every draw's output and final state equal that draw run alone (torch's kernel with its weights), for
     an input shared by all draws (the data) or one per draw (after a Bayesian layer), with and without an initial
     state. A GRU keeps one call per draw (its wider kernel differs from the lone draw's in the 5th digit)."""
+    from pyro_bbb._draws import fold_draws
     from pyro_bbb.nn import _fused_kernel
-    from pyro_bbb.nn._draws import fold_draws
 
     torch.manual_seed(0)
     num_draws, rows, hidden = 7, 5, 4  # GROUPED_WIDTH 12 -> groups of 3, 3 and 1 draws

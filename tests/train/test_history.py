@@ -15,7 +15,7 @@ def test_history_plot_writes_a_png_with_labelled_axes_and_the_kl_weight_only_whe
     fig = history.plot(tmp_path / "history.png")
     assert (tmp_path / "history.png").stat().st_size > 1000
     assert len(fig.axes) == 3 and all(ax.get_ylabel() for ax in fig.axes)  # a constant weight: no flat panel
-    assert "KL weight 1" in fig.axes[1].get_title()
+    assert f"KL weight {history.kl_weight_choice.kl_weight:g}" in fig.axes[1].get_title()  # the chosen one
     warmed = pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), small_data(), epochs=3, progress=False,
                           kl_weight=pyro_bbb.infer.schedules.LinearWarmup(4))
     assert [ax.get_title() for ax in warmed.plot().axes][-1] == "KL weight (schedule)"

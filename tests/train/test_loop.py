@@ -67,11 +67,15 @@ def test_history_records_everything_per_epoch():
     assert json.loads(json.dumps(history.to_dict()))["kl_by_layer"]["net.0"] == history["kl_by_layer"]["net.0"]
 
 
-def test_progress_bar_shows_the_terms(capsys):
+@pytest.mark.parametrize("terminal", [True, False])
+def test_progress_bar_shows_the_terms(capsys, monkeypatch, terminal):
+    """A terminal gets a bar; a log file (not a terminal) a line every tenth of the epochs, with the same terms."""
+    monkeypatch.setattr("pyro_bbb.train.loop._live_display", lambda: terminal)
     model = regression_model()
-    fit(model, pyro_bbb.MeanFieldGuide(model), small_data(), epochs=2, progress=True)
+    fit(model, pyro_bbb.MeanFieldGuide(model), small_data(), epochs=2, progress=True, kl_weight=1)
     err = capsys.readouterr().err
     assert "fit" in err and "kl_w" in err and "loss/datum" in err
+    assert ("\r" in err) == terminal
     # the last bar's terms are all per datum: they add up as the loss does
     terms = dict(re.findall(r"([\w/]+)=([-\d.e+]+)", err.strip().split("\r")[-1]))
     loss, nll, kl, weight = (float(terms[k]) for k in ("loss/datum", "nll/datum", "kl/datum", "kl_w"))
@@ -80,6 +84,15 @@ def test_progress_bar_shows_the_terms(capsys):
     model = regression_model()
     fit(model, pyro_bbb.MeanFieldGuide(model), small_data(), epochs=2, progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_a_log_file_gets_a_line_every_tenth_of_the_epochs(capsys, monkeypatch):
+    monkeypatch.setattr("pyro_bbb.train.loop._live_display", lambda: False)
+    model = regression_model()
+    fit(model, pyro_bbb.MeanFieldGuide(model), small_data(), epochs=25, progress=True, kl_weight=1)
+    lines = capsys.readouterr().err.splitlines()
+    epochs = [line.split(":")[1].strip() for line in lines]
+    assert epochs == [f"epoch {e}/25" for e in (3, 6, 9, 12, 15, 18, 21, 24, 25)]
 
 
 def test_same_seed_same_result():

@@ -241,12 +241,20 @@ def test_an_error_in_the_final_fit_puts_back_the_parameters_of_the_start_of_fit(
     assert_params_unchanged(before)
 
 
-def test_a_progress_bar_shows_the_candidates_while_choosing(capsys):
+def test_a_progress_bar_shows_the_candidates_while_choosing_and_a_log_gets_a_line_each(capsys, monkeypatch):
     x, y = classification_data()
     bnn = classifier()
+    monkeypatch.setattr("pyro_bbb.train.loop._live_display", lambda: True)  # as in a terminal
     pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=2, batch_size=64, seed=0)
     err = capsys.readouterr().err
     assert "choosing kl_weight" in err and "0.001=" in err
+    monkeypatch.undo()  # captured output is not a terminal: one line per candidate, no carriage returns
+    pyro.clear_param_store()
+    bnn = classifier()
+    pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=2, batch_size=64, seed=0)
+    lines = capsys.readouterr().err.splitlines()
+    assert "\r" not in "".join(lines)
+    assert sum(line.startswith("choosing kl_weight: validation NLL") for line in lines) == 4
 
 
 def test_the_tempering_is_shown_wherever_the_posterior_is(tmp_path):

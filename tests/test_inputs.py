@@ -11,7 +11,7 @@ from pyro.nn import PyroModule
 
 import pyro_bbb
 from pyro_bbb import likelihoods
-from pyro_bbb.data._inputs import as_tensor, cast_inputs, num_rows, select_rows, split_rows, targets_like
+from pyro_bbb._inputs import as_tensor, cast_inputs, num_rows, select_rows, split_rows, targets_like
 from pyro_bbb.evaluate import metrics
 from pyro_bbb.nn import BayesianLinear
 from pyro_bbb.prediction.predictive import UntrainedGuideWarning

@@ -21,9 +21,9 @@ from pyro.distributions.kl import kl_divergence
 from pyro.distributions.util import scale_and_mask
 from pyro.util import check_site_shape
 
-from .._internals import autonormal_draw_site, foreach_norm, tensor_version
-from ..distributions import EmpiricalBayesNormalDistribution
-from ..priors import strip_independent
+from ._internals import autonormal_draw_site, foreach_norm, tensor_version
+from .distributions import EmpiricalBayesNormalDistribution
+from .priors import strip_independent
 
 __all__ = [
     "log_prob_sum", "base_normal", "has_trainable_parameters", "normal_kl_sum", "normal_kl_of", "zero_mean_prior_scale",

@@ -1,4 +1,4 @@
-"""Weight draws folded into the batch: user code inside BNN sees ordinary batches (pyro_bbb.nn._draws)."""
+"""Weight draws folded into the batch: user code inside BNN sees ordinary batches (pyro_bbb._draws)."""
 
 import warnings
 
@@ -8,11 +8,11 @@ import torch
 
 import pyro_bbb
 from pyro_bbb import likelihoods
+from pyro_bbb._draws import draws_leading, fold_draws, folded_draws, unfold_rows
 from pyro_bbb.nn import BayesianConv2d, BayesianGRU, BayesianLinear, BayesianLSTM, BayesianLSTMCell
-from pyro_bbb.nn._draws import draws_leading, fold_draws, folded_draws, unfold_rows
 from pyro_bbb.prediction import UntrainedGuideWarning
 
-from ..helpers import BatchCentred
+from .helpers import BatchCentred
 
 
 def vectorized_and_loop(model, x, y, num_samples=6, init_scale=0.2):

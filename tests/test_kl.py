@@ -12,14 +12,14 @@ from scipy import integrate, stats
 from pyro_bbb import ELBO, priors
 from pyro_bbb.nn import BayesianLinear
 
-from ..helpers import guide_for
+from .helpers import guide_for
 
 
 @pytest.mark.parametrize("prior_loc, prior_scale", [(0.0, 1.0), (0.3, 0.5)])
 def test_fast_normal_kl_equals_torchs_closed_form_and_its_gradient(prior_loc, prior_scale):
     from pyro.distributions.kl import kl_divergence
 
-    from pyro_bbb.infer._kl import normal_kl_sum
+    from pyro_bbb._kl import normal_kl_sum
 
     loc = torch.randn(4, 3, requires_grad=True)
     raw = torch.randn(4, 3, requires_grad=True)
@@ -43,7 +43,7 @@ def test_batched_normal_kls_equal_torchs_closed_form_per_site_and_its_gradients(
     torch's kl_divergence gives them site by site; mixed dtypes take the per-site path with the same results."""
     from pyro.distributions.kl import kl_divergence
 
-    from pyro_bbb.infer._kl import batched_normal_kls
+    from pyro_bbb._kl import batched_normal_kls
 
     torch.manual_seed(0)
     shapes, ts = [(5, 3), (5,), (1, 5), (1,)], [1.0, 0.5, 2.0, 0.1]
