@@ -33,6 +33,7 @@ __all__ = [
     "CHECKED_ON", "site_name", "pyro_name", "module_local_params_enabled", "check_mean_field_requirement",
     "autonormal_loc_and_scale", "set_up_autoguide", "autonormal_event_dim", "param_captures", "ParamReader",
     "preset_samples", "sample_priors", "is_deterministic_site", "AutoNormalHooks", "vectorized_model",
+    "active_param_trace",
     "is_tracing", "tensor_version", "module_buffer", "foreach_norm", "foreach_copy_", "all_finite",
     "fused_adam_step", "optimizer_has_step_hooks", "recurrent_kernel", "ConvNd", "ConvTransposeNd",
     "without_trace_shapes", "active_messengers",
@@ -130,6 +131,24 @@ def autonormal_event_dim(guide: Any, name: str) -> int:
         normal = dist.Normal(loc, scale).to_event(autonormal_event_dim(guide, "fc.weight"))
     """
     return guide._event_dims[name]
+
+
+def active_param_trace() -> Any:
+    """The innermost active ``poutine.trace(param_only=True)`` handler (``SVI.step`` and ``fit`` open one around each
+    step to learn which parameters it used), or ``None``.
+
+    Examples
+    --------
+    >>> active_param_trace() is None
+    True
+    >>> with pyro.poutine.trace(param_only=True) as capture:
+    ...     active_param_trace() is capture
+    True
+    """
+    for messenger in reversed(_PYRO_STACK):
+        if type(messenger) is TraceMessenger and messenger.param_only:
+            return messenger
+    return None
 
 
 def param_captures(allowed: tuple[type, ...] = ()) -> tuple[list, list] | None:

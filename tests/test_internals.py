@@ -21,8 +21,8 @@ def _autonormal():
 
 
 def _check_pyro_stack():
-    with pyro.poutine.trace(param_only=True):
-        assert len(_internals.param_captures()[0]) == 1
+    with pyro.poutine.trace(param_only=True) as capture:
+        assert len(_internals.param_captures()[0]) == 1 and _internals.active_param_trace() is capture
 
 
 def _check_param_store():

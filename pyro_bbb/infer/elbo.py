@@ -34,7 +34,13 @@ from pyro.poutine.util import prune_subsample_sites
 from pyro.util import check_model_guide_match, warn_if_nan
 
 from .._checks import check_count
-from .._internals import check_mean_field_requirement, is_tracing, vectorized_model, without_trace_shapes
+from .._internals import (
+    active_param_trace,
+    check_mean_field_requirement,
+    is_tracing,
+    vectorized_model,
+    without_trace_shapes,
+)
 from .._kl import latent_site_kl, log_prob_sum, sum_site_kls
 from .._plates import DATA_PLATE, data_plate_named, trace_data_plate_frame
 from ._replay import ReplayBackend
@@ -298,13 +304,16 @@ class ELBO(TraceMeanField_ELBO):
         validating = is_validation_enabled()
         try:
             skip = validating and pair.validated and not self.revalidate
-            capture = poutine.trace(param_only=True) if gradients else nullcontext()
+            # the parameters this call reaches: those of SVI's (or fit's) own capture of the step, else one of ours
+            outer = active_param_trace() if gradients else None
+            capture = poutine.trace(param_only=True) if gradients and outer is None else nullcontext()
             with pyro.validation_enabled(False) if skip else nullcontext(), capture:
                 yield
             self.last_terms = self.current_call.finish(self.num_data)
             pair.validated = pair.validated or validating
             if gradients:
-                reached = {id(p): p for p in (site["value"].unconstrained() for site in capture.trace.nodes.values())}
+                sites = (outer or capture).trace.nodes.values()
+                reached = {id(p): p for p in (site["value"].unconstrained() for site in sites)}
                 run = ObjectiveRun(self.last_terms["num_data"] or self.last_terms["batch_size"], self.kl_weight)
                 mark_objective_run(reached.values(), run)
         finally:
