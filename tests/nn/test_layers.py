@@ -10,6 +10,7 @@ from pyro.infer import Predictive
 from torch import nn
 
 from pyro_bbb import ELBO, MeanFieldGuide, priors
+from pyro_bbb._internals import vectorized_model
 from pyro_bbb.nn import BayesianLinear, batched_conv, batched_linear
 from pyro_bbb.nn import conv as bayesian_conv
 
@@ -141,7 +142,7 @@ def test_vectorized_particles_run_in_one_call():
     elbo = ELBO(num_data=50, num_particles=7, vectorize_particles=True, max_plate_nesting=1)
     x, y = torch.randn(10, 3), torch.randn(10)
     elbo.loss(model, guide, x, y)
-    guide_trace = poutine.trace(elbo.vectorized_model(guide)).get_trace(x, y)
+    guide_trace = poutine.trace(vectorized_model(elbo, guide)).get_trace(x, y)
     assert guide_trace.nodes["fc.weight"]["value"].shape == (7, 1, 1, 3)
 
 
