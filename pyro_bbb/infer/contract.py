@@ -83,10 +83,9 @@ def take_objective_run(params: Iterable[torch.Tensor]) -> ObjectiveRun | None:
     >>> take_objective_run([p, q]) is None  # q's gradient came from elsewhere
     True
     """
-    params = list(params)
-    runs = {id(_marks.get(p)): _marks.get(p) for p in params if p.grad is not None}
+    runs = set()  # runs compare (and hash) by identity; None stands for a gradient without a mark
     for param in params:
-        _marks.pop(param, None)
-    if len(runs) != 1:
-        return None
-    return next(iter(runs.values()))
+        run = _marks.pop(param, None)
+        if param.grad is not None:
+            runs.add(run)
+    return runs.pop() if len(runs) == 1 else None

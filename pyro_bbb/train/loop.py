@@ -329,7 +329,7 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
         bar.set_postfix(scores, refresh=False)
         bar.update()
         if progress and not live:
-            print(f"choosing kl_weight: validation NLL {nll:.3g} at kl_weight={weight:g}", file=sys.stderr, flush=True)
+            _print_line("choosing kl_weight", {"validation NLL": f"{nll:.3g}", "kl_weight": f"{weight:g}"})
 
     try:
         chosen, nll, se, snapshot = run_path(selection, train_at, score,
