@@ -283,8 +283,8 @@ _INTERRUPTED = "interrupted (Ctrl-C) while choosing"
 
 
 def _warn_fallback(reason: str) -> None:
-    warnings.warn(f"fit(kl_weight='auto'): {reason}. The parameters were put back; training at KL weight 1 on all the "
-                  "data instead (pass kl_weight=1 to skip the selection).", stacklevel=4)
+    warnings.warn(f"fit(kl_weight='auto'): {reason.rstrip('.')}. The parameters were put back; training at KL weight "
+                  "1 on all the data instead (pass kl_weight=1 to skip the selection).", stacklevel=4)
 
 
 def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeight, epochs: int, batch_size,
