@@ -24,6 +24,7 @@ from pyro.infer import TraceMeanField_ELBO
 from pyro.infer.autoguide import AutoNormal
 from pyro.infer.trace_mean_field_elbo import _check_mean_field_requirement
 from pyro.nn.module import _is_module_local_param_enabled, _make_name
+from pyro.poutine.replay_messenger import ReplayMessenger
 from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_messenger import TraceMessenger
 from torch.distributions import transform_to
@@ -36,7 +37,7 @@ __all__ = [
     "active_param_trace",
     "is_tracing", "tensor_version", "module_buffer", "foreach_norm", "foreach_copy_", "all_finite",
     "fused_adam_step", "optimizer_has_step_hooks", "recurrent_kernel", "ConvNd", "ConvTransposeNd",
-    "without_trace_shapes", "active_messengers",
+    "without_trace_shapes", "active_messengers", "replayed_for_gradients",
 ]
 
 #: The releases every access below was checked on.
@@ -386,6 +387,25 @@ def vectorized_model(elbo: TraceMeanField_ELBO, model: Callable) -> Callable:
     True
     """
     return elbo._vectorized_num_particles(model)
+
+
+def replayed_for_gradients() -> bool:
+    """Whether the model running now is replayed against a guide's trace inside a full ``poutine.trace`` with
+    gradients on: how every Pyro ELBO (``Trace_ELBO``, ``TraceMeanField_ELBO``, ``TraceGraph_ELBO``, ``RenyiELBO``,
+    the ``JitTrace*`` ones, through ``get_importance_trace``) runs a model for a training step, unlike ``Predictive``
+    (``poutine.condition``) or a replay for a checkpoint (a parameter-only trace, no gradients).
+
+    Examples
+    --------
+    >>> replayed_for_gradients()
+    False
+    >>> with pyro.poutine.trace(), pyro.poutine.replay(trace=pyro.poutine.Trace()):
+    ...     replayed_for_gradients()
+    True
+    """
+    if not torch.is_grad_enabled() or not active_messengers(ReplayMessenger):
+        return False
+    return any(type(m) is TraceMessenger and not m.param_only for m in _PYRO_STACK)
 
 
 def is_tracing() -> bool:

@@ -14,9 +14,13 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from pyro.poutine.messenger import Messenger
+
+from ._internals import active_messengers
+
 __all__ = [
     "DATA_PLATE", "data_plate_named", "current_data_plate", "data_plate_of", "data_plate_frame",
-    "trace_data_plate_frame",
+    "trace_data_plate_frame", "DataPlateScaler", "active_data_plate_scalers",
 ]
 
 #: The name of the plate over data points unless a model says otherwise (``BNN(data_plate=...)``,
@@ -84,3 +88,30 @@ def data_plate_frame(site: dict[str, Any], data_plate: str = DATA_PLATE):
 def trace_data_plate_frame(trace, data_plate: str):
     """The data plate's frame in a trace (its size this call and the size it declared), or ``None``."""
     return next((f for f in (data_plate_frame(site, data_plate) for site in trace.nodes.values()) if f), None)
+
+
+class DataPlateScaler(Messenger):
+    """The base of a handler that scales the data plate to the training set's size ``num_data`` itself
+    (:class:`pyro_bbb.infer.scaling.DataPlateScaleMessenger`, what :class:`pyro_bbb.ELBO` runs a model under). A
+    :class:`~pyro_bbb.BNN` that knows its ``num_data`` declares its data plate with that size only where no such
+    handler with a ``num_data`` is active: the objective's N wins, and Pyro's own ELBOs get the model's.
+
+    Examples
+    --------
+    >>> with DataPlateScaler():
+    ...     [scaler.num_data for scaler in active_data_plate_scalers()]
+    [None]
+    """
+
+    num_data: int | None = None
+
+
+def active_data_plate_scalers() -> list[DataPlateScaler]:
+    """The :class:`DataPlateScaler` handlers active now, outermost first.
+
+    Examples
+    --------
+    >>> active_data_plate_scalers()
+    []
+    """
+    return active_messengers(DataPlateScaler)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -11,9 +12,11 @@ from pyro.nn import PyroModule
 from pyro.nn.module import to_pyro_module_
 from pyro.poutine.runtime import get_plates
 
+from ._checks import check_count
 from ._draws import fold_draws
 from ._inputs import Inputs, map_inputs, num_rows
-from ._plates import DATA_PLATE, data_plate_named
+from ._internals import replayed_for_gradients
+from ._plates import DATA_PLATE, active_data_plate_scalers, data_plate_named
 from .likelihoods import Likelihood
 from .nn.moments import Moments
 
@@ -74,8 +77,15 @@ class BNN(PyroModule):
     ``net`` may mix :mod:`pyro_bbb.nn` layers with ordinary ``torch.nn`` layers; the ordinary ones are converted
     in place to :class:`~pyro.nn.PyroModule` so their parameters are trained as point estimates by SVI. The net
     runs outside the data plate (its weights are global); the observation is emitted inside it, so the model
-    trains with :class:`pyro_bbb.ELBO` (``num_data=N``), with plain :class:`pyro.infer.SVI`, or with
-    :func:`pyro_bbb.fit`.
+    trains with :class:`pyro_bbb.ELBO` (``num_data=N``), with :func:`pyro_bbb.fit`, or with Pyro's own ELBOs in
+    a plain :class:`pyro.infer.SVI` loop.
+
+    Pyro's own ELBOs (``Trace_ELBO``, ``TraceMeanField_ELBO``, ``TraceGraph_ELBO``, ``RenyiELBO``, ``JitTrace*``)
+    know nothing of the training set's size: on a minibatch they weigh its likelihood against the whole KL, and the
+    posterior stays on the prior. Give the model ``num_data=N`` and it declares its data plate over the N rows
+    (``pyro.plate(data_plate, N, subsample=...)``), so any ELBO scales a batch of B by ``N / B``. A BNN without it,
+    trained by one of Pyro's ELBOs, warns once before the first step. :class:`pyro_bbb.ELBO`'s own ``num_data``
+    (what ``fit`` sets) wins over the model's; prediction is the same either way.
 
     Parameters
     ----------
@@ -92,6 +102,8 @@ class BNN(PyroModule):
     output_adapter : callable, optional
         Maps the net's output to the tensor the likelihood reads; default :func:`net_output` (a tensor as it is, a
         transformers output's ``logits``, a tuple's first element).
+    num_data : int, optional
+        Size N of the training set, for Pyro's own ELBOs on minibatches (above); settable later as ``bnn.num_data``.
 
     Examples
     --------
@@ -113,10 +125,18 @@ class BNN(PyroModule):
     ...         return self.fc(features * mask)
     >>> BNN(TwoInputs(), likelihoods.Gaussian(0.1))({"features": torch.randn(5, 3), "mask": torch.ones(5, 3)}).shape
     torch.Size([5])
+
+    Pyro's own SVI loop on minibatches: the model knows N, so ``Trace_ELBO`` scales a batch of 32 by 1000 / 32.
+
+    >>> bnn = BNN(BayesianLinear(3, 1), likelihoods.Gaussian(0.1), num_data=1000)
+    >>> svi = pyro.infer.SVI(bnn, MeanFieldGuide(bnn), pyro.optim.Adam({"lr": 1e-2}), pyro.infer.Trace_ELBO())
+    >>> loss = svi.step(torch.randn(32, 3), torch.randn(32))
+    >>> poutine.trace(bnn).get_trace(torch.randn(32, 3), torch.randn(32)).nodes["y"]["scale"]
+    31.25
     """
 
     def __init__(self, net: torch.nn.Module, likelihood: Likelihood, data_plate: str = DATA_PLATE,
-                 output_adapter: Callable[[Any], torch.Tensor] | None = None):
+                 output_adapter: Callable[[Any], torch.Tensor] | None = None, num_data: int | None = None):
         super().__init__()
         if not isinstance(net, torch.nn.Module):
             raise TypeError(f"`net` must be a torch.nn.Module, got {type(net).__name__}.")
@@ -132,9 +152,60 @@ class BNN(PyroModule):
         if output_adapter is not None and not callable(output_adapter):
             raise TypeError(f"output_adapter must be callable, got {type(output_adapter).__name__}.")
         self.output_adapter = output_adapter or net_output
+        self.num_data = num_data
+        self._warned_without_num_data = False
+
+    @property
+    def num_data(self) -> int | None:
+        """The training set's size N the data plate is declared with for Pyro's own ELBOs (``None``: the batch's).
+
+        Examples
+        --------
+        >>> bnn = BNN(BayesianLinear(3, 1), likelihoods.Gaussian(0.1))
+        >>> bnn.num_data = 500
+        >>> bnn.num_data
+        500
+        """
+        return self._num_data
+
+    @num_data.setter
+    def num_data(self, value: int | None) -> None:
+        check_count("num_data", value, optional=True)
+        self._num_data = None if value is None else int(value)
 
     def forward(self, x: Inputs, y: torch.Tensor | None = None) -> torch.Tensor:
-        return self.likelihood(self._checked_output(x, y), y, data_plate=self.data_plate)
+        output = self._checked_output(x, y)
+        num_data = None if y is None else self._declared_num_data(num_rows(x))
+        if num_data is None:  # the likelihood's own signature, as a custom likelihood may have written it
+            return self.likelihood(output, y, data_plate=self.data_plate)
+        return self.likelihood(output, y, data_plate=self.data_plate, num_data=num_data)
+
+    def _declared_num_data(self, rows: int) -> int | None:
+        """The size to declare the data plate with for a batch of ``rows`` targets: the model's N, unless
+        :class:`pyro_bbb.ELBO` is scaling the plate with its own; warns once when one of Pyro's ELBOs trains a model
+        that does not know N."""
+        scalers = active_data_plate_scalers()
+        if any(scaler.num_data is not None for scaler in scalers):
+            return None  # the objective owns N (fit, pyro_bbb.ELBO(num_data=N))
+        if self.num_data is None:
+            if not scalers and not self._warned_without_num_data and replayed_for_gradients():
+                self._warned_without_num_data = True
+                warnings.warn(
+                    f"BNN does not know the training set's size, so this ELBO weighs the likelihood of this batch of "
+                    f"{rows} rows against the whole KL as if they were all the data: on minibatches the posterior "
+                    f"stays on its prior. Pass BNN(..., num_data=N) (or set bnn.num_data = N) with N the number of "
+                    f"training rows, or train with pyro_bbb.ELBO(num_data=N) or pyro_bbb.fit. (Training on all "
+                    f"{rows} rows at once? Set num_data={rows} to say so.)",
+                    UserWarning, stacklevel=2,
+                )
+            return None
+        if rows > self.num_data:
+            raise ValueError(
+                f"a batch of {rows} rows is larger than the model's num_data={self.num_data}, the size of the whole "
+                "training set its data plate is declared with. Set bnn.num_data to the training set's size (or to "
+                "None to evaluate on another data set)."
+            )
+        return self.num_data
 
     def observation(self, x: Inputs, y: torch.Tensor | None = None):
         """The observation site's distribution for inputs ``x`` and the checked targets: the net run (its weights

@@ -97,10 +97,26 @@ class Likelihood(PyroModule):
         """Summarise ``distribution`` (batch ``(S, batch)``: one member per weight draw) and predictive samples."""
         raise NotImplementedError
 
-    def forward(self, output: torch.Tensor, y: torch.Tensor | None = None,
-                data_plate: str = DATA_PLATE) -> torch.Tensor:
+    def forward(self, output: torch.Tensor, y: torch.Tensor | None = None, data_plate: str = DATA_PLATE,
+                num_data: int | None = None) -> torch.Tensor:
+        """Emit the observation inside ``pyro.plate(data_plate, B)``; with ``num_data`` the plate is declared over the
+        whole training set, ``pyro.plate(data_plate, num_data, subsample=range(B))``, so it scales the batch's
+        log-likelihood by ``num_data / B`` for any Pyro ELBO.
+
+        Examples
+        --------
+        >>> site = poutine.trace(Gaussian(1.0)).get_trace(torch.zeros(4, 1), torch.zeros(4), num_data=100).nodes["y"]
+        >>> site["scale"], site["cond_indep_stack"][0].full_size
+        (25.0, 100)
+        """
         fn, y = self.observation(output, y)
-        with pyro.plate(data_plate, fn.batch_shape[-1] if fn.batch_shape else 1, dim=-1):
+        rows = fn.batch_shape[-1] if fn.batch_shape else 1
+        if num_data is None:
+            plate = pyro.plate(data_plate, rows, dim=-1)
+        else:
+            indices = torch.arange(rows, device=None if y is None else y.device)  # the batch: only its size matters
+            plate = pyro.plate(data_plate, num_data, subsample=indices, dim=-1)
+        with plate:
             return pyro.sample(self.site, fn, obs=y)
 
     def observation(self, output: torch.Tensor, y: torch.Tensor | None = None):

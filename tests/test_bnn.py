@@ -1,3 +1,4 @@
+import warnings
 from types import SimpleNamespace
 
 import pyro
@@ -26,7 +27,7 @@ def test_sites_weights_outside_and_observation_inside_the_data_plate():
 def test_loss_equals_pyros_mean_field_elbo_on_the_full_batch():
     """With B = N the scaling is 1: our ELBO must equal Pyro's TraceMeanField_ELBO for the same guide draw."""
     x, y = torch.randn(20, 3), torch.randn(20)
-    bnn = pyro_bbb.BNN(mixed_net(), likelihoods.Gaussian(scale=0.5))
+    bnn = pyro_bbb.BNN(mixed_net(), likelihoods.Gaussian(scale=0.5), num_data=20)   # the full batch, said so
     guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=0.1)
     guide(x, y)
     pyro.set_rng_seed(3)
@@ -112,3 +113,194 @@ def test_an_output_without_a_tensor_needs_an_adapter():
     assert adapted(torch.randn(4, 3)).shape == (4,)
     with pytest.raises(TypeError, match="output_adapter must be callable"):
         pyro_bbb.BNN(Wrapped("other"), likelihoods.Categorical(), output_adapter="prediction")
+
+
+# Pyro's own ELBOs on minibatches: a BNN that knows N declares its data plate with it; one that does not warns.
+
+def _pyro_elbo_setup(num_data, seed=0):
+    pyro.clear_param_store()
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(BayesianLinear(3, 4), torch.nn.Tanh(), BayesianLinear(4, 1))
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(0.5), num_data=num_data)
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    x, y = torch.randn(16, 3), torch.randn(16)
+    guide(x, y)
+    return bnn, guide, x, y
+
+
+def _loss_and_grads(elbo, num_data):
+    """The loss and the gradient of every parameter (flattened, by name) of one call, on a fixed draw."""
+    bnn, guide, x, y = _pyro_elbo_setup(num_data)
+    pyro.set_rng_seed(3)
+    with poutine.trace(param_only=True) as capture:
+        loss = elbo.loss_and_grads(bnn, guide, x, y)
+    params = {name: site["value"].unconstrained() for name, site in capture.trace.nodes.items()}
+    return loss, torch.cat([params[name].grad.flatten() for name in sorted(params)])
+
+
+def test_pyros_analytic_kl_elbo_on_a_batch_equals_ours_exactly_when_the_model_knows_n():
+    """Both use the closed-form KL and the same draw: loss and gradients equal to float precision, with the
+    batch of 16 scaled to N = 200 by the model's plate (ours: by the ELBO's num_data)."""
+    ours_loss, ours_grads = _loss_and_grads(pyro_bbb.ELBO(num_data=200), None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # N is known: not a word
+        loss, grads = _loss_and_grads(TraceMeanField_ELBO(), 200)
+    assert loss == pytest.approx(ours_loss, rel=1e-6)
+    torch.testing.assert_close(grads, ours_grads, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("elbo_class", [pyro.infer.Trace_ELBO, pyro.infer.TraceGraph_ELBO, pyro.infer.JitTrace_ELBO,
+                                        pyro.infer.JitTraceMeanField_ELBO])
+def test_pyros_other_elbos_on_a_batch_equal_ours_in_expectation_when_the_model_knows_n(elbo_class):
+    """A Monte Carlo KL (or, under the JIT, other draws): equal in expectation. 4000 vectorized particles each: the
+    loss within 0.1% (measured 6e-5), the gradient within 1% in norm (measured under 1e-5); without N the loss is off
+    by 75% and the gradient by 92% (the control that shows the test can fail)."""
+    options = {"num_particles": 4000, "vectorize_particles": True}
+    ours_loss, ours_grads = _loss_and_grads(pyro_bbb.ELBO(num_data=200, **options), None)
+    loss, grads = _loss_and_grads(elbo_class(**options), 200)
+    assert loss == pytest.approx(ours_loss, rel=1e-3)
+    assert float((grads - ours_grads).norm() / ours_grads.norm()) < 0.01
+    with pytest.warns(UserWarning, match="num_data"):
+        unscaled_loss, unscaled_grads = _loss_and_grads(elbo_class(**options), None)
+    assert abs(unscaled_loss - ours_loss) / ours_loss > 0.5
+    assert float((unscaled_grads - ours_grads).norm() / ours_grads.norm()) > 0.5
+
+
+def test_renyi_elbo_on_a_batch_equals_ours_in_expectation_when_the_model_knows_n():
+    """RenyiELBO with one particle (its default is two: a tighter, importance-weighted bound) is the ELBO: the mean of 400 single-draw losses within 4 standard errors of
+    ours (4000 particles)."""
+    ours = pyro_bbb.ELBO(num_data=200, num_particles=4000, vectorize_particles=True)
+    bnn, guide, x, y = _pyro_elbo_setup(None)
+    reference = ours.loss(bnn, guide, x, y)
+    bnn.num_data = 200
+    pyro.set_rng_seed(5)
+    losses = torch.tensor([pyro.infer.RenyiELBO(alpha=0.0, num_particles=1).loss(bnn, guide, x, y) for _ in range(400)])
+    standard_error = float(losses.std() / 400 ** 0.5)
+    assert abs(float(losses.mean()) - reference) < 4 * standard_error
+    bnn.num_data = None
+    with pytest.warns(UserWarning, match="num_data"):  # a step (its loss() runs without gradients: no step, no word)
+        unscaled = pyro.infer.RenyiELBO(alpha=0.0, num_particles=1).loss_and_grads(bnn, guide, x, y)
+    assert abs(unscaled - reference) > 50 * standard_error
+
+
+def test_a_bnn_without_n_warns_once_before_pyros_elbo_first_changes_a_parameter():
+    bnn, guide, x, y = _pyro_elbo_setup(None)
+    svi = SVI(bnn, guide, pyro.optim.Adam({"lr": 0.01}), pyro.infer.Trace_ELBO())
+
+    with pytest.warns(UserWarning, match=r"BNN\(\.\.\., num_data=N\).*16 rows") as record:
+        svi.step(x, y)
+        svi.step(x, y)
+    assert sum("num_data" in str(w.message) for w in record) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # ours, fit, predict, save and Pyro's Predictive: never a word
+        fresh, fresh_guide, _, _ = _pyro_elbo_setup(None)
+        pyro_bbb.ELBO(num_data=100).loss(fresh, fresh_guide, x, y)
+        pyro_bbb.ELBO().loss(fresh, fresh_guide, x, y)
+        pyro_bbb.fit(fresh, fresh_guide, (x, y), epochs=1, batch_size=8, kl_weight=1.0, progress=False)
+        pyro_bbb.predict(fresh, fresh_guide, x, num_samples=3)
+        pyro.infer.Predictive(fresh, guide=fresh_guide, num_samples=3)(x)
+        pyro.infer.Predictive(fresh, guide=fresh_guide, num_samples=3)(x, y)
+
+
+def test_a_bnn_without_n_warns_before_the_step_changes_anything():
+    bnn, guide, x, y = _pyro_elbo_setup(None)
+    store = pyro.get_param_store()
+    before = {name: value.detach().clone() for name, value in store.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="num_data"):  # a user who turns warnings into errors loses nothing
+            SVI(bnn, guide, pyro.optim.Adam({"lr": 0.01}), pyro.infer.Trace_ELBO()).step(x, y)
+    assert all(torch.equal(before[name], store[name].detach()) for name in before)
+
+
+def test_the_objectives_n_wins_and_prediction_is_unchanged_by_the_models_n():
+    bnn, guide, x, y = _pyro_elbo_setup(200)
+    elbo = pyro_bbb.ELBO(num_data=50)   # fit's selection trains on a split: its N, not the model's
+    elbo.loss(bnn, guide, x, y)
+    assert elbo.last_terms["num_data"] == 50
+    elbo = pyro_bbb.ELBO()              # an ELBO without N reads the model's declared plate
+    elbo.loss(bnn, guide, x, y)
+    assert elbo.last_terms["num_data"] == 200
+    pyro.set_rng_seed(0)
+    with_n = pyro_bbb.predict(bnn, guide, x, num_samples=5).mean
+    bnn.num_data = None
+    pyro.set_rng_seed(0)
+    torch.testing.assert_close(pyro_bbb.predict(bnn, guide, x, num_samples=5).mean, with_n)
+
+
+def test_a_batch_larger_than_the_models_n_and_a_bad_n_are_refused():
+    bnn, guide, x, y = _pyro_elbo_setup(None)
+    bnn.num_data = 10
+    with pytest.raises(ValueError, match="16 rows is larger than the model's num_data=10"):
+        pyro.infer.Trace_ELBO().loss(bnn, guide, x, y)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="num_data"):
+            bnn.num_data = bad
+    assert bnn.num_data == 10
+
+
+def test_pyros_autonormal_and_a_dataloader_train_a_bnn_that_knows_n():
+    """Another guide, another loop: AutoNormal under Trace_ELBO over a DataLoader's batches, a last batch of 4."""
+    x, y = torch.randn(100, 3), torch.randn(100)
+    bnn = pyro_bbb.BNN(mixed_net(), likelihoods.Gaussian(0.5), num_data=100)
+    guide = pyro.infer.autoguide.AutoNormal(bnn)
+    svi = SVI(bnn, guide, pyro.optim.Adam({"lr": 0.01}), pyro.infer.Trace_ELBO())
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32)
+    for xb, yb in loader:
+        svi.step(xb, yb)
+    trace = poutine.trace(bnn).get_trace(xb, yb)
+    assert trace.nodes["y"]["scale"] == 25.0 and len(yb) == 4
+
+
+@pytest.mark.slow
+def test_a_pyro_users_own_minibatch_loop_on_breast_cancer_matches_fit_when_the_model_knows_n():
+    """The loop every Pyro tutorial writes (SVI, Trace_ELBO, batches of 64, a 30-50-50 net) on scikit-learn's
+    breast-cancer set: with N known its test accuracy is within 2 points of ``fit``'s (measured 0.959 / 0.953);
+    without N it warns before its first step changes a parameter."""
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.model_selection import train_test_split
+
+    features, labels = load_breast_cancer(return_X_y=True)
+    x_train, x_test, y_train, y_test = train_test_split(features, labels, test_size=0.3, random_state=0,
+                                                        stratify=labels)
+    mean, std = x_train.mean(0), x_train.std(0)
+    x_train, x_test = (torch.tensor((a - mean) / std, dtype=torch.float32) for a in (x_train, x_test))
+    y_train, y_test = torch.tensor(y_train), torch.tensor(y_test)
+
+    def model(num_data=None):
+        pyro.clear_param_store()
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(BayesianLinear(30, 50), torch.nn.ReLU(), BayesianLinear(50, 50), torch.nn.ReLU(),
+                                  BayesianLinear(50, 2))
+        bnn = pyro_bbb.BNN(net, likelihoods.Categorical(), num_data=num_data)
+        return bnn, pyro_bbb.MeanFieldGuide(bnn)
+
+    def accuracy(bnn, guide):
+        probs = pyro_bbb.predict(bnn, guide, x_test, num_samples=100).probs
+        return float((probs.argmax(-1) == y_test).float().mean())
+
+    bnn, guide = model()
+    pyro_bbb.fit(bnn, guide, (x_train, y_train), epochs=100, batch_size=64, progress=False)
+    fit_accuracy = accuracy(bnn, guide)
+
+    bnn, guide = model(num_data=len(x_train))
+    svi = SVI(bnn, guide, pyro.optim.Adam({"lr": 1e-3}), pyro.infer.Trace_ELBO())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(100):
+            order = torch.randperm(len(x_train))
+            for start in range(0, len(x_train), 64):
+                batch = order[start:start + 64]
+                svi.step(x_train[batch], y_train[batch])
+    assert abs(accuracy(bnn, guide) - fit_accuracy) <= 0.02
+    assert fit_accuracy > 0.93
+
+    bnn, guide = model()
+    svi = SVI(bnn, guide, pyro.optim.Adam({"lr": 1e-3}), pyro.infer.Trace_ELBO())
+    guide(x_train[:64], y_train[:64])
+    before = {name: value.detach().clone() for name, value in pyro.get_param_store().items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="num_data=N"):
+            svi.step(x_train[:64], y_train[:64])
+    assert all(torch.equal(before[name], pyro.get_param_store()[name].detach()) for name in before)

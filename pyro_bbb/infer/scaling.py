@@ -14,16 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pyro.poutine.messenger import Messenger
-
 from .._internals import is_deterministic_site
-from .._plates import DATA_PLATE, data_plate_frame
+from .._plates import DATA_PLATE, DataPlateScaler, data_plate_frame
 from ..nn.module import is_layer_prior
 
 __all__ = ["DataPlateScaleMessenger", "scale_data_plate"]
 
 
-class DataPlateScaleMessenger(Messenger):
+class DataPlateScaleMessenger(DataPlateScaler):
     """Scales every sample site inside the plate named ``data_plate`` by ``num_data / B``.
 
     ``B`` is the plate's size in this call, so a last, partial batch is scaled right. A plate declared with
