@@ -33,7 +33,7 @@ import torch
 __all__ = [
     "Inputs", "as_tensor", "targets_like", "targets_of_shape", "model_dtype", "cast_inputs", "map_inputs",
     "input_tensors", "num_rows", "select_rows", "split_rows", "first_tensor", "inputs_to",
-    "check_finite_inputs", "input_shapes",
+    "check_finite_inputs", "input_shapes", "class_labels",
 ]
 
 #: What ``x`` may be: one tensor, a tuple/list of tensors, or a mapping from names to tensors.
@@ -228,6 +228,47 @@ def targets_of_shape(y: Any, shape: torch.Size | tuple[int, ...]) -> torch.Tenso
         raise ValueError(
             f"the prediction covers {shape[0]} inputs and needs targets of shape {shape}, but y has shape "
             f"{tuple(y.shape)}."
+        )
+    return y
+
+
+def class_labels(y: Any, rows: int, num_classes: int) -> torch.Tensor:
+    """Class labels ``(rows,)`` as ``long`` from what a user has: integer, boolean or float labels (``(N,)`` or
+    ``(N, 1)``) or one-hot rows ``(N, C)``; a ``ValueError`` naming the problem and the fix for anything else
+    (probabilities as targets, fractional or out-of-range labels, another number of rows).
+
+    Examples
+    --------
+    >>> class_labels(torch.tensor([[1.0], [0.0]]), 2, 2)
+    tensor([1, 0])
+    >>> class_labels(torch.tensor([[0, 0, 1], [0, 1, 0]]), 2, 3)   # one-hot
+    tensor([2, 1])
+    >>> class_labels(torch.tensor([0, 3]), 2, 3)
+    Traceback (most recent call last):
+    ...
+    ValueError: class labels must lie in 0..2 for 3 classes, but y holds 3. Pass labels 0..C-1 (a Bernoulli's 0 or 1).
+    """
+    y = as_tensor(y, "y")
+    if y.dim() == 2 and y.shape[1] == num_classes > 1 and y.shape[0] == rows:
+        if y.dtype == torch.bool or not bool(((y == 0) | (y == 1)).all() and (y.sum(-1) == 1).all()):
+            raise ValueError(
+                f"y has shape {tuple(y.shape)}, one row per input and class, but its rows are not one-hot (a single "
+                "1 in each): class probabilities or soft labels are not targets. Pass the labels (y.argmax(-1)) "
+                "or one-hot rows."
+            )
+        return y.argmax(-1)
+    y = targets_of_shape(y, (rows,))
+    if y.is_floating_point() and not bool((y == y.round()).all()):
+        raise ValueError(
+            "y holds fractional values, but class labels are whole numbers 0..C-1; pass the labels (for "
+            "probabilities of class 1, threshold them: (p > 0.5).long())."
+        )
+    y = y.long()
+    if y.numel() and (int(y.min()) < 0 or int(y.max()) >= max(num_classes, 2)):
+        bad = int(y.min()) if int(y.min()) < 0 else int(y.max())
+        raise ValueError(
+            f"class labels must lie in 0..{max(num_classes, 2) - 1} for {max(num_classes, 2)} classes, but y holds "
+            f"{bad}. Pass labels 0..C-1 (a Bernoulli's 0 or 1)."
         )
     return y
 

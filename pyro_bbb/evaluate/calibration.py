@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from .._inputs import targets_of_shape
+from .._inputs import class_labels
 from ..data.provenance import fraction_seen_in_training
 from ..prediction.predictive import predict
 from ..prediction.results import ClassificationPrediction
@@ -68,7 +68,7 @@ class TemperatureScaling:
         True
         """
         log_probs = _log_probs(prediction)
-        y = targets_of_shape(y, log_probs.shape[:1]).to(log_probs.device).long()
+        y = class_labels(y, log_probs.shape[0], log_probs.shape[-1]).to(log_probs.device)
         if y.numel() < 2:
             raise ValueError("temperature scaling needs a validation split of at least two labelled inputs.")
         log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)

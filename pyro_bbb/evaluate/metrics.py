@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_count
-from .._inputs import targets_of_shape
+from .._inputs import class_labels, targets_of_shape
 from ..prediction.results import ClassificationPrediction, Prediction, RegressionPrediction
 
 __all__ = [
@@ -56,21 +56,31 @@ def class_probabilities(prediction: ClassificationPrediction | torch.Tensor) -> 
     return probs
 
 
-def log_likelihood(prediction: Prediction, y: torch.Tensor, reduction: str = "mean") -> float | torch.Tensor:
+def log_likelihood(prediction: Prediction | torch.Tensor, y: torch.Tensor,
+                   reduction: str = "mean") -> float | torch.Tensor:
     """Log posterior predictive density ``log (1/S) sum_s p(y_i | x_i, w_s)`` per datum, averaged by default.
 
-    ``reduction="none"`` returns the per-datum tensor, ``"sum"`` the total.
+    ``prediction`` is what :func:`pyro_bbb.predict` returns, or a classifier's predictive class probabilities
+    ``(batch, C)`` (``(batch,)``: a Bernoulli's P(y = 1)), whose log at the label is the same number. A classifier's
+    labels may be integer, boolean, float 0/1 or one-hot. ``reduction="none"`` returns the per-datum tensor,
+    ``"sum"`` the total.
 
     Examples
     --------
     >>> p = Prediction(dist.Normal(torch.zeros(2, 3), 1.0), torch.zeros(2, 3))
     >>> round(log_likelihood(p, torch.zeros(3)), 4)     # log N(0 | 0, 1)
     -0.9189
+    >>> round(log_likelihood(torch.tensor([[0.5, 0.5], [0.9, 0.1]]), torch.tensor([1, 0])), 4)
+    -0.3993
     """
-    if not isinstance(prediction, Prediction):
-        raise TypeError(f"log_likelihood needs a Prediction from pyro_bbb.predict, got {type(prediction).__name__}.")
-    y = targets_of_shape(y, prediction.samples.shape[1:])
-    per_datum = prediction.log_likelihood(y)
+    if isinstance(prediction, Prediction):
+        per_datum = prediction.log_likelihood(y)  # a classifier's reads its labels with class_labels
+    elif isinstance(prediction, torch.Tensor):
+        probs, y = _probs_and_labels(_checked_probabilities(prediction), y)
+        per_datum = probs.gather(-1, y[:, None]).squeeze(-1).log().to(prediction.dtype)
+    else:
+        raise TypeError(f"log_likelihood needs a Prediction from pyro_bbb.predict (or a classifier's class "
+                        f"probabilities), got {type(prediction).__name__}.")
     if reduction == "none":
         return per_datum
     if reduction == "sum":
@@ -78,6 +88,20 @@ def log_likelihood(prediction: Prediction, y: torch.Tensor, reduction: str = "me
     if reduction == "mean":
         return float(per_datum.mean())
     raise ValueError(f'`reduction` must be "mean", "sum" or "none", got {reduction!r}.')
+
+
+def _checked_probabilities(probs: torch.Tensor) -> torch.Tensor:
+    """``probs`` when it holds class probabilities (in [0, 1], rows summing to 1); else a ``ValueError``."""
+    two_columns = class_probabilities(probs)
+    total = two_columns.sum(-1)
+    if not bool(((two_columns >= 0) & (two_columns <= 1)).all() and torch.allclose(total, torch.ones_like(total),
+                                                                                       atol=1e-4)):
+        raise ValueError(
+            "log_likelihood of a plain tensor reads class probabilities (rows in [0, 1] summing to 1), and these are "
+            "not: for a regression pass the Prediction from pyro_bbb.predict (a mean alone has no density); for "
+            "logits, pass logits.softmax(-1)."
+        )
+    return probs
 
 
 def rmse(prediction: RegressionPrediction | torch.Tensor, y: torch.Tensor) -> float:
@@ -101,9 +125,8 @@ def accuracy(prediction: ClassificationPrediction | torch.Tensor, y: torch.Tenso
     >>> accuracy(torch.tensor([0.9, 0.2]), torch.tensor([1, 1]))    # binary: P(y = 1)
     0.5
     """
-    probs = class_probabilities(prediction)
-    y = targets_of_shape(y, probs.shape[:1])
-    return float((probs.argmax(-1) == y.long()).float().mean())
+    probs, y = _probs_and_labels(prediction, y)
+    return float((probs.argmax(-1) == y).float().mean())
 
 
 def expected_calibration_error(
@@ -121,9 +144,9 @@ def expected_calibration_error(
     """
     check_count("num_bins", num_bins)
     probs = class_probabilities(prediction)
-    y = targets_of_shape(y, probs.shape[:1])
+    y = class_labels(y, probs.shape[0], probs.shape[-1]).to(probs.device)
     confidence, predicted = probs.max(-1)
-    correct = (predicted == y.long()).to(probs.dtype)
+    correct = (predicted == y).to(probs.dtype)
     bins = (confidence * num_bins).long().clamp(max=num_bins - 1)
     count = torch.zeros(num_bins, dtype=probs.dtype).index_add_(0, bins, torch.ones_like(confidence))
     gap = torch.zeros(num_bins, dtype=probs.dtype).index_add_(0, bins, correct - confidence)
@@ -139,8 +162,8 @@ def brier_score(prediction: ClassificationPrediction | torch.Tensor, y: torch.Te
     2.0
     """
     probs = class_probabilities(prediction)
-    y = targets_of_shape(y, probs.shape[:1])
-    one_hot = torch.nn.functional.one_hot(y.long(), probs.shape[-1]).to(probs.dtype)
+    y = class_labels(y, probs.shape[0], probs.shape[-1]).to(probs.device)
+    one_hot = torch.nn.functional.one_hot(y, probs.shape[-1]).to(probs.dtype)
     return float((probs - one_hot).pow(2).sum(-1).mean())
 
 
@@ -277,12 +300,15 @@ def fpr_at_tpr(inside: Prediction | torch.Tensor, outside: Prediction | torch.Te
     return float(fps[reached] / fps[-1])
 
 
-def _confidence_and_error(prediction, y, score: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _confidence_and_error(prediction, y, score: str | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-input uncertainty and loss: 0/1 error of the most probable class, or squared error of the mean."""
+    if score is None:
+        score = "std" if isinstance(prediction, RegressionPrediction) else "max_probability"
     uncertainty = uncertainty_score(prediction, score).to(torch.float64)
     if isinstance(prediction, ClassificationPrediction):
-        y = targets_of_shape(y, prediction.predicted_class.shape).to(prediction.predicted_class.device)
-        error = (prediction.predicted_class != y.long()).to(torch.float64)
+        classes = 2 if prediction.binary else prediction.probs.shape[-1]
+        y = class_labels(y, len(prediction), classes).to(prediction.predicted_class.device)
+        error = (prediction.predicted_class != y).to(torch.float64)
     elif isinstance(prediction, RegressionPrediction):
         y = targets_of_shape(y, prediction.mean.shape).to(prediction.mean.device)
         error = (prediction.mean - y).pow(2).reshape(y.shape[0], -1).mean(-1).to(torch.float64)
@@ -292,11 +318,12 @@ def _confidence_and_error(prediction, y, score: str) -> tuple[torch.Tensor, torc
     return uncertainty, error.detach()
 
 
-def risk_coverage(prediction: Prediction, y: torch.Tensor, score: str = "max_probability"
+def risk_coverage(prediction: Prediction, y: torch.Tensor, score: str | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Selective prediction: keep the ``k`` surest inputs (lowest score) and report the risk among them, for every
     ``k``. Returns ``(coverage k / n, risk)``; the risk is the error rate (classification) or the mean squared error
-    (regression) of the kept inputs. Ties in the score are kept in input order.
+    (regression) of the kept inputs. Ties in the score are kept in input order. The score defaults to
+    ``"max_probability"`` for a classifier and ``"std"`` for a regression.
 
     Examples
     --------
@@ -312,7 +339,7 @@ def risk_coverage(prediction: Prediction, y: torch.Tensor, score: str = "max_pro
     return kept / error.numel(), error[order].cumsum(0) / kept
 
 
-def aurc(prediction: Prediction, y: torch.Tensor, score: str = "max_probability") -> float:
+def aurc(prediction: Prediction, y: torch.Tensor, score: str | None = None) -> float:
     """Area under the risk-coverage curve (the mean of the risk over the coverages ``1/n, ..., 1``); lower is better.
 
     Examples
@@ -326,7 +353,7 @@ def aurc(prediction: Prediction, y: torch.Tensor, score: str = "max_probability"
 
 
 def risk_at_coverage(prediction: Prediction, y: torch.Tensor, coverage: float = 0.8,
-                     score: str = "max_probability") -> float:
+                     score: str | None = None) -> float:
     """The risk when only the surest ``coverage`` fraction of the inputs is predicted (at least one input).
 
     Examples
@@ -344,7 +371,7 @@ def risk_at_coverage(prediction: Prediction, y: torch.Tensor, coverage: float = 
 
 def _probs_and_labels(prediction, y) -> tuple[torch.Tensor, torch.Tensor]:
     probs = class_probabilities(prediction).detach().to(torch.float64)
-    return probs, targets_of_shape(y, probs.shape[:1]).to(probs.device).long()
+    return probs, class_labels(y, probs.shape[0], probs.shape[-1]).to(probs.device)
 
 
 def adaptive_calibration_error(prediction: ClassificationPrediction | torch.Tensor, y: torch.Tensor,

@@ -16,7 +16,7 @@ import math
 import pyro.distributions as dist
 import torch
 
-from .._inputs import targets_of_shape
+from .._inputs import class_labels, targets_of_shape
 from ..priors import strip_independent
 
 __all__ = ["Prediction", "RegressionPrediction", "ClassificationPrediction", "prediction_for"]
@@ -151,6 +151,12 @@ class ClassificationPrediction(Prediction):
     @property
     def binary(self) -> bool:
         return isinstance(self.distribution, dist.Bernoulli)
+
+    def log_prob(self, y: torch.Tensor) -> torch.Tensor:
+        """``log p(y | x, w_s)``, shape ``(S, batch)``, for labels that are integer, boolean, float 0/1 (``(batch,)``
+        or ``(batch, 1)``) or one-hot rows; a clear error for probabilities, fractions or labels out of range."""
+        num_classes = 2 if self.binary else self.draw_probs.shape[-1]
+        return super().log_prob(class_labels(y, len(self), num_classes))
 
     @property
     def draw_probs(self) -> torch.Tensor:

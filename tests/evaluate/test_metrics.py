@@ -165,3 +165,104 @@ def test_a_bernoulli_prediction_takes_the_labels_fit_takes_and_equals_the_hand_c
     torch.testing.assert_close(metrics.log_likelihood(prediction, y, reduction="none"),
                                torch.tensor(expected), rtol=1e-6, atol=1e-6)
     assert metrics.accuracy(prediction, y) == pytest.approx(1.0)
+
+
+# Every metric takes what predict returns and the labels fit takes, or says what to pass instead.
+
+_THREE_CLASS_DRAWS = torch.tensor([[[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]],   # draw 1: 2 inputs x 3 classes
+                                   [[0.5, 0.4, 0.1], [0.3, 0.3, 0.4]]])  # draw 2
+
+
+def _labels(kind, values, num_classes):
+    y = torch.tensor(values)
+    return {"long": y, "int32": y.int(), "float": y.float(), "bool": y.bool(),
+            "long (N, 1)": y[:, None], "float (N, 1)": y.float()[:, None],
+            "one-hot": torch.nn.functional.one_hot(y, num_classes),
+            "one-hot float": torch.nn.functional.one_hot(y, num_classes).float()}[kind]
+
+
+@pytest.mark.parametrize("kind", ["long", "int32", "float", "long (N, 1)", "float (N, 1)", "one-hot", "one-hot float"])
+def test_a_categorical_prediction_takes_every_label_form_with_hand_computed_values(kind):
+    prediction = ClassificationPrediction(dist.Categorical(probs=_THREE_CLASS_DRAWS), torch.zeros(2, 2))
+    y = _labels(kind, [0, 2], 3)
+    # predictive probabilities: [0.6, 0.3, 0.1] and [0.2, 0.3, 0.5]; labels 0 and 2
+    assert metrics.log_likelihood(prediction, y) == pytest.approx((math.log(0.6) + math.log(0.5)) / 2, rel=1e-6)
+    assert metrics.log_likelihood(prediction.probs, y) == pytest.approx((math.log(0.6) + math.log(0.5)) / 2,
+                                                                       rel=1e-6)
+    assert metrics.accuracy(prediction, y) == 1.0
+    brier = ((0.4 ** 2 + 0.3 ** 2 + 0.1 ** 2) + (0.2 ** 2 + 0.3 ** 2 + 0.5 ** 2)) / 2
+    assert metrics.brier_score(prediction, y) == pytest.approx(brier, rel=1e-6)
+    assert metrics.expected_calibration_error(prediction, y) == pytest.approx(((1 - 0.6) + (1 - 0.5)) / 2, rel=1e-5)
+    reference = torch.tensor([0, 2])
+    for metric in (metrics.adaptive_calibration_error, metrics.classwise_calibration_error, metrics.aurc):
+        assert metric(prediction, y) == pytest.approx(metric(prediction, reference))
+
+
+@pytest.mark.parametrize("kind", ["long", "int32", "float", "bool", "long (N, 1)", "float (N, 1)", "one-hot"])
+def test_a_bernoulli_prediction_takes_every_label_form_with_hand_computed_values(kind):
+    probs = torch.tensor([[0.9, 0.2], [0.7, 0.4]])   # 2 draws x 2 inputs, P(y = 1): predictive 0.8 and 0.3
+    prediction = ClassificationPrediction(dist.Bernoulli(probs=probs), torch.zeros(2, 2))
+    y = _labels(kind, [1, 0], 2)
+    expected = (math.log(0.8) + math.log(0.7)) / 2
+    assert metrics.log_likelihood(prediction, y) == pytest.approx(expected, rel=1e-6)
+    assert metrics.log_likelihood(prediction.probs, y) == pytest.approx(expected, rel=1e-6)
+    assert metrics.accuracy(prediction, y) == 1.0
+    assert metrics.brier_score(prediction, y) == pytest.approx(((0.2 ** 2) * 2 + (0.3 ** 2) * 2) / 2, rel=1e-6)
+    assert metrics.expected_calibration_error(prediction, y) == pytest.approx((0.2 + 0.3) / 2, rel=1e-5)
+
+
+@pytest.mark.parametrize("shape", ["(N,)", "(N, 1)"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_regression_prediction_takes_targets_as_fit_does_with_hand_computed_values(shape, dtype):
+    loc = torch.tensor([[0.0, 1.0], [2.0, 1.0]], dtype=dtype)   # 2 draws x 2 inputs, unit noise
+    prediction = RegressionPrediction(dist.Normal(loc, 1.0), loc)
+    y = torch.tensor([1.0, 1.0], dtype=dtype)
+    y = y if shape == "(N,)" else y[:, None]
+    expected = (math.log(math.exp(-0.5) / math.sqrt(2 * math.pi)) + math.log(1 / math.sqrt(2 * math.pi))) / 2
+    assert metrics.log_likelihood(prediction, y) == pytest.approx(expected, rel=1e-6)
+    assert metrics.rmse(prediction, y) == pytest.approx(0.0, abs=1e-7)
+    assert metrics.interval_coverage(prediction, y) == 1.0
+
+
+def test_labels_that_are_not_labels_get_an_error_naming_the_fix():
+    prediction = ClassificationPrediction(dist.Categorical(probs=_THREE_CLASS_DRAWS), torch.zeros(2, 2))
+    with pytest.raises(ValueError, match=r"not one-hot.*y.argmax\(-1\)"):
+        metrics.log_likelihood(prediction, torch.tensor([[0.2, 0.3, 0.5], [0.6, 0.2, 0.2]]))   # probabilities
+    with pytest.raises(ValueError, match="fractional"):
+        metrics.accuracy(prediction, torch.tensor([0.5, 2.0]))
+    with pytest.raises(ValueError, match=r"0\.\.2 for 3 classes, but y holds 3"):
+        metrics.brier_score(prediction, torch.tensor([0, 3]))
+    with pytest.raises(ValueError, match="needs targets of shape"):
+        metrics.expected_calibration_error(prediction, torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="a mean alone has no density"):
+        metrics.log_likelihood(torch.tensor([2.5, -1.0]), torch.tensor([2.0, -1.0]))
+    with pytest.raises(TypeError, match="Prediction from pyro_bbb.predict"):
+        metrics.log_likelihood([0.5, 0.5], torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize("likelihood", ["Gaussian", "HeteroscedasticGaussian", "Categorical", "Bernoulli"])
+def test_every_metric_takes_what_predict_returns(likelihood):
+    """A real BNN's predict output under each likelihood, through every metric that applies to it."""
+    import pyro_bbb
+    from pyro_bbb import likelihoods
+    from pyro_bbb.nn import BayesianLinear
+
+    torch.manual_seed(0)
+    outputs = {"Gaussian": 1, "HeteroscedasticGaussian": 2, "Categorical": 3, "Bernoulli": 1}[likelihood]
+    bnn = pyro_bbb.BNN(BayesianLinear(4, outputs), getattr(likelihoods, likelihood)())
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    x = torch.randn(12, 4)
+    y = {"Categorical": torch.randint(0, 3, (12,)), "Bernoulli": torch.randint(0, 2, (12, 1))}.get(
+        likelihood, torch.randn(12, 1))
+    guide(x, y)
+    prediction = pyro_bbb.predict(bnn, guide, x, num_samples=20)
+    values = [metrics.log_likelihood(prediction, y), metrics.aurc(prediction, y)]
+    if isinstance(prediction, ClassificationPrediction):
+        values += [metric(prediction, y) for metric in (
+            metrics.accuracy, metrics.expected_calibration_error, metrics.brier_score,
+            metrics.adaptive_calibration_error, metrics.classwise_calibration_error)]
+        values.append(metrics.log_likelihood(prediction.probs, y))
+        assert values[-1] == pytest.approx(values[0], rel=1e-5)   # the probabilities' log at the label: the same
+    else:
+        values += [metrics.rmse(prediction, y), metrics.interval_coverage(prediction, y)]
+    assert all(math.isfinite(v) for v in values)
