@@ -3,7 +3,8 @@
 * one API page per public module of pyro_bbb, and ``api.md``, which lists them grouped by role;
 * one page per tutorial: its markdown cells as prose, its code cut at every ``# %%`` marker (the marker's text a
   sentence before the code), what each piece printed right under it (``docs/figures/<tutorial>.output.json``,
-  written by ``make figures``), and each figure it writes right under the code that writes it, captioned;
+  written by ``make figures``), and each figure it writes right under the code that writes it, with the caption
+  ``docs/captions.toml`` writes for that figure (what the figure shows);
 * ``tutorials.md``, the tutorials in reading order.
 """
 
@@ -13,6 +14,7 @@ import fnmatch
 import json
 import re
 import textwrap
+import tomllib
 from pathlib import Path
 
 #: The package whose public modules get an API page.
@@ -136,9 +138,16 @@ def _figures_written(code: str, figures: Path) -> list[str]:
     return sorted(p.name for p in figures.glob("*.png") if any(fnmatch.fnmatch(p.name, pat) for pat in patterns))
 
 
+def figure_captions(figures: Path) -> dict[str, str]:
+    """Each figure's caption, by file name, from ``captions.toml`` beside the ``figures`` folder (empty without one)."""
+    path = figures.parent / "captions.toml"
+    return tomllib.loads(path.read_text())["captions"] if path.exists() else {}
+
+
 def _figure(name: str, caption: str) -> str:
-    """A MyST figure of ``docs/figures/<name>`` on a page under ``docs/generated/tutorials/``, full width."""
-    return f"```{{figure}} ../../figures/{name}\n:width: 100%\n:alt: {name}\n\n{caption}\n```"
+    """A MyST figure of ``docs/figures/<name>`` on a page under ``docs/generated/tutorials/``, at its own size up to
+    the text column's width (the stylesheet's ``max-width``), so that a small plot is not stretched."""
+    return f"```{{figure}} ../../figures/{name}\n:alt: {name}\n\n{caption}\n```"
 
 
 def _tutorial_page(script: Path, figures: Path) -> str:
@@ -146,6 +155,7 @@ def _tutorial_page(script: Path, figures: Path) -> str:
     cells = tutorial_cells(source)
     output_file = figures / f"{script.stem}.output.json"
     outputs = _place_outputs(json.loads(output_file.read_text()), source) if output_file.exists() else []
+    captions = figure_captions(figures)
     parts, shown = [], set()
     for cell in cells:
         if cell["kind"] == "markdown":
@@ -162,10 +172,7 @@ def _tutorial_page(script: Path, figures: Path) -> str:
         written = [name for name in _figures_written(cell["text"], figures) if name not in shown]
         for name in written:
             shown.add(name)
-            caption = cell["note"] or f"`{name}`"
-            if cell["note"] and len(written) > 1:
-                caption += f" (`{name}`)"
-            parts.append(_figure(name, caption))
+            parts.append(_figure(name, captions.get(name, f"`{name}`")))
     unplaced = "".join(text for line, text in outputs if line is None)
     if unplaced.strip():
         parts.append("Printed by code that has changed since `make figures` last ran:")
@@ -173,7 +180,7 @@ def _tutorial_page(script: Path, figures: Path) -> str:
     rest = [name for name in _figures_written(source, figures) if name not in shown]
     if rest:
         parts.append("## Figures")
-        parts += [_figure(name, f"`{name}`") for name in rest]
+        parts += [_figure(name, captions.get(name, f"`{name}`")) for name in rest]
     if not outputs:
         parts.append("*Run `make figures` to show this tutorial's printed output here.*")
     parts.append(f"*The script: `tutorials/{script.name}` (`python tutorials/{script.name} --help`).*")

@@ -40,6 +40,15 @@ def test_the_readmes_have_no_internal_history(page):
         assert not re.search(phrase, text, re.I), phrase
 
 
+def test_every_figure_has_its_own_caption_and_the_page_shows_it(tmp_path):
+    figures = ROOT / "docs" / "figures"
+    captions = build_pages.figure_captions(figures)
+    assert sorted(captions) == sorted(p.name for p in figures.glob("*.png"))
+    assert len(set(captions.values())) == len(captions)  # written per figure, not one sentence for several
+    page = build_pages._tutorial_page(ROOT / "tutorials" / "quickstart.py", figures)
+    assert captions["quickstart_history.png"] in page and captions["quickstart_band.png"] in page
+
+
 def test_tutorial_pages_put_notes_outputs_and_figures_under_their_code(tmp_path):
     script = tmp_path / "demo.py"
     script.write_text(
