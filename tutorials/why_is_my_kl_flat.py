@@ -44,8 +44,8 @@ def runs(num_data: int, steps: int) -> dict[str, object]:
 
 
 def main(epochs: int, out_dir: Path) -> dict[str, dict[str, object]]:
-    # %% The same digits MLP trained four ways (`runs` above): the KL over-weighted (stuck on the prior), nearly
-    # switched off (collapsed), and correct, with and without a warm-up; after each, `check_posterior` speaks.
+    # %% The same digits MLP trained three ways (`runs` above): the KL over-weighted (stuck on the prior), nearly
+    # switched off (collapsed), and correct with a warm-up; after each, `check_posterior` speaks.
     x_train, y_train, x_test, y_test = digits()
     steps = epochs * -(-len(x_train) // 64)
     results, histories = {}, {}
