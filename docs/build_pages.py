@@ -14,8 +14,9 @@ import fnmatch
 import json
 import re
 import textwrap
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 #: The package whose public modules get an API page.
 PACKAGE = "pyro_bbb"

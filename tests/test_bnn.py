@@ -167,8 +167,8 @@ def test_pyros_other_elbos_on_a_batch_equal_ours_in_expectation_when_the_model_k
 
 
 def test_renyi_elbo_on_a_batch_equals_ours_in_expectation_when_the_model_knows_n():
-    """RenyiELBO with one particle (its default is two: a tighter, importance-weighted bound) is the ELBO: the mean of 400 single-draw losses within 4 standard errors of
-    ours (4000 particles)."""
+    """RenyiELBO with one particle (its default is two: a tighter, importance-weighted bound) is the ELBO: the mean
+    of 400 single-draw losses within 4 standard errors of ours (4000 particles)."""
     ours = pyro_bbb.ELBO(num_data=200, num_particles=4000, vectorize_particles=True)
     bnn, guide, x, y = _pyro_elbo_setup(None)
     reference = ours.loss(bnn, guide, x, y)

@@ -31,8 +31,9 @@
 # with an N(0, 1) prior, accuracy 0.77 at ECE 0.055). On a small, noisy task pass `kl_weight=1`, or
 # `pyro_bbb.train.SelectKLWeight(...)` with a larger validation share.
 # What this model does *not* do: flag sequences of unseen tokens by their mutual information (as printed below, the
-# same on unseen-token sequences as on test sequences for either model): the token embeddings are deterministic, and an unseen token's embedding is simply its
-# random initial value -- make the embeddings Bayesian too (they are not converted) to ask that question.
+# same on unseen-token sequences as on test sequences for either model): the token embeddings are deterministic,
+# and an unseen token's embedding is simply its random initial value -- make the embeddings Bayesian too (they are
+# not converted) to ask that question.
 #
 # The posteriors start at `init_scale=0.05`: at the library default (1e-4) a few hundred steps cannot widen
 # them, and the "Bayesian" model would be a point estimate (see `History`'s posterior/prior std ratio).
