@@ -95,7 +95,8 @@ def main(epochs: int, out_dir: Path, progress: bool = True, draws: int = 200) ->
     noise_axis.set(ylabel="std of the ELBO's gradient per posterior mean", title="gradient noise, batch 64")
     for name, trace in traces.items():
         loss_axis.plot(range(1, len(trace) + 1), trace, label=name)
-    loss_axis.set(xlabel="epoch", ylabel="negative ELBO per datum (nats)", yscale="symlog", title="training loss")
+    loss_axis.set(xlabel="epoch", ylabel="negative ELBO per datum (nats)", title="training loss")
+    plots.symlog_yaxis(loss_axis)
     loss_axis.legend()
     plots.save_figure(figure, out_dir / "pyro_style_models.png")
 

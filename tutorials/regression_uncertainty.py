@@ -117,7 +117,8 @@ def compare_estimators(steps: int, out_dir: Path, progress: bool = True) -> dict
               f"{r['coverage_90']:.1%}, final loss per datum {r['final_loss_per_datum']:.3f}")
         axes[0].plot(history["loss_per_datum"], lw=1, label=name)
         axes[1].plot(grid.squeeze(-1), pyro_bbb.predict(bnn, guide, grid, num_samples=200).epistemic_std, label=name)
-    axes[0].set(xlabel="step (full batch)", ylabel="loss per datum (negative ELBO / N)", yscale="symlog",
+    plots.symlog_yaxis(axes[0])
+    axes[0].set(xlabel="step (full batch)", ylabel="loss per datum (negative ELBO / N)",
                 title="training loss: Monte Carlo vs deterministic")
     axes[0].set_ylim(top=max(1.0, axes[0].get_ylim()[1]))
     axes[0].legend(fontsize=8)

@@ -29,7 +29,10 @@ from . import metrics
 from .diagnostics import layer_summary
 
 __all__ = ["plot_history", "plot_std_ratio", "plot_reliability", "plot_predictive_band", "plot_risk_coverage",
-           "plot_ood_scores", "save_figure"]
+           "plot_ood_scores", "save_figure", "symlog_yaxis"]
+
+#: Legend and annotation size: readable when a 12-inch-wide figure is shown at a page's text width.
+SMALL_FONT = 9
 
 
 def _pyplot():
@@ -59,6 +62,30 @@ def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
+
+
+def symlog_yaxis(ax, linthresh: float = 1.0) -> None:
+    """Give ``ax`` a symmetric-log y axis (linear within ``linthresh`` of zero, logarithmic beyond) whose ticks can be
+    read: 1, 2 and 5 in every decade, written as plain numbers, so a loss between 2 and 8 gets ticks, not one "10^0".
+
+    Examples
+    --------
+    >>> import matplotlib
+    >>> matplotlib.use("Agg")
+    >>> import matplotlib.pyplot as plt
+    >>> fig, ax = plt.subplots()
+    >>> _ = ax.plot([1, 2, 3], [2.5, 4.0, 7.5])
+    >>> symlog_yaxis(ax)
+    >>> fig.canvas.draw()
+    >>> [t.get_text() for t in ax.get_yticklabels() if t.get_text()][:3]
+    ['1', '2', '5']
+    """
+    from matplotlib import ticker
+
+    ax.set_yscale("symlog", linthresh=linthresh)
+    ax.yaxis.set_major_locator(ticker.SymmetricalLogLocator(base=10, linthresh=linthresh, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.yaxis.set_minor_locator(ticker.NullLocator())
 
 
 def _finish(fig, path: str | Path | None):
@@ -97,7 +124,8 @@ def plot_history(history, path: str | Path | None = None):
         loss.plot(epochs, [-v for v in history["val_log_likelihood"]], label="validation NLL per datum")
     # symlog: linear within +-1 nat, logarithmic beyond, so a loss that starts in the hundreds and ends near zero
     # (or below: a density's NLL may be negative) shows both ends
-    loss.set(xlabel="epoch", ylabel="nats per datum (symlog)", title="loss", yscale="symlog")
+    loss.set(xlabel="epoch", ylabel="nats per datum (symlog)", title="loss")
+    symlog_yaxis(loss)
     per_layer = "kl_by_layer" in history.keys()  # absent for guides without a Normal posterior per weight
     for layer, values in (history["kl_by_layer"] if per_layer else {"total": history["kl"]}).items():
         kl.plot(epochs, values, label=layer)
@@ -117,7 +145,7 @@ def plot_history(history, path: str | Path | None = None):
             ax.axvline(best, color="0.4", lw=0.8, ls=":", label="best epoch" if ax is loss else None)
     for ax in (loss, kl, ratio):
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=SMALL_FONT)
     return _finish(fig, path)
 
 
@@ -155,7 +183,7 @@ def plot_std_ratio(model: Callable, guide, path: str | Path | None = None, bins:
         ax.axvline(math.log10(kl[layer]["prior_std"]), color="k", ls="--", label="prior std")
         ax.set(xlabel="log10 posterior std", ylabel="weights",
                title=f"{layer}: KL {kl[layer]['kl']:.0f} nats, {kl[layer]['num_weights']} weights")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=SMALL_FONT)
     return _finish(fig, path)
 
 
@@ -191,7 +219,7 @@ def plot_reliability(prediction: ClassificationPrediction | torch.Tensor, y: tor
             width = max(high - low, 0.005)
             ax.bar(low, accuracy, width=width, align="edge", edgecolor="k", color="C0", alpha=0.6)
             ax.plot(mean_confidence, accuracy, "o", color="C3", ms=4)
-            ax.text(low + width / 2, accuracy + 0.02, str(int(group.numel())), ha="center", fontsize=7)
+            ax.text(low + width / 2, accuracy + 0.02, str(int(group.numel())), ha="center", fontsize=SMALL_FONT)
     ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
     ax.plot([], [], "o", color="C3", ms=4, label="(mean confidence, accuracy)")
     if equal_mass:
@@ -199,7 +227,7 @@ def plot_reliability(prediction: ClassificationPrediction | torch.Tensor, y: tor
     else:
         label = f"ECE {metrics.expected_calibration_error(probs, y, num_bins):.3f}"
     ax.set(xlabel="confidence", ylabel="accuracy", xlim=(0, 1), ylim=(0, 1.1), title=f"{title} ({label})")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=SMALL_FONT, loc="upper left")
     return _finish(fig, path)
 
 
@@ -221,7 +249,7 @@ def plot_risk_coverage(predictions: dict[str, Prediction], y: torch.Tensor, scor
         ax.plot(coverage.cpu(), risk.cpu(), label=f"{name} (AURC {float(risk.mean()):.4f})")
     ax.set(xlabel="coverage (fraction predicted, surest first)", ylabel="risk of the predicted", xlim=(0, 1),
            title=f"risk against coverage ({score})")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=SMALL_FONT)
     return _finish(fig, path)
 
 
@@ -247,7 +275,7 @@ def plot_ood_scores(inside: Prediction | torch.Tensor, outside: Prediction | tor
     auroc, fpr = metrics.ood_auroc(scores_in, scores_out), metrics.fpr_at_tpr(scores_in, scores_out)
     ax.set(xlabel=score.replace("_", " "), ylabel="density",
            title=f"{title + ': ' if title else ''}AUROC {auroc:.3f}, FPR@95 {fpr:.3f}")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=SMALL_FONT)
     return _finish(fig, path)
 
 
@@ -287,5 +315,5 @@ def plot_predictive_band(
     if x_train is not None and y_train is not None:
         ax.scatter(x_train.reshape(-1).cpu(), y_train.cpu(), s=5, color="k", alpha=0.5, label="training data")
     ax.set(xlabel="x", ylabel="y")
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=SMALL_FONT, loc="lower left")
     return _finish(fig, path)
