@@ -67,7 +67,7 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     az.plot_posterior(idata, var_names=["net.2.bias", "likelihood.scale"])
     plt.gcf().savefig(out_dir / "arviz_posterior.png", dpi=100)
     az.plot_forest(idata, var_names=["net.2.weight"], combined=True)
-    plt.gcf().savefig(out_dir / "arviz_forest.png", dpi=100)
+    plt.gcf().savefig(out_dir / "arviz_forest.png", dpi=100, bbox_inches="tight")
     az.plot_ppc(idata, num_pp_samples=100)
     plt.gcf().savefig(out_dir / "arviz_ppc.png", dpi=100)
     az.plot_loo_pit(idata, y="y")

@@ -66,7 +66,8 @@ def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
 
 def symlog_yaxis(ax, linthresh: float = 1.0) -> None:
     """Give ``ax`` a symmetric-log y axis (linear within ``linthresh`` of zero, logarithmic beyond) whose ticks can be
-    read: 1, 2 and 5 in every decade, written as plain numbers, so a loss between 2 and 8 gets ticks, not one "10^0".
+    read: 1, 2 and 5 in every decade beyond ``linthresh`` and evenly spaced ones inside it, written as plain numbers,
+    so a loss between 2 and 8, or between -0.7 and 0, gets ticks rather than one "10^0".
 
     Examples
     --------
@@ -77,13 +78,30 @@ def symlog_yaxis(ax, linthresh: float = 1.0) -> None:
     >>> _ = ax.plot([1, 2, 3], [2.5, 4.0, 7.5])
     >>> symlog_yaxis(ax)
     >>> fig.canvas.draw()
-    >>> [t.get_text() for t in ax.get_yticklabels() if t.get_text()][:3]
-    ['1', '2', '5']
+    >>> [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    ['3', '4', '5', '6', '7']
     """
     from matplotlib import ticker
 
+    class SymlogTicks(ticker.Locator):
+        def __call__(self):
+            return self.tick_values(*self.axis.get_view_interval())
+
+        def tick_values(self, low, high):
+            ticks = []
+            choices = {}  # 1-2-5 in every decade; powers of 10 alone over many decades; every integer over few
+            for subs in ((1.0, 2.0, 5.0), (1.0,), tuple(float(k) for k in range(1, 10))):
+                decades = ticker.SymmetricalLogLocator(base=10, linthresh=linthresh, subs=subs)
+                choices[subs] = [t for t in decades.tick_values(low, high) if abs(t) >= linthresh and low <= t <= high]
+            ticks = next((t for t in choices.values() if 2 <= len(t) <= 8), max(choices.values(), key=len))
+            inner_low, inner_high = max(low, -linthresh), min(high, linthresh)
+            if inner_low < inner_high:  # the linear part: evenly spaced, clear of the decades' first ticks
+                ticks += [t for t in ticker.MaxNLocator(4).tick_values(inner_low, inner_high)
+                          if inner_low <= t <= inner_high and (abs(t) < 0.75 * linthresh or not ticks)]
+            return sorted(set(ticks))
+
     ax.set_yscale("symlog", linthresh=linthresh)
-    ax.yaxis.set_major_locator(ticker.SymmetricalLogLocator(base=10, linthresh=linthresh, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_locator(SymlogTicks())
     ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
     ax.yaxis.set_minor_locator(ticker.NullLocator())
 
