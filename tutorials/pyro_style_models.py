@@ -78,7 +78,7 @@ def main(epochs: int, out_dir: Path, progress: bool = True, draws: int = 200) ->
         guide(x_train[:64], y_train[:64])
         noise = gradient_noise(model, guide, x_train[:64], y_train[:64], estimator, draws)
         history = pyro_bbb.fit(model, guide, (x_train, y_train), epochs=epochs, batch_size=64, lr=1e-2,
-                               estimator=estimator, progress=progress, seed=0)
+                               estimator=estimator, progress=progress, seed=0, kl_weight=1)  # one objective for all
         pyro.set_rng_seed(0)
         pred = pyro_bbb.predict(model, guide, x_test, num_samples=100)
         results[estimator] = {"gradient_std": noise, "test_rmse": metrics.rmse(pred, y_test),

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Quickstart: a Bayesian neural network for 1-D regression in under a minute
+# # Quickstart: a Bayesian neural network for 1-D regression in about a minute
 #
 # The three-line happy path: `BNN(net, likelihood)` -> `MeanFieldGuide` -> `fit` -> `predict`. The network is
 # 1-50-50-1 (ReLU) with Bayes-by-Backprop weights and a learned noise scale; `fit` trains on minibatches of 64 and
@@ -79,8 +79,8 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     plots.save_figure(fig, out_dir / "quickstart_band.png", dpi=120)
 
     # %% The training traces: the loss per datum flattens; each layer's KL falls as its posterior widens from the
-    # guide's narrow start (a narrow posterior is far from the prior) to a fraction of the prior's width -- nearly all
-    # of it for the 50x50 middle layer, most of whose weights the data does not need.
+    # narrow start the KL-weight selection leaves (a narrow posterior is far from the prior) to a fraction of the
+    # prior's width -- nearly all of it for the 50x50 middle layer, most of whose weights the data does not need.
     history.plot(out_dir / "quickstart_history.png")
     plt.close("all")
     print(f"figures          ->  {out_dir / 'quickstart_band.png'}, {out_dir / 'quickstart_history.png'}")

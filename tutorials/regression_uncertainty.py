@@ -43,7 +43,9 @@ def heteroscedastic_bnn(prior: priors.Prior | None = None) -> pyro_bbb.BNN:
 
 def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     # %% The network predicts a mean and a noise scale for every input; `fit` trains it on 2000 points whose noise
-    # grows with |x| (inputs only in -2..2).
+    # grows with |x| (inputs only in -2..2), at KL weight 1: the epistemic band is what this tutorial looks at, and
+    # the Bayes posterior's is the one to read. (The default, `kl_weight="auto"`, picks a tempered posterior here
+    # that predicts about as well -- test log-lik -0.138 against -0.135 -- with an epistemic std about 10x narrower.)
     pyro.clear_param_store()
     torch.manual_seed(0)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -51,7 +53,7 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     x_test, y_test = heteroscedastic_regression(2000, seed=1)
     bnn = heteroscedastic_bnn()
     guide = pyro_bbb.MeanFieldGuide(bnn)
-    pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=200, lr=1e-2, progress=progress, seed=0)
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=200, lr=1e-2, progress=progress, seed=0, kl_weight=1)
     pred = pyro_bbb.predict(bnn, guide, x_test, num_samples=200)
     coverage = metrics.interval_coverage(pred, y_test, level=0.9)
     log_lik, rmse = metrics.log_likelihood(pred, y_test), metrics.rmse(pred, y_test)
