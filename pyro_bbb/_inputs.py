@@ -263,13 +263,14 @@ def class_labels(y: Any, rows: int, num_classes: int) -> torch.Tensor:
             "y holds fractional values, but class labels are whole numbers 0..C-1; pass the labels (for "
             "probabilities of class 1, threshold them: (p > 0.5).long())."
         )
-    y = y.long()
-    if y.numel() and (int(y.min()) < 0 or int(y.max()) >= max(num_classes, 2)):
-        bad = int(y.min()) if int(y.min()) < 0 else int(y.max())
-        raise ValueError(
-            f"class labels must lie in 0..{max(num_classes, 2) - 1} for {max(num_classes, 2)} classes, but y holds "
-            f"{bad}. Pass labels 0..C-1 (a Bernoulli's 0 or 1)."
-        )
+    y, classes = y.long(), max(num_classes, 2)
+    if y.numel():
+        low, high = int(y.min()), int(y.max())
+        if low < 0 or high >= classes:
+            raise ValueError(
+                f"class labels must lie in 0..{classes - 1} for {classes} classes, but y holds "
+                f"{low if low < 0 else high}. Pass labels 0..C-1 (a Bernoulli's 0 or 1)."
+            )
     return y
 
 

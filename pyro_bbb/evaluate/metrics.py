@@ -143,8 +143,7 @@ def expected_calibration_error(
     0.0
     """
     check_count("num_bins", num_bins)
-    probs = class_probabilities(prediction)
-    y = class_labels(y, probs.shape[0], probs.shape[-1]).to(probs.device)
+    probs, y = _labelled_probabilities(prediction, y)
     confidence, predicted = probs.max(-1)
     correct = (predicted == y).to(probs.dtype)
     bins = (confidence * num_bins).long().clamp(max=num_bins - 1)
@@ -161,8 +160,7 @@ def brier_score(prediction: ClassificationPrediction | torch.Tensor, y: torch.Te
     >>> brier_score(torch.tensor([[1.0, 0.0]]), torch.tensor([1]))
     2.0
     """
-    probs = class_probabilities(prediction)
-    y = class_labels(y, probs.shape[0], probs.shape[-1]).to(probs.device)
+    probs, y = _labelled_probabilities(prediction, y)
     one_hot = torch.nn.functional.one_hot(y, probs.shape[-1]).to(probs.dtype)
     return float((probs - one_hot).pow(2).sum(-1).mean())
 
@@ -306,8 +304,7 @@ def _confidence_and_error(prediction, y, score: str | None) -> tuple[torch.Tenso
         score = "std" if isinstance(prediction, RegressionPrediction) else "max_probability"
     uncertainty = uncertainty_score(prediction, score).to(torch.float64)
     if isinstance(prediction, ClassificationPrediction):
-        classes = 2 if prediction.binary else prediction.probs.shape[-1]
-        y = class_labels(y, len(prediction), classes).to(prediction.predicted_class.device)
+        y = class_labels(y, len(prediction), prediction.num_classes).to(prediction.predicted_class.device)
         error = (prediction.predicted_class != y).to(torch.float64)
     elif isinstance(prediction, RegressionPrediction):
         y = targets_of_shape(y, prediction.mean.shape).to(prediction.mean.device)
@@ -369,9 +366,16 @@ def risk_at_coverage(prediction: Prediction, y: torch.Tensor, coverage: float = 
     return float(risk[max(int(coverage * covered.numel()), 1) - 1])
 
 
-def _probs_and_labels(prediction, y) -> tuple[torch.Tensor, torch.Tensor]:
-    probs = class_probabilities(prediction).detach().to(torch.float64)
+def _labelled_probabilities(prediction, y) -> tuple[torch.Tensor, torch.Tensor]:
+    """Class probabilities ``(batch, C)`` and the labels as ``long`` on their device."""
+    probs = class_probabilities(prediction)
     return probs, class_labels(y, probs.shape[0], probs.shape[-1]).to(probs.device)
+
+
+def _probs_and_labels(prediction, y) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_labelled_probabilities` in float64, detached."""
+    probs, y = _labelled_probabilities(prediction, y)
+    return probs.detach().to(torch.float64), y
 
 
 def adaptive_calibration_error(prediction: ClassificationPrediction | torch.Tensor, y: torch.Tensor,

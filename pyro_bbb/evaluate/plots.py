@@ -88,7 +88,6 @@ def symlog_yaxis(ax, linthresh: float = 1.0) -> None:
             return self.tick_values(*self.axis.get_view_interval())
 
         def tick_values(self, low, high):
-            ticks = []
             choices = {}  # 1-2-5 in every decade; powers of 10 alone over many decades; every integer over few
             for subs in ((1.0, 2.0, 5.0), (1.0,), tuple(float(k) for k in range(1, 10))):
                 decades = ticker.SymmetricalLogLocator(base=10, linthresh=linthresh, subs=subs)

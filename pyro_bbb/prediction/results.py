@@ -152,11 +152,15 @@ class ClassificationPrediction(Prediction):
     def binary(self) -> bool:
         return isinstance(self.distribution, dist.Bernoulli)
 
+    @property
+    def num_classes(self) -> int:
+        """The number of classes (2 for a Bernoulli)."""
+        return 2 if self.binary else self.draw_probs.shape[-1]
+
     def log_prob(self, y: torch.Tensor) -> torch.Tensor:
         """``log p(y | x, w_s)``, shape ``(S, batch)``, for labels that are integer, boolean, float 0/1 (``(batch,)``
         or ``(batch, 1)``) or one-hot rows; a clear error for probabilities, fractions or labels out of range."""
-        num_classes = 2 if self.binary else self.draw_probs.shape[-1]
-        return super().log_prob(class_labels(y, len(self), num_classes))
+        return super().log_prob(class_labels(y, len(self), self.num_classes))
 
     @property
     def draw_probs(self) -> torch.Tensor:
