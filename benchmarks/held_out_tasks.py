@@ -47,6 +47,11 @@ def load(name: str):
             n_samples=1200, n_features=20, n_informative=8, n_redundant=4, n_classes=4, flip_y=0.05,
             random_state=0),
         "moons": lambda: datasets.make_moons(n_samples=500, noise=0.3, random_state=0),
+        # the third set, named for the MAP warm start's proof
+        "hastie": lambda: datasets.make_hastie_10_2(n_samples=1000, random_state=1),
+        "quantiles": lambda: datasets.make_gaussian_quantiles(n_samples=900, n_features=6, n_classes=3,
+                                                              random_state=1),
+        "friedman3": lambda: datasets.make_friedman3(n_samples=600, noise=0.1, random_state=1),
     }
     if name in generated:
         data, target = generated[name]()
@@ -55,9 +60,9 @@ def load(name: str):
                   "iris": datasets.load_iris, "diabetes": datasets.load_diabetes}[name]
         data, target = loader(return_X_y=True)
     x = torch.as_tensor(data, dtype=torch.float32)
-    if name in ("diabetes", "friedman"):
+    if name in ("diabetes", "friedman", "friedman3"):
         return x, torch.as_tensor(target, dtype=torch.float32), 0
-    y = torch.as_tensor(target, dtype=torch.long)
+    y = torch.as_tensor(target > 0 if name == "hastie" else target, dtype=torch.long)  # hastie's labels are -1, 1
     return x, y, int(y.max()) + 1
 
 
@@ -174,7 +179,8 @@ def bayesian(train, test, classes: int, epochs: int, seed: int, **options) -> di
     return row
 
 
-TASKS = ["breast cancer", "wine", "iris", "diabetes", "friedman", "four classes", "moons"]
+TASKS = ["breast cancer", "wine", "iris", "diabetes", "friedman", "four classes", "moons", "hastie", "quantiles",
+         "friedman3"]
 METHODS = {"deterministic": deterministic, "pyro_bbb defaults": bayesian,
            "pyro_bbb kl_weight=1": functools.partial(bayesian, kl_weight=1),
            "bayesian-torch README": bayesian_torch_recipe,
