@@ -46,6 +46,9 @@ class KLWeightChoice:
         Rows of the carved validation split.
     reason : str
         Why selection fell back to weight 1 (empty otherwise).
+    warm_start_epochs : int
+        Epochs of the MAP warm start (the posterior means trained as a deterministic net) before the candidates were
+        compared; 0 without one.
 
     Examples
     --------
@@ -59,6 +62,7 @@ class KLWeightChoice:
     validation_nll_se: dict[float, float] = field(default_factory=dict)
     num_validation: int | None = None
     reason: str = ""
+    warm_start_epochs: int = 0
 
     @property
     def tempered(self) -> bool:
@@ -76,7 +80,8 @@ class KLWeightChoice:
         how = {"user": " (given)", "fallback": f" (selection not run: {self.reason})"}.get(self.chosen_by, "")
         if self.chosen_by == "validation":
             scores = ", ".join(f"{w:g}: {nll:.3g}" for w, nll in self.validation_nll.items())
-            how = f", chosen by validation NLL ({scores})"
+            warm = f" after a {self.warm_start_epochs}-epoch MAP warm start" if self.warm_start_epochs else ""
+            how = f", chosen by validation NLL ({scores}){warm}"
         kind = "tempered" if self.tempered else "the Bayes posterior"
         return f"KL weight {self.kl_weight:g}{how}: {kind}"
 
@@ -91,7 +96,8 @@ class KLWeightChoice:
         return {"kl_weight": float(self.kl_weight), "chosen_by": self.chosen_by,
                 "validation_nll": [[float(w), float(v)] for w, v in self.validation_nll.items()],
                 "validation_nll_se": [[float(w), float(v)] for w, v in self.validation_nll_se.items()],
-                "num_validation": self.num_validation, "reason": self.reason}
+                "num_validation": self.num_validation, "reason": self.reason,
+                "warm_start_epochs": int(self.warm_start_epochs)}
 
     @classmethod
     def from_dict(cls, entry: dict[str, Any]) -> KLWeightChoice:
@@ -107,7 +113,8 @@ class KLWeightChoice:
         return cls(kl_weight=float(entry["kl_weight"]), chosen_by=str(entry.get("chosen_by", "user")),
                    validation_nll={float(w): float(v) for w, v in entry.get("validation_nll", [])},
                    validation_nll_se={float(w): float(v) for w, v in entry.get("validation_nll_se", [])},
-                   num_validation=entry.get("num_validation"), reason=str(entry.get("reason", "")))
+                   num_validation=entry.get("num_validation"), reason=str(entry.get("reason", "")),
+                   warm_start_epochs=int(entry.get("warm_start_epochs", 0)))
 
 
 def record_kl_weight(guide: Any, choice: KLWeightChoice | None) -> None:

@@ -1,4 +1,5 @@
-"""Training: ``fit`` (:mod:`~pyro_bbb.train.loop`), the KL weight's choice (:mod:`~pyro_bbb.train.selection`), its
+"""Training: ``fit`` (:mod:`~pyro_bbb.train.loop`), the KL weight's choice (:mod:`~pyro_bbb.train.selection`) after a
+MAP warm start (:mod:`~pyro_bbb.train.warm_start`), its
 :class:`History` (:mod:`~pyro_bbb.train.history`), one
 training step and its checks (:mod:`~pyro_bbb.train.step`), early stopping (:mod:`~pyro_bbb.train.stopping`),
 data-parallel training (:mod:`~pyro_bbb.train.distributed`) and the Lightning module

@@ -115,13 +115,13 @@ def test_fit_chooses_a_weight_on_a_held_out_split_and_then_trains_on_all_the_dat
     history = pyro_bbb.fit(bnn, guide, (x, y), epochs=8, batch_size=64, lr=1e-2, progress=False, seed=0)
     choice = history.kl_weight_choice
     assert choice.chosen_by == "validation" and choice.num_validation == 24  # 10% of the rows, every class's share
-    assert sorted(choice.validation_nll) == [0.001, 0.01, 0.1, 1.0]
+    assert sorted(choice.validation_nll) == [0.01, 0.1, 1.0]
     assert all(math.isfinite(v) for v in choice.validation_nll.values())
     best = min(choice.validation_nll, key=choice.validation_nll.get)
     assert choice.kl_weight in (best, 1.0)
-    # the path trained on the other rows (1 epoch at each of the 4 weights: 4 batches each), the final fit on all
-    # 240 for 8 epochs; the records are the final fit's, at the chosen weight
-    assert sizes == [240 - choice.num_validation] * 16 + [240] * 32
+    # the path trained on the other rows (1 epoch at each of the 3 weights: 4 batches each; the MAP warm start before
+    # it is not an ELBO), the final fit on all 240 for 8 epochs; the records are the final fit's, at the chosen weight
+    assert sizes == [240 - choice.num_validation] * 12 + [240] * 32
     assert len(history) == 8 and {r["kl_weight"] for r in history.records} == {choice.kl_weight}
     assert {r["num_data"] for r in history.records} == {240}
     assert kl_weight_of(guide) is choice
@@ -247,14 +247,15 @@ def test_a_progress_bar_shows_the_candidates_while_choosing_and_a_log_gets_a_lin
     monkeypatch.setattr("pyro_bbb.train.loop._live_display", lambda: True)  # as in a terminal
     pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=2, batch_size=64, seed=0)
     err = capsys.readouterr().err
-    assert "choosing kl_weight" in err and "0.001=" in err
+    assert "choosing kl_weight" in err and "MAP warm start, 1 epoch" in err and "0.01=" in err
     monkeypatch.undo()  # captured output is not a terminal: one line per candidate, no carriage returns
     pyro.clear_param_store()
     bnn = classifier()
     pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=2, batch_size=64, seed=0)
     lines = capsys.readouterr().err.splitlines()
     assert "\r" not in "".join(lines)
-    assert sum(line.startswith("choosing kl_weight: validation NLL") for line in lines) == 4
+    assert sum(line.startswith("choosing kl_weight: validation NLL") for line in lines) == 3
+    assert sum(line.startswith("choosing kl_weight: MAP warm start") for line in lines) == 1
 
 
 def test_the_tempering_is_shown_wherever_the_posterior_is(tmp_path):
