@@ -29,7 +29,7 @@ from ..priors import is_real_support
 
 __all__ = [
     "MeanFieldGuide", "DEFAULT_INIT_SCALE", "has_site_posteriors", "require_site_posteriors",
-    "require_fitted_posteriors", "site_loc_scale", "site_param_names", "drawn_posterior",
+    "require_fitted_posteriors", "site_loc_scale", "site_param_names", "drawn_posterior", "without_drawn_posterior",
     "site_posterior", "AdoptedPosteriorWarning",
 ]
 
@@ -472,6 +472,20 @@ def drawn_posterior(site: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
     [torch.Size([1, 2]), torch.Size([1, 2])]
     """
     return site["infer"].get(_POSTERIOR_KEY)
+
+
+def without_drawn_posterior(infer: dict) -> dict:
+    """A copy of a sample site's ``infer`` without the ``(loc, scale)`` a :class:`MeanFieldGuide` draw carries: a value
+    set by hand (e.g. at the posterior mean) is then used as it is, not redrawn by an estimator.
+
+    Examples
+    --------
+    >>> guide = MeanFieldGuide(BayesianLinear(2, 1))
+    >>> trace = poutine.trace(guide).get_trace(torch.zeros(1, 2))
+    >>> drawn_posterior({"infer": without_drawn_posterior(trace.nodes["weight"]["infer"])}) is None
+    True
+    """
+    return {key: value for key, value in infer.items() if key != _POSTERIOR_KEY}
 
 
 def site_param_names(guide, name: str) -> tuple[str, str]:

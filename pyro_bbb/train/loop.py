@@ -341,7 +341,8 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
             bar.set_postfix_str(f"MAP warm start, {epochs_text}")
             if progress and not live:
                 _print_line("choosing kl_weight", {"MAP warm start": epochs_text})
-            map_warm_start(model, guide, part, epochs=warm_epochs, lr=lr, prior_weight=min(selection.candidates))
+            map_warm_start(model, guide, part, epochs=warm_epochs, lr=_learning_rate_of(optimizer, lr),
+                           prior_weight=min(selection.candidates))
         chosen, nll, se, snapshot = run_path(selection, train_at, score,
                                              lambda: ParameterSnapshot(model, guide, optimizer=optimizer), epochs,
                                              report)
@@ -366,6 +367,17 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
     snapshot.restore()
     return KLWeightChoice(kl_weight=chosen, chosen_by="validation", validation_nll=nll, validation_nll_se=se,
                           num_validation=len(held_out), warm_start_epochs=warm_epochs)
+
+
+def _learning_rate_of(optimizer, lr: float) -> float:
+    """The optimizer's own learning rate where it states one (a pyro_bbb optimizer's ``defaults``, a Pyro optimizer's
+    argument dict), else ``fit``'s ``lr``: the MAP warm start steps at it."""
+    defaults = getattr(optimizer, "defaults", None)
+    arguments = getattr(optimizer, "pt_optim_args", None)
+    for source in (defaults, arguments):
+        if isinstance(source, dict) and isinstance(source.get("lr"), int | float):
+            return float(source["lr"])
+    return lr
 
 
 def _check_settings(epochs, batch_size, num_particles, num_validation_samples, lr, clip_norm, optimizer) -> None:

@@ -108,7 +108,7 @@ class SelectKLWeight:
         Examples
         --------
         >>> SelectKLWeight().epochs_per_candidate(100)
-        12
+        17
         """
         return max(1, round(epochs * self.selection_epochs / len(self.candidates)))
 

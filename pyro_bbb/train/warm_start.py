@@ -33,9 +33,11 @@ from pyro.poutine.messenger import Messenger
 from torch.distributions import Independent, Normal, TransformedDistribution
 
 from .._internals import is_deterministic_site
+from .._kl import log_prob_sum, needs_posterior
 from ..data.batches import Batches
-from ..infer.guide import has_site_posteriors, site_param_names
+from ..infer.guide import has_site_posteriors, site_param_names, without_drawn_posterior
 from ..infer.scaling import DataPlateScaleMessenger
+from ..priors import prior_in_force
 
 __all__ = ["map_warm_start", "map_loss", "can_warm_start", "PosteriorMeanMessenger", "posterior_mean"]
 
@@ -75,6 +77,7 @@ class PosteriorMeanMessenger(Messenger):
         mean = _normal_mean(msg["fn"])
         if mean is not None:
             msg["value"], msg["done"] = mean, True
+            msg["infer"] = without_drawn_posterior(msg["infer"])  # no estimator redraws it
 
 
 def posterior_mean(fn: Callable | None = None) -> PosteriorMeanMessenger | Callable:
@@ -130,10 +133,10 @@ def map_loss(model: Callable, guide, x, y, *, num_data: int, prior_weight: float
     for name, site in trace.nodes.items():
         if site["type"] != "sample" or is_deterministic_site(site):
             continue
-        log_prob = site["fn"].log_prob(site["value"])
-        if site["mask"] is not None:
-            log_prob = log_prob * site["mask"]
-        log_prob = (site["scale"] * log_prob).sum()
+        if not site["is_observed"] and name in guide_trace.nodes and needs_posterior(site["fn"]):
+            with torch.no_grad():  # an empirical-Bayes prior: the Normal it is, given the posterior (held fixed)
+                site = {**site, "fn": prior_in_force(site["fn"], guide_trace.nodes[name]["fn"])}
+        log_prob = log_prob_sum(site)  # scaled and masked as in the ELBO
         if site["is_observed"]:
             log_likelihood = log_likelihood + log_prob
         elif name in guide_trace.nodes:
@@ -165,10 +168,11 @@ def map_warm_start(model: Callable, guide, batches: Batches, *, epochs: int, lr:
         for x, y in batches:
             loss = map_loss(model, guide, x, y, num_data=batches.num_data, prior_weight=prior_weight)
             if not torch.isfinite(loss):
-                raise FloatingPointError(f"the MAP warm start's loss became {float(loss)}; lower lr.")
+                raise FloatingPointError(f"the MAP warm start's loss became {float(loss.detach())}; lower lr.")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
         if should_stop is not None and should_stop():
             break
-    optimizer.zero_grad(set_to_none=True)
+    for param in store.values():  # nothing left for the next step, the scales' included
+        param.unconstrained().grad = None

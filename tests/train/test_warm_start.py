@@ -1,6 +1,7 @@
 """The MAP warm start: its objective against closed forms, what it trains and leaves alone, and fit's use of it."""
 
 import math
+import warnings
 
 import pyro
 import pyro.distributions as dist
@@ -15,7 +16,7 @@ from pyro_bbb.data.batches import Batches
 from pyro_bbb.infer.tempering import KLWeightChoice
 from pyro_bbb.nn import BayesianLinear
 from pyro_bbb.priors import Normal as NormalPrior
-from pyro_bbb.train import loop
+from pyro_bbb.train import loop, warm_start
 from pyro_bbb.train.selection import SelectKLWeight, validation_split
 from pyro_bbb.train.warm_start import can_warm_start, map_loss, map_warm_start, posterior_mean
 
@@ -160,8 +161,8 @@ def test_a_non_finite_loss_raises_before_any_parameter_moves(monkeypatch):
     guide = pyro_bbb.MeanFieldGuide(model)
     guide(x, y)
     before = params()
-    monkeypatch.setattr("pyro_bbb.train.warm_start.map_loss", lambda *a, **k: torch.tensor(math.nan,
-                                                                                             requires_grad=True))
+    real = warm_start.map_loss  # a NaN that reaches every mean's gradient, were it applied
+    monkeypatch.setattr(warm_start, "map_loss", lambda *a, **k: real(*a, **k) * math.nan)
     with pytest.raises(FloatingPointError, match="lower lr"):
         map_warm_start(model, guide, Batches((x, y), 16, model.likelihood, None), epochs=1)
     for name, value in params().items():
@@ -206,6 +207,55 @@ def test_fit_auto_warm_starts_on_the_training_part_of_the_split_only(monkeypatch
     assert calls[0]["epochs"] == 2 and calls[0]["prior_weight"] == min(SelectKLWeight().candidates)
     seen = {tuple(row.tolist()) for row in calls[0]["x"]}
     assert not seen & {tuple(row.tolist()) for row in x[held_out]}  # the rows that score the weights stay unseen
+
+
+@pytest.mark.parametrize("optimizer, rate", [(None, 0.003), (pyro_bbb.optim.Adam(lr=0.02), 0.02),
+                                             (pyro.optim.Adam({"lr": 0.05}), 0.05)])
+def test_the_warm_start_steps_at_the_optimizers_own_rate(monkeypatch, optimizer, rate):
+    calls = spy(monkeypatch)
+    pyro.clear_param_store()
+    x, y, model = classification()
+    pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=4, lr=0.003, progress=False, seed=0,
+                 optimizer=optimizer)
+    assert calls[0]["lr"] == rate
+
+
+def test_an_empirical_bayes_prior_warm_starts_and_keeps_the_selection():
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    x, y, _ = classification()
+    net = torch.nn.Sequential(BayesianLinear(4, 16, prior=pyro_bbb.priors.EmpiricalBayesNormal()), torch.nn.ReLU(),
+                              BayesianLinear(16, 2, prior=pyro_bbb.priors.EmpiricalBayesNormal()))
+    model = pyro_bbb.BNN(net, likelihoods.Categorical())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning
+        history = pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=8, progress=False, seed=0)
+    assert history.kl_weight_choice.chosen_by == "validation" and history.kl_weight_choice.warm_start_epochs == 2
+
+
+class WithMaskedSite(Positive):
+    """``Positive`` plus, when asked, an impossible observation (log-density -inf) that a mask removes."""
+
+    impossible = False
+
+    def forward(self, x, y=None):
+        w, noise = self.w, self.noise
+        with pyro.plate("data", x.shape[0]):
+            if self.impossible:
+                with pyro.poutine.mask(mask=torch.tensor(False)):
+                    pyro.sample("impossible", dist.Normal(0.0, 1.0), obs=torch.full((x.shape[0],), math.inf))
+            return pyro.sample("y", dist.Normal(x @ w, noise), obs=y)
+
+
+def test_a_masked_out_impossible_observation_does_not_poison_the_loss():
+    pyro.clear_param_store()
+    x, y = torch.randn(8, 3), torch.randn(8)
+    model = WithMaskedSite()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    guide(x, y)
+    plain = map_loss(model, guide, x, y, num_data=16)
+    model.impossible = True
+    torch.testing.assert_close(map_loss(model, guide, x, y, num_data=16), plain)
 
 
 @pytest.mark.parametrize("kl_weight", [1.0, SelectKLWeight(warm_start=0)])
