@@ -35,7 +35,7 @@ from torch.distributions import Independent, Normal, TransformedDistribution
 from .._internals import is_deterministic_site
 from .._kl import log_prob_sum, needs_posterior
 from ..data.batches import Batches
-from ..infer.guide import has_site_posteriors, site_param_names, without_drawn_posterior
+from ..infer.guide import has_site_posteriors, without_drawn_posterior
 from ..infer.scaling import DataPlateScaleMessenger
 from ..priors import prior_in_force
 
@@ -159,10 +159,9 @@ def map_warm_start(model: Callable, guide, batches: Batches, *, epochs: int, lr:
     if guide.prototype_trace is None:
         x, y = next(iter(batches))
         guide(x, y)
-    scales = {site_param_names(guide, name)[1] for name, _ in guide.prototype_trace.iter_stochastic_nodes()}
-    store = pyro.get_param_store()
-    params = [store[name].unconstrained() for name in store.keys() if name not in scales]
-    params = [param for param in params if param.requires_grad]
+    every = _parameters(model, guide)
+    scales = {id(param) for param in guide.scales.parameters()}
+    params = [param for param in every if id(param) not in scales and param.requires_grad]
     optimizer = torch.optim.Adam(params, lr=lr)
     for _ in range(epochs):
         for x, y in batches:
@@ -174,5 +173,14 @@ def map_warm_start(model: Callable, guide, batches: Batches, *, epochs: int, lr:
             optimizer.step()
         if should_stop is not None and should_stop():
             break
-    for param in store.values():  # nothing left for the next step, the scales' included
-        param.unconstrained().grad = None
+    for param in every:  # nothing left for the next step, the scales' included
+        param.grad = None
+
+
+def _parameters(model: Callable, guide) -> list[torch.Tensor]:
+    """Every (unconstrained) parameter of the guide and the model, once each: the modules' own (with Pyro's
+    ``module_local_params`` they live nowhere else) and the param store's (a hand-written model's ``pyro.param``)."""
+    store = pyro.get_param_store()
+    found = [*guide.parameters(), *(model.parameters() if isinstance(model, torch.nn.Module) else ()),
+             *(store[name].unconstrained() for name in store.keys())]
+    return list({id(param): param for param in found}.values())

@@ -155,6 +155,24 @@ def test_deterministic_layers_of_a_partly_bayesian_net_train_with_the_means():
     assert any("locs" in name for name in moved) and any(name.endswith("0.weight") for name in moved)
 
 
+def test_module_local_parameters_warm_start_and_keep_the_selection():
+    pyro.settings.set(module_local_params=True)  # every guide keeps its own parameters, none in the param store
+    try:
+        pyro.clear_param_store()
+        x, y, model = classification()
+        guide = pyro_bbb.MeanFieldGuide(model)
+        guide(x, y)
+        locs = {k: v.loc.clone() for k, v in guide.site_posteriors().items()}
+        map_warm_start(model, guide, Batches((x, y), 16, model.likelihood, None), epochs=1, lr=0.01)
+        assert all(not torch.equal(guide.site_posteriors()[k].loc, v) for k, v in locs.items())
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no fallback
+            history = pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=4, progress=False, seed=0)
+        assert history.kl_weight_choice.chosen_by == "validation"
+    finally:
+        pyro.settings.set(module_local_params=False)
+
+
 def test_a_non_finite_loss_raises_before_any_parameter_moves(monkeypatch):
     pyro.clear_param_store()
     x, y, model = linear_regression()
