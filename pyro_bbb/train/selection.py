@@ -35,7 +35,8 @@ from .._checks import check_positive
 from ..optim import IVON
 from ..optim import Adam as JointAdam
 
-__all__ = ["SelectKLWeight", "DEFAULT_CANDIDATES", "validation_split", "choose_weight", "ParameterSnapshot"]
+__all__ = ["SelectKLWeight", "DEFAULT_CANDIDATES", "validation_split", "choose_weight", "every_parameter",
+           "ParameterSnapshot"]
 
 #: The candidate KL weights of ``fit(kl_weight="auto")``: the Bayes posterior and two tempered ones, a factor of 10
 #: apart (VOGN and noisy K-FAC temper by 0.1-0.5; ``docs/concepts.md``). 0.001 was a candidate before the MAP warm
@@ -177,9 +178,28 @@ def choose_weight(log_likelihoods: dict[float, torch.Tensor]) -> tuple[float, di
     return best, nll, se
 
 
+def every_parameter(*modules) -> list[torch.Tensor]:
+    """Every (unconstrained) parameter of ``modules`` and of Pyro's param store, once each (by identity): with Pyro's
+    ``module_local_params`` a module's parameters live nowhere else, and a hand-written model's ``pyro.param`` lives
+    only in the store.
+
+    Examples
+    --------
+    >>> pyro.clear_param_store()
+    >>> layer = torch.nn.Linear(2, 1)
+    >>> p = pyro.param("p", torch.zeros(2))
+    >>> len(every_parameter(layer)), len(every_parameter(layer, layer))
+    (3, 3)
+    """
+    store = pyro.get_param_store()
+    found = [*(param for module in modules if isinstance(module, torch.nn.Module) for param in module.parameters()),
+             *(store[name].unconstrained() for name in store.keys())]
+    return list({id(param): param for param in found}.values())
+
+
 class ParameterSnapshot:
-    """Every parameter in Pyro's store (and a module's buffers) as they are now, to put back later: the path keeps one
-    per candidate, and ``fit`` restores the chosen one.
+    """Every parameter of the modules and of Pyro's store (and the modules' buffers) as they are now, to put back
+    later: the path keeps one per candidate, and ``fit`` restores the chosen one.
 
     Examples
     --------
@@ -194,8 +214,7 @@ class ParameterSnapshot:
     """
 
     def __init__(self, *modules: torch.nn.Module, optimizer=None):
-        store = pyro.get_param_store()
-        self.params = {name: store[name].unconstrained().detach().clone() for name in store.keys()}
+        self.params = [(param, param.detach().clone()) for param in every_parameter(*modules)]
         self.buffers = [(buffer, buffer.detach().clone()) for module in modules if isinstance(module, torch.nn.Module)
                         for buffer in module.buffers()]
         self.optimizer = optimizer
@@ -207,10 +226,8 @@ class ParameterSnapshot:
 
     @torch.no_grad()
     def restore(self) -> None:
-        store = pyro.get_param_store()
-        for name, value in self.params.items():
-            if name in store:
-                store[name].unconstrained().copy_(value)
+        for param, value in self.params:
+            param.copy_(value)
         for buffer, value in self.buffers:
             buffer.copy_(value)
         if self.optimizer_state is None:

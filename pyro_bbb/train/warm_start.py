@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import pyro
 import pyro.poutine as poutine
 import torch
 from pyro.poutine.messenger import Messenger
@@ -38,6 +37,7 @@ from ..data.batches import Batches
 from ..infer.guide import has_site_posteriors, without_drawn_posterior
 from ..infer.scaling import DataPlateScaleMessenger
 from ..priors import prior_in_force
+from .selection import every_parameter
 
 __all__ = ["map_warm_start", "map_loss", "can_warm_start", "PosteriorMeanMessenger", "posterior_mean"]
 
@@ -159,7 +159,7 @@ def map_warm_start(model: Callable, guide, batches: Batches, *, epochs: int, lr:
     if guide.prototype_trace is None:
         x, y = next(iter(batches))
         guide(x, y)
-    every = _parameters(model, guide)
+    every = every_parameter(model, guide)
     scales = {id(param) for param in guide.scales.parameters()}
     params = [param for param in every if id(param) not in scales and param.requires_grad]
     optimizer = torch.optim.Adam(params, lr=lr)
@@ -176,11 +176,3 @@ def map_warm_start(model: Callable, guide, batches: Batches, *, epochs: int, lr:
     for param in every:  # nothing left for the next step, the scales' included
         param.grad = None
 
-
-def _parameters(model: Callable, guide) -> list[torch.Tensor]:
-    """Every (unconstrained) parameter of the guide and the model, once each: the modules' own (with Pyro's
-    ``module_local_params`` they live nowhere else) and the param store's (a hand-written model's ``pyro.param``)."""
-    store = pyro.get_param_store()
-    found = [*guide.parameters(), *(model.parameters() if isinstance(model, torch.nn.Module) else ()),
-             *(store[name].unconstrained() for name in store.keys())]
-    return list({id(param): param for param in found}.values())

@@ -377,3 +377,25 @@ def test_a_model_without_latent_weights_skips_the_selection():
         history = pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=2, batch_size=64, progress=False)
     assert history.kl_weight_choice.chosen_by == "fallback" and "no latent weights" in history.kl_weight_choice.reason
     assert sizes == [240] * 8  # no path: only the fit on all the data
+
+
+def test_the_snapshot_puts_back_module_local_parameters():
+    from pyro_bbb.train.selection import ParameterSnapshot
+
+    pyro.settings.set(module_local_params=True)  # the guide's parameters live in the module, none in the param store
+    try:
+        pyro.clear_param_store()
+        x, y = small_data(64)
+        model = regression_model()
+        guide = pyro_bbb.MeanFieldGuide(model)
+        guide(x, y)
+        assert len(pyro.get_param_store().keys()) == 0 and len(list(guide.parameters())) > 0
+        kept = {name: param.detach().clone() for name, param in guide.named_parameters()}
+        snapshot = ParameterSnapshot(model, guide)
+        with torch.no_grad():
+            for param in guide.parameters():
+                param.add_(1.0)
+        snapshot.restore()
+        assert all(torch.equal(param, kept[name]) for name, param in guide.named_parameters())
+    finally:
+        pyro.settings.set(module_local_params=False)
