@@ -6,7 +6,7 @@ Three tasks: ``uncertainty.py``'s digits MLP (its first split, 100 epochs at 1x)
 Each run is ``fit`` with its defaults for that many epochs, so the selection's path grows with them; the table shows
 the weight each run chose. The goal: test NLL non-increasing within 0.02 from 1x to 3x to 10x.
 
-    python benchmarks/training_longer.py            # about 10 minutes on 2 cores
+    python benchmarks/training_longer.py            # under an hour on 2 cores
     python benchmarks/training_longer.py --quick    # smoke run
 """
 
