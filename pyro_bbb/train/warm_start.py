@@ -175,4 +175,3 @@ def map_warm_start(model: Callable, guide, batches: Batches, *, epochs: int, lr:
             break
     for param in every:  # nothing left for the next step, the scales' included
         param.grad = None
-
