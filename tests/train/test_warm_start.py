@@ -130,11 +130,14 @@ def test_a_hand_written_model_with_pyros_autonormal_warm_starts_every_site():
     guide = AutoNormal(model)
     guide(x, y)
     assert can_warm_start(guide)
+    widths = {site: pyro_bbb.infer.guide.site_loc_scale(guide, site)[1].detach().clone() for site in ("w", "noise")}
     map_warm_start(model, guide, Batches((x, y), 50, None, None), epochs=300, lr=0.03, prior_weight=1.0)
     w = pyro_bbb.infer.guide.site_loc_scale(guide, "w")[0]
     noise = pyro_bbb.infer.guide.site_loc_scale(guide, "noise")[0].exp()
     torch.testing.assert_close(w, torch.tensor([1.0, -1.0, 2.0]), rtol=0, atol=0.05)
     assert 0.15 < float(noise.detach()) < 0.25
+    for site, width in widths.items():  # AutoNormal's scales are not stepped either
+        assert torch.equal(pyro_bbb.infer.guide.site_loc_scale(guide, site)[1], width)
 
 
 def test_deterministic_layers_of_a_partly_bayesian_net_train_with_the_means():
