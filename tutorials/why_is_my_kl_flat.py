@@ -78,10 +78,10 @@ def main(epochs: int, out_dir: Path) -> dict[str, dict[str, object]]:
         for layer, values in history["kl_by_layer"].items():
             row[1].plot(epochs_seen, values, label=layer)
         row[1].set(title="KL per layer (nats)", yscale="log")
-        for layer, values in history["std_ratio"].items():
+        for layer, values in history["std_ratio_geomean"].items():  # the average check_posterior judges by
             row[2].plot(epochs_seen, values, label=layer)
         row[2].axhline(1.0, color="k", ls="--", lw=0.8)
-        row[2].set(title="posterior std / prior std", yscale="log")
+        row[2].set(title="posterior std / prior std (geometric mean)", yscale="log")
         for ax in row[1:]:
             ax.legend(fontsize=7)
     for ax in axes[-1]:

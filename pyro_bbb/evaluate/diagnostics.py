@@ -78,9 +78,9 @@ def layer_summary(model: Callable, guide, tails: bool = True) -> dict[str, dict[
     Keys of each layer's entry: ``kl`` (nats), ``num_weights``, ``kl_per_weight``; and for Bayesian layers
     ``kl_q99`` (99th percentile of the per-weight KL: what the best-informed weights carry), ``posterior_std``
     (mean), ``prior_std`` (mean), ``std_ratio`` (mean of posterior std / prior std) and ``std_ratio_geomean`` (its
-    geometric mean, which a few very wide or very narrow weights do not dominate). ``tails=False`` leaves out
-    ``kl_q99`` and ``std_ratio_geomean`` (the percentile sorts every weight's KL: a third of the summary's time; what
-    :func:`pyro_bbb.fit` records after every epoch does not need them). Latent sites outside Bayesian
+    geometric mean, which a few very wide or very narrow weights do not dominate: what :func:`check_posterior`
+    judges collapse by). ``tails=False`` leaves out ``kl_q99`` (the percentile sorts every weight's KL: a third of the
+    summary's time; what :func:`pyro_bbb.fit` records after every epoch does not need it). Latent sites outside Bayesian
     layers (e.g. a learned noise scale) are their own "layer" and report only the KL. KLs are closed-form where
     registered, else 256-draw Monte Carlo estimates.
 
@@ -125,8 +125,7 @@ def layer_summary(model: Callable, guide, tails: bool = True) -> dict[str, dict[
             entry["posterior_std"] = float(std.mean())
             entry["prior_std"] = float(prior_scale.mean())
             entry["std_ratio"] = float(ratio.mean())
-            if tails:
-                entry["std_ratio_geomean"] = float(ratio.log().mean().exp())
+            entry["std_ratio_geomean"] = float(ratio.log().mean().exp())
         summary[layer] = entry
     return summary
 

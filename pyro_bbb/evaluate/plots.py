@@ -148,10 +148,13 @@ def plot_history(history, path: str | Path | None = None):
         kl.plot(epochs, values, label=layer)
     kl.set(xlabel="epoch", ylabel="nats", yscale="log",
            title="KL(q || p) per layer" + ("" if scheduled else f" (KL weight {weights[0]:g})"))
-    for layer, values in (history["std_ratio"] if per_layer else {}).items():
+    # the geometric mean per layer, as check_posterior judges collapse (a History from before it was recorded: the mean)
+    widths = "std_ratio_geomean" if "std_ratio_geomean" in history.keys() else "std_ratio"
+    for layer, values in (history[widths] if per_layer else {}).items():
         ratio.plot(epochs, values, label=layer)
     ratio.axhline(1.0, color="k", lw=0.8, ls="--")
-    ratio.set(xlabel="epoch", ylabel="ratio (1: the prior)", yscale="log",
+    average = "geometric mean" if widths == "std_ratio_geomean" else "mean"
+    ratio.set(xlabel="epoch", ylabel=f"ratio, {average} per layer (1: the prior)", yscale="log",
               title="posterior std / prior std" if per_layer else "posterior std (not available)")
     if scheduled:
         axes[3].plot(epochs, weights, color="k")

@@ -574,6 +574,7 @@ class _EpochRecorder:
             record["kl_by_layer"] = {layer: entry["kl"] for layer, entry in summary.items()}
             record["posterior_std"] = {k: e["posterior_std"] for k, e in summary.items() if "posterior_std" in e}
             record["std_ratio"] = {k: e["std_ratio"] for k, e in summary.items() if "std_ratio" in e}
+            record["std_ratio_geomean"] = {k: e["std_ratio_geomean"] for k, e in summary.items() if "std_ratio" in e}
             record["prior_std"] = {k: e["prior_std"] for k, e in summary.items() if "prior_std" in e}
         if self.validation_data is not None:
             record.update(_validation_metrics(self.model, self.guide, self.validation_data,

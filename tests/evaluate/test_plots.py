@@ -67,3 +67,18 @@ def test_reliability_in_equal_mass_bins_shows_the_adaptive_ece():
     ax = fig.axes[0]
     assert f"adaptive ECE {metrics.adaptive_calibration_error(probs, y, 5):.3f}" in ax.get_title()
     assert sorted(int(t.get_text()) for t in ax.texts) == [40] * 5  # five bins of 40 inputs each
+
+
+def test_the_history_plots_the_geometric_mean_width_check_posterior_judges_by():
+    """One very wide weight lifts a layer's mean ratio but not its geometric mean: the panel must not hide a
+    collapse (and a History recorded before the geometric mean was kept still plots, with its mean)."""
+    history = pyro_bbb.train.History()
+    for epoch in (1, 2):
+        history.append({"epoch": epoch, "loss": 1.0, "nll": 1.0, "kl": 1.0, "kl_weight": 1.0, "num_data": 10,
+                        "kl_by_layer": {"fc": 1.0}, "std_ratio": {"fc": 0.25}, "std_ratio_geomean": {"fc": 0.007}})
+    ratio = plots.plot_history(history).axes[2]
+    assert ratio.lines[0].get_ydata().tolist() == [0.007, 0.007] and "geometric mean" in ratio.get_ylabel()
+    for record in history.records:
+        del record["std_ratio_geomean"]
+    ratio = plots.plot_history(history).axes[2]
+    assert ratio.lines[0].get_ydata().tolist() == [0.25, 0.25] and "geometric" not in ratio.get_ylabel()

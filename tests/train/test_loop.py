@@ -59,7 +59,11 @@ def test_history_records_everything_per_epoch():
                 "val_log_likelihood", "val_rmse", "seconds"):
         assert key in record, key
     assert set(record["kl_by_layer"]) == {"net.0", "net.2", "likelihood.scale"}
-    assert set(record["std_ratio"]) == {"net.0", "net.2"}
+    assert set(record["std_ratio"]) == set(record["std_ratio_geomean"]) == {"net.0", "net.2"}
+    summary = pyro_bbb.evaluate.diagnostics.layer_summary(model, guide)  # the guide as the last record saw it
+    for layer, ratio in record["std_ratio_geomean"].items():
+        assert ratio == pytest.approx(summary[layer]["std_ratio_geomean"], rel=1e-12)
+        assert ratio <= record["std_ratio"][layer]  # a geometric mean never exceeds the arithmetic one
     assert record["kl"] == pytest.approx(sum(record["kl_by_layer"].values()), rel=0.05)
     assert history["kl_by_layer"]["net.0"] == [r["kl_by_layer"]["net.0"] for r in history.records]
     assert record["loss_per_datum"] == pytest.approx(record["loss"] / 60)
