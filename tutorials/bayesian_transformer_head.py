@@ -28,8 +28,7 @@
 # rows are a noisy judge, and the rule keeps the Bayes posterior when it cannot tell). With the last encoder
 # block Bayesian too, the net is both more accurate and calibrated (with 20% of the labels flipped, 0.8 is the best
 # accuracy there is, and its confidence sits at 0.7-0.8); a Bayesian head alone halves the deterministic net's ECE
-# but varies from seed to seed. (Before the warm start, with four candidates, the selection picked the least trained
-# one and the two Bayesian models reached ECE 0.291 and 0.212.)
+# but varies from seed to seed.
 #
 # What this model does *not* do: flag sequences of unseen tokens by their mutual information (as printed below, the
 # same on unseen-token sequences as on test sequences for either model): the token embeddings are deterministic,
