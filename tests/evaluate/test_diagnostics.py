@@ -113,7 +113,7 @@ def test_summary_by_layer_and_by_parameter():
     assert len(per_weight) == 3 * 5 + 5 + 5 + 1
 
 
-def test_layer_summary_without_tails_is_the_summary_less_its_percentile_and_geometric_mean():
+def test_layer_summary_without_tails_is_the_summary_less_its_percentile():
     bnn, guide, _, _ = fitted_3_5_1(priors.Normal(0.0, 0.7), init_scale=0.2)
     full, light = diagnostics.layer_summary(bnn, guide), diagnostics.layer_summary(bnn, guide, tails=False)
     assert full.keys() == light.keys()
