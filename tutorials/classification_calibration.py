@@ -42,6 +42,7 @@ def main(epochs: int, out_dir: Path, progress: bool = True) -> dict[str, float]:
     guide = pyro_bbb.MeanFieldGuide(bnn)
     history = pyro_bbb.fit(bnn, guide, (x_train, y_train), epochs=epochs, batch_size=128, lr=1e-2,
                            validation_data=(x_test, y_test), progress=progress, seed=0)
+    print(f"[digits] {history.kl_weight_choice.describe()}")  # chosen on a split of the training digits only
     history.plot(out_dir / "calibration_history.png")
     # %% How good and how calibrated the predictions are, and what `check_posterior` says about each layer.
     pred = pyro_bbb.predict(bnn, guide, x_test, num_samples=100)
