@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from .._inputs import inputs_to, num_rows, select_rows
+from .._internals import module_local_params_enabled
 
 __all__ = [
     "ShardedBatches", "synchronise_parameters", "synchronise_buffers", "combine_gradients",
@@ -33,7 +34,9 @@ __all__ = [
 
 
 def require_process_group() -> tuple[int, int]:
-    """``(rank, world size)`` of the initialised process group, or a clear error.
+    """``(rank, world size)`` of the initialised process group, or a clear error; also an error under Pyro's
+    ``module_local_params``, whose parameters live in the modules, where the broadcast and the gradient sum (both
+    over Pyro's param store) would not find them.
 
     Examples
     --------
@@ -42,6 +45,13 @@ def require_process_group() -> tuple[int, int]:
     ...
     ValueError: fit(distributed=True) needs an initialised torch.distributed process group: ...
     """
+    if module_local_params_enabled():
+        raise ValueError(
+            "fit(distributed=True) broadcasts the guide's parameters and sums their gradients over Pyro's param "
+            "store, but pyro.settings has module_local_params=True, which keeps them in the modules: call "
+            "pyro.settings.set(module_local_params=False) before building the model and guide, or train without "
+            "distributed=True."
+        )
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError(
             "fit(distributed=True) needs an initialised torch.distributed process group: launch with torchrun and "

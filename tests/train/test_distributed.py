@@ -137,6 +137,19 @@ def test_distributed_needs_a_process_group():
         pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=1, distributed=True, progress=False)
 
 
+def test_distributed_under_module_local_params_is_a_clear_error_before_anything_changes():
+    x, y = _data()
+    with pyro.settings.context(module_local_params=True):  # the guide's parameters live in the modules
+        bnn = _model()
+        guide = pyro_bbb.MeanFieldGuide(bnn)
+        guide(x, y)
+        before = {name: value.detach().clone() for name, value in guide.named_parameters()}
+        with pytest.raises(ValueError, match=r"module_local_params=True.*set\(module_local_params=False\)"):
+            pyro_bbb.fit(bnn, guide, (x, y), epochs=1, distributed=True, progress=False)
+        assert before and all(torch.equal(value, dict(guide.named_parameters())[name])
+                              for name, value in before.items())
+
+
 @pytest.mark.slow
 def test_early_stopping_stops_and_rewinds_every_rank_alike(runs):
     ranks = [_params(p) for p in runs["early", 2]]
