@@ -52,6 +52,12 @@ def load(name: str):
         "quantiles": lambda: datasets.make_gaussian_quantiles(n_samples=900, n_features=6, n_classes=3,
                                                               random_state=1),
         "friedman3": lambda: datasets.make_friedman3(n_samples=600, noise=0.1, random_state=1),
+        # the fourth set, named for the selection's validation fraction
+        "circles": lambda: datasets.make_circles(n_samples=600, noise=0.2, factor=0.5, random_state=2),
+        "noisy three": lambda: datasets.make_classification(
+            n_samples=1000, n_features=15, n_informative=6, n_redundant=3, n_classes=3, flip_y=0.1, random_state=2),
+        "friedman2": lambda: datasets.make_friedman2(n_samples=600, noise=100.0, random_state=2),
+        "sparse": lambda: datasets.make_sparse_uncorrelated(n_samples=600, n_features=10, random_state=2),
     }
     if name in generated:
         data, target = generated[name]()
@@ -60,7 +66,7 @@ def load(name: str):
                   "iris": datasets.load_iris, "diabetes": datasets.load_diabetes}[name]
         data, target = loader(return_X_y=True)
     x = torch.as_tensor(data, dtype=torch.float32)
-    if name in ("diabetes", "friedman", "friedman3"):
+    if name in ("diabetes", "friedman", "friedman3", "friedman2", "sparse"):
         return x, torch.as_tensor(target, dtype=torch.float32), 0
     y = torch.as_tensor(target > 0 if name == "hastie" else target, dtype=torch.long)  # hastie's labels are -1, 1
     return x, y, int(y.max()) + 1
@@ -180,7 +186,7 @@ def bayesian(train, test, classes: int, epochs: int, seed: int, **options) -> di
 
 
 TASKS = ["breast cancer", "wine", "iris", "diabetes", "friedman", "four classes", "moons", "hastie", "quantiles",
-         "friedman3"]
+         "friedman3", "circles", "noisy three", "friedman2", "sparse"]
 METHODS = {"deterministic": deterministic, "pyro_bbb defaults": bayesian,
            "pyro_bbb kl_weight=1": functools.partial(bayesian, kl_weight=1),
            "bayesian-torch README": bayesian_torch_recipe,
