@@ -69,6 +69,24 @@ class KLWeightChoice:
         """Whether the posterior is a tempered one (KL weight other than 1), not the Bayes posterior."""
         return not math.isclose(self.kl_weight, 1.0)
 
+    @property
+    def weight_one_gap_se(self) -> float | None:
+        """How many standard errors weight 1's validation NLL trailed the chosen tempered weight's (just over 1 is a
+        narrow win, which a small split can get wrong); ``None`` when weight 1 was kept or nothing was scored.
+
+        Examples
+        --------
+        >>> choice = KLWeightChoice(kl_weight=0.1, chosen_by="validation", validation_nll={1.0: 0.5, 0.1: 0.4},
+        ...                         validation_nll_se={1.0: 0.05, 0.1: 0.0})
+        >>> round(choice.weight_one_gap_se, 2)
+        2.0
+        """
+        if not self.tempered or 1.0 not in self.validation_nll or self.kl_weight not in self.validation_nll:
+            return None
+        se = self.validation_nll_se.get(1.0, 0.0)
+        gap = self.validation_nll[1.0] - self.validation_nll[self.kl_weight]
+        return gap / se if se > 0 else math.inf
+
     def describe(self) -> str:
         """One line for a user: the weight, how it was chosen, and whether the posterior is the Bayes one.
 
@@ -80,6 +98,9 @@ class KLWeightChoice:
         how = {"user": " (given)", "fallback": f" (selection not run: {self.reason})"}.get(self.chosen_by, "")
         if self.chosen_by == "validation":
             scores = ", ".join(f"{w:g}: {nll:.3g}" for w, nll in self.validation_nll.items())
+            gap = self.weight_one_gap_se
+            if gap is not None and math.isfinite(gap):
+                scores += f"; weight 1 {gap:.1f} SE behind"
             warm = f" after a {self.warm_start_epochs}-epoch MAP warm start" if self.warm_start_epochs else ""
             how = f", chosen by validation NLL ({scores}){warm}"
         kind = "tempered" if self.tempered else "the Bayes posterior"

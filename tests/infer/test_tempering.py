@@ -14,9 +14,14 @@ def test_a_choice_round_trips_through_plain_values_and_describes_itself():
     assert all(isinstance(v, float | int | str | list | type(None)) for v in plain.values())
     assert KLWeightChoice.from_dict(plain) == choice
     assert choice.tempered and choice.describe() == (
-        "KL weight 0.01, chosen by validation NLL (1: 0.3, 0.1: 0.06, 0.01: 0.03): tempered")
+        "KL weight 0.01, chosen by validation NLL (1: 0.3, 0.1: 0.06, 0.01: 0.03; weight 1 13.5 SE behind): tempered")
+    assert choice.weight_one_gap_se == pytest.approx((0.3 - 0.03) / 0.02)
     bayes = KLWeightChoice(kl_weight=1.0)
     assert not bayes.tempered and bayes.describe().endswith("the Bayes posterior")
+    assert bayes.weight_one_gap_se is None  # weight 1 kept: no gap to report
+    kept = KLWeightChoice(kl_weight=1.0, chosen_by="validation", validation_nll={1.0: 0.31, 0.1: 0.3},
+                          validation_nll_se={1.0: 0.02, 0.1: 0.0})
+    assert kept.weight_one_gap_se is None and "SE behind" not in kept.describe()
     fallback = KLWeightChoice(kl_weight=1.0, chosen_by="fallback", reason="a DataLoader")
     assert "selection not run: a DataLoader" in fallback.describe()
 
