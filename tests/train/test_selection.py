@@ -226,7 +226,13 @@ def test_ctrl_c_while_choosing_returns_an_interrupted_history_with_the_parameter
             return h
 
     model.net.insert(1, Interrupting())
-    history = pyro_bbb.fit(model, guide, (x, y), epochs=10, batch_size=16, progress=False, seed=0)
+    # the 4th forward is in the MAP warm start, where Ctrl-C is Python's KeyboardInterrupt: give the test a terminal's
+    # handler even where it was started as a background job (which inherits SIGINT ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        history = pyro_bbb.fit(model, guide, (x, y), epochs=10, batch_size=16, progress=False, seed=0)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert history.interrupted and len(history) == 0
     assert history.kl_weight_choice.reason.startswith("interrupted")
     assert_params_unchanged(before)
