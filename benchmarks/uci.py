@@ -26,6 +26,7 @@ for each layer's posterior/prior std ratio, the largest over layers).
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import multiprocessing
@@ -171,7 +172,8 @@ def run_split(task: tuple) -> tuple:
                                          kl_weight=KL_WEIGHTS[variant])
     change, drift, std_drift = convergence(history)
     log_lik, rmse = test_log_likelihood(bnn, guide, x_test, y_test, y_mean, y_std, num_samples)
-    return name, variant, log_lik, rmse, time.perf_counter() - start, change, drift, trained, std_drift
+    chosen = history.kl_weight_choice.kl_weight if history.kl_weight_choice is not None else history.last["kl_weight"]
+    return name, variant, log_lik, rmse, time.perf_counter() - start, change, drift, trained, std_drift, chosen
 
 
 def _train(x_train, y_train, hidden, outputs, prior, estimator, split, epochs, lr_final, **fit_options):
@@ -229,7 +231,8 @@ def main() -> None:
             tasks += [(name, split, variant, epochs, args.samples, args.lr_final, args.early_stopping, args.refit)
                       for variant in args.variants]
     start = time.perf_counter()
-    fields = ("set", "variant", "log_lik", "rmse", "seconds", "elbo_change", "elbo_drift", "epochs", "std_drift")
+    fields = ("set", "variant", "log_lik", "rmse", "seconds", "elbo_change", "elbo_drift", "epochs", "std_drift",
+              "kl_weight")
     results = []
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
         # each run reported as it ends (hours-long runs show progress, and what ended survives an interruption)
@@ -237,7 +240,8 @@ def main() -> None:
             results.append(row)
             print(f"[{len(results)}/{len(tasks)}, {time.perf_counter() - start:.0f} s] {task[0]} split {task[1]}, "
                   f"{task[2]}: test log-lik {row[2]:.3f}, RMSE {row[3]:.3f}, {row[4]:.0f} s, {row[7]} epochs, "
-                  f"ELBO change over the last 10% {row[5]:.1%}, drift {row[6]:.1%}, std-ratio drift {row[8]:.1%}",
+                  f"ELBO change over the last 10% {row[5]:.1%}, drift {row[6]:.1%}, std-ratio drift {row[8]:.1%}, "
+                  f"KL weight {row[9]:g}",
                   flush=True)
             if args.raw is not None:
                 args.raw.write_text(json.dumps([dict(zip(fields, r, strict=True)) for r in results], indent=1))
@@ -261,6 +265,11 @@ def main() -> None:
             print(f"| {name} | {variant} | {len(rows)} | {ll:.2f} ± {ll_se:.2f} | {rmse:.2f} ± {rmse_se:.2f} | "
                   f"{pbp:.2f} | {mcvi:.2f} | {dvi:.2f} | {seconds:.0f} | {trained:.0f} | {change:.1%} | "
                   f"{drift:.1%} | {std_drift:.1%} |")
+    print("\nKL weights the runs trained at (chosen by validation for the defaults), with the number of splits:")
+    for name in args.sets:
+        for variant in args.variants:
+            weights = collections.Counter(r[9] for r in results if r[0] == name and r[1] == variant)
+            print(f"- {name}, {variant}: " + ", ".join(f"{w:g} ({n})" for w, n in sorted(weights.items())))
 
 
 if __name__ == "__main__":
