@@ -18,6 +18,7 @@ classes), AURC (risk against coverage, max probability) and training time (secon
     python benchmarks/uncertainty.py                      # the table (about 15 minutes on 2 cores)
     python benchmarks/uncertainty.py --quick              # smoke run
     python benchmarks/uncertainty.py --figures docs/figures   # also the risk-coverage and OOD-score figures
+    python benchmarks/uncertainty.py --sweep 1 0.1 0.01 0.001 --tasks "digits MLP"   # fixed KL weights side by side
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def deterministic_rows(make, data, epochs, seed) -> dict:
     return rows
 
 
-def bayesian_row(method, make, data, epochs, seed) -> dict:
+def bayesian_row(method, make, data, epochs, seed, kl_weight: float | None = None) -> dict:
     (x, y), _, (x_test, y_test), x_ood = data
     pyro.clear_param_store()
     torch.manual_seed(seed)
@@ -151,6 +152,8 @@ def bayesian_row(method, make, data, epochs, seed) -> dict:
                "ivon": {"estimator": "local_reparam"}}.get(method, {})
     if method == "ivon":
         options["optimizer"] = IVON(guide, num_data=len(y))
+    if kl_weight is not None:
+        options["kl_weight"] = kl_weight
     start = time.perf_counter()
     history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=64, progress=False, seed=seed, **options)
     seconds = time.perf_counter() - start
@@ -176,6 +179,35 @@ def run_task(name, make, raw, epochs, seeds, figures: Path | None):
             draw_figures(name, rows, data[2][1], figures)
         print(f"  {name}, seed {seed}: done", flush=True)
     return {method: {c: statistics.median(r[c] for r in runs) for c in COLUMNS} for method, runs in per_seed.items()}
+
+
+def run_sweep(name, make, raw, epochs, seeds, weights: list[float]) -> dict:
+    """The deterministic net and pyro_bbb at each fixed KL weight (no selection), medians over ``seeds``: what the
+    weight alone does on this task (docs/concepts.md's table). Illustration only: no default is chosen by it."""
+    per_seed: dict[str, list[dict]] = {}
+    for seed in seeds:
+        data = split(raw, seed)
+        (x, y), _, (x_test, y_test), x_ood = data
+        torch.manual_seed(seed)
+        start = time.perf_counter()
+        net = train_net(make(x.shape[1], False), x, y, epochs=epochs, seed=seed)
+        seconds = time.perf_counter() - start
+        row = {**scores(softmax_probs(net, x_test)[None], y_test, softmax_probs(net, x_ood)[None]), "train s": seconds}
+        per_seed.setdefault("deterministic", []).append(row)
+        for weight in weights:
+            per_seed.setdefault(f"kl_weight={weight:g}", []).append(
+                bayesian_row("fixed", make, data, epochs, seed, kl_weight=weight))
+        print(f"  {name}, seed {seed}: done", flush=True)
+    return {method: {c: statistics.median(r[c] for r in runs) for c in COLUMNS} for method, runs in per_seed.items()}
+
+
+def print_table(tables: dict) -> None:
+    print("| task | method | " + " | ".join(COLUMNS) + " |")
+    print("|---|---|" + "---|" * len(COLUMNS))
+    for name, table in tables.items():
+        for method, row in table.items():
+            cells = [f"{row[c]:.1f}" if c == "train s" else f"{row[c]:.3f}" for c in COLUMNS]
+            print(f"| {name} | {method} | " + " | ".join(cells) + " |")
 
 
 def draw_figures(name: str, rows: dict, y_test: torch.Tensor, out: Path) -> None:
@@ -206,20 +238,28 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--figures", type=Path, default=None)
+    parser.add_argument("--tasks", nargs="+", default=None, help='e.g. "digits MLP" (default: all three)')
+    parser.add_argument("--sweep", nargs="+", type=float, default=None, metavar="KL_WEIGHT",
+                        help="instead of the table: the deterministic net and pyro_bbb at each of these fixed weights")
     args = parser.parse_args()
     seeds = list(range(1 if args.quick else args.seeds))
-    tasks = {"digits MLP": (mlp, digits(), 2 if args.quick else 100),
-             "digits CNN": (cnn, digits(), 1 if args.quick else 50),
-             "mnist1d MLP": (mlp, mnist1d_data(600 if args.quick else 5000), 1 if args.quick else 60)}
-    tables = {name: run_task(name, make, raw, epochs, seeds, args.figures)
-              for name, (make, raw, epochs) in tasks.items()}
+    tasks = {"digits MLP": (mlp, digits, 2 if args.quick else 100),
+             "digits CNN": (cnn, digits, 1 if args.quick else 50),
+             "mnist1d MLP": (mlp, lambda: mnist1d_data(600 if args.quick else 5000), 1 if args.quick else 60)}
+    unknown = set(args.tasks or ()) - tasks.keys()
+    if unknown:
+        parser.error(f"unknown task(s) {sorted(unknown)}; choose from {sorted(tasks)}")
+    tasks = {name: task for name, task in tasks.items() if args.tasks is None or name in args.tasks}
+    if args.sweep:
+        tables = {name: run_sweep(name, make, load(), epochs, seeds, args.sweep)
+                  for name, (make, load, epochs) in tasks.items()}
+        print(f"\nmedians over {len(seeds)} seeds, fixed KL weights (no selection); NLL, ECE, AURC lower is better\n")
+        print_table(tables)
+        return
+    tables = {name: run_task(name, make, load(), epochs, seeds, args.figures)
+              for name, (make, load, epochs) in tasks.items()}
     print(f"\nmedians over {len(seeds)} seeds; NLL, ECE and AURC lower is better\n")
-    print("| task | method | " + " | ".join(COLUMNS) + " |")
-    print("|---|---|" + "---|" * len(COLUMNS))
-    for name, table in tables.items():
-        for method, row in table.items():
-            cells = [f"{row[c]:.1f}" if c == "train s" else f"{row[c]:.3f}" for c in COLUMNS]
-            print(f"| {name} | {method} | " + " | ".join(cells) + " |")
+    print_table(tables)
     print("\ngoals (pyro_bbb defaults): accuracy >= deterministic - 0.005, NLL <= deterministic, ECE <= max(its, "
           "0.02), OOD AUROC >= deterministic, NLL or AUROC at or above the ensemble, training time <= the ensemble's:")
     for name, table in tables.items():

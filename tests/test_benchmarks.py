@@ -89,3 +89,13 @@ def test_the_diagonal_last_layer_laplace_is_the_exact_hessian_diagonal_on_a_line
     torch.testing.assert_close(laplace.precision().reshape(-1), torch.diagonal(hessian), rtol=1e-10, atol=1e-10)
     draws = laplace.probs(x[:5], num_samples=100)
     assert draws.shape == (100, 5, 4) and torch.allclose(draws.sum(-1), torch.ones(100, 5, dtype=torch.float64))
+
+
+@pytest.mark.slow
+def test_uncertainty_sweep_runs_fixed_weights_beside_the_deterministic_net():
+    command = [sys.executable, str(BENCHMARKS / "uncertainty.py"), "--quick", "--sweep", "1", "0.01", "--tasks",
+               "digits MLP"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=BENCHMARKS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| digits MLP |")]
+    assert [row.split("|")[2].strip() for row in rows] == ["deterministic", "kl_weight=1", "kl_weight=0.01"]

@@ -289,9 +289,15 @@ def summary(model: Callable, guide):
     columns = ["num_weights", "mean_abs_mu", "sigma_mean", "sigma_q05", "sigma_q50", "sigma_q95", "prior_sigma",
                "kl", "kl_per_weight", "snr_q05", "snr_q50", "snr_q95"]
     table = pd.DataFrame.from_dict(rows, orient="index").reindex(columns=columns)
+    return _with_kl_weight(table, guide)
+
+
+def _with_kl_weight(table, guide, column: bool = True):
+    """``table`` with ``attrs["kl_weight"]`` (and the column ``kl_weight``) of a guide whose weight is recorded."""
     choice = kl_weight_of(guide)
     if choice is not None:
-        table["kl_weight"] = choice.kl_weight
+        if column:
+            table["kl_weight"] = choice.kl_weight
         table.attrs["kl_weight"] = choice
     return table
 
@@ -300,7 +306,9 @@ def summary(model: Callable, guide):
 def parameter_summary(model: Callable, guide):
     """The posterior per weight (``fc1.weight[0, 1]``) in ArviZ's summary columns ``mean``, ``sd``, ``hdi_3%``,
     ``hdi_97%`` -- exact for a Normal posterior, no sampling (a constrained site such as a learned noise scale is
-    summarised from 4000 draws).
+    summarised from 4000 draws). For a guide trained by :func:`pyro_bbb.fit`, ``attrs["kl_weight"]`` holds its
+    :class:`~pyro_bbb.infer.tempering.KLWeightChoice`, as in :func:`summary` (a tempered posterior's intervals are
+    narrower by design).
 
     Examples
     --------
@@ -326,4 +334,4 @@ def parameter_summary(model: Callable, guide):
             stats = {"mean": draws.mean(0), "sd": draws.std(0), low: bounds[0], high: bounds[1]}
         index = [f"{name}[{', '.join(map(str, i))}]" if loc.dim() else name for i in np.ndindex(*loc.shape)]
         frames.append(pd.DataFrame({k: v.reshape(-1).cpu().numpy() for k, v in stats.items()}, index=index))
-    return pd.concat(frames)
+    return _with_kl_weight(pd.concat(frames), guide, column=False)

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ..infer.guide import site_loc_scale
+from ..infer.tempering import kl_weight_of
 from ..nn.module import site_owners
 from ..prediction.results import ClassificationPrediction, Prediction, RegressionPrediction
 from ..priors import is_real_support
@@ -174,7 +175,8 @@ def plot_std_ratio(model: Callable, guide, path: str | Path | None = None, bins:
     """Histogram, per Bayesian layer, of every weight's posterior std, with the prior std marked.
 
     Mass at the prior line: weights the data does not inform (prunable). Mass far below it: weights the data pins
-    down. All of it near zero: a collapsed posterior; all of it at the line: one that ignores the data.
+    down. All of it near zero: a collapsed posterior; all of it at the line: one that ignores the data. A guide
+    trained at a KL weight other than 1 says so in the figure's title (a tempered posterior is narrower by design).
 
     Examples
     --------
@@ -204,6 +206,10 @@ def plot_std_ratio(model: Callable, guide, path: str | Path | None = None, bins:
         ax.set(xlabel="log10 posterior std", ylabel="weights",
                title=f"{layer}: KL {kl[layer]['kl']:.0f} nats, {kl[layer]['num_weights']} weights")
         ax.legend(fontsize=SMALL_FONT)
+    choice = kl_weight_of(guide)
+    if choice is not None and choice.tempered:
+        fig.suptitle(f"trained at KL weight {choice.kl_weight:g}: a tempered posterior, narrower than the Bayes one",
+                     fontsize=SMALL_FONT)
     return _finish(fig, path)
 
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from pyro.infer.autoguide import AutoDelta
 
 __all__ = ["KLWeightChoice", "record_kl_weight", "kl_weight_of"]
 
@@ -49,6 +51,10 @@ class KLWeightChoice:
     warm_start_epochs : int
         Epochs of the MAP warm start (the posterior means trained as a deterministic net) before the candidates were
         compared; 0 without one.
+    point_estimate : bool
+        The guide is a point estimate (Pyro's ``AutoDelta``: set by :func:`record_kl_weight`): its "KL" is the
+        prior's negative log density, so the weight sets the prior's strength for a MAP estimate, not a posterior's
+        temperature.
 
     Examples
     --------
@@ -63,6 +69,7 @@ class KLWeightChoice:
     num_validation: int | None = None
     reason: str = ""
     warm_start_epochs: int = 0
+    point_estimate: bool = False
 
     @property
     def tempered(self) -> bool:
@@ -104,6 +111,8 @@ class KLWeightChoice:
             warm = f" after a {self.warm_start_epochs}-epoch MAP warm start" if self.warm_start_epochs else ""
             how = f", chosen by validation NLL ({scores}){warm}"
         kind = "tempered" if self.tempered else "the Bayes posterior"
+        if self.point_estimate:  # no posterior to temper: the weight scales the prior's log density
+            kind = "a MAP point estimate" + (f", prior weighted by {self.kl_weight:g}" if self.tempered else "")
         return f"KL weight {self.kl_weight:g}{how}: {kind}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -118,7 +127,7 @@ class KLWeightChoice:
                 "validation_nll": [[float(w), float(v)] for w, v in self.validation_nll.items()],
                 "validation_nll_se": [[float(w), float(v)] for w, v in self.validation_nll_se.items()],
                 "num_validation": self.num_validation, "reason": self.reason,
-                "warm_start_epochs": int(self.warm_start_epochs)}
+                "warm_start_epochs": int(self.warm_start_epochs), "point_estimate": bool(self.point_estimate)}
 
     @classmethod
     def from_dict(cls, entry: dict[str, Any]) -> KLWeightChoice:
@@ -135,12 +144,14 @@ class KLWeightChoice:
                    validation_nll={float(w): float(v) for w, v in entry.get("validation_nll", [])},
                    validation_nll_se={float(w): float(v) for w, v in entry.get("validation_nll_se", [])},
                    num_validation=entry.get("num_validation"), reason=str(entry.get("reason", "")),
-                   warm_start_epochs=int(entry.get("warm_start_epochs", 0)))
+                   warm_start_epochs=int(entry.get("warm_start_epochs", 0)),
+                   point_estimate=bool(entry.get("point_estimate", False)))
 
 
 def record_kl_weight(guide: Any, choice: KLWeightChoice | None) -> None:
     """Record that ``guide`` was trained at ``choice.kl_weight`` (``fit`` and :func:`pyro_bbb.load` call it);
-    ``None`` forgets the record (a checkpoint that holds none).
+    ``None`` forgets the record (a checkpoint that holds none). A point-estimate guide (``AutoDelta``) is recorded as
+    one (:attr:`KLWeightChoice.point_estimate`).
 
     Examples
     --------
@@ -157,6 +168,8 @@ def record_kl_weight(guide: Any, choice: KLWeightChoice | None) -> None:
         return
     if not isinstance(choice, KLWeightChoice):
         raise TypeError(f"record_kl_weight takes a KLWeightChoice, got {type(choice).__name__}.")
+    if isinstance(guide, AutoDelta) and not choice.point_estimate:
+        choice = replace(choice, point_estimate=True)
     try:
         _records[guide] = choice
     except TypeError:  # a guide that cannot be weakly referenced is not recorded

@@ -112,8 +112,10 @@ class History:
             return "History(epochs=0)"
         r = self.last
         choice = self.kl_weight_choice
-        chosen = f" chosen by validation from {sorted(choice.validation_nll)}" if getattr(
-            choice, "chosen_by", None) == "validation" else ""
+        chosen = ""
+        if getattr(choice, "chosen_by", None) == "validation":  # every candidate's validation NLL, as summary shows
+            scores = ", ".join(f"{w:g}: {nll:.3g}" for w, nll in sorted(choice.validation_nll.items()))
+            chosen = f" chosen by validation NLL ({scores})"
         return (f"History(epochs={len(self)}, loss_per_datum={r['loss_per_datum']:.4g}, nll={r['nll']:.4g}, "
                 f"kl={r['kl']:.4g}, kl_weight={r['kl_weight']:.3g}{chosen})")
 

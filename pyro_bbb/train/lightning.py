@@ -77,8 +77,9 @@ class BayesianLightningModule(pl.LightningModule):
         Weight draws per step.
     optimizer : pyro.optim.PyroOptim, optional
         A pyro_bbb optimizer to train with instead of ``torch.optim.Adam(lr=lr)``: :class:`pyro_bbb.optim.IVON` (built
-        for this guide and ``num_data``; it needs ``kl_weight=1`` and no ``Trainer(gradient_clip_val=...)``, checked
-        before the first step) or :class:`pyro_bbb.optim.Adam`.
+        for this guide and ``num_data``; it needs the KL weight its ``ess`` sets, ``kl_weight = num_data / ess`` (1
+        by default; no schedule), and no ``Trainer(gradient_clip_val=...)``, checked before the first step) or
+        :class:`pyro_bbb.optim.Adam`.
 
     Examples
     --------
@@ -108,11 +109,12 @@ class BayesianLightningModule(pl.LightningModule):
             )
         self.pyro_optimizer = optimizer
         self.model, self.guide = model, guide
-        # the step's parts checked together (IVON: this guide and N, KL weight 1); Lightning runs backward and steps
+        # the step's parts checked together (IVON: this guide, N and kl_weight = N / ess); Lightning runs backward and
+        # steps
         self.pyro_step = TrainingStep(model, guide, optimizer or JointAdam(lr=lr), num_data=num_data,
                                       kl_weight=kl_weight, num_particles=num_particles, estimator=estimator)
         self.lr = lr
-        if isinstance(kl_weight, Real):  # what every view of the posterior reports (a schedule: its weight at the end)
+        if isinstance(kl_weight, Real):  # what every view of the posterior reports (a schedule: see on_train_end)
             record_kl_weight(guide, KLWeightChoice(kl_weight=float(kl_weight)))
         if not is_set_up(guide):
             if example_batch is None:
@@ -142,6 +144,12 @@ class BayesianLightningModule(pl.LightningModule):
         self.log_dict({"nll": terms["nll"], "kl": terms["kl"], "kl_weight": terms["kl_weight"]},
                       on_step=True, on_epoch=True, batch_size=num_rows(x), sync_dist=True)
         return loss
+
+    def on_train_end(self) -> None:
+        """Record the KL weight the last step trained at (a schedule's weight at the end) where the posterior is shown
+        (``summary``, ``evidence``, ArviZ export, ``save``), as ``fit`` does."""
+        if self.elbo.step > 0:
+            record_kl_weight(self.guide, KLWeightChoice(kl_weight=float(self.elbo.last_terms["kl_weight"])))
 
     @property
     def elbo(self) -> ELBO:

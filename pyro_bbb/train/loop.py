@@ -37,7 +37,7 @@ from ..evaluate import metrics
 from ..evaluate.diagnostics import layer_summary
 from ..infer.elbo import ELBO
 from ..infer.guide import has_site_posteriors
-from ..infer.tempering import KLWeightChoice, record_kl_weight
+from ..infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
 from ..likelihoods import Bernoulli, Categorical, TargetError
 from ..nn.module import training_mode
 from ..optim import IVON
@@ -203,6 +203,8 @@ def fit(
         # IVON's own effective sample size sets the weight it can train at: N / ess (1 by default)
         kl_weight = optimizer.num_data / optimizer.ess if isinstance(optimizer, IVON) else 1.0
         choice = KLWeightChoice(kl_weight=kl_weight, chosen_by="fallback", reason=fallback) if fallback else None
+        if fallback and not isinstance(optimizer, IVON) and rank == 0:  # (IVON's weight is the user's own ess)
+            _warn_fallback(fallback, put_back=False, stacklevel=3)
     step = TrainingStep(model, guide, optimizer, num_data=batches.num_data, kl_weight=kl_weight, **options)
     _check_early_stopping(early_stopping, validation_data is not None)
     if seed is not None:
@@ -243,8 +245,8 @@ def fit(
     if choice is None:  # a number or a schedule: the weight the last step used (before any step: a number's own)
         given = float(kl_weight) if isinstance(kl_weight, int | float) else 1.0
         choice = KLWeightChoice(kl_weight=float(history.last["kl_weight"]) if len(history) else given)
-    history.kl_weight_choice = choice
     record_kl_weight(guide, choice)
+    history.kl_weight_choice = kl_weight_of(guide) or choice  # (as recorded: a point-estimate guide says so)
     return history
 
 
@@ -285,9 +287,12 @@ def _why_selection_cannot_run(batches, distributed: bool, optimizer, selection: 
 _INTERRUPTED = "interrupted (Ctrl-C) while choosing"
 
 
-def _warn_fallback(reason: str) -> None:
-    warnings.warn(f"fit(kl_weight='auto'): {reason.rstrip('.')}. The parameters were put back; training at KL weight "
-                  "1 on all the data instead (pass kl_weight=1 to skip the selection).", stacklevel=4)
+def _warn_fallback(reason: str, put_back: bool = True, stacklevel: int = 4) -> None:
+    """Say that ``kl_weight="auto"`` could not choose (``stacklevel`` points the warning at the user's ``fit``)."""
+    where = "The parameters were put back; training" if put_back else "Training"
+    warnings.warn(f"fit(kl_weight='auto') did not choose the KL weight: {reason.rstrip('.')}. {where} at KL weight 1 "
+                  "(the Bayes posterior) on all the data instead; pass kl_weight=1 to say so and silence this.",
+                  stacklevel=stacklevel)
 
 
 def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeight, epochs: int, batch_size,
@@ -302,11 +307,13 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
     """
     classes = isinstance(likelihood_of(model), Categorical | Bernoulli)
     generator = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(2**31, ())))
+    one_label_per_row = batches.y.dim() == 1 or tuple(batches.y.shape[1:]) == (1,)  # (N,) or (N, 1) labels
     train_rows, held_out = validation_split(batches.y, selection.validation_fraction,
-                                            stratify=classes and batches.y.dim() == 1, generator=generator)
+                                            stratify=classes and one_label_per_row, generator=generator)
     if len(held_out) < 2 or len(train_rows) < 2:
-        return KLWeightChoice(kl_weight=1.0, chosen_by="fallback",
-                              reason=f"{batches.num_data} training rows are too few to hold out a validation split")
+        reason = f"{batches.num_data} training rows are too few to hold out a validation split"
+        _warn_fallback(reason, put_back=False)
+        return KLWeightChoice(kl_weight=1.0, chosen_by="fallback", reason=reason)
     x_held, y_held = select_rows(batches.x, held_out), batches.y[held_out]
     part = Batches((select_rows(batches.x, train_rows), batches.y[train_rows]), batch_size, batches.likelihood,
                    batches.device, batches.dtype)

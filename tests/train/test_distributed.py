@@ -2,6 +2,7 @@
 
 import os
 import time
+import warnings
 from pathlib import Path
 
 import pyro
@@ -61,12 +62,16 @@ def _worker(rank, world, init_file, out_dir, mode):
             x_val = torch.randn(20, 2, generator=g)
             kwargs |= {"validation_data": (x_val, (1 if rank else -1) * torch.tanh(x_val.sum(-1))),
                        "early_stopping": pyro_bbb.EarlyStopping(patience=2)}
-        history = pyro_bbb.fit(bnn, guide, data, epochs=30 if mode == "early" else 3, lr=0.02, seed=0,
-                               progress=False, distributed=True, **kwargs)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            history = pyro_bbb.fit(bnn, guide, data, epochs=30 if mode == "early" else 3, lr=0.02, seed=0,
+                                   progress=False, distributed=True, **kwargs)
         state = {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
         buffers = {k: v.detach().clone() for k, v in bnn.named_buffers()}
         torch.save({"params": state, "nll": history["nll"], "buffers": buffers,
-                    "epochs": [len(history), history.best_epoch or 0]},
+                    "epochs": [len(history), history.best_epoch or 0],
+                    "choice": history.kl_weight_choice.to_dict(),
+                    "fallback_warnings": sum("did not choose the KL weight" in str(w.message) for w in said)},
                    Path(out_dir) / f"{mode}-{world}-{rank}.pt")
     except Exception as error:  # noqa: BLE001 - reported to the test through a file
         (Path(out_dir) / f"{mode}-{world}-{rank}.err").write_text(f"{type(error).__name__}: {error}")
@@ -112,6 +117,16 @@ def test_two_ranks_equal_one_process_on_the_global_batch(runs):
     wrong = _params(runs["misscaled", 2][0])["params"]
     gap = max(float((wrong[k] - v).abs().max()) for k, v in reference["params"].items())
     assert gap > 1e-3  # counting the KL on every rank is measurably another objective
+
+
+@pytest.mark.slow
+def test_distributed_fit_trains_at_weight_one_and_says_so_once(runs):
+    """kl_weight="auto" cannot split the data across ranks: every rank records weight 1 and why; rank 0 warns."""
+    ranks = [_params(p) for p in runs["fit", 2]]
+    for result in ranks:
+        choice = result["choice"]
+        assert choice["kl_weight"] == 1.0 and choice["chosen_by"] == "fallback" and "distributed" in choice["reason"]
+    assert [result["fallback_warnings"] for result in ranks] == [1, 0]
 
 
 @pytest.mark.slow

@@ -158,3 +158,31 @@ def test_a_lightning_checkpoint_resumes_ivon_by_site_name(tmp_path):
         torch.testing.assert_close(value, saved_params[name], rtol=0, atol=0)
     _trainer(max_epochs=3).fit(module, DataLoader(TensorDataset(x, y), batch_size=16), ckpt_path=tmp_path / "run.ckpt")
     assert second.steps == 11  # one more epoch of four steps on the restored state
+
+
+@pytest.mark.parametrize("kl_weight", ["schedule", 0.25])
+def test_lightning_records_the_kl_weight_it_trained_at_where_the_posterior_is_shown(kl_weight):
+    """A number from the start; a schedule's weight at the last step when training ends (as fit records it)."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from pyro_bbb.infer.tempering import kl_weight_of
+    from pyro_bbb.train.lightning import BayesianLightningModule
+
+    x, y, bnn, guide = _ivon_setup()
+    weight = pyro_bbb.infer.schedules.LinearWarmup(100) if kl_weight == "schedule" else kl_weight
+    module = BayesianLightningModule(bnn, guide, num_data=64, kl_weight=weight)
+    _trainer().fit(module, DataLoader(TensorDataset(x, y), batch_size=16))
+    last = float(module.elbo.last_terms["kl_weight"])
+    assert last == (pyro_bbb.infer.schedules.LinearWarmup(100)(7) if kl_weight == "schedule" else 0.25)
+    assert kl_weight_of(guide).kl_weight == last and kl_weight_of(guide).tempered
+    assert set(pyro_bbb.summary(bnn, guide)["kl_weight"]) == {last}
+
+
+def test_lightning_accepts_ivon_at_the_weight_its_ess_sets_and_refuses_another():
+    from pyro_bbb.optim import IVON
+    from pyro_bbb.train.lightning import BayesianLightningModule
+
+    _, _, bnn, guide = _ivon_setup()
+    BayesianLightningModule(bnn, guide, num_data=64, kl_weight=0.1, optimizer=IVON(guide, num_data=64, ess=640))
+    with pytest.raises(ValueError, match="ess"):
+        BayesianLightningModule(bnn, guide, num_data=64, kl_weight=0.5, optimizer=IVON(guide, num_data=64, ess=640))

@@ -61,6 +61,28 @@ def test_a_stratified_split_holds_out_the_share_of_every_class_and_is_a_partitio
     assert torch.equal(again[1], held)  # the same seed, the same split
 
 
+@pytest.mark.parametrize("shape", ["(N,)", "(N, 1)"])
+def test_fit_holds_out_every_classs_share_also_for_labels_of_shape_n_by_1(monkeypatch, shape):
+    x = torch.randn(200, 5, generator=torch.Generator().manual_seed(0))
+    y = (torch.arange(200) % 10 == 0).long()  # 180 of class 0, 20 of class 1
+    labels = y if shape == "(N,)" else y[:, None]
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(BayesianLinear(5, 8), torch.nn.ReLU(), BayesianLinear(8, 1))
+    bnn = pyro_bbb.BNN(net, likelihoods.Bernoulli())
+    seen = []
+    original = validation_split
+
+    def spy(y, fraction, *, stratify, generator=None):
+        train, held = original(y, fraction, stratify=stratify, generator=generator)
+        seen.append((stratify, y.reshape(-1)[held].long().bincount(minlength=2).tolist()))
+        return train, held
+
+    monkeypatch.setattr("pyro_bbb.train.loop.validation_split", spy)
+    pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, labels.float()), epochs=1, batch_size=64, progress=False,
+                 seed=0)
+    assert seen == [(True, [18, 2])]  # 10% of each class, whatever the labels' shape
+
+
 def test_an_unstratified_split_holds_out_the_share_of_the_rows():
     train, held = validation_split(torch.randn(31, 2), 0.1, stratify=False, generator=torch.Generator().manual_seed(1))
     assert len(held) == 3 and len(train) == 28 and set(train.tolist()).isdisjoint(held.tolist())
@@ -172,7 +194,7 @@ def test_kl_weight_one_is_the_bayes_posterior_and_reproduces_a_plain_training_ru
 
 
 @pytest.mark.parametrize("how", ["dataloader", "ivon", "tiny"])
-def test_where_selection_cannot_run_fit_trains_at_weight_one_and_says_why(how):
+def test_where_selection_cannot_run_fit_trains_at_weight_one_and_says_why(how, recwarn):
     x, y = small_data(64) if how != "tiny" else small_data(12)
     model = regression_model()
     guide = pyro_bbb.MeanFieldGuide(model)
@@ -187,6 +209,13 @@ def test_where_selection_cannot_run_fit_trains_at_weight_one_and_says_why(how):
     assert choice.chosen_by == "fallback" and choice.kl_weight == 1.0 and choice.reason
     assert {"dataloader": "DataLoader", "ivon": "IVON", "tiny": "too few"}[how] in choice.reason
     assert "selection not run" in choice.describe()
+    # a word where the default could not do its job; none for IVON, whose weight is the user's own ess
+    said = [str(w.message) for w in recwarn if "did not choose the KL weight" in str(w.message)]
+    assert len(said) == (how != "ivon") and all(choice.reason.rstrip(".") in text for text in said)
+    assert all(w.filename == __file__ for w in recwarn if "did not choose" in str(w.message))  # points at fit's call
+    recwarn.clear()
+    pyro_bbb.fit(model, guide, data, epochs=1, progress=False, kl_weight=1.0, **options)
+    assert not [w for w in recwarn if "did not choose" in str(w.message)]  # kl_weight=1 says so: silent
 
 
 class FullPlate(PyroModule):
@@ -264,15 +293,26 @@ def test_a_progress_bar_shows_the_candidates_while_choosing_and_a_log_gets_a_lin
     assert sum(line.startswith("choosing kl_weight: MAP warm start") for line in lines) == 1
 
 
-def test_the_tempering_is_shown_wherever_the_posterior_is(tmp_path):
+@pytest.mark.parametrize("kl_weight", [SelectKLWeight(candidates=(0.01,)), 0.01, 1.0], ids=["chosen", "given", "bayes"])
+def test_the_tempering_is_shown_wherever_the_posterior_is(tmp_path, kl_weight, monkeypatch):
+    if isinstance(kl_weight, SelectKLWeight):  # the rule is tested above; here the tempered choice's every display
+        rule = pyro_bbb.train.selection.choose_weight
+        monkeypatch.setattr("pyro_bbb.train.selection.choose_weight",
+                            lambda scores: (0.01,) + tuple(rule(scores)[1:]))
     x, y = classification_data()
     bnn = classifier()
     guide = pyro_bbb.MeanFieldGuide(bnn)
-    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=2, batch_size=64, progress=False, seed=0,
-                           kl_weight=SelectKLWeight(candidates=(0.01,)))
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=8, batch_size=64, lr=1e-2, progress=False, seed=0,
+                           kl_weight=kl_weight)
     choice = history.kl_weight_choice
+    assert choice.tempered == (kl_weight != 1.0)  # both branches of every display below are exercised
     table = pyro_bbb.summary(bnn, guide)
     assert set(table["kl_weight"]) == {choice.kl_weight} and table.attrs["kl_weight"] is choice
+    assert pyro_bbb.evaluate.diagnostics.parameter_summary(bnn, guide).attrs["kl_weight"] is choice
+    figure = pyro_bbb.evaluate.plots.plot_std_ratio(bnn, guide)
+    title = figure._suptitle.get_text() if figure._suptitle is not None else ""
+    assert ("tempered" in title) == choice.tempered
+    assert ("chosen by validation NLL (" in repr(history)) == (choice.chosen_by == "validation")
     idata = pyro_bbb.evaluate.to_inference_data(bnn, guide, x[:10], y[:10], num_samples=5, container="DataTree")
     assert idata["posterior"].attrs["kl_weight"] == choice.kl_weight
     assert idata["posterior"].attrs["tempered_posterior"] == int(choice.tempered)
@@ -405,3 +445,20 @@ def test_the_snapshot_puts_back_module_local_parameters():
         assert all(torch.equal(param, kept[name]) for name, param in guide.named_parameters())
     finally:
         pyro.settings.set(module_local_params=False)
+
+
+def test_a_point_estimate_guide_is_recorded_as_one_not_as_a_tempered_posterior(tmp_path):
+    """AutoDelta's "KL" is the prior's negative log density: the weight sets the prior's strength for a MAP estimate."""
+    from pyro.infer.autoguide import AutoDelta
+
+    x, y = classification_data()
+    bnn = classifier()
+    guide = AutoDelta(bnn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (no per-layer history for a point estimate)
+        history = pyro_bbb.fit(bnn, guide, (x, y), epochs=2, batch_size=64, progress=False, seed=0, kl_weight=0.1)
+    choice = history.kl_weight_choice
+    assert choice.point_estimate and kl_weight_of(guide) == choice
+    assert choice.describe() == "KL weight 0.1 (given): a MAP point estimate, prior weighted by 0.1"
+    assert "posterior" not in choice.describe()
+    assert pyro_bbb.infer.tempering.KLWeightChoice.from_dict(choice.to_dict()) == choice
