@@ -14,6 +14,7 @@ per point, ECE (15 bins), training seconds and the chosen weight; medians over t
 
     python benchmarks/held_out_tasks.py             # 5 repetitions (about 15 minutes on 2 cores)
     python benchmarks/held_out_tasks.py --quick     # smoke run
+    python benchmarks/held_out_tasks.py --methods "pyro_bbb defaults" --lr 1e-3 3e-3 1e-2   # fit's learning rate
 """
 
 from __future__ import annotations
@@ -199,20 +200,28 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--tasks", nargs="*", default=TASKS)
     parser.add_argument("--methods", nargs="*", default=list(METHODS))
+    parser.add_argument("--lr", nargs="+", type=float, default=None,
+                        help="pyro_bbb's rows at each of these fit(lr=...) (default: fit's own)")
     args = parser.parse_args()
+    methods = {}
+    for method in args.methods:  # pyro_bbb's rows once per learning rate asked for
+        if args.lr and method.startswith("pyro_bbb"):
+            methods |= {f"{method}, lr {lr:g}": functools.partial(METHODS[method], lr=lr) for lr in args.lr}
+        else:
+            methods[method] = METHODS[method]
     repetitions, epochs = (1, 2) if args.quick else (args.repetitions, 100)
     if importlib.util.find_spec("bayesian_torch") is None:
-        args.methods = [m for m in args.methods if not m.startswith("bayesian-torch")]
+        methods = {m: run for m, run in methods.items() if not m.startswith("bayesian-torch")}
         print("(bayesian-torch is not installed: its rows are left out; pip install bayesian-torch==0.5.0 --no-deps)")
     print("| task | method | accuracy or RMSE | NLL | ECE | train s | KL weights chosen |")
     print("|---|---|---|---|---|---|---|")
     for name in args.tasks:
         x, y, classes = load(name)
-        rows = {method: [] for method in args.methods}
+        rows = {method: [] for method in methods}
         for seed in range(repetitions):
             train, test = split(x, y, classes, seed)
-            for method in args.methods:
-                rows[method].append(METHODS[method](train, test, classes, epochs, seed))
+            for method, run in methods.items():
+                rows[method].append(run(train, test, classes, epochs, seed))
         for method, runs in rows.items():
             cells = [statistics.median(r[c] for r in runs) for c in COLUMNS]
             chosen = ", ".join(f"{r['weight']:g}" for r in runs) if "weight" in runs[0] else ""

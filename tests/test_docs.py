@@ -23,12 +23,15 @@ def test_every_python_block_of_the_page_runs_as_pasted(page, tmp_path):
     assert result.returncode == 0, f"{page}:\n{result.stderr[-3000:]}"
     if page == "README.md":
         assert (tmp_path / "bnn_band.png").stat().st_size > 10_000
-        # what the README says the example prints: the same figures, to the rounding of another CPU's kernels
+        # what the README says the example prints, to the spread another CPU's kernels give one seed: measured on
+        # two CPUs and seeds 0-4, RMSE 0.102-0.129 and log-likelihood 0.60-0.87 (weight 1: 0.106-0.136, 0.51-0.77)
         shown = re.search(r"It prints.*?```text\n(.*?)```", (ROOT / page).read_text(), re.S).group(1)
         numbers = [re.findall(r"-?\d+\.\d+", text.splitlines()[0]) for text in (shown, result.stdout)]
         assert len(numbers[0]) == len(numbers[1]) == 3  # RMSE, the noise sd, the log-likelihood
-        for said, got in zip(*numbers):
-            assert float(got) == pytest.approx(float(said), abs=0.05), (shown, result.stdout)
+        (rmse_said, noise_said, ll_said), (rmse, noise, ll) = ([float(n) for n in row] for row in numbers)
+        assert rmse == pytest.approx(rmse_said, abs=0.03) and noise == noise_said, (shown, result.stdout)
+        assert ll == pytest.approx(ll_said, abs=0.3), (shown, result.stdout)
+        assert result.stdout.rstrip().endswith(": tempered"), result.stdout  # the choice the README describes
 
 
 @pytest.mark.parametrize("page", ["README.md", "benchmarks/README.md"])
