@@ -85,8 +85,8 @@ def split(x, y, classes: int, seed: int):
     return (x[train], y[train]), (x[test], y[test])
 
 
-def mlp(inputs: int, outputs: int, bayesian: bool) -> nn.Sequential:
-    linear = BayesianLinear if bayesian else nn.Linear
+def mlp(inputs: int, outputs: int, bayesian: bool, prior=None) -> nn.Sequential:
+    linear = functools.partial(BayesianLinear, prior=prior) if bayesian else nn.Linear
     return nn.Sequential(linear(inputs, 100), nn.ReLU(), linear(100, 100), nn.ReLU(), linear(100, outputs))
 
 
@@ -164,13 +164,18 @@ def bayesian_torch_recipe(train, test, classes: int, epochs: int, seed: int, mop
     return scores(outputs, log_noise, y_test, classes) | {"train s": seconds}
 
 
-def bayesian(train, test, classes: int, epochs: int, seed: int, **options) -> dict:
+#: ``--prior``'s choices: the layers' default (He-scaled weights, N(0, 1) biases) and N(0, 1) on every weight.
+PRIORS = {"default": None, "normal": pyro_bbb.priors.Normal(0.0, 1.0)}
+
+
+def bayesian(train, test, classes: int, epochs: int, seed: int, prior: str = "default",
+             init_scale: float | None = None, **options) -> dict:
     (x, y), (x_test, y_test) = train, test
     pyro.clear_param_store()
     torch.manual_seed(seed)
     likelihood = likelihoods.Categorical() if classes else likelihoods.Gaussian()  # (standardised targets)
-    bnn = pyro_bbb.BNN(mlp(x.shape[1], classes or 1, True), likelihood)
-    guide = pyro_bbb.MeanFieldGuide(bnn)
+    bnn = pyro_bbb.BNN(mlp(x.shape[1], classes or 1, True, PRIORS[prior]), likelihood)
+    guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=init_scale)
     start = time.perf_counter()
     history = pyro_bbb.fit(bnn, guide, (x, y), epochs=epochs, batch_size=64, progress=False, seed=seed, **options)
     seconds = time.perf_counter() - start
@@ -202,13 +207,22 @@ def main() -> None:
     parser.add_argument("--methods", nargs="*", default=list(METHODS))
     parser.add_argument("--lr", nargs="+", type=float, default=None,
                         help="pyro_bbb's rows at each of these fit(lr=...) (default: fit's own)")
+    parser.add_argument("--prior", nargs="+", choices=sorted(PRIORS), default=None,
+                        help="pyro_bbb's rows with each of these layer priors (default: the layers' own)")
+    parser.add_argument("--init-scale", nargs="+", type=float, default=None,
+                        help="pyro_bbb's rows at each of these MeanFieldGuide(init_scale=...) (default: its own)")
     args = parser.parse_args()
     methods = {}
-    for method in args.methods:  # pyro_bbb's rows once per learning rate asked for
-        if args.lr and method.startswith("pyro_bbb"):
-            methods |= {f"{method}, lr {lr:g}": functools.partial(METHODS[method], lr=lr) for lr in args.lr}
-        else:
+    for method in args.methods:  # pyro_bbb's rows once per setting asked for
+        if not method.startswith("pyro_bbb"):
             methods[method] = METHODS[method]
+            continue
+        variants = {method: {}}
+        for name, values in (("lr", args.lr), ("prior", args.prior), ("init_scale", args.init_scale)):
+            if values:
+                variants = {f"{label}, {name} {value:g}" if isinstance(value, float) else f"{label}, {name} {value}":
+                            settings | {name: value} for label, settings in variants.items() for value in values}
+        methods |= {label: functools.partial(METHODS[method], **settings) for label, settings in variants.items()}
     repetitions, epochs = (1, 2) if args.quick else (args.repetitions, 100)
     if importlib.util.find_spec("bayesian_torch") is None:
         methods = {m: run for m, run in methods.items() if not m.startswith("bayesian-torch")}
