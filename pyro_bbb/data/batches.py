@@ -25,7 +25,7 @@ from .._inputs import (
     select_rows,
 )
 
-__all__ = ["DataError", "Batches", "check_batch", "model_device", "likelihood_of"]
+__all__ = ["DataError", "Batches", "check_batch", "loader_rows", "model_device", "likelihood_of"]
 
 
 class DataError(ValueError):
@@ -90,22 +90,51 @@ def _num_data(loader: torch.utils.data.DataLoader) -> int:
     )
 
 
-def _check_loader_upfront(loader: torch.utils.data.DataLoader, likelihood) -> None:
-    """Check every datum a DataLoader over a ``TensorDataset`` (or a ``Subset`` of one) will yield, before training;
-    other datasets are checked batch by batch (and ``fit`` restores the parameters on a bad batch)."""
+def _tensor_rows(loader: torch.utils.data.DataLoader) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The ``(x, y)`` rows of a DataLoader over a ``TensorDataset`` of two tensors (or a ``Subset`` of one), narrowed
+    to a ``SubsetRandomSampler``'s indices; ``None`` for any other dataset."""
     dataset, indices = loader.dataset, None
     if isinstance(dataset, torch.utils.data.Subset):
         dataset, indices = dataset.dataset, torch.as_tensor(list(dataset.indices), dtype=torch.long)
     if not isinstance(dataset, torch.utils.data.TensorDataset) or len(dataset.tensors) != 2:
-        return
+        return None
     sampler = _sampler(loader)
     if isinstance(sampler, torch.utils.data.SubsetRandomSampler):
         chosen = torch.as_tensor(list(sampler.indices), dtype=torch.long)
         indices = chosen if indices is None else indices[chosen]
     x, y = dataset.tensors
-    if indices is not None:
-        x, y = x[indices], y[indices]
-    check_batch(x, y, likelihood, what="the DataLoader's data")
+    return (x, y) if indices is None else (x[indices], y[indices])
+
+
+def loader_rows(loader: torch.utils.data.DataLoader) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The ``(x, y)`` rows one epoch of ``loader`` draws, each once, when they can be read without iterating it: a
+    ``TensorDataset`` of two tensors (or a ``Subset`` of one), read in order, shuffled or through a
+    ``SubsetRandomSampler``, in batches of a ``batch_size``; ``None`` otherwise (another dataset, a weighted or custom
+    sampler, a batch sampler). ``fit(kl_weight="auto")`` carves its validation split from these rows.
+
+    Examples
+    --------
+    >>> from torch.utils.data import DataLoader, TensorDataset
+    >>> x, y = torch.randn(10, 2), torch.randn(10)
+    >>> loader_rows(DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True))[1].shape
+    torch.Size([10])
+    """
+    uniform = (torch.utils.data.RandomSampler, torch.utils.data.SequentialSampler, torch.utils.data.SubsetRandomSampler)
+    sampler = _sampler(loader)
+    if loader.batch_size is None or type(sampler) not in uniform:
+        return None
+    if isinstance(sampler, torch.utils.data.RandomSampler) and (
+            sampler.replacement or sampler.num_samples != len(sampler.data_source)):
+        return None  # draws with replacement or another number of rows: not each row once
+    return _tensor_rows(loader)
+
+
+def _check_loader_upfront(loader: torch.utils.data.DataLoader, likelihood) -> None:
+    """Check every datum a DataLoader over a ``TensorDataset`` (or a ``Subset`` of one) will yield, before training;
+    other datasets are checked batch by batch (and ``fit`` restores the parameters on a bad batch)."""
+    rows = _tensor_rows(loader)
+    if rows is not None:
+        check_batch(*rows, likelihood, what="the DataLoader's data")
 
 
 class Batches:

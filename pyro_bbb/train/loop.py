@@ -31,7 +31,7 @@ from tqdm.notebook import tqdm_notebook
 from .._checks import check_count, check_positive, is_set_up
 from .._inputs import inputs_to, model_dtype, num_rows, select_rows
 from .._internals import without_trace_shapes
-from ..data.batches import Batches, DataError, check_batch, likelihood_of, model_device
+from ..data.batches import Batches, DataError, check_batch, likelihood_of, loader_rows, model_device
 from ..data.provenance import remember_training_inputs
 from ..evaluate import metrics
 from ..evaluate.diagnostics import layer_summary
@@ -142,9 +142,12 @@ def fit(
         ``kl_weight=1`` trains the Bayes posterior (the ELBO); another number or a schedule
         (:mod:`pyro_bbb.infer.schedules`) is used as given. The weight used is recorded on the guide
         (:mod:`pyro_bbb.infer.tempering`) and in
-        ``history.kl_weight_choice``. Selection needs tensor data: with a DataLoader or ``distributed=True``,
-        ``"auto"`` trains at weight 1, and with :class:`~pyro_bbb.optim.IVON` at the weight its ``ess`` sets
-        (``num_data / ess``), and ``history.kl_weight_choice.reason`` says why.
+        ``history.kl_weight_choice``. Selection needs rows it can split: tensors, or a DataLoader over a
+        ``TensorDataset`` drawing each row once per epoch (:func:`~pyro_bbb.data.batches.loader_rows`; the path
+        runs on its rows at its batch size, the final fit on the loader). With another DataLoader,
+        ``distributed=True`` or too few rows, ``"auto"`` warns and trains at weight 1; with
+        :class:`~pyro_bbb.optim.IVON` at the weight its ``ess`` sets (``num_data / ess``);
+        ``history.kl_weight_choice.reason`` says why.
     num_particles : int
         Weight draws per step.
     clip_norm : float, optional
@@ -221,8 +224,9 @@ def fit(
                     guide(*next(iter(batches)))
             if _has_latent_sites(guide):
                 start = ParameterSnapshot(model, guide, optimizer=optimizer)
-                choice = _choose_kl_weight(model, guide, batches, optimizer, selection, epochs, batch_size, options,
-                                           num_validation_samples, progress, seed, start, lr)
+                rows, rows_batch_size = _rows_to_split(batches, batch_size)
+                choice = _choose_kl_weight(model, guide, rows, optimizer, selection, epochs, rows_batch_size,
+                                           options, num_validation_samples, progress, seed, start, lr)
             else:
                 choice = KLWeightChoice(kl_weight=1.0, chosen_by="fallback",
                                         reason="the model has no latent weights, so the KL weight changes nothing")
@@ -277,11 +281,24 @@ def _why_selection_cannot_run(batches, distributed: bool, optimizer, selection: 
     """Why ``kl_weight="auto"`` must train at weight 1 instead ("" when it can choose)."""
     if distributed:
         return "distributed training; choose the KL weight in one process and pass it"
-    if getattr(batches, "loader", None) is not None:
-        return "a DataLoader's data cannot be split; pass (x, y) tensors to choose the KL weight"
+    if getattr(batches, "loader", None) is not None and loader_rows(batches.loader) is None:
+        return ("this DataLoader's rows cannot be read without iterating it (a dataset other than a TensorDataset, "
+                "or a weighted or custom sampler), so they cannot be split; pass (x, y) tensors to choose the KL "
+                "weight")
     if isinstance(optimizer, IVON):
         return "IVON trains at the KL weight its ess sets (num_data / ess)"
     return ""
+
+
+def _rows_to_split(batches, batch_size):
+    """The rows the selection carves its split from, and their batch size: the tensors themselves, or the rows and
+    batch size of a DataLoader that :func:`~pyro_bbb.data.batches.loader_rows` can read (its final fit is the
+    loader's own)."""
+    if getattr(batches, "loader", None) is None:
+        return batches, batch_size
+    rows = Batches(loader_rows(batches.loader), batches.loader.batch_size, batches.likelihood, batches.device,
+                   batches.dtype)
+    return rows, batches.loader.batch_size
 
 
 _INTERRUPTED = "interrupted (Ctrl-C) while choosing"

@@ -200,8 +200,8 @@ def test_where_selection_cannot_run_fit_trains_at_weight_one_and_says_why(how, r
     guide = pyro_bbb.MeanFieldGuide(model)
     options = {}
     data = (x, y)
-    if how == "dataloader":
-        data = DataLoader(TensorDataset(x, y), batch_size=16)
+    if how == "dataloader":  # a dataset fit cannot read without iterating it (any Dataset but a TensorDataset)
+        data = DataLoader([(xi, yi) for xi, yi in zip(x, y)], batch_size=16)
     if how == "ivon":
         options = {"optimizer": IVON(guide, num_data=64)}
     history = pyro_bbb.fit(model, guide, data, epochs=2, progress=False, **options)
@@ -462,3 +462,51 @@ def test_a_point_estimate_guide_is_recorded_as_one_not_as_a_tempered_posterior(t
     assert choice.describe() == "KL weight 0.1 (given): a MAP point estimate, prior weighted by 0.1"
     assert "posterior" not in choice.describe()
     assert pyro_bbb.infer.tempering.KLWeightChoice.from_dict(choice.to_dict()) == choice
+
+
+def test_a_dataloader_over_tensors_chooses_as_the_tensors_do_and_trains_on_the_loader(monkeypatch):
+    """A DataLoader whose rows can be read (a TensorDataset, shuffled or not): the same held-out rows and path as the
+    tensors with the loader's batch size (the scores differ only by the draws: the loader's shuffle takes its own
+    seed from the global stream); the final fit reads the loader."""
+    x, y = classification_data()
+    runs, held_out = [], []
+    original = validation_split
+
+    def spy(*args, **kwargs):
+        split = original(*args, **kwargs)
+        held_out.append(split[1])
+        return split
+
+    monkeypatch.setattr("pyro_bbb.train.loop.validation_split", spy)
+    for data, batch_size in (((x, y), 32), (DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True), None)):
+        bnn = classifier()
+        guide = pyro_bbb.MeanFieldGuide(bnn)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # it chose: no fallback warning
+            history = pyro_bbb.fit(bnn, guide, data, epochs=4, batch_size=batch_size, lr=1e-2, progress=False, seed=0)
+        runs.append(history)
+        pyro.clear_param_store()
+    tensors, loader = (history.kl_weight_choice for history in runs)
+    assert loader.chosen_by == "validation" and loader.num_validation == tensors.num_validation == 24
+    assert torch.equal(held_out[0], held_out[1])
+    assert loader.validation_nll.keys() == tensors.validation_nll.keys()
+    for weight, nll in tensors.validation_nll.items():
+        assert loader.validation_nll[weight] == pytest.approx(nll, abs=0.05)
+    assert {r["num_data"] for r in runs[1].records} == {240} and len(runs[1]) == 4
+
+
+@pytest.mark.parametrize("sampler", ["weighted", "with replacement", "subset"])
+def test_a_dataloader_whose_epoch_is_not_each_row_once_falls_back_and_a_subset_is_split(sampler, recwarn):
+    x, y = classification_data()
+    bnn = classifier()
+    options = {"weighted": {"sampler": torch.utils.data.WeightedRandomSampler(torch.ones(240), 240)},
+               "with replacement": {"sampler": torch.utils.data.RandomSampler(range(240), replacement=True)},
+               "subset": {"sampler": torch.utils.data.SubsetRandomSampler(range(100))}}[sampler]
+    data = DataLoader(TensorDataset(x, y), batch_size=32, **options)
+    history = pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), data, epochs=2, progress=False, seed=0)
+    choice = history.kl_weight_choice
+    if sampler == "subset":  # the 100 rows the sampler draws from, 10 of them held out
+        assert choice.chosen_by == "validation" and choice.num_validation == 10
+    else:
+        assert choice.chosen_by == "fallback" and "sampler" in choice.reason
+        assert any("did not choose the KL weight" in str(w.message) for w in recwarn)
