@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
+from torch.utils.data import default_collate
 
 from .._inputs import (
     Inputs,
@@ -109,8 +110,9 @@ def _tensor_rows(loader: torch.utils.data.DataLoader) -> tuple[torch.Tensor, tor
 def loader_rows(loader: torch.utils.data.DataLoader) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The ``(x, y)`` rows one epoch of ``loader`` draws, each once, when they can be read without iterating it: a
     ``TensorDataset`` of two tensors (or a ``Subset`` of one), read in order, shuffled or through a
-    ``SubsetRandomSampler``, in batches of a ``batch_size``; ``None`` otherwise (another dataset, a weighted or custom
-    sampler, a batch sampler). ``fit(kl_weight="auto")`` carves its validation split from these rows.
+    ``SubsetRandomSampler``, in batches of a ``batch_size`` put together by the default ``collate_fn``; ``None``
+    otherwise (another dataset, a weighted or custom sampler, a batch sampler, a ``collate_fn`` of its own, which may
+    change the rows). ``fit(kl_weight="auto")`` carves its validation split from these rows.
 
     Examples
     --------
@@ -121,7 +123,7 @@ def loader_rows(loader: torch.utils.data.DataLoader) -> tuple[torch.Tensor, torc
     """
     uniform = (torch.utils.data.RandomSampler, torch.utils.data.SequentialSampler, torch.utils.data.SubsetRandomSampler)
     sampler = _sampler(loader)
-    if loader.batch_size is None or type(sampler) not in uniform:
+    if loader.batch_size is None or type(sampler) not in uniform or loader.collate_fn is not default_collate:
         return None
     if isinstance(sampler, torch.utils.data.RandomSampler) and (
             sampler.replacement or sampler.num_samples != len(sampler.data_source)):

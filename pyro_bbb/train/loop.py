@@ -283,8 +283,8 @@ def _why_selection_cannot_run(batches, distributed: bool, optimizer, selection: 
         return "distributed training; choose the KL weight in one process and pass it"
     if getattr(batches, "loader", None) is not None and loader_rows(batches.loader) is None:
         return ("this DataLoader's rows cannot be read without iterating it (a dataset other than a TensorDataset, "
-                "or a weighted or custom sampler), so they cannot be split; pass (x, y) tensors to choose the KL "
-                "weight")
+                "a weighted or custom sampler, or a collate_fn of its own), so they cannot be split; pass (x, y) "
+                "tensors to choose the KL weight")
     if isinstance(optimizer, IVON):
         return "IVON trains at the KL weight its ess sets (num_data / ess)"
     return ""

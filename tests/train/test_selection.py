@@ -495,12 +495,13 @@ def test_a_dataloader_over_tensors_chooses_as_the_tensors_do_and_trains_on_the_l
     assert {r["num_data"] for r in runs[1].records} == {240} and len(runs[1]) == 4
 
 
-@pytest.mark.parametrize("sampler", ["weighted", "with replacement", "subset"])
+@pytest.mark.parametrize("sampler", ["weighted", "with replacement", "collate_fn", "subset"])
 def test_a_dataloader_whose_epoch_is_not_each_row_once_falls_back_and_a_subset_is_split(sampler, recwarn):
     x, y = classification_data()
     bnn = classifier()
     options = {"weighted": {"sampler": torch.utils.data.WeightedRandomSampler(torch.ones(240), 240)},
                "with replacement": {"sampler": torch.utils.data.RandomSampler(range(240), replacement=True)},
+               "collate_fn": {"collate_fn": lambda rows: torch.utils.data.default_collate(rows)},  # may change rows
                "subset": {"sampler": torch.utils.data.SubsetRandomSampler(range(100))}}[sampler]
     data = DataLoader(TensorDataset(x, y), batch_size=32, **options)
     history = pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), data, epochs=2, progress=False, seed=0)
@@ -508,5 +509,5 @@ def test_a_dataloader_whose_epoch_is_not_each_row_once_falls_back_and_a_subset_i
     if sampler == "subset":  # the 100 rows the sampler draws from, 10 of them held out
         assert choice.chosen_by == "validation" and choice.num_validation == 10
     else:
-        assert choice.chosen_by == "fallback" and "sampler" in choice.reason
+        assert choice.chosen_by == "fallback" and "sampler" in choice.reason and "collate_fn" in choice.reason
         assert any("did not choose the KL weight" in str(w.message) for w in recwarn)
