@@ -365,8 +365,9 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
             bar.set_postfix_str(f"MAP warm start, {epochs_text}")
             if progress and not live:
                 _print_line("choosing kl_weight", {"MAP warm start": epochs_text})
-            map_warm_start(model, guide, part, epochs=warm_epochs, lr=_learning_rate_of(optimizer, lr),
-                           prior_weight=min(selection.candidates))
+            with _InterruptAtOnce():  # (everything is put back: no step need finish)
+                map_warm_start(model, guide, part, epochs=warm_epochs, lr=_learning_rate_of(optimizer, lr),
+                               prior_weight=min(selection.candidates))
         chosen, nll, se, snapshot = run_path(selection, train_at, score,
                                              lambda: ParameterSnapshot(model, guide, optimizer=optimizer), epochs,
                                              report)
@@ -617,6 +618,23 @@ def _postfix(record: dict[str, Any]) -> dict[str, str]:
     if "val_log_likelihood" in record:
         postfix["val_ll"] = f"{record['val_log_likelihood']:.3f}"
     return postfix
+
+
+class _InterruptAtOnce:
+    """While active (main thread only), Ctrl-C (SIGINT) raises ``KeyboardInterrupt`` at once, as in a terminal, also in
+    a process started with SIGINT ignored (a background job), which :class:`_StopAfterStep` honours too: for the MAP
+    warm start, whose every parameter the selection puts back."""
+
+    def __enter__(self):
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        return False
 
 
 class _StopAfterStep:
