@@ -2,8 +2,9 @@
 not see the training data (post-hoc temperature scaling fits on held-out data) asks whether given rows are among
 them.
 
-Only tensor inputs are fingerprinted (a DataLoader's, or a tuple or dict of inputs, are not: nothing is known about
-them). A fingerprint is the hash of a row's bytes, so equal rows match whatever tensor holds them.
+Only tensor inputs are fingerprinted, and those of a DataLoader whose rows can be read
+(:func:`~pyro_bbb.data.batches.loader_rows`); other DataLoaders, and a tuple or dict of inputs, are not: nothing is
+known about them. A fingerprint is the hash of a row's bytes, so equal rows match whatever tensor holds them.
 
 Examples
 --------

@@ -215,7 +215,9 @@ def fit(
 
     if distributed:
         step.set_up_everywhere(batches)
-    remember_training_inputs(guide, getattr(batches, "x", None))  # (a DataLoader's data is not known)
+    loader = getattr(batches, "loader", None)  # (the inputs of a DataLoader whose rows can be read, else unknown)
+    inputs = getattr(batches, "x", None) if loader is None else (loader_rows(loader) or [None])[0]
+    remember_training_inputs(guide, inputs)
     start = None
     if selection is not None and choice is None:
         with training_mode(model, True):

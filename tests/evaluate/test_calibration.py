@@ -56,6 +56,12 @@ def test_fit_temperature_refuses_the_training_data_and_takes_a_held_out_split():
     assert 1e-3 < scaling.temperature < 1e3
     assert all(torch.equal(v, before[k]) for k, v in guide.state_dict().items())  # the posterior is untouched
     pyro.clear_param_store()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:90], y[:90]), batch_size=30, shuffle=True)
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    pyro_bbb.fit(bnn, guide, loader, epochs=3, progress=False, seed=0)
+    with pytest.raises(ValueError, match="trained on"):  # a DataLoader's rows, where they can be read, are known too
+        fit_temperature(bnn, guide, (x[:90], y[:90]))
+    pyro.clear_param_store()
     regression = pyro_bbb.BNN(BayesianLinear(4, 1), likelihoods.Gaussian())
     with pytest.raises(TypeError, match="classifier"):
         fit_temperature(regression, pyro_bbb.MeanFieldGuide(regression), (x, torch.randn(120)))
