@@ -34,6 +34,7 @@ import pyro_bbb
 from pyro_bbb import likelihoods
 from pyro_bbb.evaluate import metrics
 from pyro_bbb.nn import BayesianLinear
+from pyro_bbb.train import SelectKLWeight
 
 COLUMNS = ["score", "NLL", "ECE", "train s"]
 
@@ -169,8 +170,10 @@ PRIORS = {"default": None, "normal": pyro_bbb.priors.Normal(0.0, 1.0)}
 
 
 def bayesian(train, test, classes: int, epochs: int, seed: int, prior: str = "default",
-             init_scale: float | None = None, **options) -> dict:
+             init_scale: float | None = None, folds: int = 1, **options) -> dict:
     (x, y), (x_test, y_test) = train, test
+    if folds != 1 and "kl_weight" not in options:  # cross-fitting: the selection's path on `folds` held-out splits
+        options["kl_weight"] = SelectKLWeight(folds=folds)
     pyro.clear_param_store()
     torch.manual_seed(seed)
     likelihood = likelihoods.Categorical() if classes else likelihoods.Gaussian()  # (standardised targets)
@@ -211,6 +214,8 @@ def main() -> None:
                         help="pyro_bbb's rows with each of these layer priors (default: the layers' own)")
     parser.add_argument("--init-scale", nargs="+", type=float, default=None,
                         help="pyro_bbb's rows at each of these MeanFieldGuide(init_scale=...) (default: its own)")
+    parser.add_argument("--folds", nargs="+", type=int, default=None,
+                        help="the defaults' selection with each of these SelectKLWeight(folds=...) (default: 1)")
     args = parser.parse_args()
     methods = {}
     for method in args.methods:  # pyro_bbb's rows once per setting asked for
@@ -218,7 +223,8 @@ def main() -> None:
             methods[method] = METHODS[method]
             continue
         variants = {method: {}}
-        for name, values in (("lr", args.lr), ("prior", args.prior), ("init_scale", args.init_scale)):
+        for name, values in (("lr", args.lr), ("prior", args.prior), ("init_scale", args.init_scale),
+                             ("folds", args.folds)):
             if values:
                 variants = {f"{label}, {name} {value:g}" if isinstance(value, float) else f"{label}, {name} {value}":
                             settings | {name: value} for label, settings in variants.items() for value in values}

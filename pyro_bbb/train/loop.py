@@ -46,7 +46,7 @@ from ..prediction.predictive import predict
 from ..prediction.results import ClassificationPrediction, RegressionPrediction
 from . import distributed as distributed_
 from .history import History
-from .selection import ParameterSnapshot, SelectKLWeight, run_path, validation_split
+from .selection import ParameterSnapshot, SelectKLWeight, choose_weight, run_path, validation_splits
 from .step import TrainingDivergedError, TrainingStep
 from .stopping import EarlyStopping
 from .warm_start import can_warm_start, map_warm_start
@@ -327,58 +327,68 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
     classes = isinstance(likelihood_of(model), Categorical | Bernoulli)
     generator = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(2**31, ())))
     one_label_per_row = batches.y.dim() == 1 or tuple(batches.y.shape[1:]) == (1,)  # (N,) or (N, 1) labels
-    train_rows, held_out = validation_split(batches.y, selection.validation_fraction,
-                                            stratify=classes and one_label_per_row, generator=generator)
-    if len(held_out) < 2 or len(train_rows) < 2:
+    splits = validation_splits(batches.y, selection.validation_fraction, selection.folds,
+                               stratify=classes and one_label_per_row, generator=generator)
+    if any(len(held_out) < 2 or len(train_rows) < 2 for train_rows, held_out in splits):
         reason = f"{batches.num_data} training rows are too few to hold out a validation split"
         _warn_fallback(reason, put_back=False)
         return KLWeightChoice(kl_weight=1.0, chosen_by="fallback", reason=reason)
-    x_held, y_held = select_rows(batches.x, held_out), batches.y[held_out]
-    part = Batches((select_rows(batches.x, train_rows), batches.y[train_rows]), batch_size, batches.likelihood,
-                   batches.device, batches.dtype)
     live = progress and _live_display()
-    bar = tqdm(total=len(selection.candidates), desc="choosing kl_weight", unit="weight", disable=not live,
-               dynamic_ncols=True, mininterval=0.5)
-    scores = {}
+    bar = tqdm(total=len(selection.candidates) * len(splits), desc="choosing kl_weight", unit="weight",
+               disable=not live, dynamic_ncols=True, mininterval=0.5)
+    shown = {}
+    fold = {}  # this split's training rows and held-out rows
 
     def train_at(weight: float, phase_epochs: int) -> None:
+        part = fold["part"]
         step = TrainingStep(model, guide, optimizer, num_data=part.num_data, kl_weight=weight, **options)
         record = _EpochRecorder(model, guide, step.elbo, part.num_data, False, None, num_samples)
         if _train(step, part, record, phase_epochs, [], False, False).interrupted:
             raise KeyboardInterrupt
 
     def score() -> torch.Tensor:
+        x_held, y_held = fold["held_out"]
         pred = predict(model, guide, inputs_to(x_held, batches.device), num_samples=num_samples, batch_size=batch_size)
         log_density = metrics.log_likelihood(pred, y_held.to(pred.samples.device), reduction="none")
         log_density = log_density.detach().cpu().double()
         return torch.where(torch.isfinite(log_density), log_density, -math.inf)  # a NaN prediction is never chosen
 
     def report(weight: float, nll: float) -> None:
-        scores[f"{weight:g}"] = f"{nll:.3g}"
-        bar.set_postfix(scores, refresh=False)
+        shown[f"{weight:g}"] = f"{nll:.3g}"
+        bar.set_postfix(shown, refresh=False)
         bar.update()
         if progress and not live:
             _print_line("choosing kl_weight", {"validation NLL": f"{nll:.3g}", "kl_weight": f"{weight:g}"})
 
+    warm_epochs = selection.warm_start_epochs(epochs) if can_warm_start(guide) else 0
+    scores: dict[float, list[torch.Tensor]] = {weight: [] for weight in selection.candidates}
     try:
-        warm_epochs = selection.warm_start_epochs(epochs) if can_warm_start(guide) else 0
-        if warm_epochs:
-            epochs_text = f"{warm_epochs} epoch{'s' if warm_epochs > 1 else ''}"
-            bar.set_postfix_str(f"MAP warm start, {epochs_text}")
-            if progress and not live:
-                _print_line("choosing kl_weight", {"MAP warm start": epochs_text})
-            with _InterruptAtOnce():  # (everything is put back: no step need finish)
-                map_warm_start(model, guide, part, epochs=warm_epochs, lr=_learning_rate_of(optimizer, lr),
-                               prior_weight=min(selection.candidates))
-        chosen, nll, se, snapshot = run_path(selection, train_at, score,
-                                             lambda: ParameterSnapshot(model, guide, optimizer=optimizer), epochs,
-                                             report)
+        for number, (train_rows, held_out) in enumerate(splits):
+            if number:  # every split's run from the same start
+                start.restore()
+            fold["part"] = Batches((select_rows(batches.x, train_rows), batches.y[train_rows]), batch_size,
+                                   batches.likelihood, batches.device, batches.dtype)
+            fold["held_out"] = select_rows(batches.x, held_out), batches.y[held_out]
+            if warm_epochs:
+                epochs_text = f"{warm_epochs} epoch{'s' if warm_epochs > 1 else ''}"
+                bar.set_postfix_str(f"MAP warm start, {epochs_text}")
+                if progress and not live:
+                    _print_line("choosing kl_weight", {"MAP warm start": epochs_text})
+                with _InterruptAtOnce():  # (everything is put back: no step need finish)
+                    map_warm_start(model, guide, fold["part"], epochs=warm_epochs,
+                                   lr=_learning_rate_of(optimizer, lr), prior_weight=min(selection.candidates))
+            fold_scores, snapshots = run_path(selection, train_at, score,
+                                              lambda: ParameterSnapshot(model, guide, optimizer=optimizer), epochs,
+                                              report)
+            for weight, log_densities in fold_scores.items():
+                scores[weight].append(log_densities)
+        chosen, nll, se = choose_weight({weight: torch.cat(parts) for weight, parts in scores.items()})
     except KeyboardInterrupt:
         start.restore()
         return KLWeightChoice(kl_weight=1.0, chosen_by="fallback", reason=_INTERRUPTED)
     except (ValueError, TypeError, FloatingPointError) as error:  # (TrainingDivergedError is a FloatingPointError)
         start.restore()
-        reason = f"the path on a split of {part.num_data} of the {batches.num_data} rows failed: {error}"
+        reason = f"the path on a split of {fold['part'].num_data} of the {batches.num_data} rows failed: {error}"
         _warn_fallback(reason)
         return KLWeightChoice(kl_weight=1.0, chosen_by="fallback", reason=reason)
     except BaseException:  # anything else (e.g. out of memory): nothing half-trained is left behind
@@ -391,9 +401,9 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
         reason = "every candidate's validation NLL was infinite or NaN"
         _warn_fallback(reason)
         return KLWeightChoice(kl_weight=1.0, chosen_by="fallback", reason=reason)
-    snapshot.restore()
+    snapshots[chosen].restore()  # the last split's run at the chosen weight
     return KLWeightChoice(kl_weight=chosen, chosen_by="validation", validation_nll=nll, validation_nll_se=se,
-                          num_validation=len(held_out), warm_start_epochs=warm_epochs)
+                          num_validation=sum(len(held_out) for _, held_out in splits), warm_start_epochs=warm_epochs)
 
 
 def _learning_rate_of(optimizer, lr: float) -> float:

@@ -35,8 +35,8 @@ from .._checks import check_positive
 from ..optim import IVON
 from ..optim import Adam as JointAdam
 
-__all__ = ["SelectKLWeight", "DEFAULT_CANDIDATES", "validation_split", "choose_weight", "every_parameter",
-           "ParameterSnapshot"]
+__all__ = ["SelectKLWeight", "DEFAULT_CANDIDATES", "validation_split", "validation_splits", "choose_weight",
+           "every_parameter", "ParameterSnapshot"]
 
 #: The candidate KL weights of ``fit(kl_weight="auto")``: the Bayes posterior and two tempered ones, a factor of 10
 #: apart (VOGN and noisy K-FAC temper by 0.1-0.5; ``docs/concepts.md``). 0.001 was a candidate before the MAP warm
@@ -63,6 +63,11 @@ class SelectKLWeight:
         the smallest candidate's prior weight; :mod:`pyro_bbb.train.warm_start`) on the training part of the split,
         before the path; ``0`` starts the path from the initial posterior. Needs a Normal posterior per site
         (``MeanFieldGuide``, ``AutoNormal``); skipped for other guides.
+    folds : int
+        Disjoint held-out splits, each ``validation_fraction`` of the rows (cross-fitting): the warm start and the
+        path run once per split, each from the same start, and the candidates are compared on every held-out row
+        together (``folds`` times the rows scored, ``folds`` times the path's cost; the final fit starts from the
+        last split's run). 1 (the default): one split.
 
     Examples
     --------
@@ -74,6 +79,7 @@ class SelectKLWeight:
     validation_fraction: float = 0.1
     selection_epochs: float = 0.5
     warm_start: float = 0.25
+    folds: int = 1
 
     def __post_init__(self):
         weights = []
@@ -92,6 +98,11 @@ class SelectKLWeight:
                 0.0 <= self.warm_start < math.inf):
             raise ValueError(f"warm_start must be a share of the epochs >= 0 (0: no warm start), got "
                              f"{self.warm_start!r}.")
+        if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 1 or (
+                self.folds * self.validation_fraction >= 1.0):
+            raise ValueError(f"folds must be a whole number >= 1 with folds * validation_fraction < 1 (disjoint "
+                             f"held-out splits), got folds={self.folds!r} with validation_fraction="
+                             f"{self.validation_fraction!r}.")
 
     def warm_start_epochs(self, epochs: int) -> int:
         """Epochs of the MAP warm start before the path, for a ``fit`` of ``epochs`` (0 without one).
@@ -151,6 +162,33 @@ def validation_split(y: torch.Tensor, fraction: float, *, stratify: bool,
     keep = torch.ones(n, dtype=torch.bool)
     keep[held_out] = False
     return keep.nonzero().flatten(), held_out
+
+
+def validation_splits(y: torch.Tensor, fraction: float, folds: int, *, stratify: bool,
+                      generator: torch.Generator | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``folds`` splits ``(train, held_out)`` whose held-out rows are disjoint, each ``round(fraction * n)`` rows
+    (each class's share with ``stratify``) and each ``train`` every other row; the first is
+    :func:`validation_split`'s.
+
+    Examples
+    --------
+    >>> splits = validation_splits(torch.arange(10.0), 0.2, 2, stratify=False,
+    ...                            generator=torch.Generator().manual_seed(0))
+    >>> [len(held) for _, held in splits], bool(set(splits[0][1].tolist()) & set(splits[1][1].tolist()))
+    ([2, 2], False)
+    """
+    n = y.shape[0]
+    rest = torch.arange(n)
+    splits = []
+    for _ in range(folds):
+        share = min(1.0, fraction * n / len(rest))  # of the rows no earlier split held out
+        _, held = validation_split(y[rest], share, stratify=stratify, generator=generator)
+        held_out = rest[held]
+        keep = torch.ones(n, dtype=torch.bool)
+        keep[held_out] = False
+        splits.append((keep.nonzero().flatten(), held_out))
+        rest = rest[~torch.isin(rest, held_out)]
+    return splits
 
 
 def choose_weight(log_likelihoods: dict[float, torch.Tensor]) -> tuple[float, dict[float, float], dict[float, float]]:
@@ -244,15 +282,17 @@ class ParameterSnapshot:
 def run_path(selection: SelectKLWeight, train_at: Callable[[float, int], None],
              score: Callable[[], torch.Tensor], snapshot: Callable[[], ParameterSnapshot],
              epochs: int, report: Callable[[float, float], None] | None = None):
-    """The path: for every candidate from the smallest to the largest, ``train_at(weight, epochs)`` (warm-started
-    from the one before), ``score()`` the held-out rows' log densities and keep a ``snapshot()``. Returns
-    ``(chosen weight, NLL by weight, standard error by weight, the chosen weight's snapshot)``.
+    """The path on one split: for every candidate from the smallest to the largest, ``train_at(weight, epochs)``
+    (warm-started from the one before), ``score()`` the held-out rows' log densities and keep a ``snapshot()``.
+    Returns ``(log densities by weight, snapshot by weight)``; :func:`choose_weight` picks from the log densities (of
+    every split together, with ``folds``).
 
     Examples
     --------
     >>> trained = []
-    >>> run_path(SelectKLWeight(candidates=(0.1,)), lambda w, e: trained.append((w, e)),
-    ...          lambda: torch.tensor([-1.0, -1.0]), lambda: None, epochs=4)[0], trained
+    >>> scores, _ = run_path(SelectKLWeight(candidates=(0.1,)), lambda w, e: trained.append((w, e)),
+    ...                      lambda: torch.tensor([-1.0, -1.0]), lambda: None, epochs=4)
+    >>> choose_weight(scores)[0], trained
     (1.0, [(0.1, 1), (1.0, 1)])
     """
     per_candidate = selection.epochs_per_candidate(epochs)
@@ -263,5 +303,4 @@ def run_path(selection: SelectKLWeight, train_at: Callable[[float, int], None],
         snapshots[weight] = snapshot()
         if report is not None:
             report(weight, -float(scores[weight].mean()))
-    chosen, nll, se = choose_weight({w: scores[w] for w in selection.candidates})
-    return chosen, nll, se, snapshots[chosen]
+    return {w: scores[w] for w in selection.candidates}, snapshots

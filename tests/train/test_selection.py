@@ -16,7 +16,7 @@ from pyro_bbb import likelihoods
 from pyro_bbb.infer.tempering import kl_weight_of
 from pyro_bbb.nn import BayesianLinear
 from pyro_bbb.optim import IVON
-from pyro_bbb.train.selection import SelectKLWeight, choose_weight, validation_split
+from pyro_bbb.train.selection import SelectKLWeight, choose_weight, validation_split, validation_splits
 
 from ..helpers import params, regression_model, small_data
 
@@ -77,7 +77,7 @@ def test_fit_holds_out_every_classs_share_also_for_labels_of_shape_n_by_1(monkey
         seen.append((stratify, y.reshape(-1)[held].long().bincount(minlength=2).tolist()))
         return train, held
 
-    monkeypatch.setattr("pyro_bbb.train.loop.validation_split", spy)
+    monkeypatch.setattr("pyro_bbb.train.selection.validation_split", spy)
     pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, labels.float()), epochs=1, batch_size=64, progress=False,
                  seed=0)
     assert seen == [(True, [18, 2])]  # 10% of each class, whatever the labels' shape
@@ -299,7 +299,7 @@ def test_a_progress_bar_shows_the_candidates_while_choosing_and_a_log_gets_a_lin
 def test_the_tempering_is_shown_wherever_the_posterior_is(tmp_path, kl_weight, monkeypatch):
     if isinstance(kl_weight, SelectKLWeight):  # the rule is tested above; here the tempered choice's every display
         rule = pyro_bbb.train.selection.choose_weight
-        monkeypatch.setattr("pyro_bbb.train.selection.choose_weight",
+        monkeypatch.setattr("pyro_bbb.train.loop.choose_weight",
                             lambda scores: (0.01,) + tuple(rule(scores)[1:]))
     x, y = classification_data()
     bnn = classifier()
@@ -479,7 +479,7 @@ def test_a_dataloader_over_tensors_chooses_as_the_tensors_do_and_trains_on_the_l
         held_out.append(split[1])
         return split
 
-    monkeypatch.setattr("pyro_bbb.train.loop.validation_split", spy)
+    monkeypatch.setattr("pyro_bbb.train.selection.validation_split", spy)
     for data, batch_size in (((x, y), 32), (DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True), None)):
         bnn = classifier()
         guide = pyro_bbb.MeanFieldGuide(bnn)
@@ -513,3 +513,50 @@ def test_a_dataloader_whose_epoch_is_not_each_row_once_falls_back_and_a_subset_i
     else:
         assert choice.chosen_by == "fallback" and "sampler" in choice.reason and "collate_fn" in choice.reason
         assert any("did not choose the KL weight" in str(w.message) for w in recwarn)
+
+
+# -- cross-fitting (folds) -----------------------------------------------------------------------------------------
+def test_splits_for_cross_fitting_are_disjoint_stratified_and_the_first_is_the_single_split():
+    y = torch.arange(300) % 3
+    splits = validation_splits(y, 0.1, 3, stratify=True, generator=torch.Generator().manual_seed(0))
+    single = validation_split(y, 0.1, stratify=True, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(splits[0][0], single[0]) and torch.equal(splits[0][1], single[1])
+    held = [set(h.tolist()) for _, h in splits]
+    assert all(not (a & b) for i, a in enumerate(held) for b in held[i + 1:])  # disjoint
+    for train, held_out in splits:
+        assert y[held_out].bincount().tolist() == [10, 10, 10]  # 10% of the rows, every class's share
+        assert sorted(train.tolist() + held_out.tolist()) == list(range(300))  # train is every other row
+
+
+def test_fold_settings_are_checked():
+    for folds in (0, 1.5, True):
+        with pytest.raises(ValueError, match="folds"):
+            SelectKLWeight(folds=folds)
+    with pytest.raises(ValueError, match="folds \\* validation_fraction < 1"):
+        SelectKLWeight(folds=3, validation_fraction=0.4)
+
+
+def test_fit_with_folds_runs_the_path_once_per_split_and_compares_on_every_held_out_row(monkeypatch):
+    x, y = classification_data()
+    bnn = classifier()
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    sizes, chosen_from = [], []
+    original, rule = pyro_bbb.ELBO.loss_and_grads, pyro_bbb.train.loop.choose_weight
+
+    def spy(self, *args, **kwargs):
+        sizes.append(self.num_data)
+        return original(self, *args, **kwargs)
+
+    def spy_rule(scores):
+        chosen_from.append({w: len(v) for w, v in scores.items()})
+        return rule(scores)
+
+    monkeypatch.setattr(pyro_bbb.ELBO, "loss_and_grads", spy)
+    monkeypatch.setattr("pyro_bbb.train.loop.choose_weight", spy_rule)
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=8, batch_size=64, lr=1e-2, progress=False, seed=0,
+                           kl_weight=SelectKLWeight(folds=2))
+    choice = history.kl_weight_choice
+    assert choice.chosen_by == "validation" and choice.num_validation == 48
+    assert chosen_from == [{1.0: 48, 0.1: 48, 0.01: 48}]  # one choice, on both splits' rows together
+    assert sizes == [216] * 12 * 2 + [240] * 32  # two paths on 216 rows each, then the final fit on all 240
+    assert len(history) == 8 and {r["kl_weight"] for r in history.records} == {choice.kl_weight}
