@@ -386,6 +386,11 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
     except KeyboardInterrupt:
         start.restore()
         return KLWeightChoice(kl_weight=1.0, chosen_by="fallback", reason=_INTERRUPTED)
+    except (DataError, TargetError) as error:  # bad rows of the split are bad rows of the data: say so now
+        start.restore()
+        message = str(error).split(" The parameters (and a pyro_bbb optimizer's state) were restored")[0]
+        raise DataError(f"{message} The parameters (and a pyro_bbb optimizer's state) were restored to their state "
+                        "at the start of fit.") from error
     except (ValueError, TypeError, FloatingPointError) as error:  # (TrainingDivergedError is a FloatingPointError)
         start.restore()
         reason = f"the path on a split of {fold['part'].num_data} of the {batches.num_data} rows failed: {error}"
