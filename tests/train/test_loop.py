@@ -219,7 +219,7 @@ def test_bad_regression_data_is_rejected_before_any_parameter_changes(make_data,
 @pytest.mark.parametrize(
     "labels, match", [(lambda y: y.float(), "integer class labels"), (lambda y: y + 1, r"label is 3 .* 3 logits")]
 )
-def test_bad_labels_are_rejected_before_any_parameter_changes(labels, match):
+def test_bad_labels_are_rejected_before_any_parameter_changes(labels, match, recwarn):
     net = torch.nn.Sequential(BayesianLinear(2, 4), torch.nn.ReLU(), BayesianLinear(4, 3))
     model = pyro_bbb.BNN(net, likelihoods.Categorical())
     guide = pyro_bbb.MeanFieldGuide(model)
@@ -227,9 +227,11 @@ def test_bad_labels_are_rejected_before_any_parameter_changes(labels, match):
     y = torch.randint(0, 3, (30,))
     fit(model, guide, (x, y))
     before = params()
+    recwarn.clear()
     with pytest.raises(ValueError, match=match):
         fit(model, guide, (x, labels(y)))
     assert all(torch.equal(before[k], v) for k, v in params().items())
+    assert not [w for w in recwarn if "did not choose" in str(w.message)]  # the data's error, not a fallback
 
 
 @pytest.mark.parametrize(
