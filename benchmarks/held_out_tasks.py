@@ -60,6 +60,13 @@ def load(name: str):
             n_samples=1000, n_features=15, n_informative=6, n_redundant=3, n_classes=3, flip_y=0.1, random_state=2),
         "friedman2": lambda: datasets.make_friedman2(n_samples=600, noise=100.0, random_state=2),
         "sparse": lambda: datasets.make_sparse_uncorrelated(n_samples=600, n_features=10, random_state=2),
+        # the fifth set, named for cross-fitting's proof
+        "blobs": lambda: datasets.make_blobs(n_samples=600, centers=4, n_features=5, cluster_std=2.5, random_state=3),
+        "three classes": lambda: datasets.make_classification(
+            n_samples=800, n_features=12, n_informative=5, n_classes=3, flip_y=0.05, random_state=3),
+        "linear": lambda: datasets.make_regression(n_samples=500, n_features=8, n_informative=5, noise=20.0,
+                                                   random_state=3),
+        "friedman b": lambda: datasets.make_friedman1(n_samples=500, n_features=10, noise=0.5, random_state=3),
     }
     if name in generated:
         data, target = generated[name]()
@@ -68,7 +75,7 @@ def load(name: str):
                   "iris": datasets.load_iris, "diabetes": datasets.load_diabetes}[name]
         data, target = loader(return_X_y=True)
     x = torch.as_tensor(data, dtype=torch.float32)
-    if name in ("diabetes", "friedman", "friedman3", "friedman2", "sparse"):
+    if name in ("diabetes", "friedman", "friedman3", "friedman2", "sparse", "linear", "friedman b"):
         return x, torch.as_tensor(target, dtype=torch.float32), 0
     y = torch.as_tensor(target > 0 if name == "hastie" else target, dtype=torch.long)  # hastie's labels are -1, 1
     return x, y, int(y.max()) + 1
@@ -195,7 +202,7 @@ def bayesian(train, test, classes: int, epochs: int, seed: int, prior: str = "de
 
 
 TASKS = ["breast cancer", "wine", "iris", "diabetes", "friedman", "four classes", "moons", "hastie", "quantiles",
-         "friedman3", "circles", "noisy three", "friedman2", "sparse"]
+         "friedman3", "circles", "noisy three", "friedman2", "sparse", "blobs", "three classes", "linear", "friedman b"]
 METHODS = {"deterministic": deterministic, "pyro_bbb defaults": bayesian,
            "pyro_bbb kl_weight=1": functools.partial(bayesian, kl_weight=1),
            "bayesian-torch README": bayesian_torch_recipe,
