@@ -251,9 +251,10 @@ def summary(model: Callable, guide):
     One row per layer -- number of weights, mean ``|mu|``, mean and 5/50/95% quantiles of the posterior std
     ``sigma``, mean prior std, KL, KL per weight, and 5/50/95% quantiles of the signal-to-noise ratio ``|mu|/sigma``.
     The per-weight table is :func:`parameter_summary`. A guide trained by :func:`pyro_bbb.fit` adds the column
-    ``kl_weight`` (the weight it was trained at; other than 1: a tempered posterior, not the Bayes one), and the
-    table's ``attrs["kl_weight"]`` holds the :class:`~pyro_bbb.infer.tempering.KLWeightChoice` (every candidate's
-    validation NLL when ``fit`` chose it).
+    ``kl_weight`` (the weight it was trained at; other than 1: a tempered posterior, not the Bayes one); when ``fit``
+    chose it, a column ``val_nll@<weight>`` per candidate holds that candidate's validation NLL (per held-out datum),
+    so the printed table shows what the choice was made on. The table's ``attrs["kl_weight"]`` holds the
+    :class:`~pyro_bbb.infer.tempering.KLWeightChoice` (its ``describe()``: the choice in one line).
 
     Examples
     --------
@@ -298,6 +299,8 @@ def _with_kl_weight(table, guide, column: bool = True):
     if choice is not None:
         if column:
             table["kl_weight"] = choice.kl_weight
+            for weight, nll in choice.validation_nll.items():  # what the choice was made on, in the printed table
+                table[f"val_nll@{weight:g}"] = nll
         table.attrs["kl_weight"] = choice
     return table
 

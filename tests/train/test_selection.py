@@ -310,6 +310,10 @@ def test_the_tempering_is_shown_wherever_the_posterior_is(tmp_path, kl_weight, m
     assert choice.tempered == (kl_weight != 1.0)  # both branches of every display below are exercised
     table = pyro_bbb.summary(bnn, guide)
     assert set(table["kl_weight"]) == {choice.kl_weight} and table.attrs["kl_weight"] is choice
+    candidates = [column for column in table.columns if column.startswith("val_nll@")]  # what it was chosen on
+    assert candidates == ([f"val_nll@{w:g}" for w in (1.0, 0.01)] if choice.chosen_by == "validation" else [])
+    assert all(set(table[f"val_nll@{w:g}"]) == {nll} for w, nll in choice.validation_nll.items())
+    assert "val_nll@0.01" in str(table) or choice.chosen_by != "validation"
     assert pyro_bbb.evaluate.diagnostics.parameter_summary(bnn, guide).attrs["kl_weight"] is choice
     figure = pyro_bbb.evaluate.plots.plot_std_ratio(bnn, guide)
     title = figure._suptitle.get_text() if figure._suptitle is not None else ""
