@@ -1,7 +1,8 @@
 """Variational inference: the mean-field guide (:mod:`~pyro_bbb.infer.guide`, which also answers what any mean-field
 guide's posterior at a site is), the ELBO that scales minibatches (:mod:`~pyro_bbb.infer.elbo`, its reference path,
 with the data plate's scaling in :mod:`~pyro_bbb.infer.scaling`; the KL arithmetic, the per-pair state, a call's
-terms and the replayed backend are private), the record of which objective computed the gradients an optimizer
+terms are private; the replayed backend, :class:`ReplayBackend`, is shared with the MAP warm start of
+:mod:`pyro_bbb.train.warm_start`), the record of which objective computed the gradients an optimizer
 applies (:mod:`~pyro_bbb.infer.contract`), the lower-variance gradient estimators as effect handlers
 (:mod:`~pyro_bbb.infer.estimators`), KL-weight schedules (:mod:`~pyro_bbb.infer.schedules`) and the record of
 the KL weight a posterior was trained at (:mod:`~pyro_bbb.infer.tempering`).
@@ -16,6 +17,7 @@ Examples
 """
 
 from . import schedules
+from ._replay import ReplayBackend
 from .elbo import ELBO
 from .estimators import (
     FlipoutMessenger,
@@ -31,5 +33,5 @@ from .scaling import DataPlateScaleMessenger, scale_data_plate
 __all__ = [
     "ELBO", "MeanFieldGuide", "DEFAULT_INIT_SCALE", "flipout", "local_reparameterization", "moment_propagation",
     "FlipoutMessenger", "LocalReparameterizationMessenger", "MomentPropagationMessenger", "DataPlateScaleMessenger",
-    "scale_data_plate", "schedules",
+    "scale_data_plate", "schedules", "ReplayBackend",
 ]

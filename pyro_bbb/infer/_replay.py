@@ -6,9 +6,11 @@ It must stay equal to the Pyro path of :class:`pyro_bbb.ELBO` (the reference), b
 ``tests/infer/test_replay.py`` runs every case against it. The ELBO sees one object, :class:`ReplayBackend`, which
 holds every rule of when a step is replayed: :meth:`ReplayBackend.after_full_step` records a plan after a step
 through Pyro's handlers (or finds the model and guide cannot be replayed), and :meth:`ReplayBackend.terms` computes a
-later step's terms -- or returns ``None``, and the ELBO takes its own path. It asks the ELBO nothing: the ELBO adds the
-terms up and differentiates them as it does its own. A model that no longer matches the plan (a new site, a cleared
-param store) drops the plan.
+later step's terms -- or returns ``None``, and the ELBO takes its own path. It asks the ELBO nothing: the ELBO adds
+the terms up and differentiates them as it does its own. A model that no longer matches the plan (a new site, a
+cleared param store) drops the plan. The MAP warm start (:mod:`pyro_bbb.train.warm_start`) replays its loss the same
+way, bit for bit (:meth:`ReplayBackend.after_map_step`, :meth:`ReplayBackend.map_loss`;
+``tests/train/test_warm_start.py``).
 
 Examples
 --------
@@ -29,14 +31,15 @@ from typing import Any
 import torch
 from pyro.distributions.util import scale_and_mask
 from pyro.poutine.messenger import Messenger
+from pyro.poutine.util import prune_subsample_sites
 
 from .._internals import ParamReader, is_tracing, param_captures, preset_samples, sample_priors
-from .._kl import has_trainable_parameters, is_unscaled, site_kl, zero_mean_prior_scale
+from .._kl import has_trainable_parameters, is_unscaled, needs_posterior, site_kl, zero_mean_prior_scale
 from .._plates import data_plate_frame
 from ..bnn import BNN
 from ..nn.module import BayesianModule, is_layer_prior
 from .estimators import FlipoutMessenger, LocalReparameterizationMessenger
-from .guide import MeanFieldGuide, drawn_posterior
+from .guide import MeanFieldGuide, drawn_posterior, normal_mean
 from .scaling import DataPlateScaleMessenger
 
 __all__ = ["ReplayBackend"]
@@ -68,6 +71,38 @@ class ReplayBackend:
         self.plan = None
         if self.enabled and traces is not None and num_particles == 1:
             self.plan = _plan_replay(model, guide, traces, num_data, data_plate)
+
+    def after_map_step(self, model, guide, traces: tuple, num_data: int, data_plate: str) -> None:
+        """Record the plan of a MAP step just run through Pyro's handlers (:func:`pyro_bbb.train.warm_start.map_loss`:
+        its ``(model_trace, guide_trace)``, every latent site at its posterior mean), or none -- also none when a
+        prior needs the posterior (an empirical-Bayes prior, which the MAP loss takes at its value given ``q``)."""
+        self.plan = None
+        traces = tuple(prune_subsample_sites(trace) for trace in traces)  # as the ELBO's (a plate's own site)
+        latent_priors = [site["fn"] for site in traces[0].nodes.values()
+                         if site["type"] == "sample" and not site["is_observed"]]
+        if self.enabled and not any(needs_posterior(prior) for prior in latent_priors):
+            self.plan = _plan_replay(model, guide, traces, num_data, data_plate)
+
+    def map_loss(self, model, guide, x, y, num_data: int, data_plate: str, prior_weight: float) -> torch.Tensor | None:
+        """A replayed MAP step's loss, :func:`pyro_bbb.train.warm_start.map_loss` bit for bit (the same graph, so the
+        same gradients), after :meth:`after_map_step` recorded a plan; ``None`` when the traced loss must run.
+
+        Examples
+        --------
+        ::
+
+            loss = backend.map_loss(model, guide, x, y, num_data, DATA_PLATE, prior_weight=0.01)
+        """
+        if self.plan is None:
+            return None
+        captured = _replay_captures(self.plan, model, guide, (x, y), {})
+        if captured is None:
+            return None
+        try:
+            return _replay_map_loss(self.plan, captured[0], x, y, num_data, data_plate, prior_weight)
+        except ReplayMismatch:
+            self.plan = None
+            return None
 
     def terms(self, model, guide, args: tuple, kwargs: dict, num_data: int | None, data_plate: str,
               validating: bool) -> tuple | None:
@@ -222,3 +257,29 @@ def _replay_terms(plan: ReplayPlan, captures: list, estimators: list, x, y, num_
             fn = plan.guide.posterior_at(name, *fn)
         kl_by_site[name] = site_kl(_site(fn, draws[name]), _site(prior, draws[name]))
     return nll, kl_by_site, closed_form, batch
+
+
+def _replay_map_loss(plan: ReplayPlan, captures: list, x, y, num_data: int, data_plate: str,
+                     prior_weight: float) -> torch.Tensor:
+    """The MAP loss per row at the posterior means, ``-(1/N)[(N/B) sum log p(y|x, w) + prior_weight log p(w)]``, in
+    the order the traced loss computes it (its sites' log densities summed in the model's order, each scaled and
+    masked as :func:`~pyro_bbb._kl.log_prob_sum` does). Raises :class:`ReplayMismatch` when the model no longer
+    matches the plan."""
+    values = {}
+    for i, (name, _, _) in enumerate(plan.sites):
+        try:
+            loc, scale = plan.reader.read(captures, 2 * i, 2 * i + 2)
+        except KeyError as missing:
+            raise ReplayMismatch(f"parameter {missing} is not in Pyro's param store") from None
+        values[name] = normal_mean(plan.guide.posterior_at(name, loc, scale))
+    with preset_samples(plan.model, values) as read, _SampleGuard():
+        fn, y = plan.model.observation(x, y)
+    if read != set(values):
+        raise ReplayMismatch("the model did not read every weight site")
+    batch = fn.batch_shape[-1] if fn.batch_shape else 1
+    log_likelihood = 0.0 + scale_and_mask(fn.log_prob(y), DataPlateScaleMessenger.batch_scale(num_data, batch,
+                                                                                              data_plate), None).sum()
+    log_prior = 0.0
+    for name, prior_of, _ in plan.sites:
+        log_prior = log_prior + scale_and_mask(prior_of().log_prob(values[name]), 1.0, None).sum()
+    return -(log_likelihood + prior_weight * log_prior) / num_data

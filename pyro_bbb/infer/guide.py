@@ -30,7 +30,7 @@ from ..priors import is_real_support
 __all__ = [
     "MeanFieldGuide", "DEFAULT_INIT_SCALE", "has_site_posteriors", "require_site_posteriors",
     "require_fitted_posteriors", "site_loc_scale", "site_param_names", "drawn_posterior", "without_drawn_posterior",
-    "site_posterior", "AdoptedPosteriorWarning",
+    "site_posterior", "normal_mean", "AdoptedPosteriorWarning",
 ]
 
 
@@ -516,3 +516,31 @@ def site_posterior(guide, name: str, site: dict) -> dist.Distribution:
     loc, scale = site_loc_scale(guide, name)
     normal = dist.Normal(loc, scale).to_event(autonormal_event_dim(guide, name))
     return MeanFieldGuide._constrain(normal, site)
+
+
+def normal_mean(fn: dist.Distribution) -> torch.Tensor | None:
+    """The value at the mean of a (possibly ``Independent``-wrapped, possibly transformed) ``Normal`` -- the Normal's
+    mean pushed through the transforms -- else ``None``: the posterior-mean value of a :class:`MeanFieldGuide` site.
+
+    Examples
+    --------
+    >>> normal_mean(dist.Normal(torch.zeros(2), 1.0).to_event(1))
+    tensor([0., 0.])
+    >>> normal_mean(dist.LogNormal(torch.zeros(1), 1.0)), normal_mean(dist.Gamma(1.0, 1.0))
+    (tensor([1.]), None)
+    """
+    transforms = []
+    while True:
+        if isinstance(fn, torch.distributions.Independent):
+            fn = fn.base_dist
+        elif isinstance(fn, torch.distributions.TransformedDistribution):
+            transforms = list(fn.transforms) + transforms
+            fn = fn.base_dist
+        else:
+            break
+    if not isinstance(fn, torch.distributions.Normal):
+        return None
+    value = fn.loc
+    for transform in transforms:
+        value = transform(value)
+    return value

@@ -29,12 +29,13 @@ from typing import Any
 import pyro.poutine as poutine
 import torch
 from pyro.poutine.messenger import Messenger
-from torch.distributions import Independent, Normal, TransformedDistribution
 
 from .._internals import is_deterministic_site
 from .._kl import log_prob_sum, needs_posterior
+from .._plates import DATA_PLATE
 from ..data.batches import Batches
-from ..infer.guide import has_site_posteriors, without_drawn_posterior
+from ..infer import ReplayBackend
+from ..infer.guide import has_site_posteriors, normal_mean, without_drawn_posterior
 from ..infer.scaling import DataPlateScaleMessenger
 from ..priors import prior_in_force
 from .selection import every_parameter
@@ -74,7 +75,7 @@ class PosteriorMeanMessenger(Messenger):
     def _pyro_sample(self, msg: dict[str, Any]) -> None:
         if msg["is_observed"] or msg["value"] is not None:
             return
-        mean = _normal_mean(msg["fn"])
+        mean = normal_mean(msg["fn"])
         if mean is not None:
             msg["value"], msg["done"] = mean, True
             msg["infer"] = without_drawn_posterior(msg["infer"])  # no estimator redraws it
@@ -94,25 +95,6 @@ def posterior_mean(fn: Callable | None = None) -> PosteriorMeanMessenger | Calla
     return messenger(fn) if fn is not None else messenger
 
 
-def _normal_mean(fn) -> torch.Tensor | None:
-    """The value at the mean of a (possibly ``Independent``-wrapped, possibly transformed) ``Normal``, else ``None``."""
-    transforms = []
-    while True:
-        if isinstance(fn, Independent):
-            fn = fn.base_dist
-        elif isinstance(fn, TransformedDistribution):
-            transforms = list(fn.transforms) + transforms
-            fn = fn.base_dist
-        else:
-            break
-    if not isinstance(fn, Normal):
-        return None
-    value = fn.loc
-    for transform in transforms:
-        value = transform(value)
-    return value
-
-
 def map_loss(model: Callable, guide, x, y, *, num_data: int, prior_weight: float = 1.0) -> torch.Tensor:
     """The MAP objective per row at the guide's posterior means: ``-(1/N) [sum_batch (N/B) log p(y|x, w)
     + prior_weight log p(w)]`` (the data plate scales the batch's log-likelihood by ``N/B``, as in the ELBO).
@@ -126,6 +108,11 @@ def map_loss(model: Callable, guide, x, y, *, num_data: int, prior_weight: float
     >>> map_loss(net, guide, torch.zeros(4, 2), torch.zeros(4), num_data=4).requires_grad
     True
     """
+    return _traced_map_loss(model, guide, x, y, num_data, prior_weight)[0]
+
+
+def _traced_map_loss(model: Callable, guide, x, y, num_data: int, prior_weight: float) -> tuple[torch.Tensor, tuple]:
+    """:func:`map_loss` through Pyro's handlers, with the ``(model_trace, guide_trace)`` a replay plan is made from."""
     with DataPlateScaleMessenger(num_data):
         guide_trace = poutine.trace(posterior_mean(guide)).get_trace(x, y)
         trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(x, y)
@@ -141,7 +128,7 @@ def map_loss(model: Callable, guide, x, y, *, num_data: int, prior_weight: float
             log_likelihood = log_likelihood + log_prob
         elif name in guide_trace.nodes:
             log_prior = log_prior + log_prob
-    return -(log_likelihood + prior_weight * log_prior) / num_data
+    return -(log_likelihood + prior_weight * log_prior) / num_data, (trace, guide_trace)
 
 
 def map_warm_start(model: Callable, guide, batches: Batches, *, epochs: int, lr: float = 1e-3,
@@ -150,7 +137,9 @@ def map_warm_start(model: Callable, guide, batches: Batches, *, epochs: int, lr:
     the model's own deterministic parameters (if any); the posterior scales are not touched.
 
     The guide must have a Normal posterior per site (:func:`can_warm_start`). A non-finite loss raises
-    ``FloatingPointError`` before the step that would apply it.
+    ``FloatingPointError`` before the step that would apply it. After one step through Pyro's handlers, a
+    :class:`~pyro_bbb.BNN` with a :class:`~pyro_bbb.MeanFieldGuide` replays the loss without them (the same loss and
+    gradients, bit for bit: :class:`pyro_bbb.infer.ReplayBackend`); other models trace every step.
 
     Examples
     --------
@@ -163,9 +152,15 @@ def map_warm_start(model: Callable, guide, batches: Batches, *, epochs: int, lr:
     scales = {id(param) for param in guide.scales.parameters()}
     params = [param for param in every if id(param) not in scales and param.requires_grad]
     optimizer = torch.optim.Adam(params, lr=lr)
+    replay, replayable = ReplayBackend(enabled=True), True  # after one traced step, replayed (bit for bit)
     for _ in range(epochs):
         for x, y in batches:
-            loss = map_loss(model, guide, x, y, num_data=batches.num_data, prior_weight=prior_weight)
+            loss = replay.map_loss(model, guide, x, y, batches.num_data, DATA_PLATE, prior_weight)
+            if loss is None:
+                loss, traces = _traced_map_loss(model, guide, x, y, batches.num_data, prior_weight)
+                if replayable:
+                    replay.after_map_step(model, guide, traces, batches.num_data, DATA_PLATE)
+                    replayable = replay.plan is not None
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"the MAP warm start's loss became {float(loss.detach())}; lower lr.")
             optimizer.zero_grad(set_to_none=True)
