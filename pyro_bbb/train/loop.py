@@ -25,6 +25,7 @@ import pyro
 import pyro.poutine as poutine
 import torch
 from pyro.optim import PyroOptim
+from pyro.util import get_rng_state, set_rng_state
 from tqdm.auto import tqdm
 from tqdm.notebook import tqdm_notebook
 
@@ -147,7 +148,9 @@ def fit(
         runs on its rows at its batch size, the final fit on the loader). With another DataLoader,
         ``distributed=True`` or too few rows, ``"auto"`` warns and trains at weight 1; with
         :class:`~pyro_bbb.optim.IVON` at the weight its ``ess`` sets (``num_data / ess``);
-        ``history.kl_weight_choice.reason`` says why.
+        ``history.kl_weight_choice.reason`` says why; so does a path that fails on the split but not on all the
+        data (a model whose data plate must see every row). An error a step on all the data raises too is raised
+        at once, with the parameters as they were.
     num_particles : int
         Weight draws per step.
     clip_norm : float, optional
@@ -322,7 +325,8 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
 
     A path that cannot run on the split (a step that fails, e.g. a hand-written model whose data plate must see every
     row, or a run that diverges) puts every parameter back as it was, warns, and falls back to weight 1 on all the
-    data, where the same problem, if it is one, is raised as usual. Ctrl-C ends it with the parameters as they were.
+    data. An error that a step on all the data raises too (the model's or the estimator's, not the split's) is raised
+    at once instead, with the parameters as they were. Ctrl-C ends it with the parameters as they were.
     """
     classes = isinstance(likelihood_of(model), Categorical | Bernoulli)
     generator = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(2**31, ())))
@@ -393,6 +397,9 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
                         "at the start of fit.") from error
     except (ValueError, TypeError, FloatingPointError) as error:  # (TrainingDivergedError is a FloatingPointError)
         start.restore()
+        if not isinstance(error, FloatingPointError):  # a model that fails on all the data too: its error, now
+            _raise_if_a_step_fails(TrainingStep(model, guide, optimizer, num_data=batches.num_data, **options),
+                                   batches)
         reason = f"the path on a split of {fold['part'].num_data} of the {batches.num_data} rows failed: {error}"
         _warn_fallback(reason)
         return KLWeightChoice(kl_weight=1.0, chosen_by="fallback", reason=reason)
@@ -409,6 +416,16 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
     snapshots[chosen].restore()  # the last split's run at the chosen weight
     return KLWeightChoice(kl_weight=chosen, chosen_by="validation", validation_nll=nll, validation_nll_se=se,
                           num_validation=sum(len(held_out) for _, held_out in splits), warm_start_epochs=warm_epochs)
+
+
+def _raise_if_a_step_fails(step: TrainingStep, batches) -> None:
+    """Raise the error a step on the first batch of all the data raises (a model or estimator error, not the split's),
+    changing nothing: no parameter, no optimizer state, and the random number generators as they were."""
+    rng = get_rng_state()
+    try:
+        step.check(*next(iter(batches)))
+    finally:
+        set_rng_state(rng)
 
 
 def _learning_rate_of(optimizer, lr: float) -> float:

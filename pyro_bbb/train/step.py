@@ -154,6 +154,13 @@ class TrainingStep:
         self.elbo.step += 1
         return loss
 
+    def check(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Raise what a step on the batch ``(x, y)`` would raise, changing nothing: the loss under the estimator,
+        without gradients, without the optimizer, the KL schedule not advanced (the random draws it takes are the
+        caller's to put back)."""
+        with torch.no_grad(), self.estimator():
+            self.elbo.loss(self.model, self.guide, x, y)
+
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """One step on the batch ``(x, y)``: loss and gradients, clipping, the optimizer; returns the loss."""
         self.steps += 1

@@ -243,6 +243,23 @@ def test_a_model_the_split_breaks_trains_at_weight_one_with_a_warning_and_nothin
     assert history["nll"][-1] < 0.5 * history["nll"][0]
 
 
+def test_a_model_that_fails_on_all_the_data_raises_its_error_at_once_without_a_fallback_warning():
+    """An error of the model or the estimator, not of the split (Flipout needs a Bayesian layer's operation), is
+    raised as ``kl_weight=1`` raises it, with the parameters as they were; no warning promises a fallback first."""
+    x = torch.randn(40, 3)
+    y = x @ torch.tensor([1.0, -1.0, 0.5]) + 0.5 * torch.randn(40)
+    model = FullPlate()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    guide(x, y)
+    before = {name: value.detach().clone() for name, value in pyro.get_param_store().items()}
+    for kl_weight in ("auto", 1):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(ValueError, match=r"no Bayesian layer operation for the weight sites \['w'\]"):
+                pyro_bbb.fit(model, guide, (x, y), epochs=5, estimator="flipout", progress=False, kl_weight=kl_weight)
+        assert all(torch.equal(before[name], value) for name, value in pyro.get_param_store().items())
+
+
 def test_ctrl_c_while_choosing_returns_an_interrupted_history_with_the_parameters_as_they_were():
     (x, y), model, guide, before = set_up_regression()
     calls = []
