@@ -13,17 +13,26 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+#: bayesian-torch 0.5's README settings for ``dnn_to_bnn`` (its MOPED flow sets ``moped_enable``).
+BAYESIAN_TORCH_PRIOR = {"prior_mu": 0.0, "prior_sigma": 1.0, "posterior_mu_init": 0.0, "posterior_rho_init": -3.0,
+                        "type": "Reparameterization", "moped_enable": False, "moped_delta": 0.5}
+
 
 def train_net(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int = 64,
-              lr: float = 1e-3, weight_decay: float = 1e-4, seed: int = 0) -> nn.Module:
-    """Minibatch Adam on the cross-entropy (with weight decay); returns the net in eval mode."""
+              lr: float = 1e-3, weight_decay: float = 1e-4, seed: int = 0,
+              kl: Callable[[nn.Module], torch.Tensor] | None = None) -> nn.Module:
+    """Minibatch Adam on the cross-entropy (with weight decay), plus ``kl(net) / batch_size`` when given
+    (bayesian-torch's README recipe); returns the net in eval mode."""
     g = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
     net.train()
     for _ in range(epochs):
         for idx in torch.randperm(len(y), generator=g).split(batch_size):
             optimizer.zero_grad()
-            nn.functional.cross_entropy(net(x[idx]), y[idx]).backward()
+            loss = nn.functional.cross_entropy(net(x[idx]), y[idx])
+            if kl is not None:
+                loss = loss + kl(net) / batch_size
+            loss.backward()
             optimizer.step()
     return net.eval()
 

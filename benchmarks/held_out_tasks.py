@@ -32,6 +32,7 @@ import time
 
 import pyro
 import torch
+from baselines import BAYESIAN_TORCH_PRIOR
 from torch import nn
 
 import pyro_bbb
@@ -147,11 +148,6 @@ def deterministic(train, test, classes: int, epochs: int, seed: int) -> dict:
     log_noise = train_net(net, x, y, classes, epochs, seed)
     seconds = time.perf_counter() - start
     return scores(net.eval()(x_test)[None], log_noise, y_test, classes) | {"train s": seconds}
-
-
-#: bayesian-torch 0.5's README settings for ``dnn_to_bnn`` (its MOPED flow sets ``moped_enable``).
-BAYESIAN_TORCH_PRIOR = {"prior_mu": 0.0, "prior_sigma": 1.0, "posterior_mu_init": 0.0, "posterior_rho_init": -3.0,
-                        "type": "Reparameterization", "moped_enable": False, "moped_delta": 0.5}
 
 
 def bayesian_torch_recipe(train, test, classes: int, epochs: int, seed: int, moped: bool = False) -> dict:

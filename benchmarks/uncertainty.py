@@ -11,7 +11,9 @@ are fitted on it; every method trains on the other 90%). Contenders, all trained
 batches: a deterministic net (weight decay 1e-4), the same with temperature scaling, MC dropout (p = 0.1, 50 passes),
 a deep ensemble of 5 deterministic nets, a diagonal last-layer Laplace approximation of the deterministic net
 (``baselines.py``), and pyro_bbb with its defaults (``BNN`` of Bayesian layers, ``MeanFieldGuide``, ``fit``), with
-Flipout, and with IVON (``fit(optimizer=IVON(...), estimator="local_reparam")``); 100 draws per prediction. Reports
+Flipout, and with IVON (``fit(optimizer=IVON(...), estimator="local_reparam")``); where bayesian-torch 0.5 is installed
+(``pip install bayesian-torch==0.5.0 --no-deps``), its README recipe and its MOPED flow on the same net (the peers the
+goals name); 100 draws per prediction. Reports
 accuracy, NLL, ECE (15 bins), OOD AUROC (predictive entropy; in-distribution test inputs against the held-out
 classes), AURC (risk against coverage, max probability) and training time (seconds, the ensemble's for all 5 nets).
 
@@ -24,13 +26,14 @@ classes), AURC (risk against coverage, max probability) and training time (secon
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import time
 from pathlib import Path
 
 import pyro
 import torch
-from baselines import DiagonalLastLayerLaplace, mc_dropout_probs, softmax_probs, train_net
+from baselines import BAYESIAN_TORCH_PRIOR, DiagonalLastLayerLaplace, mc_dropout_probs, softmax_probs, train_net
 from torch import nn
 
 import pyro_bbb
@@ -45,6 +48,8 @@ from pyro_bbb.prediction import ClassificationPrediction
 IN_CLASSES = 8  # classes 0-7 in distribution, 8 and 9 held out
 METHODS = ["deterministic", "deterministic + temperature", "MC dropout", "deep ensemble (5)", "last-layer Laplace",
            "pyro_bbb defaults", "pyro_bbb kl_weight=1", "pyro_bbb Flipout", "pyro_bbb IVON"]
+#: the peers' recipes, beside the table when bayesian-torch is installed (a benchmark dependency only)
+PEERS = ["bayesian-torch README", "bayesian-torch MOPED"]
 COLUMNS = ["accuracy", "NLL", "ECE", "OOD AUROC", "AURC", "train s"]
 
 
@@ -164,8 +169,31 @@ def bayesian_row(method, make, data, epochs, seed, kl_weight: float | None = Non
     return {**scores(test, y_test, ood), "train s": seconds, "weight": history.kl_weight_choice.kl_weight}
 
 
+def bayesian_torch_row(make, data, epochs, seed, moped: bool) -> dict:
+    """bayesian-torch 0.5's README recipe: ``dnn_to_bnn`` of the deterministic net (N(0, 1) prior, posterior rho
+    -3), loss = cross-entropy + ``get_kl_loss(net) / batch_size``, no weight decay, 100 draws; with ``moped``, its
+    MOPED flow: the deterministic net trained as its row is, the posterior started at its weights (widths
+    ``0.5 |w|``), fine-tuned 20 epochs (its time included)."""
+    from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn, get_kl_loss
+
+    (x, y), _, (x_test, y_test), x_ood = data
+    torch.manual_seed(seed)
+    net = make(x.shape[1], False)
+    start = time.perf_counter()
+    if moped:
+        train_net(net, x, y, epochs=epochs, seed=seed)
+    dnn_to_bnn(net, BAYESIAN_TORCH_PRIOR | {"moped_enable": moped})
+    train_net(net, x, y, epochs=20 if moped else epochs, seed=seed, weight_decay=0.0, kl=get_kl_loss)
+    seconds = time.perf_counter() - start
+    torch.manual_seed(seed)  # (its layers draw weights in eval mode too)
+    test = torch.stack([softmax_probs(net, x_test) for _ in range(100)])
+    ood = torch.stack([softmax_probs(net, x_ood) for _ in range(100)])
+    return {**scores(test, y_test, ood), "train s": seconds}
+
+
 def run_task(name, make, raw, epochs, seeds, figures: Path | None):
-    per_seed = {method: [] for method in METHODS}
+    methods = METHODS + (PEERS if importlib.util.find_spec("bayesian_torch") is not None else [])
+    per_seed = {method: [] for method in methods}
     for seed in seeds:
         data = split(raw, seed)
         rows = deterministic_rows(make, data, epochs, seed)
@@ -173,7 +201,9 @@ def run_task(name, make, raw, epochs, seeds, figures: Path | None):
         rows["pyro_bbb kl_weight=1"] = bayesian_row("bayes", make, data, epochs, seed)
         rows["pyro_bbb Flipout"] = bayesian_row("flipout", make, data, epochs, seed)
         rows["pyro_bbb IVON"] = bayesian_row("ivon", make, data, epochs, seed)
-        for method in METHODS:
+        for peer in PEERS[: len(methods) - len(METHODS)]:
+            rows[peer] = bayesian_torch_row(make, data, epochs, seed, moped="MOPED" in peer)
+        for method in methods:
             per_seed[method].append(rows[method])
         if figures is not None and seed == seeds[0]:
             draw_figures(name, rows, data[2][1], figures)
@@ -256,18 +286,22 @@ def main() -> None:
         print(f"\nmedians over {len(seeds)} seeds, fixed KL weights (no selection); NLL, ECE, AURC lower is better\n")
         print_table(tables)
         return
+    if importlib.util.find_spec("bayesian_torch") is None:
+        print("(bayesian-torch is not installed: its rows are left out; pip install bayesian-torch==0.5.0 --no-deps)")
     tables = {name: run_task(name, make, load(), epochs, seeds, args.figures)
               for name, (make, load, epochs) in tasks.items()}
     print(f"\nmedians over {len(seeds)} seeds; NLL, ECE and AURC lower is better\n")
     print_table(tables)
     print("\ngoals (pyro_bbb defaults): accuracy >= deterministic - 0.005, NLL <= deterministic, ECE <= max(its, "
-          "0.02), OOD AUROC >= deterministic, NLL or AUROC at or above the ensemble, training time <= the ensemble's:")
+          "0.02), OOD AUROC >= deterministic, NLL or AUROC at or above the ensemble, training time <= the ensemble's, "
+          "NLL <= bayesian-torch's README recipe's and MOPED's (when installed):")
     for name, table in tables.items():
         ours, ensemble, det = table["pyro_bbb defaults"], table["deep ensemble (5)"], table["deterministic"]
         checks = {"accuracy": ours["accuracy"] >= det["accuracy"] - 0.005, "NLL": ours["NLL"] <= det["NLL"],
                   "ECE": ours["ECE"] <= max(det["ECE"], 0.02), "AUROC": ours["OOD AUROC"] >= det["OOD AUROC"],
                   "vs ensemble": ours["NLL"] <= ensemble["NLL"] or ours["OOD AUROC"] >= ensemble["OOD AUROC"],
                   "time": ours["train s"] <= ensemble["train s"]}
+        checks |= {f"NLL vs {peer}": ours["NLL"] <= table[peer]["NLL"] for peer in PEERS if peer in table}
         verdict = ", ".join(f"{k} {'met' if ok else 'NOT met'}" for k, ok in checks.items())
         print(f"  {name}: NLL {ours['NLL']:.3f} (deterministic {det['NLL']:.3f}, ensemble {ensemble['NLL']:.3f}), "
               f"AUROC {ours['OOD AUROC']:.3f} ({det['OOD AUROC']:.3f}, {ensemble['OOD AUROC']:.3f}), time "
