@@ -11,6 +11,7 @@ Examples
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from pyro.infer import TraceMeanField_ELBO
 from pyro.infer.autoguide import AutoNormal
 from pyro.infer.trace_mean_field_elbo import _check_mean_field_requirement
 from pyro.nn.module import _is_module_local_param_enabled, _make_name
+from pyro.optim.optim import _get_state_dict, _load_state_dict
 from pyro.poutine.replay_messenger import ReplayMessenger
 from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_messenger import TraceMessenger
@@ -37,7 +39,7 @@ __all__ = [
     "active_param_trace",
     "is_tracing", "tensor_version", "module_buffer", "foreach_norm", "foreach_copy_", "all_finite",
     "fused_adam_step", "optimizer_has_step_hooks", "recurrent_kernel", "ConvNd", "ConvTransposeNd",
-    "without_trace_shapes", "active_messengers", "replayed_for_gradients",
+    "without_trace_shapes", "active_messengers", "replayed_for_gradients", "PyroOptimizerState",
 ]
 
 #: The releases every access below was checked on.
@@ -528,6 +530,43 @@ def optimizer_has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
                   getattr(optimizer_module, "_global_optimizer_pre_hooks", None),
                   getattr(optimizer_module, "_global_optimizer_post_hooks", None))
     return any(hooks is None or len(hooks) > 0 for hooks in hook_lists)
+
+
+class PyroOptimizerState:
+    """A Pyro optimizer's per-parameter torch optimizers (their schedulers, gradient clippers) and a copy of their
+    states as they are now, keyed by the parameter itself, to put back with :meth:`restore`. Pyro's own
+    ``get_state`` / ``set_state`` key them by the param store's names, which module-local parameters
+    (``pyro.settings.set(module_local_params=True)``) do not have: every one would be keyed ``None``, and the next step
+    would load one parameter's state into another's optimizer.
+
+    Examples
+    --------
+    >>> p = torch.zeros(2, requires_grad=True)
+    >>> optimizer = pyro.optim.Adam({"lr": 0.1})
+    >>> p.grad = torch.ones(2)
+    >>> optimizer([p])
+    >>> state = PyroOptimizerState(optimizer)
+    >>> p.grad = torch.ones(2)
+    >>> optimizer([p])
+    >>> state.restore()
+    >>> int(optimizer.optim_objs[p].state[p]["step"])
+    1
+    """
+
+    def __init__(self, optimizer: Any):
+        self.optimizer = optimizer
+        self.objects, self.grad_clip = dict(optimizer.optim_objs), dict(optimizer.grad_clip)
+        self.states = {param: copy.deepcopy(_get_state_dict(obj)) for param, obj in self.objects.items()}
+
+    def restore(self) -> None:
+        """Put back the optimizers (a parameter first stepped since starts afresh) and their states (copies: the
+        same snapshot can be restored again)."""
+        self.optimizer.optim_objs.clear()
+        self.optimizer.optim_objs.update(self.objects)
+        self.optimizer.grad_clip.clear()
+        self.optimizer.grad_clip.update(self.grad_clip)
+        for param, obj in self.objects.items():
+            _load_state_dict(obj, copy.deepcopy(self.states[param]))
 
 
 def recurrent_kernel(mode: str) -> Callable:

@@ -116,6 +116,23 @@ def _check_recurrent_kernels():
     assert _internals.recurrent_kernel("GRU") is torch.gru
 
 
+def _check_pyro_optimizer_state():
+    p = torch.zeros(2, requires_grad=True)
+    optimizer = pyro.optim.ExponentialLR({"optimizer": torch.optim.Adam, "optim_args": {"lr": 0.1}, "gamma": 0.5})
+    p.grad = torch.ones(2)
+    optimizer([p])
+    optimizer.step()
+    state = _internals.PyroOptimizerState(optimizer)
+    for _ in range(2):
+        p.grad = torch.ones(2)
+        optimizer([p])
+        optimizer.step()
+    state.restore()
+    scheduler = optimizer.optim_objs[p]
+    assert int(scheduler.optimizer.state[p]["step"]) == 1 and scheduler.last_epoch == 1
+    assert scheduler.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+
+
 CHECKS = {
     "pyro.nn.module._make_name": lambda: _internals.site_name("net.0", "weight") == "net.0.weight",
     "pyro.nn.module._is_module_local_param_enabled": lambda: _internals.module_local_params_enabled() is False,
@@ -149,6 +166,7 @@ CHECKS = {
     "torch._foreach_add_ / torch._fused_adam_": _check_fused_adam,
     "Optimizer._optimizer_step_pre_hooks / _global_optimizer_pre_hooks": _check_step_hooks,
     "torch.lstm / torch.gru (positional)": _check_recurrent_kernels,
+    "pyro.optim.optim._get_state_dict / _load_state_dict (a scheduler's too)": _check_pyro_optimizer_state,
     "torch.nn.modules.conv._ConvNd / _ConvTransposeNd": lambda: (
         isinstance(torch.nn.Conv2d(1, 1, 1), _internals.ConvNd)
         and isinstance(torch.nn.ConvTranspose1d(1, 1, 1), _internals.ConvTransposeNd)),

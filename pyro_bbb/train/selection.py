@@ -22,7 +22,6 @@ Examples
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import torch
 from pyro.optim import PyroOptim
 
 from .._checks import check_positive
+from .._internals import PyroOptimizerState
 from ..optim import IVON
 from ..optim import Adam as JointAdam
 
@@ -259,8 +259,8 @@ class ParameterSnapshot:
         self.optimizer_state = None
         if isinstance(optimizer, JointAdam | IVON):  # their get_state copies
             self.optimizer_state = optimizer.get_state()
-        elif isinstance(optimizer, PyroOptim):  # Pyro's returns the live per-parameter state dicts
-            self.optimizer_state = copy.deepcopy(optimizer.get_state())
+        elif isinstance(optimizer, PyroOptim):  # by parameter, not by name (module-local parameters have none)
+            self.optimizer_state = PyroOptimizerState(optimizer)
 
     @torch.no_grad()
     def restore(self) -> None:
@@ -268,14 +268,9 @@ class ParameterSnapshot:
             param.copy_(value)
         for buffer, value in self.buffers:
             buffer.copy_(value)
-        if self.optimizer_state is None:
-            return
-        if not isinstance(self.optimizer, JointAdam | IVON):
-            # Pyro's optimizer hands a stored state to a parameter's torch optimizer when it builds one: rebuild them
-            self.optimizer.optim_objs.clear()
-            self.optimizer.grad_clip.clear()
-            self.optimizer.set_state(copy.deepcopy(self.optimizer_state))
-        else:
+        if isinstance(self.optimizer_state, PyroOptimizerState):
+            self.optimizer_state.restore()
+        elif self.optimizer_state is not None:
             self.optimizer.set_state(self.optimizer_state)
 
 

@@ -424,9 +424,33 @@ def test_a_pyro_optimizers_state_is_put_back_by_the_snapshot():
     for _ in range(3):
         svi.step(x, y)
     snapshot.restore()
-    svi.step(x, y)  # the torch optimizers are rebuilt from the restored state: step 2 of Adam, not step 5
+    svi.step(x, y)  # the torch optimizers are put back with their state: step 2 of Adam, not step 5
     for name, state in optimizer.get_state().items():
         assert int(state["state"][0]["step"]) == int(kept[name]["step"]) + 1
+
+
+def test_a_pyro_optimizer_with_module_local_parameters_chooses_as_with_the_global_store():
+    """Pyro's ``get_state`` keys a Pyro optimizer's states by the param store's names, which module-local parameters
+    do not have (all ``None``: restoring them loaded one parameter's Adam state into another's, a shape error in the
+    final fit); the snapshot keys them by parameter: the same choice and the same posterior as with the store."""
+    x, y = classification_data()
+    runs = []
+    for local in (False, True):
+        pyro.clear_param_store()
+        pyro.settings.set(module_local_params=local)
+        try:
+            bnn = classifier()
+            guide = pyro_bbb.MeanFieldGuide(bnn)
+            history = pyro_bbb.fit(bnn, guide, (x, y), epochs=8, progress=False, seed=0,
+                                   optimizer=pyro.optim.Adam({"lr": 1e-2}))
+            runs.append((history.kl_weight_choice, {k: v.detach().clone() for k, v in guide.named_parameters()}))
+        finally:
+            pyro.settings.set(module_local_params=False)
+    (store_choice, store_params), (local_choice, local_params) = runs
+    assert store_choice.chosen_by == local_choice.chosen_by == "validation"
+    assert local_choice.validation_nll == store_choice.validation_nll
+    assert local_params.keys() == store_params.keys()
+    assert all(torch.equal(local_params[k], store_params[k]) for k in store_params)
 
 
 def test_a_model_without_latent_weights_skips_the_selection():
