@@ -17,6 +17,23 @@ from torch import nn
 BAYESIAN_TORCH_PRIOR = {"prior_mu": 0.0, "prior_sigma": 1.0, "posterior_mu_init": 0.0, "posterior_rho_init": -3.0,
                         "type": "Reparameterization", "moped_enable": False, "moped_delta": 0.5}
 
+#: epochs of the MOPED flow's fine-tuning after the deterministic net (bayesian-torch's example)
+MOPED_EPOCHS = 20
+
+
+def bayesian_torch_flow(net: nn.Module, train: Callable[[nn.Module, int, Callable | None], object], epochs: int,
+                        moped: bool):
+    """bayesian-torch 0.5's README recipe on ``net`` (``dnn_to_bnn`` in place, then ``train(net, epochs, kl)`` with
+    its ``get_kl_loss``), or with ``moped`` its MOPED flow: ``train(net, epochs, None)`` as a deterministic net first,
+    the posterior started at its weights, ``MOPED_EPOCHS`` of the recipe. Returns what the last ``train`` returns. A
+    benchmark dependency only (``pip install bayesian-torch==0.5.0 --no-deps``)."""
+    from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn, get_kl_loss
+
+    if moped:
+        train(net, epochs, None)
+    dnn_to_bnn(net, BAYESIAN_TORCH_PRIOR | {"moped_enable": moped})
+    return train(net, MOPED_EPOCHS if moped else epochs, get_kl_loss)
+
 
 def train_net(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int = 64,
               lr: float = 1e-3, weight_decay: float = 1e-4, seed: int = 0,

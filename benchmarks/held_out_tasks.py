@@ -32,7 +32,7 @@ import time
 
 import pyro
 import torch
-from baselines import BAYESIAN_TORCH_PRIOR
+from baselines import bayesian_torch_flow
 from torch import nn
 
 import pyro_bbb
@@ -155,16 +155,11 @@ def bayesian_torch_recipe(train, test, classes: int, epochs: int, seed: int, mop
     100 draws averaged; with ``moped``, its MOPED flow: train the twin, start the posterior at its weights (widths
     ``delta |w|``), fine-tune 20 epochs. A benchmark dependency only (``pip install bayesian-torch==0.5.0 --no-deps``).
     """
-    from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn, get_kl_loss
-
     (x, y), (x_test, y_test) = train, test
     torch.manual_seed(seed)
     net = mlp(x.shape[1], classes or 1, False)
     start = time.perf_counter()
-    if moped:
-        train_net(net, x, y, classes, epochs, seed)
-    dnn_to_bnn(net, BAYESIAN_TORCH_PRIOR | {"moped_enable": moped})
-    log_noise = train_net(net, x, y, classes, 20 if moped else epochs, seed, kl=get_kl_loss)
+    log_noise = bayesian_torch_flow(net, lambda n, e, kl: train_net(n, x, y, classes, e, seed, kl=kl), epochs, moped)
     seconds = time.perf_counter() - start
     torch.manual_seed(seed)
     with torch.no_grad():

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pyro
 import torch
-from baselines import BAYESIAN_TORCH_PRIOR, DiagonalLastLayerLaplace, mc_dropout_probs, softmax_probs, train_net
+from baselines import DiagonalLastLayerLaplace, bayesian_torch_flow, mc_dropout_probs, softmax_probs, train_net
 from torch import nn
 
 import pyro_bbb
@@ -50,6 +50,7 @@ METHODS = ["deterministic", "deterministic + temperature", "MC dropout", "deep e
            "pyro_bbb defaults", "pyro_bbb kl_weight=1", "pyro_bbb Flipout", "pyro_bbb IVON"]
 #: the peers' recipes, beside the table when bayesian-torch is installed (a benchmark dependency only)
 PEERS = ["bayesian-torch README", "bayesian-torch MOPED"]
+HAS_PEERS = importlib.util.find_spec("bayesian_torch") is not None
 COLUMNS = ["accuracy", "NLL", "ECE", "OOD AUROC", "AURC", "train s"]
 
 
@@ -174,16 +175,12 @@ def bayesian_torch_row(make, data, epochs, seed, moped: bool) -> dict:
     -3), loss = cross-entropy + ``get_kl_loss(net) / batch_size``, no weight decay, 100 draws; with ``moped``, its
     MOPED flow: the deterministic net trained as its row is, the posterior started at its weights (widths
     ``0.5 |w|``), fine-tuned 20 epochs (its time included)."""
-    from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn, get_kl_loss
-
     (x, y), _, (x_test, y_test), x_ood = data
     torch.manual_seed(seed)
     net = make(x.shape[1], False)
     start = time.perf_counter()
-    if moped:
-        train_net(net, x, y, epochs=epochs, seed=seed)
-    dnn_to_bnn(net, BAYESIAN_TORCH_PRIOR | {"moped_enable": moped})
-    train_net(net, x, y, epochs=20 if moped else epochs, seed=seed, weight_decay=0.0, kl=get_kl_loss)
+    bayesian_torch_flow(net, lambda n, e, kl: train_net(n, x, y, epochs=e, seed=seed, kl=kl,
+                                                        weight_decay=1e-4 if kl is None else 0.0), epochs, moped)
     seconds = time.perf_counter() - start
     torch.manual_seed(seed)  # (its layers draw weights in eval mode too)
     test = torch.stack([softmax_probs(net, x_test) for _ in range(100)])
@@ -192,7 +189,7 @@ def bayesian_torch_row(make, data, epochs, seed, moped: bool) -> dict:
 
 
 def run_task(name, make, raw, epochs, seeds, figures: Path | None):
-    methods = METHODS + (PEERS if importlib.util.find_spec("bayesian_torch") is not None else [])
+    methods = METHODS + (PEERS if HAS_PEERS else [])
     per_seed = {method: [] for method in methods}
     for seed in seeds:
         data = split(raw, seed)
@@ -201,7 +198,7 @@ def run_task(name, make, raw, epochs, seeds, figures: Path | None):
         rows["pyro_bbb kl_weight=1"] = bayesian_row("bayes", make, data, epochs, seed)
         rows["pyro_bbb Flipout"] = bayesian_row("flipout", make, data, epochs, seed)
         rows["pyro_bbb IVON"] = bayesian_row("ivon", make, data, epochs, seed)
-        for peer in PEERS[: len(methods) - len(METHODS)]:
+        for peer in PEERS if HAS_PEERS else []:
             rows[peer] = bayesian_torch_row(make, data, epochs, seed, moped="MOPED" in peer)
         for method in methods:
             per_seed[method].append(rows[method])
@@ -286,7 +283,7 @@ def main() -> None:
         print(f"\nmedians over {len(seeds)} seeds, fixed KL weights (no selection); NLL, ECE, AURC lower is better\n")
         print_table(tables)
         return
-    if importlib.util.find_spec("bayesian_torch") is None:
+    if not HAS_PEERS:
         print("(bayesian-torch is not installed: its rows are left out; pip install bayesian-torch==0.5.0 --no-deps)")
     tables = {name: run_task(name, make, load(), epochs, seeds, args.figures)
               for name, (make, load, epochs) in tasks.items()}
