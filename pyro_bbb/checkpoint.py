@@ -2,8 +2,9 @@
 
 The file holds only tensors, numbers and strings, and is read with ``torch.load(..., weights_only=True)``: a
 checkpoint from a stranger cannot run code. It stores the guide's variational parameters, the model's
-deterministic parameters and buffers, one example input (to rebuild the guide's sites) and the settings needed to
-predict (likelihood, data plate), and the KL weight the posterior was trained at (:mod:`pyro_bbb.infer.tempering`).
+deterministic parameters and buffers, one example input (to rebuild the guide's sites), the settings needed to
+predict and to resume training (likelihood, data plate, a :class:`pyro_bbb.BNN`'s ``num_data``), and the KL weight
+the posterior was trained at (:mod:`pyro_bbb.infer.tempering`).
 
 Examples
 --------
@@ -67,7 +68,29 @@ def _settings(model) -> dict[str, Any]:
         "data_plate": data_plate_of(model),
         "likelihood": type(likelihood).__name__ if likelihood is not None else "",
         "likelihood_repr": repr(likelihood) if likelihood is not None else "",
+        "num_data": getattr(model, "num_data", None),
     }
+
+
+def _num_data_to_load(saved: dict[str, Any], model) -> int | None:
+    """The training-set size a :class:`pyro_bbb.BNN` was saved with (the N its data plate declares for Pyro's own
+    ELBOs), to give a model built without one; ``None`` when nothing is to change. A model built with another N is
+    an error, before anything is loaded."""
+    num_data, current = saved.get("num_data"), getattr(model, "num_data", None)
+    if num_data is None or num_data == current:
+        return None
+    if current is not None:
+        raise ValueError(
+            f"the checkpoint was saved from a model with num_data={num_data} but this model has num_data={current}; "
+            f"build it with num_data={num_data} (or none: it is then set from the checkpoint), and set bnn.num_data "
+            "after loading to train on another data set."
+        )
+    if not hasattr(model, "num_data"):
+        raise ValueError(
+            f"the checkpoint was saved from a model with num_data={num_data}, the size of its training set, but this "
+            f"{type(model).__name__} has no num_data; build the model the way it was built when saved."
+        )
+    return num_data
 
 
 def _state(module) -> dict[str, torch.Tensor]:
@@ -175,6 +198,10 @@ def _read(path: str | os.PathLike, device: torch.device) -> dict[str, Any]:
     damaged = [key for key, kind in _PARTS.items() if not isinstance(checkpoint.get(key), kind)]
     if damaged:
         raise ValueError(f"{where} is a damaged pyro_bbb checkpoint: {', '.join(damaged)} missing or malformed.")
+    num_data = checkpoint["settings"].get("num_data")
+    if num_data is not None and (not isinstance(num_data, int) or isinstance(num_data, bool) or num_data < 1):
+        raise ValueError(f"{where} is a damaged pyro_bbb checkpoint: its num_data {num_data!r} is not a positive "
+                         "whole number.")
     for value in checkpoint["example_inputs"]:
         try:
             value is None or input_tensors(value)
@@ -198,6 +225,8 @@ def load(path: str | os.PathLike, model, guide, optimizer=None):
     same likelihood with other settings), a missing ``pyro.module`` / ``pyro.param`` parameter, or a damaged file
     raises ``ValueError`` listing the differences. Tensors are placed on the model's device. With ``optimizer`` (of
     the class that was saved), its state is restored too: ``fit(..., optimizer=optimizer)`` then continues the run.
+    A :class:`pyro_bbb.BNN` built without ``num_data`` gets the one it was saved with (the training-set size its
+    data plate declares to Pyro's own ELBOs); built with another, it is an error.
 
     Examples
     --------
@@ -212,6 +241,7 @@ def load(path: str | os.PathLike, model, guide, optimizer=None):
                 f"the checkpoint was saved with {key} {saved[key]!r} but this model has {current[key]!r}; build the "
                 "model the way it was built when saved."
             )
+    num_data = _num_data_to_load(saved, model)
     inputs = [None if t is None else inputs_to(t, device) for t in checkpoint["example_inputs"]]
     if getattr(guide, "prototype_trace", None) is None:
         with torch.no_grad(), poutine.block():
@@ -245,4 +275,6 @@ def load(path: str | os.PathLike, model, guide, optimizer=None):
         for name, value in checkpoint["param_store"].items():
             store[name].copy_(value)
     record_kl_weight(guide, choice)  # (none in the checkpoint: nothing known of how it was trained)
+    if num_data is not None:
+        model.num_data = num_data
     return guide

@@ -169,7 +169,7 @@ def _saved(tmp_path):
     return tmp_path / "m.pt"
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "no_settings", "nan"])
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "no_settings", "nan", "num_data"])
 def test_damaged_checkpoints_are_one_clear_error_naming_the_file(tmp_path, damage):
     path = _saved(tmp_path)
     if damage == "truncate":
@@ -180,6 +180,8 @@ def test_damaged_checkpoints_are_one_clear_error_naming_the_file(tmp_path, damag
         checkpoint = torch.load(path, weights_only=True)
         if damage == "no_settings":
             del checkpoint["settings"]
+        elif damage == "num_data":
+            checkpoint["settings"]["num_data"] = -3
         else:
             next(iter(checkpoint["guide_state"].values())).fill_(math.nan)
         torch.save(checkpoint, path)
@@ -230,3 +232,54 @@ def test_a_run_resumed_from_a_checkpoint_with_its_optimizer_continues_as_before(
     pyro_bbb.save(tmp_path / "without.pt", bnn, guide)
     with pytest.raises(ValueError, match="holds no optimizer state"):
         pyro_bbb.load(tmp_path / "without.pt", bnn, guide, optimizer=optimizer)
+
+
+def pyro_loop_checkpoint(tmp_path, num_data=40):
+    """A BNN trained by Pyro's own SVI loop on minibatches, its N declared by ``num_data``, saved."""
+    pyro.set_rng_seed(0)
+    x, y = torch.randn(num_data, 3), torch.randn(num_data)
+    model = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5), num_data=num_data)
+    guide = pyro_bbb.MeanFieldGuide(model)
+    svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), pyro.infer.Trace_ELBO())
+    for _ in range(3):
+        svi.step(x[:10], y[:10])
+    pyro_bbb.save(tmp_path / "m.pt", model, guide)
+    return tmp_path / "m.pt", x, y
+
+
+def test_a_model_built_without_num_data_gets_the_saved_one_and_its_pyro_loss_is_as_before(tmp_path):
+    path, x, y = pyro_loop_checkpoint(tmp_path)
+    pyro.clear_param_store()
+    model = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5), num_data=40)
+    guide = pyro_bbb.load(path, model, pyro_bbb.MeanFieldGuide(model))
+    pyro.set_rng_seed(3)
+    expected = pyro.infer.Trace_ELBO().loss(model, guide, x[:10], y[:10])
+    pyro.clear_param_store()
+    model2 = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5))
+    guide2 = pyro_bbb.load(path, model2, pyro_bbb.MeanFieldGuide(model2))
+    assert model2.num_data == 40
+    pyro.set_rng_seed(3)
+    assert pyro.infer.Trace_ELBO().loss(model2, guide2, x[:10], y[:10]) == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_model_built_with_another_num_data_is_a_clear_error_that_changes_nothing(tmp_path):
+    path, x, y = pyro_loop_checkpoint(tmp_path)
+    pyro.clear_param_store()
+    model = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5), num_data=500)
+    guide = pyro_bbb.MeanFieldGuide(model)
+    guide(x[:2], y[:2])
+    before = {k: v.detach().clone() for k, v in guide.state_dict().items()}
+    with pytest.raises(ValueError, match=r"num_data=40 but this model has num_data=500; build it with num_data=40"):
+        pyro_bbb.load(path, model, guide)
+    assert model.num_data == 500
+    assert all(torch.equal(before[k], v) for k, v in guide.state_dict().items())
+
+
+def test_a_model_saved_without_num_data_leaves_the_loaded_model_s_own(tmp_path):
+    _, _, path, _ = trained(tmp_path)  # fit owns N: the model's num_data stays None
+    assert torch.load(path, weights_only=True)["settings"]["num_data"] is None
+    pyro.clear_param_store()
+    model = build()
+    model.num_data = 40
+    pyro_bbb.load(path, model, pyro_bbb.MeanFieldGuide(model))
+    assert model.num_data == 40
