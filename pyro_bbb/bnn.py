@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,6 +16,7 @@ from ._draws import fold_draws
 from ._inputs import Inputs, map_inputs, num_rows
 from ._internals import replayed_for_gradients
 from ._plates import DATA_PLATE, active_data_plate_scalers, data_plate_named
+from ._warnings import warn_at_caller
 from .likelihoods import Likelihood
 from .nn.moments import Moments
 
@@ -190,13 +190,12 @@ class BNN(PyroModule):
         if self.num_data is None:
             if not scalers and not self._warned_without_num_data and replayed_for_gradients():
                 self._warned_without_num_data = True
-                warnings.warn(
+                warn_at_caller(
                     f"BNN does not know the training set's size, so this ELBO weighs the likelihood of this batch of "
                     f"{rows} rows against the whole KL as if they were all the data: on minibatches the posterior "
                     f"stays on its prior. Pass BNN(..., num_data=N) (or set bnn.num_data = N) with N the number of "
                     f"training rows, or train with pyro_bbb.ELBO(num_data=N) or pyro_bbb.fit. (Training on all "
                     f"{rows} rows at once? Set num_data={rows} to say so.)",
-                    UserWarning, stacklevel=2,
                 )
             return None
         if rows > self.num_data:

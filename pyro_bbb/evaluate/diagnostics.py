@@ -18,7 +18,6 @@ Examples
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +26,7 @@ import pyro.distributions as dist
 import torch
 
 from .._kl import elementwise_kl, total_kl
+from .._warnings import warn_at_caller
 from ..infer.guide import require_fitted_posteriors, site_loc_scale, site_posterior
 from ..infer.tempering import kl_weight_of
 from ..nn.module import current_priors, site_owners
@@ -199,11 +199,10 @@ def check_posterior(
     if getattr(guide, "is_untrained", False):  # a MeanFieldGuide no step has changed: nothing to diagnose yet
         for entry in summary.values():
             entry["status"] = "not trained"
-        warnings.warn(
+        warn_at_caller(
             "check_posterior: the guide was never trained (its parameters are what set-up gave them), so its "
             "layers show the initial posterior, not what the data did to it. Train it first (pyro_bbb.fit).",
             PosteriorWarning,
-            stacklevel=2,
         )
         return summary
     choice = kl_weight_of(guide)
@@ -217,18 +216,17 @@ def check_posterior(
             continue
         if entry["kl_q99"] < prior_kl:
             entry["status"] = "on prior"
-            warnings.warn(
+            warn_at_caller(
                 f"layer {layer!r} sits on its prior: its best-informed weights carry {entry['kl_q99']:.2g} nats of KL "
                 f"each (99th percentile; threshold {prior_kl:g}) and its posterior std is "
                 f"{entry['std_ratio_geomean']:.2f} x the prior's. The data is being ignored: the KL may be "
                 "over-weighted (lower kl_weight; let pyro_bbb.ELBO(num_data=N) scale the likelihood instead of "
                 "dividing it by hand), the learning rate may be too low, or training too short.",
                 PosteriorWarning,
-                stacklevel=2,
             )
         elif entry["std_ratio_geomean"] < collapsed_std_ratio:
             entry["status"] = "collapsed"
-            warnings.warn(
+            warn_at_caller(
                 f"layer {layer!r} has collapsed to a point estimate: its posterior std is "
                 f"{entry['std_ratio_geomean']:.2g} x the prior's (geometric mean; threshold {collapsed_std_ratio:g}). "
                 "The KL is under-weighted (raise kl_weight towards 1 and check that num_data is the training-set "
@@ -236,7 +234,6 @@ def check_posterior(
                 "init_scale (train longer, or start wider). Very large data sets can legitimately give narrow "
                 "posteriors; lower the threshold then." + tempered,
                 PosteriorWarning,
-                stacklevel=2,
             )
     return summary
 

@@ -22,7 +22,6 @@ Examples
 from __future__ import annotations
 
 import re
-import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -31,6 +30,7 @@ import xarray as xr
 
 from .._checks import check_count
 from .._inputs import Inputs, cast_inputs, input_tensors, model_dtype, num_rows, targets_of_shape
+from .._warnings import warn_at_caller
 from ..infer.tempering import kl_weight_of
 from ..nn.module import site_owners
 from ..prediction.predictive import predict_with_draws
@@ -194,10 +194,9 @@ def to_inference_data(
         raise ValueError(f"no latent sites named {unknown}; the guide's sites are {sorted(draws)}.")
     size = sum(draws[s].numel() * draws[s].element_size() for s in sites)
     if size > LARGE_POSTERIOR_BYTES:
-        warnings.warn(
+        warn_at_caller(
             f"the posterior group holds {size / 2**20:.0f} MB ({num_samples * num_chains} draws of "
             f"{len(sites)} sites); pass sites=[...] to export fewer layers, or fewer num_samples.",
-            stacklevel=2,
         )
     shapes = {s: draws[s].shape[1:] for s in sites}
     dims = _site_dims(model, shapes)

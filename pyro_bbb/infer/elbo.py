@@ -19,7 +19,6 @@ Examples
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
@@ -43,6 +42,7 @@ from .._internals import (
 )
 from .._kl import latent_site_kl, log_prob_sum, sum_site_kls
 from .._plates import DATA_PLATE, data_plate_named, trace_data_plate_frame
+from .._warnings import warn_at_caller
 from ._replay import ReplayBackend
 from .contract import ObjectiveRun, mark_objective_run
 from .estimators import check_estimators_reached, started_estimators
@@ -331,11 +331,11 @@ class ELBO(TraceMeanField_ELBO):
             if pair.vectorized_ok:
                 yield traces
                 return
-            warnings.warn(
+            warn_at_caller(
                 "pyro_bbb.ELBO(vectorize_particles=True): particle 0 of the vectorized model differs from the same "
                 "weight draw run alone (the model's code reads the particle dimension as its batch); running the "
                 f"{self.num_particles} particles one at a time instead. Build the model with pyro_bbb.BNN, whose "
-                "network sees ordinary batches, or index from the right (out[..., -1, :]).", stacklevel=5)
+                "network sees ordinary batches, or index from the right (out[..., -1, :]).")
         for _ in range(self.num_particles):
             yield self._get_trace(model, guide, args, kwargs)
 

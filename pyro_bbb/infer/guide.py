@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from operator import attrgetter
@@ -24,6 +23,7 @@ from .._internals import (
     pyro_name,
     site_name,
 )
+from .._warnings import warn_at_caller
 from ..nn.module import BayesianModule
 from ..priors import is_real_support
 
@@ -180,13 +180,12 @@ class MeanFieldGuide(AutoNormalHooks):
             if loc.shape == initial.shape and not torch.equal(loc, initial):
                 adopted.append(name)
         if adopted:
-            warnings.warn(
+            warn_at_caller(
                 f"MeanFieldGuide: Pyro's param store already holds a posterior for the sites {adopted[:5]}"
                 f"{' ...' if len(adopted) > 5 else ''}, trained by an earlier guide under the same names; this guide "
                 "starts from it, not from its own initialisation. Call pyro.clear_param_store() before building a "
                 "new model and guide to start afresh (or ignore this if continuing that training is what you want).",
                 AdoptedPosteriorWarning,
-                stacklevel=3,
             )
         # what set-up left: any later step, load or restore replaces or changes these (see `is_untrained`)
         self.__dict__["_set_up_state"] = None if adopted else [(p, _fingerprint(p)) for p in self.parameters()]

@@ -17,7 +17,6 @@ Examples
 from __future__ import annotations
 
 import re
-import warnings
 from collections.abc import Callable
 
 import pyro
@@ -41,6 +40,7 @@ from .._inputs import (
 )
 from .._internals import without_trace_shapes
 from .._plates import data_plate_frame, data_plate_named, data_plate_of
+from .._warnings import warn_at_caller
 from ..nn.module import training_mode
 from .messengers import ObservationPlaceholderMessenger, SubsampleCoverMessenger
 from .results import Prediction, prediction_for
@@ -325,13 +325,12 @@ def predict_with_draws(
     _check_predict_args(guide, x, num_samples, batch_size, sample_batch_size)
     set_up = is_set_up(guide)
     if not set_up or getattr(guide, "is_untrained", False):
-        warnings.warn(
+        warn_at_caller(
             f"predict: the guide was never trained{'' if set_up else ' (it has not seen the model yet)'}, so these "
             f"are the predictions of its initial posterior ({type(guide).__name__}'s starting means and widths), not "
             "of a fitted one. Train it first (pyro_bbb.fit), unless the initial posterior is what you want (e.g. "
             "bayesianize of trained weights).",
             UntrainedGuideWarning,
-            stacklevel=4,
         )
     if not set_up:
         set_up_guide(model, guide, select_rows(x, slice(0, 1)))
@@ -389,12 +388,11 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
             if vectorize:
                 raise ValueError(f"predict(vectorize=True): {mismatch}.")
             results = None
-            warnings.warn(
+            warn_at_caller(
                 f"predict: {mismatch}; falling back to one call per draw, which is slower but right. Inside "
                 "pyro_bbb.BNN the network sees ordinary batches; a hand-written model's deterministic code must "
                 "accept extra leading (draw) dimensions to be vectorized (e.g. index from the right: out[..., -1, :], "
                 "nn.Flatten(start_dim=-3)).",
-                stacklevel=6,  # the caller of predict (through predict_with_draws and torch.no_grad wrappers)
             )
     if results is None:
         results = [_run_covering(model, draws, shapes, chunk, obs, data_plate, nesting, None, num_samples)

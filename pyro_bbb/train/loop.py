@@ -17,7 +17,6 @@ import signal
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -32,6 +31,7 @@ from tqdm.notebook import tqdm_notebook
 from .._checks import check_count, check_positive, is_set_up
 from .._inputs import inputs_to, model_dtype, num_rows, select_rows
 from .._internals import without_trace_shapes
+from .._warnings import warn_at_caller
 from ..data.batches import Batches, DataError, check_batch, likelihood_of, loader_rows, model_device
 from ..data.provenance import remember_training_inputs
 from ..evaluate import metrics
@@ -210,7 +210,7 @@ def fit(
         kl_weight = optimizer.num_data / optimizer.ess if isinstance(optimizer, IVON) else 1.0
         choice = KLWeightChoice(kl_weight=kl_weight, chosen_by="fallback", reason=fallback) if fallback else None
         if fallback and not isinstance(optimizer, IVON) and rank == 0:  # (IVON's weight is the user's own ess)
-            _warn_fallback(fallback, put_back=False, stacklevel=3)
+            _warn_fallback(fallback, put_back=False)
     step = TrainingStep(model, guide, optimizer, num_data=batches.num_data, kl_weight=kl_weight, **options)
     _check_early_stopping(early_stopping, validation_data is not None)
     if seed is not None:
@@ -309,12 +309,11 @@ def _rows_to_split(batches, batch_size):
 _INTERRUPTED = "interrupted (Ctrl-C) while choosing"
 
 
-def _warn_fallback(reason: str, put_back: bool = True, stacklevel: int = 4) -> None:
-    """Say that ``kl_weight="auto"`` could not choose (``stacklevel`` points the warning at the user's ``fit``)."""
+def _warn_fallback(reason: str, put_back: bool = True) -> None:
+    """Say, at the user's ``fit`` call, that ``kl_weight="auto"`` could not choose."""
     where = "The parameters were put back; training" if put_back else "Training"
-    warnings.warn(f"fit(kl_weight='auto') did not choose the KL weight: {reason.rstrip('.')}. {where} at KL weight 1 "
-                  "(the Bayes posterior) on all the data instead; pass kl_weight=1 to say so and silence this.",
-                  stacklevel=stacklevel)
+    warn_at_caller(f"fit(kl_weight='auto') did not choose the KL weight: {reason.rstrip('.')}. {where} at KL weight "
+                   "1 (the Bayes posterior) on all the data instead; pass kl_weight=1 to say so and silence this.")
 
 
 def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeight, epochs: int, batch_size,
@@ -474,11 +473,10 @@ def _check_guide(model, guide) -> bool:
     _check_guide_saw_the_targets(model, guide)
     per_layer = has_site_posteriors(guide)  # the per-layer history columns need a Normal posterior per weight
     if not per_layer:
-        warnings.warn(
+        warn_at_caller(
             f"{type(guide).__name__} has no Normal posterior per weight: the History records the loss, NLL and KL "
             "but no per-layer KL or posterior std, and summary/check_posterior will not apply (they need "
             "pyro_bbb.MeanFieldGuide or AutoNormal).",
-            stacklevel=3,
         )
     return per_layer
 
