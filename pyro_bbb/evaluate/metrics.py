@@ -6,7 +6,8 @@ Each metric takes a :class:`~pyro_bbb.prediction.Prediction` (from :func:`pyro_b
 it needs (predictive means, class probabilities, uncertainty scores) and the targets, and returns a Python float.
 The uncertainty metrics read a *score* -- higher means less sure -- from a prediction (:func:`uncertainty_score`:
 ``"entropy"``, ``"mutual_information"``, ``"max_probability"`` (one minus the top class probability) for a
-classifier, ``"std"`` for a regression) or take the scores as a tensor. Detection treats the out-of-distribution
+classifier, ``"std"`` for a regression; each metric's default fits the prediction it is given, :func:`default_score`)
+or take the scores as a tensor. Detection treats the out-of-distribution
 inputs as positives and equals scikit-learn's ``roc_auc_score``, ``average_precision_score`` and ``roc_curve``
 (ties included; tested to 1e-6).
 
@@ -33,8 +34,8 @@ __all__ = [
     "expected_calibration_error",
     "brier_score",
     "interval_coverage",
-    "class_probabilities", "SCORES", "uncertainty_score", "ood_auroc", "ood_aupr", "fpr_at_tpr", "risk_coverage",
-    "aurc", "risk_at_coverage", "adaptive_calibration_error", "classwise_calibration_error",
+    "class_probabilities", "SCORES", "default_score", "uncertainty_score", "ood_auroc", "ood_aupr", "fpr_at_tpr",
+    "risk_coverage", "aurc", "risk_at_coverage", "adaptive_calibration_error", "classwise_calibration_error",
 ]
 
 
@@ -112,9 +113,17 @@ def rmse(prediction: RegressionPrediction | torch.Tensor, y: torch.Tensor) -> fl
     >>> rmse(torch.tensor([1.0, 3.0]), torch.tensor([0.0, 3.0]))
     0.7071067690849304
     """
+    _require_regression(prediction, "rmse")
     mean = prediction.mean if isinstance(prediction, RegressionPrediction) else prediction
     y = targets_of_shape(y, mean.shape)
     return float((mean - y).pow(2).mean().sqrt())
+
+
+def _require_regression(prediction, metric: str) -> None:
+    """A clear error for a classifier's prediction given to a regression metric."""
+    if isinstance(prediction, ClassificationPrediction):
+        raise TypeError(f"{metric} is a regression metric and this is a classifier's prediction; a classifier is "
+                        "scored by accuracy, log_likelihood, expected_calibration_error or brier_score.")
 
 
 def accuracy(prediction: ClassificationPrediction | torch.Tensor, y: torch.Tensor) -> float:
@@ -177,10 +186,15 @@ def interval_coverage(
     >>> interval_coverage((torch.zeros(4), torch.ones(4)), torch.tensor([0.5, 0.2, 2.0, -1.0]))
     0.5
     """
+    _require_regression(prediction, "interval_coverage")
     if isinstance(prediction, RegressionPrediction):
         lower, upper = prediction.interval(level)
     else:
-        lower, upper = prediction
+        try:
+            lower, upper = prediction
+        except (TypeError, ValueError):
+            raise TypeError(f"interval_coverage takes a RegressionPrediction from pyro_bbb.predict or a (lower, upper) "
+                            f"pair of tensors, got {type(prediction).__name__}.") from None
     y = targets_of_shape(y, lower.shape)
     return float(((y >= lower) & (y <= upper)).float().mean())
 
@@ -190,8 +204,26 @@ def interval_coverage(
 SCORES = ("entropy", "mutual_information", "max_probability", "std")
 
 
-def uncertainty_score(prediction: Prediction | torch.Tensor, score: str = "entropy") -> torch.Tensor:
+def default_score(prediction: Prediction | torch.Tensor, selective: bool = False) -> str:
+    """The score a metric reads from ``prediction`` when none is named: ``"std"`` for a regression; for a classifier
+    ``"entropy"`` (out-of-distribution detection), or ``"max_probability"`` with ``selective=True`` (selective
+    prediction, which keeps the inputs whose predicted class is surest); ``"score"`` for a tensor of scores.
+
+    Examples
+    --------
+    >>> default_score(torch.tensor([0.1, 0.3]))
+    'score'
+    """
+    if isinstance(prediction, RegressionPrediction):
+        return "std"
+    if isinstance(prediction, ClassificationPrediction):
+        return "max_probability" if selective else "entropy"
+    return "score"
+
+
+def uncertainty_score(prediction: Prediction | torch.Tensor, score: str | None = None) -> torch.Tensor:
     """Per-input uncertainty (higher: less sure) of ``prediction``; a tensor is taken as the scores themselves.
+    ``score=None`` reads :func:`default_score`'s: the predictive entropy of a classifier, the std of a regression.
 
     Examples
     --------
@@ -202,6 +234,7 @@ def uncertainty_score(prediction: Prediction | torch.Tensor, score: str = "entro
     """
     if isinstance(prediction, torch.Tensor):
         return prediction.detach().reshape(-1)
+    score = default_score(prediction) if score is None else score
     if score not in SCORES:
         raise ValueError(f"`score` must be one of {SCORES}, got {score!r}.")
     if isinstance(prediction, ClassificationPrediction):
@@ -247,7 +280,8 @@ def _curve(scores: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, to
     return tps, fps
 
 
-def ood_auroc(inside: Prediction | torch.Tensor, outside: Prediction | torch.Tensor, score: str = "entropy") -> float:
+def ood_auroc(inside: Prediction | torch.Tensor, outside: Prediction | torch.Tensor,
+              score: str | None = None) -> float:
     """Area under the ROC curve of telling ``outside`` (positive) from ``inside`` by the score: the probability that
     an out-of-distribution input scores higher than an in-distribution one (ties count one half). 0.5 is chance.
 
@@ -263,7 +297,8 @@ def ood_auroc(inside: Prediction | torch.Tensor, outside: Prediction | torch.Ten
     return float(torch.trapezoid(tpr, fpr))
 
 
-def ood_aupr(inside: Prediction | torch.Tensor, outside: Prediction | torch.Tensor, score: str = "entropy") -> float:
+def ood_aupr(inside: Prediction | torch.Tensor, outside: Prediction | torch.Tensor,
+             score: str | None = None) -> float:
     """Average precision of finding ``outside`` (positive) among both sets by the score, as scikit-learn's
     ``average_precision_score``: ``sum_k (recall_k - recall_{k-1}) precision_k`` over the distinct scores.
 
@@ -280,7 +315,7 @@ def ood_aupr(inside: Prediction | torch.Tensor, outside: Prediction | torch.Tens
     return float((steps * precision).sum())
 
 
-def fpr_at_tpr(inside: Prediction | torch.Tensor, outside: Prediction | torch.Tensor, score: str = "entropy",
+def fpr_at_tpr(inside: Prediction | torch.Tensor, outside: Prediction | torch.Tensor, score: str | None = None,
                tpr: float = 0.95) -> float:
     """The fraction of in-distribution inputs flagged (false positive rate) at the highest threshold that flags at
     least ``tpr`` of the out-of-distribution ones: "FPR at 95% TPR" by default. Lower is better.
@@ -301,7 +336,7 @@ def fpr_at_tpr(inside: Prediction | torch.Tensor, outside: Prediction | torch.Te
 def _confidence_and_error(prediction, y, score: str | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-input uncertainty and loss: 0/1 error of the most probable class, or squared error of the mean."""
     if score is None:
-        score = "std" if isinstance(prediction, RegressionPrediction) else "max_probability"
+        score = default_score(prediction, selective=True)
     uncertainty = uncertainty_score(prediction, score).to(torch.float64)
     if isinstance(prediction, ClassificationPrediction):
         y = class_labels(y, len(prediction), prediction.num_classes).to(prediction.predicted_class.device)

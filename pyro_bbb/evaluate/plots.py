@@ -257,10 +257,12 @@ def plot_reliability(prediction: ClassificationPrediction | torch.Tensor, y: tor
     return _finish(fig, path)
 
 
-def plot_risk_coverage(predictions: dict[str, Prediction], y: torch.Tensor, score: str = "max_probability",
+def plot_risk_coverage(predictions: dict[str, Prediction], y: torch.Tensor, score: str | None = None,
                        path: str | Path | None = None, *, ax=None):
     """Selective prediction: the risk (error rate, or MSE for a regression) of the surest fraction of the inputs
-    against that fraction, one curve per named prediction, each labelled with its AURC.
+    against that fraction, one curve per named prediction, each labelled with its AURC. The score defaults to each
+    prediction's own (:func:`pyro_bbb.evaluate.metrics.default_score`: max probability for a classifier, std for a
+    regression).
 
     Examples
     --------
@@ -270,19 +272,21 @@ def plot_risk_coverage(predictions: dict[str, Prediction], y: torch.Tensor, scor
     """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(4.5, 4)) if ax is None else (ax.figure, ax)
+    shown = sorted({score or metrics.default_score(prediction, selective=True) for prediction in predictions.values()})
     for name, prediction in predictions.items():
         coverage, risk = metrics.risk_coverage(prediction, y, score)
         ax.plot(coverage.cpu(), risk.cpu(), label=f"{name} (AURC {float(risk.mean()):.4f})")
     ax.set(xlabel="coverage (fraction predicted, surest first)", ylabel="risk of the predicted", xlim=(0, 1),
-           title=f"risk against coverage ({score})")
+           title=f"risk against coverage ({', '.join(shown).replace('_', ' ')})")
     ax.legend(fontsize=SMALL_FONT)
     return _finish(fig, path)
 
 
-def plot_ood_scores(inside: Prediction | torch.Tensor, outside: Prediction | torch.Tensor, score: str = "entropy",
+def plot_ood_scores(inside: Prediction | torch.Tensor, outside: Prediction | torch.Tensor, score: str | None = None,
                     path: str | Path | None = None, *, ax=None, title: str = "", bins: int = 40):
     """Histograms of the uncertainty score on in- and out-of-distribution inputs, titled with the detection AUROC and
-    the FPR at 95% TPR: how far apart the two sets lie.
+    the FPR at 95% TPR: how far apart the two sets lie. The score defaults to the prediction's own
+    (:func:`pyro_bbb.evaluate.metrics.default_score`: predictive entropy for a classifier, std for a regression).
 
     Examples
     --------
@@ -292,6 +296,8 @@ def plot_ood_scores(inside: Prediction | torch.Tensor, outside: Prediction | tor
     """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(4.5, 3.5)) if ax is None else (ax.figure, ax)
+    score = score or next((metrics.default_score(p) for p in (inside, outside) if not isinstance(p, torch.Tensor)),
+                          "score")
     scores_in = metrics.uncertainty_score(inside, score).cpu()
     scores_out = metrics.uncertainty_score(outside, score).cpu()
     edges = torch.linspace(float(torch.cat([scores_in, scores_out]).min()),

@@ -256,13 +256,21 @@ def test_every_metric_takes_what_predict_returns(likelihood):
         likelihood, torch.randn(12, 1))
     guide(x, y)
     prediction = pyro_bbb.predict(bnn, guide, x, num_samples=20)
-    values = [metrics.log_likelihood(prediction, y), metrics.aurc(prediction, y)]
+    shifted = pyro_bbb.predict(bnn, guide, 5 * x, num_samples=20)
+    values = [metrics.log_likelihood(prediction, y), metrics.aurc(prediction, y),
+              metrics.risk_at_coverage(prediction, y, 0.5)]
+    values += [metric(prediction, shifted) for metric in (metrics.ood_auroc, metrics.ood_aupr, metrics.fpr_at_tpr)]
+    score = "std" if isinstance(prediction, RegressionPrediction) else "entropy"   # each one's own, unnamed
+    assert values[3] == metrics.ood_auroc(prediction, shifted, score=score)
     if isinstance(prediction, ClassificationPrediction):
         values += [metric(prediction, y) for metric in (
             metrics.accuracy, metrics.expected_calibration_error, metrics.brier_score,
             metrics.adaptive_calibration_error, metrics.classwise_calibration_error)]
         values.append(metrics.log_likelihood(prediction.probs, y))
         assert values[-1] == pytest.approx(values[0], rel=1e-5)   # the probabilities' log at the label: the same
+        for regression_metric in (metrics.rmse, metrics.interval_coverage):
+            with pytest.raises(TypeError, match="is a regression metric and this is a classifier's prediction"):
+                regression_metric(prediction, y)
     else:
         values += [metrics.rmse(prediction, y), metrics.interval_coverage(prediction, y)]
     assert all(math.isfinite(v) for v in values)

@@ -8,7 +8,7 @@ import torch  # noqa: E402
 
 import pyro_bbb  # noqa: E402
 from pyro_bbb import likelihoods  # noqa: E402
-from pyro_bbb.evaluate import plots  # noqa: E402
+from pyro_bbb.evaluate import metrics, plots  # noqa: E402
 from pyro_bbb.nn import BayesianLinear  # noqa: E402
 from pyro_bbb.prediction.results import ClassificationPrediction, RegressionPrediction  # noqa: E402
 
@@ -57,9 +57,18 @@ def test_risk_coverage_and_ood_score_plots(tmp_path):
     assert "AUROC" in fig.axes[0].get_title()
 
 
-def test_reliability_in_equal_mass_bins_shows_the_adaptive_ece():
-    from pyro_bbb.evaluate import metrics
+def test_risk_coverage_and_ood_score_plots_of_a_regression_read_its_std_unasked():
+    std_in, std_out = torch.linspace(0.5, 1.0, 40), torch.linspace(0.8, 2.0, 25)
+    inside = RegressionPrediction(dist.Normal(torch.zeros(3, 40), std_in), torch.zeros(3, 40))
+    outside = RegressionPrediction(dist.Normal(torch.zeros(3, 25), std_out), torch.zeros(3, 25))
+    fig = plots.plot_ood_scores(inside, outside)
+    assert fig.axes[0].get_xlabel() == "std"
+    assert f"AUROC {metrics.ood_auroc(std_in, std_out):.3f}" in fig.axes[0].get_title()
+    fig = plots.plot_risk_coverage({"a": inside}, torch.randn(40))
+    assert fig.axes[0].get_title() == "risk against coverage (std)"
 
+
+def test_reliability_in_equal_mass_bins_shows_the_adaptive_ece():
     g = torch.Generator().manual_seed(2)
     probs = torch.softmax(torch.randn(200, 4, generator=g) * 3, -1)
     y = torch.randint(0, 4, (200,), generator=g)
