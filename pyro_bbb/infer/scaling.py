@@ -81,7 +81,8 @@ class DataPlateScaleMessenger(DataPlateScaler):
                 f"observed site {msg['name']!r} is not inside pyro.plate({self.data_plate!r}, ...), so "
                 f"pyro_bbb.ELBO(num_data={self.num_data}) cannot scale its likelihood to the full data. Wrap the "
                 f"likelihood in `with pyro.plate({self.data_plate!r}, x.shape[0]): pyro.sample(..., obs=y)` "
-                "(or pass the name of your data plate as `data_plate=`)."
+                "(a data plate of another name: pass it as pyro_bbb.ELBO(data_plate=...); for pyro_bbb.fit, give the "
+                "model a `data_plate` attribute naming it)."
             )
 
     def _check_declared(self, frame) -> None:
@@ -89,7 +90,9 @@ class DataPlateScaleMessenger(DataPlateScaler):
             raise ValueError(
                 f"num_data={self.num_data} disagrees with pyro.plate({self.data_plate!r}, size={frame.full_size}, "
                 f"subsample_size={frame.size}) in the model; the plate already scales the likelihood by "
-                f"{frame.full_size}/{frame.size}. Drop num_data or make it equal to the plate's size."
+                f"{frame.full_size}/{frame.size}. Drop num_data or make it equal to the plate's size (pyro_bbb.fit "
+                "passes the number of training rows as num_data: declare the plate over all of them, or drop its "
+                "subsample_size and let fit's batch_size make the minibatches)."
             )
 
 

@@ -32,7 +32,7 @@ from pyro.poutine.messenger import Messenger
 
 from .._internals import is_deterministic_site
 from .._kl import log_prob_sum, needs_posterior
-from .._plates import DATA_PLATE
+from .._plates import data_plate_of
 from ..data.batches import Batches
 from ..infer import ReplayBackend
 from ..infer.guide import has_site_posteriors, normal_mean, without_drawn_posterior
@@ -113,7 +113,7 @@ def map_loss(model: Callable, guide, x, y, *, num_data: int, prior_weight: float
 
 def _traced_map_loss(model: Callable, guide, x, y, num_data: int, prior_weight: float) -> tuple[torch.Tensor, tuple]:
     """:func:`map_loss` through Pyro's handlers, with the ``(model_trace, guide_trace)`` a replay plan is made from."""
-    with DataPlateScaleMessenger(num_data):
+    with DataPlateScaleMessenger(num_data, data_plate_of(model)):  # (the model's own plate, whatever its name)
         guide_trace = poutine.trace(posterior_mean(guide)).get_trace(x, y)
         trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(x, y)
     log_prior, log_likelihood = 0.0, 0.0
@@ -153,13 +153,14 @@ def map_warm_start(model: Callable, guide, batches: Batches, *, epochs: int, lr:
     params = [param for param in every if id(param) not in scales and param.requires_grad]
     optimizer = torch.optim.Adam(params, lr=lr)
     replay, replayable = ReplayBackend(enabled=True), True  # after one traced step, replayed (bit for bit)
+    data_plate = data_plate_of(model)
     for _ in range(epochs):
         for x, y in batches:
-            loss = replay.map_loss(model, guide, x, y, batches.num_data, DATA_PLATE, prior_weight)
+            loss = replay.map_loss(model, guide, x, y, batches.num_data, data_plate, prior_weight)
             if loss is None:
                 loss, traces = _traced_map_loss(model, guide, x, y, batches.num_data, prior_weight)
                 if replayable:
-                    replay.after_map_step(model, guide, traces, batches.num_data, DATA_PLATE)
+                    replay.after_map_step(model, guide, traces, batches.num_data, data_plate)
                     replayable = replay.plan is not None
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"the MAP warm start's loss became {float(loss.detach())}; lower lr.")

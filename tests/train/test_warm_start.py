@@ -320,6 +320,26 @@ def test_an_empirical_bayes_prior_warm_starts_and_keeps_the_selection():
     assert history.kl_weight_choice.chosen_by == "validation" and history.kl_weight_choice.warm_start_epochs == 2
 
 
+def test_a_model_whose_data_plate_has_its_own_name_warm_starts_and_chooses_as_one_called_data():
+    """The warm start scales the model's own plate, whatever it is called: the same choice and posterior."""
+    chosen = {}
+    for plate in ("data", "rows"):
+        pyro.clear_param_store()
+        x, y, _ = linear_regression()
+        torch.manual_seed(0)
+        model = pyro_bbb.BNN(BayesianLinear(3, 1, prior=NormalPrior(0.0, PRIOR_SCALE)),
+                             likelihoods.Gaussian(scale=SIGMA), data_plate=plate)
+        guide = pyro_bbb.MeanFieldGuide(model)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no fallback warning
+            history = pyro_bbb.fit(model, guide, (x, y), epochs=8, batch_size=16, progress=False, seed=0)
+        choice = history.kl_weight_choice
+        assert choice.chosen_by == "validation" and choice.warm_start_epochs == 2
+        chosen[plate] = choice.validation_nll, guide.site_posteriors()["net.weight"].loc
+    assert chosen["rows"][0] == chosen["data"][0]
+    torch.testing.assert_close(chosen["rows"][1], chosen["data"][1], rtol=0, atol=0)
+
+
 class WithMaskedSite(Positive):
     """``Positive`` plus, when asked, an impossible observation (log-density -inf) that a mask removes."""
 
