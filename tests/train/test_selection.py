@@ -8,6 +8,7 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro.infer.autoguide import AutoNormal
 from pyro.nn import PyroModule, PyroSample
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -241,6 +242,39 @@ def test_a_model_the_split_breaks_trains_at_weight_one_with_a_warning_and_nothin
     assert history.kl_weight_choice.chosen_by == "fallback" and "36 of the 40 rows" in history.kl_weight_choice.reason
     assert guide.site_posteriors()["w"].loc.shape == (40, 3) and len(history) == 100  # trained on all the rows
     assert history["nll"][-1] < 0.5 * history["nll"][0]
+
+
+class SubsamplesItsRows(PyroModule):
+    """A hand-written model that draws its own minibatch from the 40 rows it must be given (an IndexError on fewer)
+    or adds a per-row offset of 40 (a RuntimeError of torch on fewer): the split breaks it, all the data does not."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.w = PyroSample(dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+        self.offset = torch.nn.Parameter(torch.zeros(40))
+
+    def forward(self, x, y=None):
+        mean = x @ self.w
+        if self.how == "index":
+            with pyro.plate("data", 40, subsample=torch.arange(32, 40)) as idx:  # (its last rows, say)
+                return pyro.sample("obs", dist.Normal(mean[..., idx], 0.5), obs=None if y is None else y[idx])
+        with pyro.plate("data", x.shape[0]):
+            return pyro.sample("obs", dist.Normal(mean + self.offset, 0.5), obs=y)
+
+
+@pytest.mark.parametrize("how", ["index", "offset"])
+def test_a_model_the_split_breaks_with_an_index_or_torch_error_falls_back_with_a_warning(how):
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    x = torch.randn(40, 3)
+    y = x @ torch.tensor([1.0, -1.0, 0.5]) + 0.5 * torch.randn(40)
+    model = SubsamplesItsRows(how)
+    guide = AutoNormal(model)
+    with pytest.warns(UserWarning, match="put back; training at KL weight 1"):
+        history = pyro_bbb.fit(model, guide, (x, y), epochs=30, lr=0.05, progress=False, seed=0)
+    assert history.kl_weight_choice.chosen_by == "fallback" and "36 of the 40 rows" in history.kl_weight_choice.reason
+    assert len(history) == 30 and history["loss"][-1] < history["loss"][0]
 
 
 def test_a_model_that_fails_on_all_the_data_raises_its_error_at_once_without_a_fallback_warning():
