@@ -139,6 +139,20 @@ def _check_loader_upfront(loader: torch.utils.data.DataLoader, likelihood) -> No
         check_batch(*rows, likelihood, what="the DataLoader's data")
 
 
+def _check_loader_batches(loader: torch.utils.data.DataLoader, num_data: int) -> None:
+    """A loader that yields no batch at all (a whole epoch without a step) is an error naming the fix."""
+    try:
+        empty = len(loader) == 0
+    except TypeError:  # (an iterable dataset: its batches are counted as they come)
+        return
+    if empty and loader.drop_last:
+        raise ValueError(f"the DataLoader yields no batch: drop_last=True drops the only, partial batch of its "
+                         f"{num_data} rows (batch_size={loader.batch_size}); use a smaller batch_size or "
+                         "drop_last=False.")
+    if empty:
+        raise ValueError(f"the DataLoader yields no batch from its {num_data} rows (its batch sampler is empty).")
+
+
 class Batches:
     """An epoch's minibatches from an ``(x, y)`` pair (reshuffled every epoch) or from a DataLoader."""
 
@@ -150,6 +164,7 @@ class Batches:
             self.loader, self.num_data = data, _num_data(data)
             if self.num_data == 0:
                 raise ValueError("the DataLoader's dataset is empty; fit needs at least one datum.")
+            _check_loader_batches(data, self.num_data)
             _check_loader_upfront(data, likelihood)
         elif isinstance(data, Sequence) and len(data) == 2:
             x, y = data

@@ -132,7 +132,8 @@ def fit(
         Decay the learning rate geometrically, epoch by epoch, from ``lr`` (a :mod:`pyro_bbb.optim` optimizer's own
         rate) in the first epoch to ``lr_final`` in the last. A converged ELBO needs it with minibatches (their
         noise keeps a constant step from settling), and a heteroscedastic likelihood needs it to stay stable: as the
-        learned noise shrinks, a constant step moves the predictions by more than the noise.
+        learned noise shrinks, a constant step moves the predictions by more than the noise. A given optimizer has
+        its own rate back when ``fit`` returns or raises.
     kl_weight : "auto", SelectKLWeight, float or schedule
         Weight of the KL. ``"auto"`` (the default, :class:`~pyro_bbb.train.selection.SelectKLWeight` with its
         defaults) chooses it from the data: candidates 1, 0.1 and 0.01 are compared on a split carved from
@@ -243,6 +244,7 @@ def fit(
                             **options)
     record = _EpochRecorder(model, guide, step.elbo, batches.num_data, per_layer, validation_data,
                             num_validation_samples)
+    lr_given = optimizer.defaults["lr"] if lr_at is not None else None
     try:
         with training_mode(model, True):
             history = _train(step, batches, record, epochs, list(callbacks), progress and rank == 0, distributed,
@@ -251,6 +253,9 @@ def fit(
         if start is not None:
             start.restore()
         raise
+    finally:  # lr_final's schedule is this fit's: the optimizer keeps the rate it was given, for the next fit
+        if lr_given is not None:
+            optimizer.set_learning_rate(lr_given)
     if choice is None:  # a number or a schedule: the weight the last step used (before any step: a number's own)
         given = float(kl_weight) if isinstance(kl_weight, int | float) else 1.0
         choice = KLWeightChoice(kl_weight=float(history.last["kl_weight"]) if len(history) else given)
@@ -636,8 +641,13 @@ class _EpochRecorder:
             record["std_ratio_geomean"] = {k: e["std_ratio_geomean"] for k, e in summary.items() if "std_ratio" in e}
             record["prior_std"] = {k: e["prior_std"] for k, e in summary.items() if "prior_std" in e}
         if self.validation_data is not None:
-            record.update(_validation_metrics(self.model, self.guide, self.validation_data,
-                                              self.num_validation_samples))
+            try:
+                record.update(_validation_metrics(self.model, self.guide, self.validation_data,
+                                                  self.num_validation_samples))
+            except (ValueError, TypeError, IndexError, RuntimeError) as error:  # fit puts the parameters back
+                if isinstance(error, torch.OutOfMemoryError):
+                    raise
+                raise DataError(f"validation_data could not be scored after epoch {epoch}: {error}") from error
         record["seconds"] = time.perf_counter() - start
         if interrupted:
             record["interrupted"] = True

@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import pyro_bbb
 from pyro_bbb import likelihoods
+from pyro_bbb.data.batches import DataError
 from pyro_bbb.data.datasets import heteroscedastic_regression
 from pyro_bbb.evaluate import metrics
 from pyro_bbb.nn import BayesianLinear
@@ -47,6 +48,18 @@ def test_dataloader_input():
     assert len(history.step_loss) == 6
     with pytest.raises(ValueError, match="DataLoader"):
         fit(model, pyro_bbb.MeanFieldGuide(model), loader, batch_size=8)
+
+
+@pytest.mark.parametrize("kl_weight", ["auto", 1])
+def test_a_dataloader_that_yields_no_batch_is_an_error_naming_drop_last(kl_weight):
+    x, y = small_data(30)
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    loader = DataLoader(TensorDataset(x, y), batch_size=32, drop_last=True)
+    with pytest.raises(ValueError, match=r"yields no batch: drop_last=True drops the only, partial batch of its 30 "
+                                         r"rows \(batch_size=32\)"):
+        fit(model, guide, loader, epochs=2, kl_weight=kl_weight)
+    assert len(pyro.get_param_store()) == 0
 
 
 def test_history_records_everything_per_epoch():
@@ -479,13 +492,35 @@ def test_lr_final_decays_the_learning_rate_geometrically_epoch_by_epoch(monkeypa
     model = pyro_bbb.BNN(BayesianLinear(2, 1), likelihoods.Gaussian(0.5))
     x, y = torch.randn(20, 2), torch.randn(20)
     pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=4, lr=1e-2, lr_final=1e-5, progress=False)
-    torch.testing.assert_close(torch.tensor(rates, dtype=torch.float64), torch.tensor([1e-2, 1e-3, 1e-4, 1e-5],
-                                                                                    dtype=torch.float64))
+    torch.testing.assert_close(torch.tensor(rates, dtype=torch.float64),  # the schedule, then the rate given back
+                               torch.tensor([1e-2, 1e-3, 1e-4, 1e-5, 1e-2], dtype=torch.float64))
     guide = pyro_bbb.MeanFieldGuide(model)
     with pytest.raises(ValueError, match="give your optimizer its own schedule"):
         pyro_bbb.fit(model, guide, (x, y), epochs=2, lr_final=1e-4, optimizer=pyro.optim.Adam({"lr": 1e-2}))
     with pytest.raises(ValueError, match="lr_final"):
         pyro_bbb.fit(model, guide, (x, y), epochs=2, lr_final=0.0)
+
+
+@pytest.mark.parametrize("kl_weight", ["auto", 1])
+def test_validation_data_the_model_cannot_score_is_an_error_with_everything_put_back(kl_weight):
+    """Integer inputs (allowed: token ids) or the wrong width are found only when the model scores them, after the
+    first epoch: the parameters, the optimizer's state and lr_final's rate go back to the start of fit."""
+    pyro.clear_param_store()
+    x, y = torch.randn(40, 3), torch.randn(40)
+    model = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(0.5))
+    guide = pyro_bbb.MeanFieldGuide(model)
+    guide(x, y)
+    optimizer = pyro_bbb.optim.Adam(lr=0.05)
+    before = {name: value.detach().clone() for name, value in pyro.get_param_store().items()}
+    for bad_x in (torch.randint(0, 3, (8, 3)), torch.randn(8, 4)):
+        with pytest.raises(DataError, match=r"(?s)validation_data could not be scored after epoch 1: .*restored"):
+            pyro_bbb.fit(model, guide, (x, y), epochs=3, batch_size=16, optimizer=optimizer, lr_final=1e-4,
+                         validation_data=(bad_x, torch.randn(8)), kl_weight=kl_weight, progress=False, seed=0)
+        assert all(torch.equal(before[name], value) for name, value in pyro.get_param_store().items())
+        assert optimizer.defaults["lr"] == 0.05 and optimizer.get_state() == {}
+    pyro_bbb.fit(model, guide, (x, y), epochs=3, batch_size=16, optimizer=optimizer, lr_final=1e-4,
+                 kl_weight=kl_weight, progress=False, seed=0)
+    assert optimizer.defaults["lr"] == 0.05  # the next fit's schedule starts where this one's did
 
 
 def test_the_gradient_check_finds_any_non_finite_element_and_leaves_finite_gradients_as_they_are():
