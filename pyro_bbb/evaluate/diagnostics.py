@@ -208,6 +208,10 @@ def check_posterior(
     choice = kl_weight_of(guide)
     tempered = (f" (This guide was trained at KL weight {choice.kl_weight:g}: a tempered posterior, narrower than the "
                 "Bayes one by design; kl_weight=1 gives the Bayes posterior.)") if choice and choice.tempered else ""
+    under_weighted = (" The KL is under-weighted (raise kl_weight towards 1 and check that num_data is the "
+                      "training-set size), or " if choice is None or choice.kl_weight < 1 else
+                      " Trained at KL weight 1, the KL is under-weighted only if num_data was smaller than the "
+                      "training set; else ")
     for layer, entry in summary.items():
         entry["status"] = "ok"
         if choice is not None:
@@ -229,8 +233,7 @@ def check_posterior(
             warn_at_caller(
                 f"layer {layer!r} has collapsed to a point estimate: its posterior std is "
                 f"{entry['std_ratio_geomean']:.2g} x the prior's (geometric mean; threshold {collapsed_std_ratio:g}). "
-                "The KL is under-weighted (raise kl_weight towards 1 and check that num_data is the training-set "
-                "size), or training stopped while the posterior was still widening from the guide's small "
+                + under_weighted + "training stopped while the posterior was still widening from the guide's small "
                 "init_scale (train longer, or start wider). Very large data sets can legitimately give narrow "
                 "posteriors; lower the threshold then." + tempered,
                 PosteriorWarning,

@@ -38,6 +38,7 @@ from ..infer.elbo import ELBO
 from ..infer.estimators import PosteriorReader
 from ..infer.tempering import kl_weight_of
 from ..nn.module import training_mode
+from ..priors import strip_independent
 
 __all__ = ["Evidence", "evidence", "compare_evidence"]
 
@@ -151,7 +152,8 @@ def evidence(
         The guide has not been trained (its parameters do not exist yet).
     ValueError
         Called inside :func:`pyro_bbb.flipout`, :func:`pyro_bbb.local_reparameterization` or
-        :func:`pyro_bbb.moment_propagation`, or with bad arguments or data.
+        :func:`pyro_bbb.moment_propagation`, for a guide with a point mass (``AutoDelta``: no ELBO to report), or
+        with bad arguments or data.
 
     Examples
     --------
@@ -180,6 +182,7 @@ def evidence(
     elbo = ELBO(num_data=batches.num_data, data_plate=data_plate_of(model), replay=False)
     rng_state = pyro.util.get_rng_state()
     try:
+        _refuse_point_estimates(guide, batches)
         if seed is not None:
             pyro.set_rng_seed(seed)
         with torch.no_grad(), training_mode(model, True):
@@ -193,6 +196,23 @@ def evidence(
                     expected_log_likelihood=float(-draws[:, 0].mean()), kl=float(draws[:, 1].mean()),
                     num_data=batches.num_data, num_draws=num_draws,
                     trained_kl_weight=getattr(kl_weight_of(guide), "kl_weight", None))
+
+
+def _refuse_point_estimates(guide, batches: Batches) -> None:
+    """A guide with a point mass (``Delta``) for a latent site has no ELBO to report: the KL of a point mass from a
+    continuous prior is infinite, and what Pyro's ELBOs compute for it is a MAP objective, not a bound."""
+    with torch.no_grad(), poutine.block():
+        trace = poutine.trace(guide).get_trace(*next(iter(batches)))
+    points = [name for name, site in trace.iter_stochastic_nodes()
+              if isinstance(strip_independent(site["fn"]), pyro.distributions.Delta)]
+    if points:
+        raise ValueError(
+            f"evidence bounds the evidence of a posterior, and {type(guide).__name__} gives the sites {points[:5]} a "
+            "point mass (a MAP estimate): its ELBO is minus infinity (the KL of a point from a continuous prior), and "
+            "the finite number Pyro's ELBO returns for it is the log joint, which would outrank every real "
+            "posterior. Compare models with a posterior per weight (MeanFieldGuide, AutoNormal), or compare point "
+            "estimates by held-out log-likelihood (pyro_bbb.predict on validation data)."
+        )
 
 
 def _one_draw(elbo: ELBO, model, guide, batches: Batches) -> tuple[float, float]:

@@ -1,13 +1,15 @@
 import warnings
 
+import pyro
 import pytest
 import torch
 from pyro.distributions.kl import kl_divergence
 
 import pyro_bbb
-from pyro_bbb import priors
+from pyro_bbb import likelihoods, priors
 from pyro_bbb._kl import elementwise_kl
 from pyro_bbb.evaluate import diagnostics
+from pyro_bbb.nn import BayesianLinear
 
 from ..helpers import digits_fit, fitted_3_5_1
 
@@ -86,6 +88,23 @@ def test_check_posterior_fires_on_an_under_weighted_kl():
 def test_check_posterior_is_silent_on_a_correct_fit():
     status, messages = statuses(1.0, 300)
     assert set(status.values()) == {"ok"} and messages == []
+
+
+@pytest.mark.parametrize("kl_weight", [1.0, 0.01])
+def test_a_collapsed_layer_s_advice_follows_the_weight_it_was_trained_at(kl_weight):
+    """"Raise kl_weight towards 1" only where it was below 1: at weight 1 the advice is num_data or training longer."""
+    pyro.clear_param_store()
+    x, y = torch.randn(30, 3), torch.randn(30)
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian())
+    guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=1e-6)  # far narrower than the prior, one short epoch
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=1, kl_weight=kl_weight, progress=False, seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = diagnostics.check_posterior(bnn, guide)
+    (message,) = [str(w.message) for w in caught if issubclass(w.category, diagnostics.PosteriorWarning)]
+    assert report["net"]["status"] == "collapsed"
+    assert ("raise kl_weight towards 1" in message) == (kl_weight < 1)
+    assert ("Trained at KL weight 1" in message) == (kl_weight == 1)
 
 
 def test_summary_by_layer_and_by_parameter():

@@ -157,6 +157,24 @@ def test_bad_calls_are_clear_errors():
         evidence(bnn, guide, (x, y))
 
 
+def test_a_point_estimate_guide_has_no_elbo_to_report_and_its_rng_is_left_alone():
+    """AutoDelta's finite "ELBO" is the log joint, which outranked a real posterior's bound: refused, by name."""
+    from pyro.infer.autoguide import AutoDelta, AutoGuideList
+
+    x, y = torch.randn(20, 3), torch.randn(20)
+    pyro.clear_param_store()
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian())
+    for guide in (AutoDelta(bnn), AutoGuideList(bnn)):
+        if isinstance(guide, AutoGuideList):  # a point mass for one site, inside a list of guides
+            guide.append(AutoDelta(pyro.poutine.block(bnn, expose=["net.bias"])))
+            guide.append(AutoNormal(pyro.poutine.block(bnn, hide=["net.bias"])))
+        guide(x, y)
+        state = pyro.util.get_rng_state()
+        with pytest.raises(ValueError, match=r"gives the sites \[.*'net.bias'.*\] a point mass"):
+            evidence(bnn, guide, (x, y))
+        assert torch.equal(pyro.util.get_rng_state()["torch"], state["torch"])
+
+
 def test_a_classifier_with_integer_labels_matches_pyro_bbbs_elbo_with_many_particles():
     g = torch.Generator().manual_seed(3)
     x, labels = torch.randn(60, 4, generator=g), torch.randint(0, 3, (60,), generator=g)
