@@ -371,25 +371,26 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
     warm_epochs = selection.warm_start_epochs(epochs) if can_warm_start(guide) else 0
     scores: dict[float, list[torch.Tensor]] = {weight: [] for weight in selection.candidates}
     try:
-        for number, (train_rows, held_out) in enumerate(splits):
-            if number:  # every split's run from the same start
-                start.restore()
-            fold["part"] = Batches((select_rows(batches.x, train_rows), batches.y[train_rows]), batch_size,
-                                   batches.likelihood, batches.device, batches.dtype)
-            fold["held_out"] = select_rows(batches.x, held_out), batches.y[held_out]
-            if warm_epochs:
-                epochs_text = f"{warm_epochs} epoch{'s' if warm_epochs > 1 else ''}"
-                bar.set_postfix_str(f"MAP warm start, {epochs_text}")
-                if progress and not live:
-                    _print_line("choosing kl_weight", {"MAP warm start": epochs_text})
-                with _InterruptAtOnce():  # (everything is put back: no step need finish)
-                    map_warm_start(model, guide, fold["part"], epochs=warm_epochs,
-                                   lr=_learning_rate_of(optimizer, lr), prior_weight=min(selection.candidates))
-            fold_scores, snapshots = run_path(selection, train_at, score,
-                                              lambda: ParameterSnapshot(model, guide, optimizer=optimizer), epochs,
-                                              report)
-            for weight, log_densities in fold_scores.items():
-                scores[weight].append(log_densities)
+        with without_trace_shapes():  # (a failure's reason in one line, without Pyro's shape tables)
+            for number, (train_rows, held_out) in enumerate(splits):
+                if number:  # every split's run from the same start
+                    start.restore()
+                fold["part"] = Batches((select_rows(batches.x, train_rows), batches.y[train_rows]), batch_size,
+                                       batches.likelihood, batches.device, batches.dtype)
+                fold["held_out"] = select_rows(batches.x, held_out), batches.y[held_out]
+                if warm_epochs:
+                    epochs_text = f"{warm_epochs} epoch{'s' if warm_epochs > 1 else ''}"
+                    bar.set_postfix_str(f"MAP warm start, {epochs_text}")
+                    if progress and not live:
+                        _print_line("choosing kl_weight", {"MAP warm start": epochs_text})
+                    with _InterruptAtOnce():  # (everything is put back: no step need finish)
+                        map_warm_start(model, guide, fold["part"], epochs=warm_epochs,
+                                       lr=_learning_rate_of(optimizer, lr), prior_weight=min(selection.candidates))
+                fold_scores, snapshots = run_path(selection, train_at, score,
+                                                  lambda: ParameterSnapshot(model, guide, optimizer=optimizer), epochs,
+                                                  report)
+                for weight, log_densities in fold_scores.items():
+                    scores[weight].append(log_densities)
         chosen, nll, se = choose_weight({weight: torch.cat(parts) for weight, parts in scores.items()})
     except KeyboardInterrupt:
         start.restore()

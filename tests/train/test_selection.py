@@ -240,6 +240,7 @@ def test_a_model_the_split_breaks_trains_at_weight_one_with_a_warning_and_nothin
     with pytest.warns(UserWarning, match="put back; training at KL weight 1"):
         history = pyro_bbb.fit(model, guide, (x, y), epochs=100, lr=0.05, progress=False, seed=0)
     assert history.kl_weight_choice.chosen_by == "fallback" and "36 of the 40 rows" in history.kl_weight_choice.reason
+    assert "\n" not in history.kl_weight_choice.reason  # one line, without Pyro's shape table
     assert guide.site_posteriors()["w"].loc.shape == (40, 3) and len(history) == 100  # trained on all the rows
     assert history["nll"][-1] < 0.5 * history["nll"][0]
 
