@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import pyro
 import pyro.poutine as poutine
 import torch
+from pyro.infer.autoguide import AutoDelta, AutoGuide, AutoGuideList
 
 from .._checks import check_count, require_set_up
 from .._inputs import model_dtype
@@ -38,7 +39,6 @@ from ..infer.elbo import ELBO
 from ..infer.estimators import PosteriorReader
 from ..infer.tempering import kl_weight_of
 from ..nn.module import training_mode
-from ..priors import strip_independent
 
 __all__ = ["Evidence", "evidence", "compare_evidence"]
 
@@ -180,9 +180,9 @@ def evidence(
     check_count("batch_size", batch_size, optional=True)
     batches = Batches(data, batch_size, likelihood_of(model), model_device(model), model_dtype(model))
     elbo = ELBO(num_data=batches.num_data, data_plate=data_plate_of(model), replay=False)
+    _refuse_point_estimates(guide)
     rng_state = pyro.util.get_rng_state()
     try:
-        _refuse_point_estimates(guide, batches)
         if seed is not None:
             pyro.set_rng_seed(seed)
         with torch.no_grad(), training_mode(model, True):
@@ -198,13 +198,19 @@ def evidence(
                     trained_kl_weight=getattr(kl_weight_of(guide), "kl_weight", None))
 
 
-def _refuse_point_estimates(guide, batches: Batches) -> None:
-    """A guide with a point mass (``Delta``) for a latent site has no ELBO to report: the KL of a point mass from a
-    continuous prior is infinite, and what Pyro's ELBOs compute for it is a MAP objective, not a bound."""
-    with torch.no_grad(), poutine.block():
-        trace = poutine.trace(guide).get_trace(*next(iter(batches)))
-    points = [name for name, site in trace.iter_stochastic_nodes()
-              if isinstance(strip_independent(site["fn"]), pyro.distributions.Delta)]
+def _point_mass_sites(guide) -> list[str]:
+    """The latent sites a guide gives a point mass: every site of an ``AutoDelta``, also inside an ``AutoGuideList``
+    (Pyro's other autoguides emit a ``Delta`` too, but one carrying their posterior's log density)."""
+    if isinstance(guide, AutoDelta):
+        return [name for name, site in guide.prototype_trace.iter_stochastic_nodes() if not site["is_observed"]]
+    parts = list(guide) if isinstance(guide, AutoGuideList) else []
+    return [name for part in parts for name in _point_mass_sites(part)]
+
+
+def _refuse_point_estimates(guide) -> None:
+    """A guide with a point mass for a latent site has no ELBO to report: the KL of a point mass from a continuous
+    prior is infinite, and what Pyro's ELBOs compute for it is a MAP objective, not a bound."""
+    points = _point_mass_sites(guide) if isinstance(guide, AutoGuide) else []
     if points:
         raise ValueError(
             f"evidence bounds the evidence of a posterior, and {type(guide).__name__} gives the sites {points[:5]} a "
