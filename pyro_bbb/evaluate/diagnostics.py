@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pyro
 import pyro.distributions as dist
 import torch
 
@@ -96,23 +97,35 @@ def layer_summary(model: Callable, guide, tails: bool = True) -> dict[str, dict[
     require_fitted_posteriors(guide, "this diagnostic")
     owners, priors_now = site_owners(model), current_priors(model)
     parts: dict[str, dict[str, Any]] = {}
-    for name, site in guide.prototype_trace.iter_stochastic_nodes():
-        q = site_posterior(guide, name, site)
-        # the prior as it is now (a learned one at its current scale), for all data of a local site
-        p = _full_size_prior(priors_now.get(name, site["fn"]), q)
-        if p is None:  # a local latent whose prior differs per datum: its KL needs the data, not just the guide
-            continue
-        p = prior_in_force(p, q)  # an empirical-Bayes prior at the scale it takes given q
-        part = parts.setdefault(owners.get(name, name), {"kl": 0.0, "num_weights": 0, "elements": []})
-        part["num_weights"] += p.shape().numel()
-        if name not in owners or not is_real_support(site["fn"].support):
-            part["kl"] += float(total_kl(q, p))
-            continue
-        kl = elementwise_kl(q, p)
-        part["kl"] += float(kl.sum())
-        scale = site_loc_scale(guide, name)[1]
-        prior_scale = prior_std(strip_independent(p)).expand(scale.shape)
-        part["elements"].append(torch.stack([kl, scale, prior_scale]).reshape(3, -1))
+    with pyro.validation_enabled(False):  # (the guide's own tensors: nothing to validate, a third of the time)
+        for name, site in guide.prototype_trace.iter_stochastic_nodes():
+            _add_site(parts, guide, name, site, owners, priors_now)
+    return _summarize(parts, tails)
+
+
+def _add_site(parts: dict[str, dict[str, Any]], guide, name: str, site: dict, owners: dict, priors_now: dict) -> None:
+    """Site ``name``'s KL into its layer's part, with each weight's KL and widths for a Bayesian layer's real-valued
+    site."""
+    q = site_posterior(guide, name, site)
+    # the prior as it is now (a learned one at its current scale), for all data of a local site
+    p = _full_size_prior(priors_now.get(name, site["fn"]), q)
+    if p is None:  # a local latent whose prior differs per datum: its KL needs the data, not just the guide
+        return
+    p = prior_in_force(p, q)  # an empirical-Bayes prior at the scale it takes given q
+    part = parts.setdefault(owners.get(name, name), {"kl": 0.0, "num_weights": 0, "elements": []})
+    part["num_weights"] += p.shape().numel()
+    if name not in owners or not is_real_support(site["fn"].support):
+        part["kl"] += float(total_kl(q, p))
+        return
+    kl = elementwise_kl(q, p)
+    part["kl"] += float(kl.sum())
+    scale = strip_independent(q).scale  # (a real-valued site's posterior is its Normal)
+    prior_scale = prior_std(strip_independent(p)).expand(scale.shape)
+    part["elements"].append(torch.stack([kl, scale, prior_scale]).reshape(3, -1))
+
+
+def _summarize(parts: dict[str, dict[str, Any]], tails: bool) -> dict[str, dict[str, float]]:
+    """Each layer's entry of :func:`layer_summary` from its part."""
     summary = {}
     for layer, part in parts.items():
         entry = {"kl": part["kl"], "num_weights": part["num_weights"]}
