@@ -69,6 +69,23 @@ def test_custom_data_plate_name():
     assert (elbo.last_terms["num_data"], elbo.last_terms["batch_size"]) == (40, 4)
 
 
+def test_pyro_bbb_s_elbo_reads_the_model_s_own_plate_name_in_a_pyro_svi_loop():
+    """BNN(..., data_plate="obs") with ELBO(num_data=N) and no plate named: the same steps as under "data"."""
+    x, y = torch.randn(40, 3), torch.randn(40)
+    losses, terms = {}, {}
+    for plate in ("data", "obs"):
+        pyro.clear_param_store()
+        torch.manual_seed(0)
+        bnn = pyro_bbb.BNN(mixed_net(), likelihoods.Gaussian(scale=1.0), data_plate=plate)
+        guide = pyro_bbb.MeanFieldGuide(bnn)
+        elbo = pyro_bbb.ELBO(num_data=40)
+        svi = SVI(bnn, guide, pyro.optim.Adam({"lr": 0.01}), elbo)
+        pyro.set_rng_seed(1)
+        losses[plate] = [svi.step(x[i:i + 8], y[i:i + 8]) for i in range(0, 40, 8)]
+        terms[plate] = elbo.last_terms["num_data"], elbo.last_terms["batch_size"]
+    assert losses["obs"] == losses["data"] and terms["obs"] == terms["data"] == (40, 8)
+
+
 class Wrapped(torch.nn.Module):
     """A net whose output is not a tensor: like a transformers model (``.logits``), an RNN (a tuple), or neither."""
 

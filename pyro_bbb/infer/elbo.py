@@ -41,7 +41,7 @@ from .._internals import (
     without_trace_shapes,
 )
 from .._kl import latent_site_kl, log_prob_sum, sum_site_kls
-from .._plates import DATA_PLATE, data_plate_named, trace_data_plate_frame
+from .._plates import DATA_PLATE, data_plate_named, data_plate_of, trace_data_plate_frame
 from .._warnings import warn_at_caller
 from ._replay import ReplayBackend
 from .contract import ObjectiveRun, mark_objective_run
@@ -143,8 +143,9 @@ class ELBO(TraceMeanField_ELBO):
     num_particles, vectorize_particles, **kwargs :
         As in :class:`pyro.infer.TraceMeanField_ELBO` (a vectorized model that reads the particle dimension as its
         batch is found at the first call and run one particle at a time, with a warning).
-    data_plate : str
-        Name of the plate over data points.
+    data_plate : str, optional
+        Name of the plate over data points; by default the model's own (its ``data_plate`` attribute, as a
+        :class:`~pyro_bbb.BNN` built with ``data_plate=`` has, else ``"data"``).
     revalidate : bool
         Pyro's validation runs on a pair's first call only; ``True`` validates every call.
     replay : bool
@@ -171,12 +172,13 @@ class ELBO(TraceMeanField_ELBO):
     """
 
     def __init__(self, num_data: int | None = None, kl_weight: float | Callable[[int], float] = 1.0,
-                 num_particles: int = 1, vectorize_particles: bool = False, data_plate: str = DATA_PLATE,
+                 num_particles: int = 1, vectorize_particles: bool = False, data_plate: str | None = None,
                  revalidate: bool = False, replay: bool = True, **kwargs: Any):
         check_count("num_data", num_data, optional=True)
         super().__init__(num_particles=num_particles, vectorize_particles=vectorize_particles, **kwargs)
         self.num_data = None if num_data is None else int(num_data)  # numpy integers too
-        self.kl_weight, self.data_plate, self.revalidate = as_schedule(kl_weight), data_plate, revalidate
+        self.kl_weight, self.revalidate = as_schedule(kl_weight), revalidate
+        self.given_data_plate, self.data_plate = data_plate, data_plate or DATA_PLATE  # (each call: the model's)
         self.pairs, self.backend = PairStates(), ReplayBackend(enabled=replay)
         self.last_terms: dict[str, Any] = {}
         self.last_step_replayed = False
@@ -300,6 +302,7 @@ class ELBO(TraceMeanField_ELBO):
         """One call = one set of terms (and, when it computes gradients, a mark on every parameter it reached, for
         the optimizer: :mod:`~pyro_bbb.infer.contract`)."""
         pair = self.pairs.select(model, guide)
+        self.data_plate = self.given_data_plate or data_plate_of(model)
         self.current_call = CallTerms(self.current_kl_weight())
         validating = is_validation_enabled()
         try:

@@ -81,8 +81,8 @@ class DataPlateScaleMessenger(DataPlateScaler):
                 f"observed site {msg['name']!r} is not inside pyro.plate({self.data_plate!r}, ...), so "
                 f"pyro_bbb.ELBO(num_data={self.num_data}) cannot scale its likelihood to the full data. Wrap the "
                 f"likelihood in `with pyro.plate({self.data_plate!r}, x.shape[0]): pyro.sample(..., obs=y)` "
-                "(a data plate of another name: pass it as pyro_bbb.ELBO(data_plate=...); for pyro_bbb.fit, give the "
-                "model a `data_plate` attribute naming it)."
+                "(a data plate of another name: give the model a `data_plate` attribute naming it, which pyro_bbb.fit "
+                "and pyro_bbb.ELBO read, or pass pyro_bbb.ELBO(data_plate=...))."
             )
 
     def _check_declared(self, frame) -> None:

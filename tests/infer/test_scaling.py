@@ -117,7 +117,8 @@ def test_observed_site_outside_the_data_plate_is_an_error_with_a_fix():
     x, y = regression_data(10)
     guide = guide_for(model, x, y)
     with pytest.raises(ValueError, match=r"(?s)'y' is not inside pyro.plate\('data', \.\.\.\).*with pyro.plate.*"
-                                         r"ELBO\(data_plate=\.\.\.\); for pyro_bbb.fit, give the model a `data_plate`"):
+                                         r"a `data_plate` attribute naming it, which pyro_bbb.fit "
+                                         r"and pyro_bbb.ELBO read"):
         ELBO(num_data=10).loss(model, guide, x, y)
     ELBO().loss(model, guide, x, y)  # without num_data there is nothing to scale: fine
 
