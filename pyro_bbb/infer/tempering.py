@@ -107,7 +107,8 @@ class KLWeightChoice:
             scores = ", ".join(f"{w:g}: {nll:.3g}" for w, nll in self.validation_nll.items())
             gap = self.weight_one_gap_se
             if gap is not None and math.isfinite(gap):
-                scores += f"; weight 1 {gap:.1f} SE behind"
+                digits = 2 if round(gap, 1) == 1.0 else 1  # (which side of the one-SE rule it fell)
+                scores += f"; weight 1 {gap:.{digits}f} SE behind"
             warm = f" after a {self.warm_start_epochs}-epoch MAP warm start" if self.warm_start_epochs else ""
             how = f", chosen by validation NLL ({scores}){warm}"
         kind = "tempered" if self.tempered else "the Bayes posterior"

@@ -22,6 +22,9 @@ def test_a_choice_round_trips_through_plain_values_and_describes_itself():
     kept = KLWeightChoice(kl_weight=1.0, chosen_by="validation", validation_nll={1.0: 0.31, 0.1: 0.3},
                           validation_nll_se={1.0: 0.02, 0.1: 0.0})
     assert kept.weight_one_gap_se is None and "SE behind" not in kept.describe()
+    narrow = KLWeightChoice(kl_weight=0.1, chosen_by="validation", validation_nll={1.0: 0.3205, 0.1: 0.3},
+                            validation_nll_se={1.0: 0.02, 0.1: 0.0})
+    assert "weight 1 1.03 SE behind" in narrow.describe()  # not "1.0", which reads as within the one-SE rule
     fallback = KLWeightChoice(kl_weight=1.0, chosen_by="fallback", reason="a DataLoader")
     assert "selection not run: a DataLoader" in fallback.describe()
 
