@@ -7,9 +7,8 @@ it needs (predictive means, class probabilities, uncertainty scores) and the tar
 The uncertainty metrics read a *score* -- higher means less sure -- from a prediction (:func:`uncertainty_score`:
 ``"entropy"``, ``"mutual_information"``, ``"max_probability"`` (one minus the top class probability) for a
 classifier, ``"std"`` for a regression; each metric's default fits the prediction it is given, :func:`default_score`)
-or take the scores as a tensor. Detection treats the out-of-distribution
-inputs as positives and equals scikit-learn's ``roc_auc_score``, ``average_precision_score`` and ``roc_curve``
-(ties included; tested to 1e-6).
+or take the scores as a tensor. Detection treats the out-of-distribution inputs as positives and equals
+scikit-learn's ``roc_auc_score``, ``average_precision_score`` and ``roc_curve`` (ties included; tested to 1e-6).
 
 Examples
 --------

@@ -400,8 +400,9 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
         message = str(error).split(" The parameters (and a pyro_bbb optimizer's state) were restored")[0]
         raise DataError(f"{message} The parameters (and a pyro_bbb optimizer's state) were restored to their state "
                         "at the start of fit.") from error
-    except (ValueError, TypeError, IndexError, RuntimeError, FloatingPointError) as error:  # (TrainingDivergedError
-        start.restore()                                                   # is a FloatingPointError)
+    # a model the split breaks, or a run that diverged (TrainingDivergedError is a FloatingPointError)
+    except (ValueError, TypeError, IndexError, RuntimeError, FloatingPointError) as error:
+        start.restore()
         if isinstance(error, torch.OutOfMemoryError):  # not the split's doing
             raise
         if not isinstance(error, FloatingPointError):  # a model that fails on all the data too: its error, now
