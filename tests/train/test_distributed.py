@@ -79,16 +79,28 @@ def _worker(rank, world, init_file, out_dir, mode):
         dist.destroy_process_group()
 
 
-def _launch(tmp_path, world, mode, timeout=120):
-    init_file = tmp_path / f"init-{mode}-{world}"
+def _launch(tmp_path, world, mode, timeout=120, attempt=1):
+    init_file = tmp_path / f"init-{mode}-{world}-{attempt}"
     context = mp.start_processes(_worker, args=(world, str(init_file), str(tmp_path), mode), nprocs=world,
                                  join=False, start_method="spawn")
     deadline = time.time() + timeout
-    while not context.join(timeout=1):
-        if time.time() > deadline:
-            for process in context.processes:
-                process.terminate()
-            pytest.fail(f"{mode} with {world} processes did not finish within {timeout} s (a rank hung)")
+    try:
+        while not context.join(timeout=1):
+            if time.time() > deadline:
+                for process in context.processes:
+                    process.terminate()
+                pytest.fail(f"{mode} with {world} processes did not finish within {timeout} s (a rank hung)")
+    except mp.ProcessExitedException as error:
+        # a rank killed by a signal, not an error of ours (those are written to a file and compared): gloo's C++
+        # threads have once aborted a rank ("terminate called without an active exception") on a loaded 2-core CI
+        # machine, and 7 later runs of the same code passed. One fresh try; a second death fails the test.
+        if error.signal_name is None or attempt > 1:
+            raise
+        warnings.warn(f"{mode} with {world} processes: a rank died by {error.signal_name}; launching once more",
+                      stacklevel=2)
+        for stale in tmp_path.glob(f"{mode}-{world}-*"):  # (what the other rank wrote before it)
+            stale.unlink()
+        return _launch(tmp_path, world, mode, timeout, attempt + 1)
     return [tmp_path / f"{mode}-{world}-{rank}" for rank in range(world)]
 
 
