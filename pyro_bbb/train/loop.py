@@ -185,8 +185,8 @@ def fit(
     ------
     ValueError, TypeError
         Bad arguments or data, before any parameter changes. A bad batch found during training (a DataLoader over a
-        dataset that cannot be checked up front) raises :class:`DataError` with the parameters restored to their
-        state at the start of ``fit``.
+        dataset that cannot be checked up front), or ``validation_data`` the model cannot score (found after the
+        first epoch), raises :class:`DataError` with the parameters restored to their state at the start of ``fit``.
     TrainingDivergedError
         A NaN or infinite loss or gradient; the parameters are restored to the last finite state and the error's
         ``history`` holds the epochs so far.
