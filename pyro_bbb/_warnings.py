@@ -10,7 +10,7 @@ Examples
 >>> with warnings.catch_warnings(record=True) as caught:
 ...     warnings.simplefilter("always")
 ...     warn_at_caller("look here")
->>> caught[0].filename == __file__ or caught[0].filename.startswith("<doctest")
+>>> caught[0].filename.startswith("<doctest")   # this example's own line, not a pyro_bbb file
 True
 """
 

@@ -25,6 +25,7 @@ True
 from __future__ import annotations
 
 import os
+from numbers import Integral
 from typing import Any
 
 import pyro.poutine as poutine
@@ -68,28 +69,25 @@ def _settings(model) -> dict[str, Any]:
         "data_plate": data_plate_of(model),
         "likelihood": type(likelihood).__name__ if likelihood is not None else "",
         "likelihood_repr": repr(likelihood) if likelihood is not None else "",
-        "num_data": getattr(model, "num_data", None),
+        "num_data": _saved_num_data(model),
     }
 
 
+def _saved_num_data(model) -> int | None:
+    """A model's ``num_data`` as a plain int (a :class:`pyro_bbb.BNN`'s always is), or ``None`` for anything else."""
+    num_data = getattr(model, "num_data", None)
+    if isinstance(num_data, Integral) and not isinstance(num_data, bool) and num_data > 0:
+        return int(num_data)
+    return None
+
+
 def _num_data_to_load(saved: dict[str, Any], model) -> int | None:
-    """The training-set size a :class:`pyro_bbb.BNN` was saved with (the N its data plate declares for Pyro's own
-    ELBOs), to give a model built without one; ``None`` when nothing is to change. A model built with another N is
-    an error, before anything is loaded."""
-    num_data, current = saved.get("num_data"), getattr(model, "num_data", None)
-    if num_data is None or num_data == current:
+    """The training-set size a :class:`pyro_bbb.BNN` was saved with (the N its data plate declares to Pyro's own
+    ELBOs), for a model built without one; ``None`` when the model keeps its own (built with an N, e.g. to fine-tune
+    on another data set) or has nowhere to keep it."""
+    num_data = saved.get("num_data")
+    if num_data is None or not hasattr(model, "num_data") or model.num_data is not None:
         return None
-    if current is not None:
-        raise ValueError(
-            f"the checkpoint was saved from a model with num_data={num_data} but this model has num_data={current}; "
-            f"build it with num_data={num_data} (or none: it is then set from the checkpoint), and set bnn.num_data "
-            "after loading to train on another data set."
-        )
-    if not hasattr(model, "num_data"):
-        raise ValueError(
-            f"the checkpoint was saved from a model with num_data={num_data}, the size of its training set, but this "
-            f"{type(model).__name__} has no num_data; build the model the way it was built when saved."
-        )
     return num_data
 
 
@@ -226,7 +224,7 @@ def load(path: str | os.PathLike, model, guide, optimizer=None):
     raises ``ValueError`` listing the differences. Tensors are placed on the model's device. With ``optimizer`` (of
     the class that was saved), its state is restored too: ``fit(..., optimizer=optimizer)`` then continues the run.
     A :class:`pyro_bbb.BNN` built without ``num_data`` gets the one it was saved with (the training-set size its
-    data plate declares to Pyro's own ELBOs); built with another, it is an error.
+    data plate declares to Pyro's own ELBOs); one built with its own keeps it.
 
     Examples
     --------

@@ -84,6 +84,27 @@ def test_pyro_bbb_s_elbo_reads_the_model_s_own_plate_name_in_a_pyro_svi_loop():
         losses[plate] = [svi.step(x[i:i + 8], y[i:i + 8]) for i in range(0, 40, 8)]
         terms[plate] = elbo.last_terms["num_data"], elbo.last_terms["batch_size"]
     assert losses["obs"] == losses["data"] and terms["obs"] == terms["data"] == (40, 8)
+    assert elbo.data_plate == "obs"  # the name it read at its last call
+
+
+def test_an_elbo_s_data_plate_set_by_hand_is_kept_over_the_model_s():
+    x, y = torch.randn(8, 3), torch.randn(8)
+    layer = BayesianLinear(3, 1)
+
+    def model(x, y):  # a plain function: no data_plate attribute to read
+        mean = layer(x).squeeze(-1)
+        with pyro.plate("rows", x.shape[0]):
+            pyro.sample("y", pyro.distributions.Normal(mean, 1.0), obs=y)
+
+    guide = pyro_bbb.MeanFieldGuide(model)
+    guide(x, y)
+    elbo = pyro_bbb.ELBO(num_data=40)
+    with pytest.raises(ValueError, match=r"not inside pyro.plate\('data'"):
+        elbo.loss(model, guide, x, y)
+    elbo.data_plate = "rows"
+    for _ in range(2):  # (kept from call to call)
+        elbo.loss(model, guide, x, y)
+        assert elbo.data_plate == "rows" and elbo.last_terms["num_data"] == 40
 
 
 class Wrapped(torch.nn.Module):

@@ -1,6 +1,7 @@
 import math
 import pickle
 
+import numpy
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -262,17 +263,39 @@ def test_a_model_built_without_num_data_gets_the_saved_one_and_its_pyro_loss_is_
     assert pyro.infer.Trace_ELBO().loss(model2, guide2, x[:10], y[:10]) == pytest.approx(expected, rel=1e-6)
 
 
-def test_a_model_built_with_another_num_data_is_a_clear_error_that_changes_nothing(tmp_path):
+def test_a_model_built_with_its_own_num_data_keeps_it_to_fine_tune_on_other_data(tmp_path):
     path, x, y = pyro_loop_checkpoint(tmp_path)
     pyro.clear_param_store()
     model = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5), num_data=500)
-    guide = pyro_bbb.MeanFieldGuide(model)
-    guide(x[:2], y[:2])
-    before = {k: v.detach().clone() for k, v in guide.state_dict().items()}
-    with pytest.raises(ValueError, match=r"num_data=40 but this model has num_data=500; build it with num_data=40"):
-        pyro_bbb.load(path, model, guide)
+    pyro_bbb.load(path, model, pyro_bbb.MeanFieldGuide(model))
     assert model.num_data == 500
-    assert all(torch.equal(before[k], v) for k, v in guide.state_dict().items())
+
+
+class WithNumData(torch.nn.Module):
+    """A hand-written model that keeps a ``num_data`` of its own kind: saved only when it is a whole number."""
+
+    def __init__(self, num_data):
+        super().__init__()
+        self.num_data = num_data
+        self.net = build()
+
+    def forward(self, x, y=None):
+        return self.net(x, y)
+
+
+@pytest.mark.parametrize("num_data", [40.0, "forty", numpy.int64(40)])
+def test_a_hand_written_model_s_num_data_of_any_kind_saves_and_loads(tmp_path, num_data):
+    x, y = torch.randn(10, 3), torch.randn(10)
+    model = WithNumData(num_data)
+    guide = pyro_bbb.MeanFieldGuide(model)
+    guide(x, y)
+    pyro_bbb.save(tmp_path / "m.pt", model, guide)
+    saved = torch.load(tmp_path / "m.pt", weights_only=True)["settings"]["num_data"]
+    assert saved == (40 if isinstance(num_data, numpy.integer) else None) and type(saved) in (int, type(None))
+    pyro.clear_param_store()
+    model2 = WithNumData(None)
+    pyro_bbb.load(tmp_path / "m.pt", model2, pyro_bbb.MeanFieldGuide(model2))
+    assert model2.num_data == saved
 
 
 def test_a_model_saved_without_num_data_leaves_the_loaded_model_s_own(tmp_path):

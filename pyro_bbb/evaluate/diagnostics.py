@@ -223,8 +223,8 @@ def check_posterior(
                 "Bayes one by design; kl_weight=1 gives the Bayes posterior.)") if choice and choice.tempered else ""
     under_weighted = (" The KL is under-weighted (raise kl_weight towards 1 and check that num_data is the "
                       "training-set size), or " if choice is None or choice.kl_weight < 1 else
-                      " Trained at KL weight 1, the KL is under-weighted only if num_data was smaller than the "
-                      "training set; else ")
+                      f" Trained at KL weight {choice.kl_weight:g}, the KL is under-weighted only if num_data was "
+                      "smaller than the training set; else ")
     for layer, entry in summary.items():
         entry["status"] = "ok"
         if choice is not None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import pyro
 import pyro.poutine as poutine
 import torch
-from pyro.infer.autoguide import AutoDelta, AutoGuide, AutoGuideList
+from pyro.infer.autoguide import AutoDelta, AutoGuide, AutoGuideList, AutoLaplaceApproximation
 
 from .._checks import check_count, require_set_up
 from .._inputs import model_dtype
@@ -39,6 +39,7 @@ from ..infer.elbo import ELBO
 from ..infer.estimators import PosteriorReader
 from ..infer.tempering import kl_weight_of
 from ..nn.module import training_mode
+from ..priors import strip_independent
 
 __all__ = ["Evidence", "evidence", "compare_evidence"]
 
@@ -152,8 +153,9 @@ def evidence(
         The guide has not been trained (its parameters do not exist yet).
     ValueError
         Called inside :func:`pyro_bbb.flipout`, :func:`pyro_bbb.local_reparameterization` or
-        :func:`pyro_bbb.moment_propagation`, for a guide with a point mass (``AutoDelta``: no ELBO to report), or
-        with bad arguments or data.
+        :func:`pyro_bbb.moment_propagation`, for a guide with a point mass (``AutoDelta``,
+        ``AutoLaplaceApproximation``, a hand-written guide of ``Delta`` sites: no ELBO to report), or with bad
+        arguments or data.
 
     Examples
     --------
@@ -180,9 +182,9 @@ def evidence(
     check_count("batch_size", batch_size, optional=True)
     batches = Batches(data, batch_size, likelihood_of(model), model_device(model), model_dtype(model))
     elbo = ELBO(num_data=batches.num_data, data_plate=data_plate_of(model), replay=False)
-    _refuse_point_estimates(guide)
     rng_state = pyro.util.get_rng_state()
     try:
+        _refuse_point_estimates(guide, batches)
         if seed is not None:
             pyro.set_rng_seed(seed)
         with torch.no_grad(), training_mode(model, True):
@@ -198,19 +200,27 @@ def evidence(
                     trained_kl_weight=getattr(kl_weight_of(guide), "kl_weight", None))
 
 
-def _point_mass_sites(guide) -> list[str]:
-    """The latent sites a guide gives a point mass: every site of an ``AutoDelta``, also inside an ``AutoGuideList``
-    (Pyro's other autoguides emit a ``Delta`` too, but one carrying their posterior's log density)."""
-    if isinstance(guide, AutoDelta):
+def _point_mass_sites(guide, batches: Batches) -> list[str]:
+    """The latent sites a guide gives a point mass: every site of an ``AutoDelta`` or ``AutoLaplaceApproximation``
+    (a MAP estimate until its ``laplace_approximation()``), also inside an ``AutoGuideList``; of a hand-written guide,
+    every site when all it samples is a ``Delta``. (Pyro's other autoguides emit ``Delta`` sites too, drawn through
+    an auxiliary site with a density.)"""
+    if isinstance(guide, AutoDelta | AutoLaplaceApproximation):
         return [name for name, site in guide.prototype_trace.iter_stochastic_nodes() if not site["is_observed"]]
-    parts = list(guide) if isinstance(guide, AutoGuideList) else []
-    return [name for part in parts for name in _point_mass_sites(part)]
+    if isinstance(guide, AutoGuideList):
+        return [name for part in guide for name in _point_mass_sites(part, batches)]
+    if isinstance(guide, AutoGuide):
+        return []
+    with torch.no_grad(), poutine.block():  # a hand-written guide, traced once (the caller keeps the RNG)
+        sites = list(poutine.trace(guide).get_trace(*next(iter(batches))).iter_stochastic_nodes())
+    deltas = [name for name, site in sites if isinstance(strip_independent(site["fn"]), pyro.distributions.Delta)]
+    return deltas if sites and len(deltas) == len(sites) else []
 
 
-def _refuse_point_estimates(guide) -> None:
+def _refuse_point_estimates(guide, batches: Batches) -> None:
     """A guide with a point mass for a latent site has no ELBO to report: the KL of a point mass from a continuous
     prior is infinite, and what Pyro's ELBOs compute for it is a MAP objective, not a bound."""
-    points = _point_mass_sites(guide) if isinstance(guide, AutoGuide) else []
+    points = _point_mass_sites(guide, batches)
     if points:
         raise ValueError(
             f"evidence bounds the evidence of a posterior, and {type(guide).__name__} gives the sites {points[:5]} a "

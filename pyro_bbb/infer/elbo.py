@@ -178,11 +178,26 @@ class ELBO(TraceMeanField_ELBO):
         super().__init__(num_particles=num_particles, vectorize_particles=vectorize_particles, **kwargs)
         self.num_data = None if num_data is None else int(num_data)  # numpy integers too
         self.kl_weight, self.revalidate = as_schedule(kl_weight), revalidate
-        self.given_data_plate, self.data_plate = data_plate, data_plate or DATA_PLATE  # (each call: the model's)
+        self.data_plate = data_plate
         self.pairs, self.backend = PairStates(), ReplayBackend(enabled=replay)
         self.last_terms: dict[str, Any] = {}
         self.last_step_replayed = False
         self.current_call: CallTerms | None = None
+
+    @property
+    def data_plate(self) -> str:
+        """The data plate's name: the one given, else the model's own (read at each call, ``"data"`` before any).
+
+        Examples
+        --------
+        >>> ELBO().data_plate, ELBO(data_plate="rows").data_plate
+        ('data', 'rows')
+        """
+        return self._plate_now
+
+    @data_plate.setter
+    def data_plate(self, name: str | None) -> None:
+        self._given_plate, self._plate_now = name, name or DATA_PLATE
 
     # -- Pyro's hooks, under Pyro's names ------------------------------------------------------------------------------
     def _get_trace(self, model, guide, args, kwargs):
@@ -302,7 +317,7 @@ class ELBO(TraceMeanField_ELBO):
         """One call = one set of terms (and, when it computes gradients, a mark on every parameter it reached, for
         the optimizer: :mod:`~pyro_bbb.infer.contract`)."""
         pair = self.pairs.select(model, guide)
-        self.data_plate = self.given_data_plate or data_plate_of(model)
+        self._plate_now = self._given_plate or data_plate_of(model)
         self.current_call = CallTerms(self.current_kl_weight())
         validating = is_validation_enabled()
         try:

@@ -107,7 +107,9 @@ class KLWeightChoice:
             scores = ", ".join(f"{w:g}: {nll:.3g}" for w, nll in self.validation_nll.items())
             gap = self.weight_one_gap_se
             if gap is not None and math.isfinite(gap):
-                digits = 2 if round(gap, 1) == 1.0 else 1  # (which side of the one-SE rule it fell)
+                digits = 1
+                while round(gap, digits) == 1.0 and gap != 1.0 and digits < 4:  # (which side of the one-SE rule)
+                    digits += 1
                 scores += f"; weight 1 {gap:.{digits}f} SE behind"
             warm = f" after a {self.warm_start_epochs}-epoch MAP warm start" if self.warm_start_epochs else ""
             how = f", chosen by validation NLL ({scores}){warm}"

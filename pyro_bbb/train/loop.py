@@ -403,7 +403,9 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
     # a model the split breaks, or a run that diverged (TrainingDivergedError is a FloatingPointError)
     except (ValueError, TypeError, IndexError, RuntimeError, FloatingPointError) as error:
         start.restore()
-        if isinstance(error, torch.OutOfMemoryError):  # not the split's doing
+        # out of GPU memory is not the split's doing (out of CPU memory is a plain RuntimeError: the step on all
+        # the data below runs out too, and raises it)
+        if isinstance(error, torch.cuda.OutOfMemoryError):
             raise
         if not isinstance(error, FloatingPointError):  # a model that fails on all the data too: its error, now
             _raise_if_a_step_fails(TrainingStep(model, guide, optimizer, num_data=batches.num_data, **options),
@@ -647,7 +649,7 @@ class _EpochRecorder:
                 record.update(_validation_metrics(self.model, self.guide, self.validation_data,
                                                   self.num_validation_samples))
             except (ValueError, TypeError, IndexError, RuntimeError) as error:  # fit puts the parameters back
-                if isinstance(error, torch.OutOfMemoryError):
+                if isinstance(error, torch.cuda.OutOfMemoryError):  # (torch.OutOfMemoryError from torch 2.5 on)
                     raise
                 raise DataError(f"validation_data could not be scored after epoch {epoch}: {error}") from error
         record["seconds"] = time.perf_counter() - start

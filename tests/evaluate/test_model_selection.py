@@ -159,12 +159,22 @@ def test_bad_calls_are_clear_errors():
 
 def test_a_point_estimate_guide_has_no_elbo_to_report_and_its_rng_is_left_alone():
     """AutoDelta's finite "ELBO" is the log joint, which outranked a real posterior's bound: refused, by name."""
-    from pyro.infer.autoguide import AutoDelta, AutoGuideList
+    from pyro.infer.autoguide import AutoDelta, AutoGuideList, AutoLaplaceApproximation
 
     x, y = torch.randn(20, 3), torch.randn(20)
     pyro.clear_param_store()
-    bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian())
-    for guide in (AutoDelta(bnn), AutoGuideList(bnn)):
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5))
+
+    def point_guide(x, y):  # hand-written: a point mass per site
+        pyro.sample("net.weight", dist.Delta(pyro.param("w_map", torch.zeros(1, 3))).to_event(2))
+        pyro.sample("net.bias", dist.Delta(pyro.param("b_map", torch.zeros(1))).to_event(1))
+
+    def normal_guide(x, y):  # hand-written: a density per site, not refused
+        scale = pyro.param("s", torch.full((1, 3), 0.1), constraint=dist.constraints.positive)
+        pyro.sample("net.weight", dist.Normal(pyro.param("w_loc", torch.zeros(1, 3)), scale).to_event(2))
+        pyro.sample("net.bias", dist.Normal(pyro.param("b_loc", torch.zeros(1)), 0.1).to_event(1))
+
+    for guide in (AutoDelta(bnn), AutoLaplaceApproximation(bnn), AutoGuideList(bnn), point_guide):
         if isinstance(guide, AutoGuideList):  # a point mass for one site, inside a list of guides
             guide.append(AutoDelta(pyro.poutine.block(bnn, expose=["net.bias"])))
             guide.append(AutoNormal(pyro.poutine.block(bnn, hide=["net.bias"])))
@@ -173,6 +183,7 @@ def test_a_point_estimate_guide_has_no_elbo_to_report_and_its_rng_is_left_alone(
         with pytest.raises(ValueError, match=r"gives the sites \[.*'net.bias'.*\] a point mass"):
             evidence(bnn, guide, (x, y))
         assert torch.equal(pyro.util.get_rng_state()["torch"], state["torch"])
+    assert math.isfinite(evidence(bnn, normal_guide, (x, y), num_draws=4).elbo)
 
 
 def test_a_classifier_with_integer_labels_matches_pyro_bbbs_elbo_with_many_particles():

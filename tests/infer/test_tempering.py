@@ -25,6 +25,12 @@ def test_a_choice_round_trips_through_plain_values_and_describes_itself():
     narrow = KLWeightChoice(kl_weight=0.1, chosen_by="validation", validation_nll={1.0: 0.3205, 0.1: 0.3},
                             validation_nll_se={1.0: 0.02, 0.1: 0.0})
     assert "weight 1 1.03 SE behind" in narrow.describe()  # not "1.0", which reads as within the one-SE rule
+    narrower = KLWeightChoice(kl_weight=0.1, chosen_by="validation", validation_nll={1.0: 0.30008, 0.1: 0.3},
+                              validation_nll_se={1.0: 0.0001, 0.1: 0.0})
+    assert "weight 1 0.800 SE behind" not in narrower.describe() and "weight 1 0.8 SE behind" in narrower.describe()
+    closest = KLWeightChoice(kl_weight=0.1, chosen_by="validation", validation_nll={1.0: 0.3010040, 0.1: 0.3},
+                             validation_nll_se={1.0: 0.001, 0.1: 0.0})
+    assert "weight 1 1.004 SE behind" in closest.describe()
     fallback = KLWeightChoice(kl_weight=1.0, chosen_by="fallback", reason="a DataLoader")
     assert "selection not run: a DataLoader" in fallback.describe()
 
