@@ -296,8 +296,7 @@ def plot_ood_scores(inside: Prediction | torch.Tensor, outside: Prediction | tor
     """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(4.5, 3.5)) if ax is None else (ax.figure, ax)
-    score = score or next((metrics.default_score(p) for p in (inside, outside) if not isinstance(p, torch.Tensor)),
-                          "score")
+    score = score or metrics.default_score(outside if isinstance(inside, torch.Tensor) else inside)
     scores_in = metrics.uncertainty_score(inside, score).cpu()
     scores_out = metrics.uncertainty_score(outside, score).cpu()
     edges = torch.linspace(float(torch.cat([scores_in, scores_out]).min()),

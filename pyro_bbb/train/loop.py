@@ -312,6 +312,8 @@ def _rows_to_split(batches, batch_size):
 
 
 _INTERRUPTED = "interrupted (Ctrl-C) while choosing"
+#: What a model raises on data it cannot take (torch raises RuntimeError for shapes, IndexError for rows)
+_MODEL_ERRORS = (ValueError, TypeError, IndexError, RuntimeError)
 
 
 def _warn_fallback(reason: str, put_back: bool = True) -> None:
@@ -401,7 +403,7 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
         raise DataError(f"{message} The parameters (and a pyro_bbb optimizer's state) were restored to their state "
                         "at the start of fit.") from error
     # a model the split breaks, or a run that diverged (TrainingDivergedError is a FloatingPointError)
-    except (ValueError, TypeError, IndexError, RuntimeError, FloatingPointError) as error:
+    except (*_MODEL_ERRORS, FloatingPointError) as error:
         start.restore()
         # out of GPU memory is not the split's doing (out of CPU memory is a plain RuntimeError: the step on all
         # the data below runs out too, and raises it)
@@ -648,7 +650,7 @@ class _EpochRecorder:
             try:
                 record.update(_validation_metrics(self.model, self.guide, self.validation_data,
                                                   self.num_validation_samples))
-            except (ValueError, TypeError, IndexError, RuntimeError) as error:  # fit puts the parameters back
+            except _MODEL_ERRORS as error:  # fit puts the parameters back
                 if isinstance(error, torch.cuda.OutOfMemoryError):  # (torch.OutOfMemoryError from torch 2.5 on)
                     raise
                 raise DataError(f"validation_data could not be scored after epoch {epoch}: {error}") from error

@@ -108,12 +108,14 @@ def map_loss(model: Callable, guide, x, y, *, num_data: int, prior_weight: float
     >>> map_loss(net, guide, torch.zeros(4, 2), torch.zeros(4), num_data=4).requires_grad
     True
     """
-    return _traced_map_loss(model, guide, x, y, num_data, prior_weight)[0]
+    return _traced_map_loss(model, guide, x, y, num_data, prior_weight, data_plate_of(model))[0]
 
 
-def _traced_map_loss(model: Callable, guide, x, y, num_data: int, prior_weight: float) -> tuple[torch.Tensor, tuple]:
-    """:func:`map_loss` through Pyro's handlers, with the ``(model_trace, guide_trace)`` a replay plan is made from."""
-    with DataPlateScaleMessenger(num_data, data_plate_of(model)):  # (the model's own plate, whatever its name)
+def _traced_map_loss(model: Callable, guide, x, y, num_data: int, prior_weight: float,
+                     data_plate: str) -> tuple[torch.Tensor, tuple]:
+    """:func:`map_loss` through Pyro's handlers (scaling the model's plate ``data_plate``), with the
+    ``(model_trace, guide_trace)`` a replay plan is made from."""
+    with DataPlateScaleMessenger(num_data, data_plate):
         guide_trace = poutine.trace(posterior_mean(guide)).get_trace(x, y)
         trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(x, y)
     log_prior, log_likelihood = 0.0, 0.0
@@ -153,12 +155,12 @@ def map_warm_start(model: Callable, guide, batches: Batches, *, epochs: int, lr:
     params = [param for param in every if id(param) not in scales and param.requires_grad]
     optimizer = torch.optim.Adam(params, lr=lr)
     replay, replayable = ReplayBackend(enabled=True), True  # after one traced step, replayed (bit for bit)
-    data_plate = data_plate_of(model)
+    data_plate = data_plate_of(model)  # (the model's own plate, whatever its name)
     for _ in range(epochs):
         for x, y in batches:
             loss = replay.map_loss(model, guide, x, y, batches.num_data, data_plate, prior_weight)
             if loss is None:
-                loss, traces = _traced_map_loss(model, guide, x, y, batches.num_data, prior_weight)
+                loss, traces = _traced_map_loss(model, guide, x, y, batches.num_data, prior_weight, data_plate)
                 if replayable:
                     replay.after_map_step(model, guide, traces, batches.num_data, data_plate)
                     replayable = replay.plan is not None
