@@ -72,6 +72,14 @@ def load(name: str):
         "linear": lambda: datasets.make_regression(n_samples=500, n_features=8, n_informative=5, noise=20.0,
                                                    random_state=3),
         "friedman b": lambda: datasets.make_friedman1(n_samples=500, n_features=10, noise=0.5, random_state=3),
+        # the sixth set, named for the short fits' warm start (run with --epochs 10 20)
+        "swiss roll": lambda: datasets.make_swiss_roll(n_samples=800, noise=0.5, random_state=4),
+        "s curve": lambda: datasets.make_s_curve(n_samples=600, noise=0.3, random_state=4),
+        "five classes": lambda: datasets.make_classification(
+            n_samples=1000, n_features=16, n_informative=6, n_redundant=2, n_classes=5, flip_y=0.03, random_state=4),
+        "two classes": lambda: datasets.make_classification(
+            n_samples=600, n_features=8, n_informative=3, n_redundant=1, n_classes=2, class_sep=0.8, flip_y=0.05,
+            random_state=4),
     }
     if name in generated:
         data, target = generated[name]()
@@ -80,7 +88,8 @@ def load(name: str):
                   "iris": datasets.load_iris, "diabetes": datasets.load_diabetes}[name]
         data, target = loader(return_X_y=True)
     x = torch.as_tensor(data, dtype=torch.float32)
-    if name in ("diabetes", "friedman", "friedman3", "friedman2", "sparse", "linear", "friedman b"):
+    if name in ("diabetes", "friedman", "friedman3", "friedman2", "sparse", "linear", "friedman b", "swiss roll",
+                "s curve"):
         return x, torch.as_tensor(target, dtype=torch.float32), 0
     y = torch.as_tensor(target > 0 if name == "hastie" else target, dtype=torch.long)  # hastie's labels are -1, 1
     return x, y, int(y.max()) + 1
@@ -172,10 +181,13 @@ PRIORS = {"default": None, "normal": pyro_bbb.priors.Normal(0.0, 1.0)}
 
 
 def bayesian(train, test, classes: int, epochs: int, seed: int, prior: str = "default",
-             init_scale: float | None = None, folds: int = 1, **options) -> dict:
+             init_scale: float | None = None, folds: int = 1, min_warm_start: int | None = None, **options) -> dict:
     (x, y), (x_test, y_test) = train, test
-    if folds != 1 and "kl_weight" not in options:  # cross-fitting: the selection's path on `folds` held-out splits
-        options["kl_weight"] = SelectKLWeight(folds=folds)
+    selection = {"folds": folds} if folds != 1 else {}  # cross-fitting: the path on `folds` held-out splits
+    if min_warm_start is not None:  # the short fits' warm start (min_warm_start 1: a quarter of the epochs, as before)
+        selection["min_warm_start_epochs"] = min_warm_start
+    if selection and "kl_weight" not in options:
+        options["kl_weight"] = SelectKLWeight(**selection)
     pyro.clear_param_store()
     torch.manual_seed(seed)
     likelihood = likelihoods.Categorical() if classes else likelihoods.Gaussian()  # (standardised targets)
@@ -218,6 +230,9 @@ def main() -> None:
                         help="pyro_bbb's rows at each of these MeanFieldGuide(init_scale=...) (default: its own)")
     parser.add_argument("--folds", nargs="+", type=int, default=None,
                         help="the defaults' selection with each of these SelectKLWeight(folds=...) (default: 1)")
+    parser.add_argument("--min-warm-start", nargs="+", type=int, default=None,
+                        help="the defaults' selection with each of these SelectKLWeight(min_warm_start_epochs=...)")
+    parser.add_argument("--epochs", nargs="+", type=int, default=[100], help="fit's epochs (each in turn)")
     args = parser.parse_args()
     methods = {}
     for method in args.methods:  # pyro_bbb's rows once per setting asked for
@@ -226,18 +241,25 @@ def main() -> None:
             continue
         variants = {method: {}}
         for name, values in (("lr", args.lr), ("prior", args.prior), ("init_scale", args.init_scale),
-                             ("folds", args.folds)):
+                             ("folds", args.folds), ("min_warm_start", args.min_warm_start)):
             if values:
                 variants = {f"{label}, {name} {value:g}" if isinstance(value, float) else f"{label}, {name} {value}":
                             settings | {name: value} for label, settings in variants.items() for value in values}
         methods |= {label: functools.partial(METHODS[method], **settings) for label, settings in variants.items()}
-    repetitions, epochs = (1, 2) if args.quick else (args.repetitions, 100)
+    repetitions, epoch_counts = (1, [2]) if args.quick else (args.repetitions, args.epochs)
     if importlib.util.find_spec("bayesian_torch") is None:
         methods = {m: run for m, run in methods.items() if not m.startswith("bayesian-torch")}
         print("(bayesian-torch is not installed: its rows are left out; pip install bayesian-torch==0.5.0 --no-deps)")
+    for epochs in epoch_counts:
+        if len(epoch_counts) > 1:
+            print(f"\n{epochs} epochs")
+        print_table(args.tasks, methods, repetitions, epochs)
+
+
+def print_table(tasks: list[str], methods: dict, repetitions: int, epochs: int) -> None:
     print("| task | method | accuracy or RMSE | NLL | ECE | train s | time / 5-net ensemble | KL weights chosen |")
     print("|---|---|---|---|---|---|---|---|")
-    for name in args.tasks:
+    for name in tasks:
         x, y, classes = load(name)
         rows = {method: [] for method in methods}
         for seed in range(repetitions):
