@@ -140,7 +140,8 @@ def fit(
         the training data (10%, stratified by class) after a MAP warm start of the posterior means on the rest
         (:mod:`pyro_bbb.train.warm_start`), weight 1 is kept whenever it predicts as well (within a standard
         error), and the model is then trained on all the data at the chosen weight (see
-        :mod:`pyro_bbb.train.selection`; the warm start and the path cost about 0.6 of ``epochs`` more).
+        :mod:`pyro_bbb.train.selection`; the warm start and the path cost about 0.6 of ``epochs`` more, and
+        more for a fit under 40 epochs, whose warm start is at least 10 epochs).
         ``kl_weight=1`` trains the Bayes posterior (the ELBO); another number or a schedule
         (:mod:`pyro_bbb.infer.schedules`) is used as given. The weight used is recorded on the guide
         (:mod:`pyro_bbb.infer.tempering`) and in

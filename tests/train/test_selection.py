@@ -334,7 +334,7 @@ def test_a_progress_bar_shows_the_candidates_while_choosing_and_a_log_gets_a_lin
     x, y = classification_data()
     bnn = classifier()
     monkeypatch.setattr("pyro_bbb.train.loop._live_display", lambda: True)  # as in a terminal
-    pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=2, batch_size=64, seed=0)
+    pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=1, batch_size=64, seed=0)
     err = capsys.readouterr().err
     assert "choosing kl_weight" in err and "MAP warm start, 1 epoch" in err and "0.01=" in err
     monkeypatch.undo()  # captured output is not a terminal: one line per candidate, no carriage returns

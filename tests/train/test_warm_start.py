@@ -285,13 +285,13 @@ def test_fit_auto_warm_starts_on_the_training_part_of_the_split_only(monkeypatch
     guide = pyro_bbb.MeanFieldGuide(model)
     history = pyro_bbb.fit(model, guide, (x, y), epochs=8, batch_size=16, progress=False, seed=3)
     choice = history.kl_weight_choice
-    assert choice.warm_start_epochs == 2 and "after a 2-epoch MAP warm start" in choice.describe()
+    assert choice.warm_start_epochs == 8 and "after a 8-epoch MAP warm start" in choice.describe()  # (all 8: short)
     assert KLWeightChoice.from_dict(choice.to_dict()) == choice
     old_record = {k: v for k, v in choice.to_dict().items() if k != "warm_start_epochs"}  # a checkpoint from before
     assert KLWeightChoice.from_dict(old_record).warm_start_epochs == 0
     train_rows, held_out = validation_split(y, 0.1, stratify=True, generator=torch.Generator().manual_seed(3))
     assert len(calls) == 1 and calls[0]["rows"] == len(train_rows) == 72
-    assert calls[0]["epochs"] == 2 and calls[0]["prior_weight"] == min(SelectKLWeight().candidates)
+    assert calls[0]["epochs"] == 8 and calls[0]["prior_weight"] == min(SelectKLWeight().candidates)
     seen = {tuple(row.tolist()) for row in calls[0]["x"]}
     assert not seen & {tuple(row.tolist()) for row in x[held_out]}  # the rows that score the weights stay unseen
 
@@ -317,7 +317,7 @@ def test_an_empirical_bayes_prior_warm_starts_and_keeps_the_selection():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback warning
         history = pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=8, progress=False, seed=0)
-    assert history.kl_weight_choice.chosen_by == "validation" and history.kl_weight_choice.warm_start_epochs == 2
+    assert history.kl_weight_choice.chosen_by == "validation" and history.kl_weight_choice.warm_start_epochs == 8
 
 
 def test_a_model_whose_data_plate_has_its_own_name_warm_starts_and_chooses_as_one_called_data():
@@ -334,7 +334,7 @@ def test_a_model_whose_data_plate_has_its_own_name_warm_starts_and_chooses_as_on
             warnings.simplefilter("error")  # no fallback warning
             history = pyro_bbb.fit(model, guide, (x, y), epochs=8, batch_size=16, progress=False, seed=0)
         choice = history.kl_weight_choice
-        assert choice.chosen_by == "validation" and choice.warm_start_epochs == 2
+        assert choice.chosen_by == "validation" and choice.warm_start_epochs == 8
         chosen[plate] = choice.validation_nll, guide.site_posteriors()["net.weight"].loc
     assert chosen["rows"][0] == chosen["data"][0]
     torch.testing.assert_close(chosen["rows"][1], chosen["data"][1], rtol=0, atol=0)
@@ -411,6 +411,23 @@ def test_a_failing_warm_start_puts_everything_back_and_trains_at_weight_one(monk
     assert history.kl_weight_choice.chosen_by == "fallback" and history.kl_weight_choice.kl_weight == 1.0
     for name, value in before.items():  # the final fit started from the parameters as they were
         assert torch.equal(seen[name], value)
+
+
+@pytest.mark.parametrize("epochs, expected", [(1, 1), (4, 4), (10, 10), (20, 10), (39, 10), (40, 10), (42, 10),
+                                             (50, 12), (100, 25)])
+def test_a_short_fit_gets_the_warm_start_of_a_40_epoch_one(epochs, expected):
+    """A quarter of the epochs, at least 10 (never more than the fit's own): from 40 epochs on (every benchmark's
+    fit) the share alone, as before the minimum."""
+    assert SelectKLWeight().warm_start_epochs(epochs) == expected
+    plain = SelectKLWeight(min_warm_start_epochs=1)  # the share alone
+    assert plain.warm_start_epochs(epochs) == max(1, round(epochs * 0.25))
+    assert SelectKLWeight(warm_start=0).warm_start_epochs(epochs) == 0  # off stays off
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "10"])
+def test_a_bad_least_warm_start_is_refused(bad):
+    with pytest.raises(ValueError, match="min_warm_start_epochs must be a whole number >= 1"):
+        SelectKLWeight(min_warm_start_epochs=bad)
 
 
 @pytest.mark.parametrize("bad", [-0.1, math.inf, math.nan, True, "0.25"])
