@@ -16,7 +16,7 @@ import weakref
 from numbers import Real
 
 import torch
-from pyro.distributions import Normal
+from pyro.distributions import Delta, Normal
 from pyro.distributions.kl import kl_divergence
 from pyro.distributions.util import scale_and_mask
 from pyro.util import check_site_shape
@@ -159,12 +159,18 @@ def _kl_constants(ts: tuple, sizes: tuple, dtype: torch.dtype, device: torch.dev
 
 
 def site_kl(guide_site: dict, model_site: dict) -> torch.Tensor:
-    """KL(q || p) of one latent site: closed form where registered, else log q(w) - log p(w) at the draw."""
+    """KL(q || p) of one latent site: closed form where registered, else log q(w) - log p(w) at the draw.
+
+    A ``Delta`` site (Pyro's ``AutoNormal`` and ``AutoDiagonalNormal`` put one at each latent, drawn through an
+    auxiliary site whose log q the ELBO counts) is read at its draw: its ``log_density`` holds the Jacobian of the
+    map to a constrained support, which Pyro's registered ``kl_divergence(Delta, p)`` leaves out."""
     q = base_normal(guide_site["fn"]) if guide_site["mask"] is None else None
     if q is not None:
         kl = normal_kl_sum(q.loc, q.scale, model_site["fn"])
         if kl is not None:
             return kl * guide_site["scale"]
+    if isinstance(strip_independent(guide_site["fn"]), Delta):
+        return log_prob_sum(guide_site) - log_prob_sum(model_site)
     try:
         kl = kl_divergence(guide_site["fn"], model_site["fn"])
     except NotImplementedError:
