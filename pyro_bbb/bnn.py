@@ -188,7 +188,7 @@ class BNN(PyroModule):
         if any(scaler.num_data is not None for scaler in scalers):
             return None  # the objective owns N (fit, pyro_bbb.ELBO(num_data=N))
         if self.num_data is None:
-            if not scalers and not self._warned_without_num_data and replayed_for_gradients():
+            if not self._warned_without_num_data and replayed_for_gradients():  # (no objective knows N either)
                 self._warned_without_num_data = True
                 warn_at_caller(
                     f"BNN does not know the training set's size, so this ELBO weighs the likelihood of this batch of "

@@ -240,6 +240,20 @@ def test_a_bnn_without_n_warns_once_before_pyros_elbo_first_changes_a_parameter(
         pyro.infer.Predictive(fresh, guide=fresh_guide, num_samples=3)(x, y)
 
 
+def test_a_bnn_without_n_warns_under_pyro_bbbs_elbo_without_n_too():
+    """pyro_bbb.ELBO() reads N from the model's plate: a BNN that does not know it was trained unscaled in silence."""
+    bnn, guide, x, y = _pyro_elbo_setup(None)
+    svi = SVI(bnn, guide, pyro_bbb.optim.Adam({"lr": 0.01}), pyro_bbb.ELBO())
+    with pytest.warns(UserWarning, match=r"BNN\(\.\.\., num_data=N\).*16 rows") as record:
+        svi.step(x, y)
+        svi.step(x, y)
+    assert sum("num_data" in str(w.message) for w in record) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an ELBO that knows N: no word
+        fresh, fresh_guide, _, _ = _pyro_elbo_setup(None)
+        SVI(fresh, fresh_guide, pyro_bbb.optim.Adam({"lr": 0.01}), pyro_bbb.ELBO(num_data=100)).step(x, y)
+
+
 def test_a_bnn_without_n_warns_before_the_step_changes_anything():
     bnn, guide, x, y = _pyro_elbo_setup(None)
     store = pyro.get_param_store()

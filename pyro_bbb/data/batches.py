@@ -76,10 +76,16 @@ def _sampler(loader: torch.utils.data.DataLoader):
 
 def _num_data(loader: torch.utils.data.DataLoader) -> int:
     """N: the number of data one epoch of the loader draws from -- its sampler's, so that a ``SubsetRandomSampler``
-    over part of the dataset counts only that part; a ``DistributedSampler`` counts the data of every rank."""
+    over part of the dataset counts only that part; a ``DistributedSampler`` counts the data of every rank; a
+    ``RandomSampler`` or ``WeightedRandomSampler`` with its own ``num_samples`` (the draws per epoch, not the data)
+    counts the rows it draws from (those of positive weight)."""
     sampler = _sampler(loader)
     if isinstance(sampler, torch.utils.data.DistributedSampler):
         return sampler.total_size
+    if isinstance(sampler, torch.utils.data.RandomSampler):
+        return len(sampler.data_source)
+    if isinstance(sampler, torch.utils.data.WeightedRandomSampler):
+        return int((torch.as_tensor(sampler.weights) > 0).sum())
     for source in (sampler, loader.dataset):
         try:
             return len(source)

@@ -261,8 +261,8 @@ class ELBO(TraceMeanField_ELBO):
         return loss, surrogate_loss
 
     def loss(self, model, guide, *args, **kwargs):
-        with without_trace_shapes(), self.recording(model, guide, gradients=False):
-            return super().loss(model, guide, *args, **kwargs)
+        with without_trace_shapes(), self.recording(model, guide, gradients=False), torch.no_grad():
+            return super().loss(model, guide, *args, **kwargs)  # (a number: no graph, no step, no word from BNN)
 
     def differentiable_loss(self, model, guide, *args, **kwargs):
         with without_trace_shapes(), self.recording(model, guide, gradients=True):

@@ -306,3 +306,34 @@ def test_replay_survives_a_cleared_param_store():
     pyro.clear_param_store()
     assert math.isfinite(svi.step(x, y)) and not elbo.last_step_replayed
     assert math.isfinite(svi.step(x, y)) and elbo.last_step_replayed
+
+
+def test_a_models_num_data_set_between_steps_scales_the_next_step():
+    """bnn.num_data = N (the fix the BNN's warning names) after replayed steps: the next step is scaled by N / B, as
+    the full path scales it, not by the plan recorded while N was unknown."""
+    import warnings
+
+    import pyro_bbb
+    from pyro_bbb import likelihoods
+
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    x, y = torch.randn(200, 3), torch.randn(200)
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5))
+    guide = MeanFieldGuide(bnn)
+    elbo = ELBO()
+    svi = SVI(bnn, guide, pyro_bbb.optim.Adam({"lr": 0.01}), elbo)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the BNN's own word that it does not know N)
+        for _ in range(3):
+            svi.step(x[:20], y[:20])
+    assert elbo.last_step_replayed and elbo.last_terms["num_data"] is None
+    bnn.num_data = 200
+    pyro.set_rng_seed(1)
+    svi.step(x[:20], y[:20])
+    scaled = elbo.last_terms["nll"]
+    reference = ELBO()
+    pyro.set_rng_seed(1)
+    reference.loss(bnn, guide, x[:20], y[:20])  # one more optimizer step apart: close, not equal
+    assert elbo.last_terms["num_data"] == reference.last_terms["num_data"] == 200
+    assert float(scaled) == pytest.approx(float(reference.last_terms["nll"]), rel=0.05)

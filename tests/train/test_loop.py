@@ -433,6 +433,22 @@ def test_num_data_is_what_the_sampler_draws_from():
     assert history.last["num_data"] == 100  # not the dataset's 200: the likelihood is not doubled
 
 
+@pytest.mark.parametrize("make_sampler, expected", [
+    (lambda data: torch.utils.data.RandomSampler(data, replacement=True, num_samples=60), 200),
+    (lambda data: torch.utils.data.RandomSampler(data, num_samples=60), 200),
+    (lambda data: torch.utils.data.WeightedRandomSampler(torch.ones(200), num_samples=60), 200),
+    (lambda data: torch.utils.data.WeightedRandomSampler(torch.cat([torch.ones(150), torch.zeros(50)]), 60), 150),
+], ids=["with replacement", "without", "weighted", "weighted, some never drawn"])
+def test_num_data_of_a_sampler_with_its_own_num_samples_is_the_rows_it_draws_from(make_sampler, expected):
+    """A sampler's num_samples is the draws per epoch, not N: the likelihood was scaled to 60 rows instead of 200."""
+    x, y = small_data(200)
+    data = TensorDataset(x, y)
+    loader = DataLoader(data, batch_size=20, sampler=make_sampler(data))
+    model = regression_model()
+    history = fit(model, pyro_bbb.MeanFieldGuide(model), loader)
+    assert history.last["num_data"] == expected and len(history.step_loss) == 3  # 60 draws an epoch
+
+
 def test_num_data_of_a_distributed_sampler_is_its_total_size():
     from torch.utils.data import DistributedSampler
 
