@@ -20,6 +20,8 @@ Examples
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .._checks import check_count
@@ -397,7 +399,8 @@ def risk_at_coverage(prediction: Prediction, y: torch.Tensor, coverage: float = 
     if not 0.0 < coverage <= 1.0:
         raise ValueError(f"`coverage` must lie in (0, 1], got {coverage!r}.")
     covered, risk = risk_coverage(prediction, y, score)
-    return float(risk[max(int(coverage * covered.numel()), 1) - 1])
+    count = math.floor(coverage * covered.numel() + 1e-9)  # (0.29 * 100 is 28.999...: 29 inputs, not 28)
+    return float(risk[max(count, 1) - 1])
 
 
 def _labelled_probabilities(prediction, y) -> tuple[torch.Tensor, torch.Tensor]:

@@ -130,6 +130,9 @@ def test_risk_coverage_and_aurc_by_hand_and_against_a_sort():
     assert risk[-1] == pytest.approx(1 - metrics.accuracy(p, y), abs=1e-6)
     assert metrics.aurc(p, y) == pytest.approx(float(risk.mean()), abs=1e-12)
     assert metrics.risk_at_coverage(p, y, 0.8) == pytest.approx(float(errors[:160].mean()), abs=1e-12)
+    for fraction in (0.29, 0.58, 0.57, 0.07):  # fractions whose product with 200 is a hair under a whole number
+        k = round(fraction * 200)
+        assert metrics.risk_at_coverage(p, y, fraction) == pytest.approx(float(errors[:k].mean()), abs=1e-12)
     regression = RegressionPrediction(dist.Normal(torch.zeros(2, 3), torch.tensor([1.0, 3.0, 2.0])),
                                       torch.zeros(2, 3))
     _, mse = metrics.risk_coverage(regression, torch.tensor([1.0, 3.0, 2.0]), score="std")
