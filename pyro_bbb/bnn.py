@@ -222,6 +222,11 @@ class BNN(PyroModule):
 
     def _checked_output(self, x: Inputs, y: torch.Tensor | None) -> torch.Tensor:
         """The net's output for ``x`` (under the data plate's name), once ``x`` and ``y`` agree on their rows."""
+        for name, value in (("x", x), ("y", y)):
+            if type(value).__module__ == "numpy":  # fit, predict and the metrics convert; a Pyro loop calls us as is
+                raise TypeError(
+                    f"{name} is a numpy {type(value).__name__}; a BNN called directly (a Pyro SVI step, Predictive) "
+                    f"takes torch tensors: pass torch.as_tensor({name}) (pyro_bbb.fit and predict convert for you).")
         if isinstance(x, torch.Tensor) and x.dim() == 0:
             raise ValueError("x is a 0-d tensor; BNN needs inputs with a first dimension over the data.")
         rows = num_rows(x)  # also: a clear TypeError for anything but tensors, tuples and dicts of tensors

@@ -136,10 +136,13 @@ class Likelihood(PyroModule):
                 expected = fn.batch_shape[-1:] + fn.event_shape
                 y = targets_like(y, expected)  # (N, 1) targets for N scalar outputs: torch's MSELoss convention
                 if tuple(y.shape) != tuple(expected):
+                    one_hot = (y.dim() == len(expected) + 1 and y.shape[:-1] == expected and y.shape[-1] > 1
+                               and bool(((y == 0) | (y == 1)).all()) and bool((y.sum(-1) == 1).all()))
                     raise ValueError(
                         f"the targets y have shape {tuple(y.shape)} but the network's output {tuple(output.shape)} "
                         f"under {type(self).__name__} needs targets of shape {tuple(expected)}: x and y must have "
                         "the same number of rows, and one target per row."
+                        + (" These look like one-hot rows: pass the class labels, y.argmax(-1)." if one_hot else "")
                     )
                 self._check_against_output(y, fn)
             except (ValueError, TypeError) as error:

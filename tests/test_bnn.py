@@ -356,3 +356,13 @@ def test_a_pyro_users_own_minibatch_loop_on_breast_cancer_matches_fit_when_the_m
         with pytest.raises(UserWarning, match="num_data=N"):
             svi.step(x_train[:64], y_train[:64])
     assert all(torch.equal(before[name], pyro.get_param_store()[name].detach()) for name in before)
+
+
+@pytest.mark.parametrize("which", ["x", "y"])
+def test_numpy_data_in_a_pyro_loop_is_a_clear_error_before_anything_changes(which):
+    bnn, guide, x, y = _pyro_elbo_setup(16)
+    before = {name: value.detach().clone() for name, value in pyro.get_param_store().items()}
+    args = {"x": (x.numpy(), y), "y": (x, y.numpy())}[which]
+    with pytest.raises(TypeError, match=rf"{which} is a numpy ndarray.*torch.as_tensor\({which}\)"):
+        SVI(bnn, guide, pyro_bbb.optim.Adam({"lr": 0.01}), pyro_bbb.ELBO()).step(*args)
+    assert all(torch.equal(before[n], pyro.get_param_store()[n].detach()) for n in before)

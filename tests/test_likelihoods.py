@@ -164,3 +164,14 @@ def test_bernoulli_takes_batch_shaped_logits_as_bce_with_logits_does():
     assert elbo.last_terms["nll"] == pytest.approx(float(reference), rel=1e-5)
     pyro_bbb.fit(bnn, guide, (x, y), epochs=2, progress=False)
     assert pyro_bbb.predict(bnn, guide, x, num_samples=4).probs.shape == (20,)
+
+
+@pytest.mark.parametrize("likelihood, outputs", [(likelihoods.Categorical(), 3), (likelihoods.Bernoulli(), 1)])
+def test_one_hot_targets_are_named_with_their_fix(likelihood, outputs):
+    labels = torch.tensor([0, 2, 1, 2]) if outputs == 3 else torch.tensor([0, 1, 1, 0])
+    one_hot = torch.nn.functional.one_hot(labels, 3 if outputs == 3 else 2)
+    with pytest.raises(ValueError, match=r"one-hot rows: pass the class labels, y.argmax\(-1\)"):
+        likelihood.observation(torch.zeros(4, outputs), one_hot)
+    with pytest.raises(ValueError, match="one target per row") as error:  # a (N, 2) of other numbers: no such hint
+        likelihood.observation(torch.zeros(4, outputs), torch.ones(4, 2, dtype=torch.long))
+    assert "one-hot" not in str(error.value)

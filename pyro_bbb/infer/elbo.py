@@ -48,6 +48,7 @@ from .contract import ObjectiveRun, mark_objective_run
 from .estimators import check_estimators_reached, started_estimators
 from .scaling import scale_data_plate
 from .schedules import as_schedule, weight_at
+from .tempering import KLWeightChoice, kl_weight_of, record_kl_weight
 
 __all__ = ["ELBO", "CallTerms", "PairStates"]
 
@@ -139,7 +140,8 @@ class ELBO(TraceMeanField_ELBO):
         Size N of the training set. ``None`` leaves scales as the model declares them.
     kl_weight : float or callable
         Weight of the KL, or a schedule ``step -> weight`` (:mod:`pyro_bbb.infer.schedules`) whose :attr:`step`
-        advances once per :meth:`loss_and_grads`, for each (model, guide) pair apart.
+        advances once per :meth:`loss_and_grads` or :meth:`differentiable_loss` (a training step; not per
+        :meth:`loss`), for each (model, guide) pair apart.
     num_particles, vectorize_particles, **kwargs :
         As in :class:`pyro.infer.TraceMeanField_ELBO` (a vectorized model that reads the particle dimension as its
         batch is found at the first call and run one particle at a time, with a warning).
@@ -174,9 +176,8 @@ class ELBO(TraceMeanField_ELBO):
     def __init__(self, num_data: int | None = None, kl_weight: float | Callable[[int], float] = 1.0,
                  num_particles: int = 1, vectorize_particles: bool = False, data_plate: str | None = None,
                  revalidate: bool = False, replay: bool = True, **kwargs: Any):
-        check_count("num_data", num_data, optional=True)
         super().__init__(num_particles=num_particles, vectorize_particles=vectorize_particles, **kwargs)
-        self.num_data = None if num_data is None else int(num_data)  # numpy integers too
+        self.num_data = num_data
         self.kl_weight, self.revalidate = as_schedule(kl_weight), revalidate
         self.data_plate = data_plate
         self.pairs, self.backend = PairStates(), ReplayBackend(enabled=replay)
@@ -198,6 +199,42 @@ class ELBO(TraceMeanField_ELBO):
     @data_plate.setter
     def data_plate(self, name: str | None) -> None:
         self._given_plate, self._plate_now = name, name or DATA_PLATE
+
+    @property
+    def kl_weight(self) -> Callable[[int], float]:
+        """The KL weight as a schedule of :attr:`step` (:class:`~pyro_bbb.infer.schedules.Constant` for a number);
+        a number or schedule set later is checked and wrapped the same way.
+
+        Examples
+        --------
+        >>> elbo = ELBO(num_data=10)
+        >>> elbo.kl_weight = 0.5
+        >>> elbo.kl_weight, elbo.current_kl_weight()
+        (Constant(weight=0.5), 0.5)
+        """
+        return self._kl_weight
+
+    @kl_weight.setter
+    def kl_weight(self, value: float | Callable[[int], float]) -> None:
+        self._kl_weight = as_schedule(value)
+
+    @property
+    def num_data(self) -> int | None:
+        """N, the training-set size each batch's likelihood is scaled to (``None``: the model's data plate's size).
+
+        Examples
+        --------
+        >>> elbo = ELBO()
+        >>> elbo.num_data = 500
+        >>> elbo.num_data
+        500
+        """
+        return self._num_data
+
+    @num_data.setter
+    def num_data(self, value: int | None) -> None:
+        check_count("num_data", value, optional=True)
+        self._num_data = None if value is None else int(value)  # numpy integers too
 
     # -- Pyro's hooks, under Pyro's names ------------------------------------------------------------------------------
     def _get_trace(self, model, guide, args, kwargs):
@@ -266,7 +303,9 @@ class ELBO(TraceMeanField_ELBO):
 
     def differentiable_loss(self, model, guide, *args, **kwargs):
         with without_trace_shapes(), self.recording(model, guide, gradients=True):
-            return super().differentiable_loss(model, guide, *args, **kwargs)
+            loss = super().differentiable_loss(model, guide, *args, **kwargs)
+        self.step += 1  # a training step's objective (Pyro's recipe for a torch optimizer): the schedule advances
+        return loss
 
     def loss_and_grads(self, model, guide, *args, **kwargs):
         with without_trace_shapes(), self.recording(model, guide, gradients=True):
@@ -334,8 +373,18 @@ class ELBO(TraceMeanField_ELBO):
                 reached = {id(p): p for p in (site["value"].unconstrained() for site in sites)}
                 run = ObjectiveRun(self.last_terms["num_data"] or self.last_terms["batch_size"], self.kl_weight)
                 mark_objective_run(reached.values(), run)
+                self._record_weight(guide, self.last_terms["kl_weight"])
         finally:
             self.current_call = None
+
+    @staticmethod
+    def _record_weight(guide, weight: float) -> None:
+        """The guide is being trained at ``weight``: what ``summary``, ``evidence``, the ArviZ export and ``save``
+        report (:mod:`~pyro_bbb.infer.tempering`), in a user's own loop too. A record at the same weight (``fit``'s,
+        with its candidates' scores) is kept."""
+        held = kl_weight_of(guide)
+        if held is None or held.kl_weight != weight:
+            record_kl_weight(guide, KLWeightChoice(kl_weight=float(weight)))
 
     def _checked_vectorized_traces(self, model, guide, unscaled_model, args, kwargs):
         """The particle traces where the vectorized particles are not known to be right: the first call compares

@@ -223,7 +223,7 @@ def fit(
     loader = getattr(batches, "loader", None)  # (the inputs of a DataLoader whose rows can be read, else unknown)
     inputs = getattr(batches, "x", None) if loader is None else (loader_rows(loader) or [None])[0]
     remember_training_inputs(guide, inputs)
-    start = None
+    start, record_before = None, kl_weight_of(guide)
     if selection is not None and choice is None:
         with training_mode(model, True):
             if not is_set_up(guide):  # on a batch of all the data, as the first step would: its errors come first
@@ -253,6 +253,7 @@ def fit(
     except (DataError, ValueError):  # the parameters go back to the start of fit, before the selection's path too
         if start is not None:
             start.restore()
+        record_kl_weight(guide, record_before)  # (the ELBO recorded the weights it trained at)
         raise
     finally:  # lr_final's schedule is this fit's: the optimizer keeps the rate it was given, for the next fit
         if lr_given is not None:

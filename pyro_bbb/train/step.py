@@ -148,11 +148,9 @@ class TrainingStep:
 
     def differentiable_loss(self, x, y) -> torch.Tensor:
         """The objective on a batch under the estimator, as a tensor to differentiate (for a loop that runs backward
-        and the optimizer itself, e.g. Lightning); the KL schedule advances one step."""
+        and the optimizer itself, e.g. Lightning); the KL schedule advances one step (in the ELBO's call)."""
         with self.estimator():
-            loss = self.elbo.differentiable_loss(self.model, self.guide, x, y)
-        self.elbo.step += 1
-        return loss
+            return self.elbo.differentiable_loss(self.model, self.guide, x, y)
 
     def check(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Raise what a step on the batch ``(x, y)`` would raise, changing nothing: the loss under the estimator,

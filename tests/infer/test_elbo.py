@@ -164,6 +164,25 @@ def test_schedule_steps_once_per_loss_and_grads():
     assert elbo.step == 6 and elbo.last_terms["kl_weight"] == 1.0
 
 
+def test_schedule_steps_once_per_differentiable_loss_in_a_torch_optimizer_loop():
+    """Pyro's recipe for a torch optimizer (loss = elbo.differentiable_loss(...); loss.backward(); opt.step()): the
+    warm-up stayed at its first weight, 0, forever -- no KL at all."""
+    x, y = regression_data(20)
+    model = Regression()
+    guide = guide_for(model, x, y)
+    elbo = ELBO(num_data=20, kl_weight=LinearWarmup(4))
+    optimizer = torch.optim.Adam(guide.parameters(), lr=0.01)
+    weights = []
+    for _ in range(6):
+        optimizer.zero_grad()
+        elbo.differentiable_loss(model, guide, x, y).backward()
+        optimizer.step()
+        weights.append(elbo.last_terms["kl_weight"])
+    assert weights == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0] and elbo.step == 6
+    elbo.loss(model, guide, x, y)  # evaluating is not a step
+    assert elbo.step == 6
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Vectorized particles: the same expected loss as the sequential loop
 # ---------------------------------------------------------------------------------------------------------------
@@ -316,3 +335,22 @@ def test_one_elbo_reused_for_another_model_checks_and_schedules_that_model_afres
     assert vectorized == pytest.approx(sequential, rel=1e-4)
     elbo.loss_and_grads(good, good_guide, x, y)  # back to the first pair: its own step goes on
     assert elbo.step == 4
+
+
+def test_a_kl_weight_or_n_set_after_construction_is_checked_and_used_as_the_constructors():
+    """elbo.kl_weight = 0.5 between steps raised "'float' object is not callable" at the next step."""
+    pyro.clear_param_store()
+    x, y = regression_data(20)
+    model = Regression()
+    guide = guide_for(model, x, y)
+    later = ELBO(num_data=40)
+    later.kl_weight, later.num_data = 0.5, 80
+    pyro.set_rng_seed(0)
+    set_later = later.loss(model, guide, x, y)
+    pyro.set_rng_seed(0)
+    assert set_later == ELBO(num_data=80, kl_weight=0.5).loss(model, guide, x, y)
+    with pytest.raises(ValueError, match="kl_weight='auto'"):
+        later.kl_weight = "auto"
+    with pytest.raises(ValueError, match="num_data"):
+        later.num_data = 2.5
+    assert later.kl_weight(0) == 0.5 and later.num_data == 80  # a refused value changes nothing

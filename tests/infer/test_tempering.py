@@ -1,6 +1,7 @@
 """The record of the KL weight a posterior was trained at."""
 
 import pytest
+import torch
 
 import pyro_bbb
 from pyro_bbb.infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
@@ -49,3 +50,48 @@ def test_each_guide_has_its_own_record():
     record_kl_weight(first, KLWeightChoice(kl_weight=1.0))  # a later fit replaces it
     assert kl_weight_of(first).kl_weight == 1.0
     assert kl_weight_of(object()) is None  # a guide that cannot be weakly referenced: nothing known
+
+
+def test_a_users_own_svi_loop_records_the_weight_it_trains_at():
+    """evidence, summary, the export and save read the record: after fit at 0.01 and 50 steps of a user's loop at
+    weight 1 it said 0.01, and a guide trained only in a user's loop at 0.01 had none."""
+    import pyro
+
+    from pyro_bbb import likelihoods
+
+    x, y = torch.randn(40, 3), torch.randn(40)
+    pyro.clear_param_store()
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(0.5))
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=1, kl_weight=0.01, progress=False)
+    assert kl_weight_of(guide) is history.kl_weight_choice
+    svi = pyro.infer.SVI(bnn, guide, pyro_bbb.optim.Adam({"lr": 0.01}), pyro_bbb.ELBO(num_data=40))
+    svi.step(x, y)
+    assert kl_weight_of(guide) == KLWeightChoice(kl_weight=1.0)
+    fresh_guide = pyro_bbb.MeanFieldGuide(bnn)
+    tempered = pyro_bbb.ELBO(num_data=40, kl_weight=0.01)
+    tempered.loss(bnn, fresh_guide, x, y)  # evaluating is not training: nothing recorded
+    assert kl_weight_of(fresh_guide) is None
+    pyro.infer.SVI(bnn, fresh_guide, pyro_bbb.optim.Adam({"lr": 0.01}), tempered).step(x, y)
+    assert kl_weight_of(fresh_guide) == KLWeightChoice(kl_weight=0.01)
+    same = KLWeightChoice(kl_weight=0.01, chosen_by="validation", validation_nll={1.0: 0.5, 0.01: 0.4})
+    record_kl_weight(fresh_guide, same)
+    pyro.infer.SVI(bnn, fresh_guide, pyro_bbb.optim.Adam({"lr": 0.01}), tempered).step(x, y)
+    assert kl_weight_of(fresh_guide) is same  # a record at the same weight, with its scores, is kept
+
+
+def test_a_fit_that_fails_puts_back_the_record_it_found():
+    import pyro
+
+    from pyro_bbb import likelihoods
+
+    x, y = torch.randn(40, 3), torch.randn(40)
+    pyro.clear_param_store()
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(0.5))
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=1, kl_weight=0.01, progress=False)
+    before = kl_weight_of(guide)
+    with pytest.raises(ValueError, match="restored"):  # the validation data's error comes after the training steps
+        pyro_bbb.fit(bnn, guide, (x, y), epochs=1, kl_weight=1.0, progress=False,
+                     validation_data=(torch.randn(5, 4), torch.randn(5)))
+    assert kl_weight_of(guide) is before
