@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import pyro
 import pyro.poutine as poutine
 import torch
-from pyro.infer.autoguide import AutoDelta, AutoGuide, AutoGuideList, AutoLaplaceApproximation
+from pyro.infer.autoguide import AutoGuide
 
 from .._checks import check_count, require_set_up
 from .._inputs import model_dtype
@@ -37,6 +37,7 @@ from .._plates import data_plate_of
 from ..data.batches import Batches, likelihood_of, model_device
 from ..infer.elbo import ELBO
 from ..infer.estimators import PosteriorReader
+from ..infer.guide import point_estimate_parts
 from ..infer.tempering import kl_weight_of
 from ..nn.module import training_mode
 from ..priors import strip_independent
@@ -205,12 +206,9 @@ def _point_mass_sites(guide, batches: Batches) -> list[str]:
     (a MAP estimate until its ``laplace_approximation()``), also inside an ``AutoGuideList``; of a hand-written guide,
     every site when all it samples is a ``Delta``. (Pyro's other autoguides emit ``Delta`` sites too, drawn through
     an auxiliary site with a density.)"""
-    if isinstance(guide, AutoDelta | AutoLaplaceApproximation):
-        return [name for name, site in guide.prototype_trace.iter_stochastic_nodes() if not site["is_observed"]]
-    if isinstance(guide, AutoGuideList):
-        return [name for part in guide for name in _point_mass_sites(part, batches)]
-    if isinstance(guide, AutoGuide):
-        return []
+    if isinstance(guide, AutoGuide):  # Pyro's autoguides: the sites of their point-estimate parts
+        return [name for part in point_estimate_parts(guide)
+                for name, site in part.prototype_trace.iter_stochastic_nodes() if not site["is_observed"]]
     with torch.no_grad(), poutine.block():  # a hand-written guide, traced once (the caller keeps the RNG)
         sites = list(poutine.trace(guide).get_trace(*next(iter(batches))).iter_stochastic_nodes())
     deltas = [name for name, site in sites if isinstance(strip_independent(site["fn"]), pyro.distributions.Delta)]

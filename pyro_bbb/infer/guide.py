@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from operator import attrgetter
+from typing import Any
 
 import pyro
 import pyro.distributions as dist
 import torch
 from pyro.distributions.transforms import biject_to
-from pyro.infer.autoguide import AutoNormal
+from pyro.infer.autoguide import AutoDelta, AutoGuideList, AutoLaplaceApproximation, AutoNormal
 from pyro.infer.autoguide.initialization import init_to_median
 from torch.distributions import transform_to
 
@@ -30,7 +31,7 @@ from ..priors import is_real_support
 __all__ = [
     "MeanFieldGuide", "DEFAULT_INIT_SCALE", "has_site_posteriors", "require_site_posteriors",
     "require_fitted_posteriors", "site_loc_scale", "site_param_names", "drawn_posterior", "without_drawn_posterior",
-    "site_posterior", "normal_mean", "AdoptedPosteriorWarning",
+    "site_posterior", "normal_mean", "AdoptedPosteriorWarning", "point_estimate_parts", "is_point_estimate",
 ]
 
 
@@ -393,6 +394,42 @@ def has_site_posteriors(guide) -> bool:
     return isinstance(guide, AutoNormal)
 
 
+def point_estimate_parts(guide) -> list[Any]:
+    """The parts of ``guide`` that give their latent sites a point mass (a MAP estimate): an ``AutoDelta``, an
+    ``AutoLaplaceApproximation`` (a MAP estimate until its ``laplace_approximation()``), or those inside an
+    ``AutoGuideList``; ``[]`` for any other guide (hand-written guides are not read here).
+
+    Examples
+    --------
+    >>> from pyro.infer.autoguide import AutoDelta
+    >>> layer = BayesianLinear(2, 1)
+    >>> len(point_estimate_parts(AutoDelta(layer))), point_estimate_parts(MeanFieldGuide(layer))
+    (1, [])
+    """
+    if isinstance(guide, AutoDelta | AutoLaplaceApproximation):
+        return [guide]
+    if isinstance(guide, AutoGuideList):
+        return [point for part in guide for point in point_estimate_parts(part)]
+    return []
+
+
+def is_point_estimate(guide) -> bool:
+    """Whether every part of ``guide`` is a point estimate (:func:`point_estimate_parts`): its "KL" is a prior's
+    negative log density, so a KL weight sets the prior's strength for a MAP estimate, not a posterior's temperature.
+
+    Examples
+    --------
+    >>> from pyro.infer.autoguide import AutoDelta, AutoGuideList, AutoNormal
+    >>> layer = BayesianLinear(2, 1)
+    >>> is_point_estimate(AutoDelta(layer)), is_point_estimate(MeanFieldGuide(layer))
+    (True, False)
+    """
+    if isinstance(guide, AutoGuideList):
+        parts = list(guide)
+        return bool(parts) and all(is_point_estimate(part) for part in parts)
+    return isinstance(guide, AutoDelta | AutoLaplaceApproximation)
+
+
 def require_site_posteriors(guide, what: str) -> None:
     """Raise a ``ValueError`` naming ``what`` needs per-site Normal posteriors when ``guide`` has none.
 
@@ -437,7 +474,7 @@ def site_loc_scale(guide, name: str) -> tuple[torch.Tensor, torch.Tensor]:
 
     Examples
     --------
-    >>> from pyro.infer.autoguide import AutoNormal
+    >>> from pyro.infer.autoguide import AutoDelta, AutoGuideList, AutoLaplaceApproximation, AutoNormal
     >>> pyro.clear_param_store()
     >>> guide = AutoNormal(BayesianLinear(2, 1), init_scale=0.05)
     >>> _ = guide(torch.zeros(1, 2))
@@ -493,7 +530,7 @@ def site_param_names(guide, name: str) -> tuple[str, str]:
 
     Examples
     --------
-    >>> from pyro.infer.autoguide import AutoNormal
+    >>> from pyro.infer.autoguide import AutoDelta, AutoGuideList, AutoLaplaceApproximation, AutoNormal
     >>> site_param_names(AutoNormal(BayesianLinear(2, 1)), "weight")
     ('AutoNormal.locs.weight', 'AutoNormal.scales.weight')
     """

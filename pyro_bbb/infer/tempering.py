@@ -21,7 +21,7 @@ import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pyro.infer.autoguide import AutoDelta
+from .guide import is_point_estimate
 
 __all__ = ["KLWeightChoice", "record_kl_weight", "kl_weight_of"]
 
@@ -52,9 +52,9 @@ class KLWeightChoice:
         Epochs of the MAP warm start (the posterior means trained as a deterministic net) before the candidates were
         compared; 0 without one.
     point_estimate : bool
-        The guide is a point estimate (Pyro's ``AutoDelta``: set by :func:`record_kl_weight`): its "KL" is the
-        prior's negative log density, so the weight sets the prior's strength for a MAP estimate, not a posterior's
-        temperature.
+        The guide is a point estimate (``AutoDelta``, ``AutoLaplaceApproximation``, or a list of them: set by
+        :func:`record_kl_weight`): its "KL" is the prior's negative log density, so the weight sets the prior's
+        strength for a MAP estimate, not a posterior's temperature.
 
     Examples
     --------
@@ -153,8 +153,8 @@ class KLWeightChoice:
 
 def record_kl_weight(guide: Any, choice: KLWeightChoice | None) -> None:
     """Record that ``guide`` was trained at ``choice.kl_weight`` (``fit`` and :func:`pyro_bbb.load` call it);
-    ``None`` forgets the record (a checkpoint that holds none). A point-estimate guide (``AutoDelta``) is recorded as
-    one (:attr:`KLWeightChoice.point_estimate`).
+    ``None`` forgets the record (a checkpoint that holds none). A point-estimate guide
+    (:func:`~pyro_bbb.infer.guide.is_point_estimate`) is recorded as one (:attr:`KLWeightChoice.point_estimate`).
 
     Examples
     --------
@@ -171,7 +171,7 @@ def record_kl_weight(guide: Any, choice: KLWeightChoice | None) -> None:
         return
     if not isinstance(choice, KLWeightChoice):
         raise TypeError(f"record_kl_weight takes a KLWeightChoice, got {type(choice).__name__}.")
-    if isinstance(guide, AutoDelta) and not choice.point_estimate:
+    if is_point_estimate(guide) and not choice.point_estimate:
         choice = replace(choice, point_estimate=True)
     try:
         _records[guide] = choice

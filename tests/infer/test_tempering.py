@@ -95,3 +95,23 @@ def test_a_fit_that_fails_puts_back_the_record_it_found():
         pyro_bbb.fit(bnn, guide, (x, y), epochs=1, kl_weight=1.0, progress=False,
                      validation_data=(torch.randn(5, 4), torch.randn(5)))
     assert kl_weight_of(guide) is before
+
+
+def test_every_point_estimate_guide_is_recorded_as_one_and_described_so():
+    """AutoLaplaceApproximation (a MAP estimate until its laplace_approximation()) and a list of point estimates were
+    described as 'tempered' posteriors; a list with a real posterior in it is not a point estimate."""
+    from pyro.infer.autoguide import AutoDelta, AutoGuideList, AutoLaplaceApproximation, AutoNormal
+    from pyro.poutine import block
+
+    model = BayesianLinear(2, 1)
+    both = AutoGuideList(model)
+    both.append(AutoDelta(block(model, expose=["weight"])))
+    both.append(AutoLaplaceApproximation(block(model, expose=["bias"])))
+    mixed = AutoGuideList(model)
+    mixed.append(AutoDelta(block(model, expose=["weight"])))
+    mixed.append(AutoNormal(block(model, expose=["bias"])))
+    for guide, point in [(AutoLaplaceApproximation(model), True), (both, True), (mixed, False),
+                         (AutoDelta(model), True), (pyro_bbb.MeanFieldGuide(model), False)]:
+        record_kl_weight(guide, KLWeightChoice(kl_weight=0.1))
+        assert kl_weight_of(guide).point_estimate is point
+        assert ("MAP point estimate" in kl_weight_of(guide).describe()) is point
