@@ -31,16 +31,25 @@ __all__ = ["warn_at_caller"]
 _LIBRARY_FILES = (*(os.path.dirname(os.path.abspath(module.__file__)) + os.sep
                     for module in (sys.modules[__package__], pyro, torch)),
                   os.path.abspath(contextlib.__file__), os.path.abspath(functools.__file__))
+# and the training frameworks that call pyro_bbb from their own loops (read by module name: imported or not)
+_FRAMEWORKS = frozenset({"lightning", "pytorch_lightning", "lightning_fabric", "accelerate"})
+
+
+def _is_library_frame(frame) -> bool:
+    if os.path.abspath(frame.f_code.co_filename).startswith(_LIBRARY_FILES):
+        return True
+    return str(frame.f_globals.get("__name__", "")).partition(".")[0] in _FRAMEWORKS
 
 
 def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
-    """``warnings.warn(message, category)`` at the first frame outside pyro_bbb, Pyro and torch.
+    """``warnings.warn(message, category)`` at the first frame outside pyro_bbb, Pyro, torch and a training
+    framework's loop (Lightning, Accelerate).
 
     Examples
     --------
     See the module example.
     """
     level, frame = 2, sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_LIBRARY_FILES):
+    while frame is not None and _is_library_frame(frame):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)

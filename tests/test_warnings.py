@@ -59,3 +59,18 @@ def test_the_num_data_warning_of_a_pyro_svi_step_points_at_the_step():
     caught = _caught(lambda: svi.step(torch.randn(8, 3), torch.randn(8)))
     (warning,) = [w for w in caught if "num_data" in str(w.message)]
     assert warning.filename == __file__
+
+
+def test_a_warning_raised_under_a_training_frameworks_loop_points_past_it_to_the_users_line():
+    """Lightning's Trainer calls training_step from its own loop: the warning points at the user's trainer.fit line,
+    not into the lightning package (read by module name, installed or not)."""
+    import os
+
+    ours = {"__name__": "pyro_bbb.train.lightning", "warn_at_caller": warn_at_caller}  # a frame of pyro_bbb's own
+    exec(compile("def training_step():\n    warn_at_caller('look here')\n",
+                 os.path.join(os.path.dirname(pyro_bbb.__file__), "train", "lightning.py"), "exec"), ours)
+    loop = {"__name__": "lightning.pytorch.loops.fit_loop"}
+    exec(compile("def run_loop(step):\n    step()\n", "/site-packages/lightning/pytorch/loops/fit_loop.py", "exec"),
+         loop)
+    (caught,) = _caught(lambda: loop["run_loop"](ours["training_step"]))
+    assert caught.filename == __file__
