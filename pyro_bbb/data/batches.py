@@ -151,12 +151,18 @@ def _check_loader_batches(loader: torch.utils.data.DataLoader, num_data: int) ->
         empty = len(loader) == 0
     except TypeError:  # (an iterable dataset: its batches are counted as they come)
         return
-    if empty and loader.drop_last:
-        raise ValueError(f"the DataLoader yields no batch: drop_last=True drops the only, partial batch of its "
-                         f"{num_data} rows (batch_size={loader.batch_size}); use a smaller batch_size or "
-                         "drop_last=False.")
-    if empty:
-        raise ValueError(f"the DataLoader yields no batch from its {num_data} rows (its batch sampler is empty).")
+    if not empty:
+        return
+    try:  # the rows one epoch of this loader draws (one rank's share under a DistributedSampler), not N
+        rows = len(_sampler(loader))
+    except TypeError:
+        rows = num_data
+    if loader.drop_last:
+        raise ValueError(f"the DataLoader yields no batch: drop_last=True drops the only, partial batch of the "
+                         f"{rows} rows it draws an epoch (batch_size={loader.batch_size}); use a smaller batch_size "
+                         "or drop_last=False.")
+    raise ValueError(f"the DataLoader yields no batch from the {rows} rows it draws an epoch (its batch sampler is "
+                     "empty).")
 
 
 class Batches:

@@ -56,10 +56,21 @@ def test_a_dataloader_that_yields_no_batch_is_an_error_naming_drop_last(kl_weigh
     model = regression_model()
     guide = pyro_bbb.MeanFieldGuide(model)
     loader = DataLoader(TensorDataset(x, y), batch_size=32, drop_last=True)
-    with pytest.raises(ValueError, match=r"yields no batch: drop_last=True drops the only, partial batch of its 30 "
-                                         r"rows \(batch_size=32\)"):
+    with pytest.raises(ValueError, match=r"yields no batch: drop_last=True drops the only, partial batch of the 30 "
+                                         r"rows it draws an epoch \(batch_size=32\)"):
         fit(model, guide, loader, epochs=2, kl_weight=kl_weight)
     assert len(pyro.get_param_store()) == 0
+
+
+def test_an_empty_distributed_shard_names_this_ranks_rows_not_every_ranks():
+    from torch.utils.data import DistributedSampler
+
+    x, y = small_data(60)
+    sampler = DistributedSampler(TensorDataset(x, y), num_replicas=2, rank=0, shuffle=False)
+    loader = DataLoader(TensorDataset(x, y), batch_size=32, sampler=sampler, drop_last=True)
+    model = regression_model()
+    with pytest.raises(ValueError, match=r"partial batch of the 30 rows it draws an epoch"):  # (N is 60)
+        fit(model, pyro_bbb.MeanFieldGuide(model), loader, epochs=1, kl_weight=1)
 
 
 def test_history_records_everything_per_epoch():
