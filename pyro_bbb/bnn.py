@@ -170,8 +170,7 @@ class BNN(PyroModule):
 
     @num_data.setter
     def num_data(self, value: int | None) -> None:
-        check_count("num_data", value, optional=True)
-        self._num_data = None if value is None else int(value)
+        self._num_data = check_count("num_data", value, optional=True)  # (an int: numpy integers too)
 
     def forward(self, x: Inputs, y: torch.Tensor | None = None) -> torch.Tensor:
         output = self._checked_output(x, y)

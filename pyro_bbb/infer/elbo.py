@@ -48,7 +48,7 @@ from .contract import ObjectiveRun, mark_objective_run
 from .estimators import check_estimators_reached, started_estimators
 from .scaling import scale_data_plate
 from .schedules import as_schedule, weight_at
-from .tempering import KLWeightChoice, kl_weight_of, record_kl_weight
+from .tempering import note_trained_weight
 
 __all__ = ["ELBO", "CallTerms", "PairStates"]
 
@@ -233,8 +233,7 @@ class ELBO(TraceMeanField_ELBO):
 
     @num_data.setter
     def num_data(self, value: int | None) -> None:
-        check_count("num_data", value, optional=True)
-        self._num_data = None if value is None else int(value)  # numpy integers too
+        self._num_data = check_count("num_data", value, optional=True)  # (an int: numpy integers too)
 
     # -- Pyro's hooks, under Pyro's names ------------------------------------------------------------------------------
     def _get_trace(self, model, guide, args, kwargs):
@@ -323,12 +322,15 @@ class ELBO(TraceMeanField_ELBO):
                     (surrogate_loss / self.num_particles).backward(retain_graph=self.retain_graph)
                 warn_if_nan(loss, "loss")
         self.step += 1
+        # a training step (SVI's): what summary, evidence, the export and save report as the guide's weight
+        note_trained_weight(guide, self.last_terms["kl_weight"])
         return loss
 
     # -- the bookkeeping of a call -------------------------------------------------------------------------------------
     @property
     def step(self) -> int:
-        """The KL schedule's step for the latest (model, guide) pair: its ``loss_and_grads`` calls so far.
+        """The KL schedule's step for the latest (model, guide) pair: its ``loss_and_grads`` and
+        ``differentiable_loss`` calls so far.
 
         Examples
         --------
@@ -373,18 +375,8 @@ class ELBO(TraceMeanField_ELBO):
                 reached = {id(p): p for p in (site["value"].unconstrained() for site in sites)}
                 run = ObjectiveRun(self.last_terms["num_data"] or self.last_terms["batch_size"], self.kl_weight)
                 mark_objective_run(reached.values(), run)
-                self._record_weight(guide, self.last_terms["kl_weight"])
         finally:
             self.current_call = None
-
-    @staticmethod
-    def _record_weight(guide, weight: float) -> None:
-        """The guide is being trained at ``weight``: what ``summary``, ``evidence``, the ArviZ export and ``save``
-        report (:mod:`~pyro_bbb.infer.tempering`), in a user's own loop too. A record at the same weight (``fit``'s,
-        with its candidates' scores) is kept."""
-        held = kl_weight_of(guide)
-        if held is None or held.kl_weight != weight:
-            record_kl_weight(guide, KLWeightChoice(kl_weight=float(weight)))
 
     def _checked_vectorized_traces(self, model, guide, unscaled_model, args, kwargs):
         """The particle traces where the vectorized particles are not known to be right: the first call compares

@@ -1,7 +1,8 @@
 """KL-weight schedules: callables from the optimisation step (0, 1, 2, ...) to the weight of the KL term.
 
 Pass one as ``pyro_bbb.ELBO(num_data=N, kl_weight=schedule)``; the ELBO's step counter advances once per
-``loss_and_grads`` (that is, once per ``SVI.step``). A weight of 1 is the true ELBO; smaller weights during a
+``loss_and_grads`` (that is, once per ``SVI.step``) or ``differentiable_loss`` (a torch optimizer's step), not per
+``loss``. A weight of 1 is the true ELBO; smaller weights during a
 warm-up let the network fit the data before the KL pulls the posterior towards the prior.
 
 Examples

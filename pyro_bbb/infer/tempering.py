@@ -23,7 +23,7 @@ from typing import Any
 
 from .guide import is_point_estimate
 
-__all__ = ["KLWeightChoice", "record_kl_weight", "kl_weight_of"]
+__all__ = ["KLWeightChoice", "record_kl_weight", "note_trained_weight", "kl_weight_of"]
 
 _records: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -177,6 +177,26 @@ def record_kl_weight(guide: Any, choice: KLWeightChoice | None) -> None:
         _records[guide] = choice
     except TypeError:  # a guide that cannot be weakly referenced is not recorded
         pass
+
+
+def note_trained_weight(guide: Any, weight: float) -> None:
+    """Record that ``guide`` is being trained at ``weight`` (``pyro_bbb.ELBO``'s training steps and the Lightning
+    module call it), keeping a record at the same weight (``fit``'s, with its candidates' scores).
+
+    Examples
+    --------
+    >>> guide = pyro_bbb.MeanFieldGuide(BayesianLinear(2, 1))
+    >>> record_kl_weight(guide, KLWeightChoice(kl_weight=0.1, chosen_by="validation"))
+    >>> note_trained_weight(guide, 0.1)
+    >>> kl_weight_of(guide).chosen_by
+    'validation'
+    >>> note_trained_weight(guide, 1.0)
+    >>> kl_weight_of(guide).describe()
+    'KL weight 1 (given): the Bayes posterior'
+    """
+    held = kl_weight_of(guide)
+    if held is None or held.kl_weight != weight:
+        record_kl_weight(guide, KLWeightChoice(kl_weight=float(weight)))
 
 
 def kl_weight_of(guide: Any) -> KLWeightChoice | None:

@@ -38,7 +38,7 @@ from .._checks import is_set_up
 from .._inputs import num_rows
 from .._internals import set_up_autoguide
 from ..infer.elbo import ELBO
-from ..infer.tempering import KLWeightChoice, record_kl_weight
+from ..infer.tempering import note_trained_weight
 from ..optim import IVON
 from ..optim import Adam as JointAdam
 from .distributed import raise_if_any_rank_failed
@@ -115,7 +115,7 @@ class BayesianLightningModule(pl.LightningModule):
                                       kl_weight=kl_weight, num_particles=num_particles, estimator=estimator)
         self.lr = lr
         if isinstance(kl_weight, Real):  # what every view of the posterior reports (a schedule: see on_train_end)
-            record_kl_weight(guide, KLWeightChoice(kl_weight=float(kl_weight)))
+            note_trained_weight(guide, float(kl_weight))
         if not is_set_up(guide):
             if example_batch is None:
                 raise ValueError(
@@ -149,7 +149,7 @@ class BayesianLightningModule(pl.LightningModule):
         """Record the KL weight the last step trained at (a schedule's weight at the end) where the posterior is shown
         (``summary``, ``evidence``, ArviZ export, ``save``), as ``fit`` does."""
         if self.elbo.step > 0:
-            record_kl_weight(self.guide, KLWeightChoice(kl_weight=float(self.elbo.last_terms["kl_weight"])))
+            note_trained_weight(self.guide, float(self.elbo.last_terms["kl_weight"]))
 
     @property
     def elbo(self) -> ELBO:

@@ -188,6 +188,8 @@ def fit(
         Bad arguments or data, before any parameter changes. A bad batch found during training (a DataLoader over a
         dataset that cannot be checked up front), or ``validation_data`` the model cannot score (found after the
         first epoch), raises :class:`DataError` with the parameters restored to their state at the start of ``fit``.
+        A ``ValueError`` raised by a callback is raised the same way, the parameters (and the guide's KL-weight
+        record) put back to the start of ``fit``; any other error leaves them as its step left them.
     TrainingDivergedError
         A NaN or infinite loss or gradient; the parameters are restored to the last finite state and the error's
         ``history`` holds the epochs so far.
@@ -225,19 +227,25 @@ def fit(
     remember_training_inputs(guide, inputs)
     start, record_before = None, kl_weight_of(guide)
     if selection is not None and choice is None:
-        with training_mode(model, True):
-            if not is_set_up(guide):  # on a batch of all the data, as the first step would: its errors come first
-                with torch.no_grad(), poutine.block(), without_trace_shapes():
-                    guide(*next(iter(batches)))
-            if _has_latent_sites(guide):
-                start = ParameterSnapshot(model, guide, optimizer=optimizer)
-                rows, rows_batch_size = _rows_to_split(batches, batch_size)
-                choice = _choose_kl_weight(model, guide, rows, optimizer, selection, epochs, rows_batch_size,
-                                           options, num_validation_samples, progress, seed, start, lr)
-            else:
-                choice = KLWeightChoice(kl_weight=1.0, chosen_by="fallback",
-                                        reason="the model has no latent weights, so the KL weight changes nothing")
+        try:  # the path's steps record the candidates' weights on the guide; an exit that puts the parameters back
+            with training_mode(model, True):  # puts the record back too
+                if not is_set_up(guide):  # on a batch of all the data, as the first step would: its errors first
+                    with torch.no_grad(), poutine.block(), without_trace_shapes():
+                        guide(*next(iter(batches)))
+                if _has_latent_sites(guide):
+                    start = ParameterSnapshot(model, guide, optimizer=optimizer)
+                    rows, rows_batch_size = _rows_to_split(batches, batch_size)
+                    choice = _choose_kl_weight(model, guide, rows, optimizer, selection, epochs, rows_batch_size,
+                                               options, num_validation_samples, progress, seed, start, lr)
+                else:
+                    choice = KLWeightChoice(kl_weight=1.0, chosen_by="fallback",
+                                            reason="the model has no latent weights, so the KL weight changes "
+                                                   "nothing")
+        except BaseException:
+            record_kl_weight(guide, record_before)
+            raise
         if choice.reason == _INTERRUPTED:
+            record_kl_weight(guide, record_before)
             history = History()
             history.interrupted, history.kl_weight_choice = True, choice
             return history
@@ -253,14 +261,17 @@ def fit(
     except (DataError, ValueError):  # the parameters go back to the start of fit, before the selection's path too
         if start is not None:
             start.restore()
+        else:
+            step.restore_initial()
         record_kl_weight(guide, record_before)  # (the ELBO recorded the weights it trained at)
         raise
     finally:  # lr_final's schedule is this fit's: the optimizer keeps the rate it was given, for the next fit
         if lr_given is not None:
             optimizer.set_learning_rate(lr_given)
-    if choice is None:  # a number or a schedule: the weight the last step used (before any step: a number's own)
-        given = float(kl_weight) if isinstance(kl_weight, int | float) else 1.0
-        choice = KLWeightChoice(kl_weight=float(history.last["kl_weight"]) if len(history) else given)
+    if choice is None:  # a number or a schedule: the weight the last step used (before any step: a number's own), of
+        given = float(kl_weight) if isinstance(kl_weight, int | float) else 1.0  # the epoch early stopping put back
+        kept = history.best_epoch if history.best_epoch is not None else len(history)
+        choice = KLWeightChoice(kl_weight=float(history["kl_weight"][kept - 1]) if kept else given)
     record_kl_weight(guide, choice)
     history.kl_weight_choice = kl_weight_of(guide) or choice  # (as recorded: a point-estimate guide says so)
     return history

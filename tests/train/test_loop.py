@@ -610,3 +610,45 @@ def test_a_bad_dataloader_batch_also_gives_back_a_pyro_bbb_optimizers_state():
     assert before.keys() == after.keys() and all(
         torch.equal(before[name][key], after[name][key]) for name in before for key in before[name]
     )
+
+
+def test_early_stopping_records_the_kl_weight_of_the_epoch_it_put_back():
+    """A warm-up with early stopping put back epoch 1 (weight 0.25) and recorded the last epoch's weight 1: 'the
+    Bayes posterior' in summary, the export and save."""
+    from pyro_bbb.infer.schedules import LinearWarmup
+
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    x = torch.randn(120, 2)
+    y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(120)
+    model = pyro_bbb.BNN(torch.nn.Sequential(BayesianLinear(2, 32), torch.nn.Tanh(), BayesianLinear(32, 1)),
+                         likelihoods.Gaussian(scale=0.1))
+    guide = pyro_bbb.MeanFieldGuide(model)
+    history = pyro_bbb.fit(model, guide, (x[:100], y[:100]), epochs=10, batch_size=25, lr=0.03, progress=False,
+                           seed=0, kl_weight=LinearWarmup(12), validation_data=(x[100:], y[100:]),
+                           early_stopping=pyro_bbb.EarlyStopping(patience=3))
+    assert history.best_epoch < len(history)  # an earlier epoch was put back, at a smaller weight than the last's
+    kept = history["kl_weight"][history.best_epoch - 1]
+    assert kept < history["kl_weight"][-1]
+    assert history.kl_weight_choice.kl_weight == kept
+    assert pyro_bbb.infer.tempering.kl_weight_of(guide).kl_weight == kept
+
+
+@pytest.mark.parametrize("kl_weight", [1.0, "auto"])
+def test_a_callbacks_value_error_puts_the_parameters_and_the_record_back_whatever_the_weight(kl_weight):
+    x, y = small_data(60)
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    fit(model, guide, (x, y), epochs=1, kl_weight=0.5)
+    record = pyro_bbb.infer.tempering.kl_weight_of(guide)
+    before = params()
+
+    def failing(epoch, history):
+        if epoch == 2:
+            raise ValueError("my callback failed")
+
+    with pytest.raises(ValueError, match="my callback failed"):
+        fit(model, guide, (x, y), epochs=4, kl_weight=kl_weight, callbacks=[failing])
+    after = params()
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    assert pyro_bbb.infer.tempering.kl_weight_of(guide) is record

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import pyro_bbb
 from pyro_bbb import likelihoods
-from pyro_bbb.infer.tempering import kl_weight_of
+from pyro_bbb.infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
 from pyro_bbb.nn import BayesianLinear
 from pyro_bbb.optim import IVON
 from pyro_bbb.train.selection import SelectKLWeight, choose_weight, validation_split, validation_splits
@@ -640,3 +640,34 @@ def test_fit_with_folds_runs_the_path_once_per_split_and_compares_on_every_held_
     assert chosen_from == [{1.0: 48, 0.1: 48, 0.01: 48}]  # one choice, on both splits' rows together
     assert sizes == [216] * 12 * 2 + [240] * 32  # two paths on 216 rows each, then the final fit on all 240
     assert len(history) == 8 and {r["kl_weight"] for r in history.records} == {choice.kl_weight}
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, MemoryError])
+def test_a_fit_stopped_while_choosing_keeps_the_weight_record_it_found(monkeypatch, stop):
+    """The path's training steps record each candidate's weight; a stop that puts the parameters back (Ctrl-C, an
+    error from the choice) put back the record too (it said 0.01 for a guide trained at 0.5)."""
+    (x, y), model, guide, before = set_up_regression()
+    found = KLWeightChoice(kl_weight=0.5)
+    record_kl_weight(guide, found)
+
+    def stopping(*args, **kwargs):
+        raise stop()
+
+    monkeypatch.setattr("pyro_bbb.train.loop.predict", stopping)  # scoring the first candidate, after its steps
+    if stop is KeyboardInterrupt:
+        assert pyro_bbb.fit(model, guide, (x, y), epochs=8, batch_size=16, progress=False, seed=0).interrupted
+    else:
+        with pytest.raises(MemoryError):
+            pyro_bbb.fit(model, guide, (x, y), epochs=8, batch_size=16, progress=False, seed=0)
+    assert kl_weight_of(guide) is found
+    assert_params_unchanged(before)
+
+
+def test_gradients_without_a_step_leave_the_weight_record_alone():
+    """A gradient diagnostic after fit (differentiable_loss and autograd.grad, as benchmarks/gradient_variance.py
+    does) is not training: the guide still says the weight fit trained it at."""
+    (x, y), model, guide, _ = set_up_regression()
+    history = pyro_bbb.fit(model, guide, (x, y), epochs=2, batch_size=16, progress=False, kl_weight=0.01)
+    loss = pyro_bbb.ELBO(num_data=len(y)).differentiable_loss(model, guide, x, y)
+    torch.autograd.grad(loss, list(guide.parameters()))
+    assert kl_weight_of(guide) is history.kl_weight_choice
