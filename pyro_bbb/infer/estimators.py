@@ -56,6 +56,7 @@ class PosteriorReader(Messenger):
         self._used: set[str] = set()  # the weight sites a layer operation read this model run
         self._drawn: dict[int, tuple[Callable, str]] = {}  # id of a guide's draw -> (weak ref to it, its site)
         self._met: set[int] = set()  # the draws a torch function brought to this estimator since the model sampled them
+        self._layer_draws: dict[int, Callable] = {}  # id -> weak ref of each draw a pyro_bbb layer brought this run
         self._interceptor: _DrawnWeightLinear | None = None  # on once a model samples a weight outside our layers
 
     def _pyro_sample(self, msg: dict[str, Any]) -> None:
@@ -83,6 +84,7 @@ class PosteriorReader(Messenger):
         self._used.clear()
         self._drawn.clear()
         self._met.clear()
+        self._layer_draws.clear()
 
     def affine(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, apply: Callable,
                feature_dims: int) -> torch.Tensor:
@@ -127,6 +129,7 @@ class PosteriorReader(Messenger):
             )
 
     def _pyro_post_sample(self, msg: dict[str, Any]) -> None:
+        self._layer_draws.pop(id(msg["value"]), None)  # sampled (or replayed) again: a new run's use is still to come
         posterior = drawn_posterior(msg)
         if posterior is not None:
             self.remember_posterior(msg["name"], *posterior)
@@ -154,6 +157,17 @@ class PosteriorReader(Messenger):
     def _pyro_bayesian_affine(self, msg: dict[str, Any]) -> None:
         input, weight, bias = msg["args"]
         kwargs = msg["kwargs"]
+        met = self._layer_draws.get(id(weight))
+        if met is not None and met() is weight:  # one draw (a layer called twice in a run), not a freed one's id
+            raise ValueError(
+                f"{self.estimator}: the layer of weight site {kwargs['weight_site']!r} is called twice in one model "
+                "run; each call would get its own perturbation of what is one shared weight draw (a wrong "
+                "expectation). Call each Bayesian layer once per run (a second layer for a second use), or train "
+                "without the handler (estimator='reparam')."
+            )
+        if len(self._layer_draws) > 4096:  # a handler kept across many runs outside pyro_bbb.ELBO: forget dead draws
+            self._layer_draws = {k: ref for k, ref in self._layer_draws.items() if ref() is not None}
+        self._layer_draws[id(weight)] = weakref.ref(weight)
         msg["value"] = self._estimate(input, weight, bias, kwargs["apply"], kwargs["feature_dims"],
                                       kwargs["weight_site"], kwargs["bias_site"])
         msg["done"] = True

@@ -691,3 +691,32 @@ def test_a_kept_handler_takes_each_model_run_anew(handler):
             poutine.replay(model, trace=kept)(x)
         for _ in range(50):  # fresh draws, freed after each run
             poutine.replay(model, trace=poutine.trace(guide).get_trace(x, y))(x)
+
+
+@pytest.mark.parametrize("handler", [pyro_bbb.flipout, pyro_bbb.local_reparameterization])
+def test_a_pyro_bbb_layer_called_twice_in_one_run_is_an_error_under_an_estimator(handler):
+    """y = w * (w * x): each call got its own perturbation of the one draw, E[y] 0 instead of E[w^2] (silently)."""
+
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.h = BayesianLinear(1, 1, bias=False)
+
+        def forward(self, x):
+            return self.h(self.h(x))
+
+    net = Twice()
+    pyro.nn.module.to_pyro_module_(net)
+    guide = pyro_bbb.MeanFieldGuide(net)
+    x = torch.ones(5, 1)
+    guide(x)
+    with handler():
+        trace = poutine.trace(guide).get_trace(x)
+        with pytest.raises(ValueError, match=r"layer of weight site 'h.weight' is called twice in one model run"):
+            poutine.replay(net, trace=trace)(x)
+        single = BayesianLinear(1, 1)  # one call per run, the same draw replayed in several runs: fine
+        single_guide = pyro_bbb.MeanFieldGuide(single)
+        single_guide(x)
+        single_trace = poutine.trace(single_guide).get_trace(x)
+        for _ in range(2):
+            poutine.replay(single, trace=single_trace)(x)
