@@ -62,6 +62,39 @@ def _twin_type(module: nn.Module) -> type[BayesianModule] | None:
     return None
 
 
+def _refuse_what_a_twin_would_change(converted: nn.Module, candidates: list[tuple[str, nn.Module]]) -> None:
+    """A Bayesian twin runs its torch base class's forward on parameters of its own: a layer whose behaviour lies
+    elsewhere -- a subclass's own ``forward``, hooks, a parametrization (``weight_norm``), a ``Parameter`` shared
+    with another module (tied weights) -- would change without a word. Each is an error naming the layers."""
+    holders: dict[int, list[str]] = {}
+    for module_name, module in converted.named_modules():
+        for param in module.parameters(recurse=False):
+            holders.setdefault(id(param), []).append(module_name)
+    problems = []
+    for name, layer in candidates:
+        base = next(b for b in SUPPORTED if isinstance(layer, b))
+        if type(layer).forward is not base.forward:
+            problems.append(f"{name}: {type(layer).__name__} has its own forward, which {base.__name__}'s would "
+                            "replace")
+        hooks = [kind for kind in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+                 if getattr(layer, kind, None)]  # (torch keeps a module's hooks in these dicts)
+        if hooks:
+            problems.append(f"{name}: has hooks ({', '.join(h.strip('_') for h in hooks)}) the new layer would not "
+                            "have; register them on the converted layer")
+        if nn.utils.parametrize.is_parametrized(layer):
+            problems.append(f"{name}: a parametrization (weight_norm, spectral_norm, ...) of "
+                            f"{sorted(layer.parametrizations)}; remove it first (nn.utils.parametrize."
+                            "remove_parametrizations)")
+        tied = sorted({other for param in layer.parameters(recurse=False) for other in holders[id(param)]
+                       if other != name})
+        if tied:
+            problems.append(f"{name}: its parameters are tied to {tied}'s (one Parameter in two modules), and two "
+                            "posteriors would untie them")
+    if problems:
+        raise ValueError("bayesianize would silently change these layers: " + "; ".join(problems) + ". Leave them "
+                         "deterministic (exclude=[...]), or change them first.")
+
+
 def _matches(selector: Selector, name: str, module: nn.Module) -> bool:
     if callable(selector):
         return bool(selector(name, module))
@@ -220,10 +253,12 @@ def bayesianize(
         where = "" if include is None else f" among the modules include={include!r} selects"
         raise ValueError(f"no layer to convert: no {_supported_names()} outside attention blocks{where}.")
 
+    _refuse_what_a_twin_would_change(converted, candidates)
+    references = list(converted.named_modules(remove_duplicate=False))  # a layer used at several places: each one
     for name, layer in candidates:
-        parent_name, _, child = name.rpartition(".")
-        parent = converted.get_submodule(parent_name) if parent_name else converted
         twin = _make_twin(layer, _twin_type(layer), _prior_for(prior, name, layer), init_from_weights)
-        setattr(parent, child, twin)
+        for path in [n for n, m in references if m is layer]:  # gets the same twin (one posterior, as before one
+            parent_name, _, child = path.rpartition(".")       # set of weights)
+            setattr(converted.get_submodule(parent_name) if parent_name else converted, child, twin)
     to_pyro_module_(converted)
     return converted

@@ -239,3 +239,38 @@ def test_a_pyro_tutorial_model_keeps_its_pyrosample_layers_and_converts_the_rest
         pyro_bbb.bayesianize(Net(), include=["fc1"])
     with pytest.raises(ValueError, match="already Bayesian"):
         pyro_bbb.bayesianize(Net().fc1)
+
+
+def test_a_layer_used_at_two_places_becomes_one_bayesian_layer_at_both():
+    """named_modules() lists a shared layer once: the second reference stayed a deterministic copy (its weight moved
+    apart from the posterior's in training)."""
+    lin = nn.Linear(4, 4)
+    net = nn.Sequential(lin, nn.Tanh(), lin, nn.Tanh(), nn.Linear(4, 1))
+    converted = pyro_bbb.bayesianize(net)
+    assert isinstance(converted[0], BayesianLinear) and converted[0] is converted[2]
+    assert lin.weight is net[0].weight  # the original is untouched
+
+
+@pytest.mark.parametrize("case", ["own forward", "hook", "weight_norm", "tied"])
+def test_what_a_bayesian_twin_would_silently_change_is_refused(case):
+    class Scaled(nn.Linear):
+        def forward(self, x):
+            return super().forward(x) * 2.0
+
+    first = Scaled(4, 6) if case == "own forward" else nn.Linear(4, 6)
+    last = nn.Linear(6, 6)
+    if case == "hook":
+        first.register_forward_hook(lambda module, inputs, output: torch.relu(output))
+    if case == "weight_norm":
+        first = nn.utils.parametrizations.weight_norm(first)
+    if case == "tied":
+        first = nn.Linear(6, 6)
+        last.weight = first.weight
+    net = nn.Sequential(first, nn.Tanh(), last)
+    expected = {"own forward": "has its own forward", "hook": "has hooks", "weight_norm": "a parametrization",
+                "tied": r"tied to \['2'\]"}[case]
+    with pytest.raises(ValueError, match=rf"bayesianize would silently change these layers: 0: .*{expected}"):
+        pyro_bbb.bayesianize(net)
+    if case != "tied":  # the way out the message names (a tied pair: both excluded, nothing left to convert)
+        converted = pyro_bbb.bayesianize(net, exclude=["0"])
+        assert not isinstance(converted[0], BayesianLinear) and isinstance(converted[2], BayesianLinear)
