@@ -28,6 +28,7 @@ import os
 from numbers import Integral
 from typing import Any
 
+import pyro
 import pyro.poutine as poutine
 import torch
 
@@ -36,6 +37,7 @@ from ._inputs import Inputs, cast_inputs, input_tensors, inputs_to, map_inputs
 from ._plates import data_plate_of
 from ._version import __version__
 from .infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
+from .nn.module import training_mode
 
 __all__ = ["save", "load"]
 
@@ -100,8 +102,10 @@ def _state(module) -> dict[str, torch.Tensor]:
 def _used_params(model, guide, inputs) -> dict[str, torch.Tensor]:
     """Every Pyro parameter one guide draw and the model replayed against it use (including ``pyro.module`` nets
     and ``pyro.param`` sites outside any module), by param-store name: unconstrained values, live."""
-    # the draw must not move the user's random stream
-    with torch.random.fork_rng(devices=[]), torch.no_grad(), poutine.block(), poutine.trace(param_only=True) as params:
+    # the draw must not move the user's random stream, nor the model (evaluation mode: batch norm reads its running
+    # statistics, does not update them, and takes the one example row)
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), poutine.block(), training_mode(model, False), \
+            poutine.trace(param_only=True) as params:
         guide_trace = poutine.trace(guide).get_trace(*inputs)
         poutine.replay(model, trace=guide_trace)(*inputs)
     return {name: site["value"].unconstrained() for name, site in params.trace.nodes.items()}
@@ -209,11 +213,20 @@ def _read(path: str | os.PathLike, device: torch.device) -> dict[str, Any]:
         for name, value in checkpoint[part].items():
             if not isinstance(value, torch.Tensor):
                 raise ValueError(f"{where} is a damaged pyro_bbb checkpoint: {part} {name!r} is not a tensor.")
-            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            # (a model's buffer may hold infinities by design, a causal mask's -inf: load checks its parameters)
+            bad = torch.isnan(value) if part == "model_state" else ~torch.isfinite(value)
+            if value.is_floating_point() and bool(bad.any()):
                 raise ValueError(
                     f"{where} holds NaN or infinite values in {part} {name!r}; refusing to load a diverged model."
                 )
     return checkpoint
+
+
+def _diverged_parameters(model_state: dict[str, torch.Tensor], model) -> list[str]:
+    """The names of the model's trained parameters the checkpoint holds infinite (NaN is refused on reading)."""
+    names = {name for name, _ in model.named_parameters()} if isinstance(model, torch.nn.Module) else set()
+    return [name for name, value in model_state.items()
+            if name in names and value.is_floating_point() and not bool(torch.isfinite(value).all())]
 
 
 def load(path: str | os.PathLike, model, guide, optimizer=None):
@@ -241,18 +254,29 @@ def load(path: str | os.PathLike, model, guide, optimizer=None):
             )
     num_data = _num_data_to_load(saved, model)
     inputs = [None if t is None else inputs_to(t, device) for t in checkpoint["example_inputs"]]
-    if getattr(guide, "prototype_trace", None) is None:
-        with torch.no_grad(), poutine.block():
-            guide(*inputs)
-    store = _used_params(model, guide, inputs)
-    problems = _mismatches(checkpoint["model_state"], _state(model), "model")
-    problems += _mismatches(checkpoint["guide_state"], _state(guide), "guide")
-    problems += _mismatches(checkpoint["param_store"], store, "parameter") if checkpoint["param_store"] else []
-    if problems:
-        raise ValueError(
-            "the checkpoint does not fit this model and guide (were they built with other layer sizes?):\n  "
-            + "\n  ".join(problems)
-        )
+    keys_before = set(pyro.get_param_store().keys())
+    try:  # a refusal leaves Pyro's param store as it found it (the set-up below fills it for this model's shapes)
+        if getattr(guide, "prototype_trace", None) is None:
+            with torch.no_grad(), poutine.block(), training_mode(model, False):
+                guide(*inputs)
+        store = _used_params(model, guide, inputs)
+        problems = _mismatches(checkpoint["model_state"], _state(model), "model")
+        problems += _mismatches(checkpoint["guide_state"], _state(guide), "guide")
+        problems += _mismatches(checkpoint["param_store"], store, "parameter") if checkpoint["param_store"] else []
+        if problems:
+            raise ValueError(
+                "the checkpoint does not fit this model and guide (were they built with other layer sizes?):\n  "
+                + "\n  ".join(problems)
+            )
+        diverged = _diverged_parameters(checkpoint["model_state"], model)
+        if diverged:
+            raise ValueError(f"{os.fspath(path)!r} holds infinite values in the model parameters {diverged}; refusing "
+                             "to load a diverged model.")
+    except ValueError:
+        param_store = pyro.get_param_store()
+        for name in set(param_store.keys()) - keys_before:
+            del param_store[name]
+        raise
     saved_optimizer = checkpoint.get("optimizer")
     if optimizer is not None:
         if not isinstance(saved_optimizer, dict) or not isinstance(saved_optimizer.get("state"), dict):

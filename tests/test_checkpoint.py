@@ -306,3 +306,82 @@ def test_a_model_saved_without_num_data_leaves_the_loaded_model_s_own(tmp_path):
     model.num_data = 40
     pyro_bbb.load(path, model, pyro_bbb.MeanFieldGuide(model))
     assert model.num_data == 40
+
+
+def _batch_norm_model():
+    net = torch.nn.Sequential(BayesianLinear(3, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), BayesianLinear(8, 1))
+    return pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
+
+
+def test_save_load_and_evidence_leave_batch_norm_alone_and_take_batch_norm_1d(tmp_path):
+    """They ran the model in training mode on one example row: each save moved the running statistics (and so the
+    predictions), evidence moved them 200 times, and a BatchNorm1d model could not be saved or loaded at all."""
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    x, y = torch.randn(100, 3), torch.randn(100)
+    bnn = _batch_norm_model()
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=2, batch_size=50, progress=False, kl_weight=1)
+    statistics = {name: value.clone() for name, value in bnn.net[1].named_buffers()}  # the batch norm's
+    pyro_bbb.save(tmp_path / "bn.pt", bnn, guide)
+    pyro_bbb.evidence(bnn, guide, (x, y), num_draws=5)
+    for name, value in bnn.net[1].named_buffers():
+        assert torch.equal(value, statistics[name]), name
+    pyro.clear_param_store()
+    fresh = _batch_norm_model()
+    pyro_bbb.load(tmp_path / "bn.pt", fresh, pyro_bbb.MeanFieldGuide(fresh))
+    for name, value in fresh.net[1].named_buffers():
+        assert torch.equal(value, statistics[name]), name
+
+
+def test_a_buffer_that_is_infinite_by_design_round_trips_and_an_infinite_parameter_is_refused(tmp_path):
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("mask", torch.tensor([0.0, float("-inf")]))  # e.g. a causal mask
+            self.scale = torch.nn.Parameter(torch.ones(2))
+            self.out = BayesianLinear(2, 1)
+
+        def forward(self, x):
+            return self.out(x * torch.softmax(self.mask, -1) * self.scale)
+
+    pyro.clear_param_store()
+    x, y = torch.randn(20, 2), torch.randn(20)
+    bnn = pyro_bbb.BNN(Masked(), likelihoods.Gaussian(scale=0.5))
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=1, progress=False, kl_weight=1)
+    pyro_bbb.save(tmp_path / "masked.pt", bnn, guide)
+    pyro.clear_param_store()
+    fresh = pyro_bbb.BNN(Masked(), likelihoods.Gaussian(scale=0.5))
+    pyro_bbb.load(tmp_path / "masked.pt", fresh, pyro_bbb.MeanFieldGuide(fresh))
+    assert torch.equal(fresh.net.mask, bnn.net.mask)
+    with torch.no_grad():
+        bnn.net.scale[0] = float("inf")
+    pyro_bbb.save(tmp_path / "diverged.pt", bnn, guide)
+    pyro.clear_param_store()
+    fresh = pyro_bbb.BNN(Masked(), likelihoods.Gaussian(scale=0.5))
+    with pytest.raises(ValueError, match=r"infinite values in the model parameters \['net.scale'\]"):
+        pyro_bbb.load(tmp_path / "diverged.pt", fresh, pyro_bbb.MeanFieldGuide(fresh))
+    assert len(pyro.get_param_store()) == 0
+
+
+def test_a_refused_load_leaves_the_param_store_as_it_was_so_the_right_model_loads_next(tmp_path):
+    def make(width):
+        return pyro_bbb.BNN(torch.nn.Sequential(BayesianLinear(3, width), torch.nn.ReLU(), BayesianLinear(width, 1)),
+                            likelihoods.Gaussian(scale=0.5))
+
+    pyro.clear_param_store()
+    x, y = torch.randn(30, 3), torch.randn(30)
+    bnn = make(8)
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=1, progress=False, kl_weight=1)
+    pyro_bbb.save(tmp_path / "eight.pt", bnn, guide)
+    pyro.clear_param_store()
+    wrong = make(16)
+    with pytest.raises(ValueError, match="does not fit this model"):
+        pyro_bbb.load(tmp_path / "eight.pt", wrong, pyro_bbb.MeanFieldGuide(wrong))
+    assert len(pyro.get_param_store()) == 0
+    right = make(8)
+    right_guide = pyro_bbb.load(tmp_path / "eight.pt", right, pyro_bbb.MeanFieldGuide(right))
+    torch.testing.assert_close(right_guide.site_posteriors()["net.0.weight"].loc,
+                               guide.site_posteriors()["net.0.weight"].loc)

@@ -39,7 +39,7 @@ from ..infer.elbo import ELBO
 from ..infer.estimators import PosteriorReader
 from ..infer.guide import point_estimate_parts
 from ..infer.tempering import kl_weight_of
-from ..nn.module import training_mode
+from ..nn.module import buffers_kept, training_mode
 from ..priors import strip_independent
 
 __all__ = ["Evidence", "evidence", "compare_evidence"]
@@ -188,7 +188,7 @@ def evidence(
         _refuse_point_estimates(guide, batches)
         if seed is not None:
             pyro.set_rng_seed(seed)
-        with torch.no_grad(), training_mode(model, True):
+        with torch.no_grad(), training_mode(model, True), buffers_kept(model):  # (batch norm's statistics kept)
             draws = torch.tensor([_one_draw(elbo, model, guide, batches) for _ in range(num_draws)],
                                  dtype=torch.float64)
     finally:

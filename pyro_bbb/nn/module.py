@@ -19,7 +19,7 @@ from ..priors import Prior, as_prior, initial_width, prior_state
 from .functional import bayesian_affine
 
 __all__ = [
-    "BayesianModule", "is_layer_prior", "site_owners", "current_priors",
+    "BayesianModule", "is_layer_prior", "site_owners", "current_priors", "buffers_kept",
 ]
 
 
@@ -109,6 +109,29 @@ def training_mode(model, training: bool) -> Iterator[None]:
     finally:
         for module, mode in zip(modules, modes):
             module.training = mode
+
+
+@contextmanager
+def buffers_kept(model) -> Iterator[None]:
+    """Run with ``model``'s buffers (batch norm's running statistics and counts) put back as they were after: for a
+    pass in training mode that must not change the model (``evidence``'s draws).
+
+    Examples
+    --------
+    >>> norm = torch.nn.BatchNorm1d(2)
+    >>> with buffers_kept(norm):
+    ...     _ = norm(torch.randn(8, 2))
+    >>> int(norm.num_batches_tracked), float(norm.running_mean.abs().sum())
+    (0, 0.0)
+    """
+    kept = [(buffer, buffer.detach().clone()) for buffer in model.buffers()] if isinstance(model, torch.nn.Module) \
+        else []
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in kept:
+                buffer.copy_(value)
 
 
 def current_priors(model) -> dict[str, torch.distributions.Distribution]:
