@@ -100,6 +100,11 @@ class TrainingStep:
                 f"pyro_bbb.MeanFieldGuide provides; {type(guide).__name__} does not. Use estimator='reparam' with "
                 "this guide, or a MeanFieldGuide."
             )
+        if estimator == "moments" and num_particles != 1:
+            raise ValueError(
+                f"estimator='moments' computes the expected log-likelihood exactly, so num_particles={num_particles} "
+                "would repeat the same computation; use num_particles=1."
+            )
         self.elbo = ELBO(num_data=num_data, kl_weight=kl_weight, num_particles=num_particles,
                          data_plate=data_plate_of(model))  # the one owner of N and the KL weight
         if isinstance(optimizer, IVON):

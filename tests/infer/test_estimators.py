@@ -720,3 +720,14 @@ def test_a_pyro_bbb_layer_called_twice_in_one_run_is_an_error_under_an_estimator
         single_trace = poutine.trace(single_guide).get_trace(x)
         for _ in range(2):
             poutine.replay(single, trace=single_trace)(x)
+
+
+def test_moments_with_several_particles_is_refused_before_anything_changes():
+    """Only vectorized particles were refused: num_particles=4 ran the same exact computation four times."""
+    pyro.clear_param_store()
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(0.5))
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    with pytest.raises(ValueError, match=r"estimator='moments' .* num_particles=4 .* use num_particles=1"):
+        pyro_bbb.fit(bnn, guide, (torch.randn(40, 3), torch.randn(40)), epochs=1, progress=False, kl_weight=1,
+                     estimator="moments", num_particles=4)
+    assert len(pyro.get_param_store()) == 0
