@@ -184,8 +184,10 @@ class MeanFieldGuide(AutoNormalHooks):
             warn_at_caller(
                 f"MeanFieldGuide: Pyro's param store already holds a posterior for the sites {adopted[:5]}"
                 f"{' ...' if len(adopted) > 5 else ''}, trained by an earlier guide under the same names; this guide "
-                "starts from it, not from its own initialisation. Call pyro.clear_param_store() before building a "
-                "new model and guide to start afresh (or ignore this if continuing that training is what you want).",
+                "starts from it, not from its own initialisation, and the model's deterministic parameters under "
+                "names the earlier model used (a pretrained body's weights) are the earlier model's too. Call "
+                "pyro.clear_param_store() before building a new model and guide to start afresh (or ignore this if "
+                "continuing that training is what you want).",
                 AdoptedPosteriorWarning,
             )
         # what set-up left: any later step, load or restore replaces or changes these (see `is_untrained`)
