@@ -46,9 +46,10 @@ def test_predict_s_fallback_points_at_the_user_s_line_from_predict_and_from_fit_
     guide = pyro_bbb.MeanFieldGuide(model)
     from_fit = _caught(lambda: pyro_bbb.fit(model, guide, (x, y), epochs=6, progress=False, seed=0))
     from_predict = _caught(lambda: pyro_bbb.predict(model, guide, x, num_samples=4))
-    for caught in (from_fit, from_predict):
+    for caught, said_by in ((from_fit, "fit, scoring the KL weight's candidates: "), (from_predict, "predict: ")):
         fallbacks = [w for w in caught if "one call per draw" in str(w.message)]
         assert fallbacks and all(w.filename == __file__ for w in fallbacks)
+        assert all(str(w.message).startswith(said_by) for w in fallbacks)  # the function the user called
 
 
 def test_the_num_data_warning_of_a_pyro_svi_step_points_at_the_step():

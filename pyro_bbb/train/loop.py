@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -371,7 +372,13 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
 
     def score() -> torch.Tensor:
         x_held, y_held = fold["held_out"]
-        pred = predict(model, guide, inputs_to(x_held, batches.device), num_samples=num_samples, batch_size=batch_size)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pred = predict(model, guide, inputs_to(x_held, batches.device), num_samples=num_samples,
+                           batch_size=batch_size)
+        for warning in caught:  # predict's words, said as fit's (the user called fit, which scores with predict)
+            warn_at_caller(str(warning.message).replace("predict: ", "fit, scoring the KL weight's candidates: ", 1),
+                           warning.category)
         log_density = metrics.log_likelihood(pred, y_held.to(pred.samples.device), reduction="none")
         log_density = log_density.detach().cpu().double()
         return torch.where(torch.isfinite(log_density), log_density, -math.inf)  # a NaN prediction is never chosen
