@@ -272,24 +272,25 @@ def load(path: str | os.PathLike, model, guide, optimizer=None):
         if diverged:
             raise ValueError(f"{os.fspath(path)!r} holds infinite values in the model parameters {diverged}; refusing "
                              "to load a diverged model.")
-    except ValueError:
+        saved_optimizer = checkpoint.get("optimizer")
+        if optimizer is not None:
+            if not isinstance(saved_optimizer, dict) or not isinstance(saved_optimizer.get("state"), dict):
+                raise ValueError("the checkpoint holds no optimizer state: save it with pyro_bbb.save(..., "
+                                 "optimizer=...).")
+            if saved_optimizer.get("class") != type(optimizer).__name__:
+                raise ValueError(
+                    f"the checkpoint holds the state of a {saved_optimizer.get('class')}, not of a "
+                    f"{type(optimizer).__name__}; pass an optimizer of the class that was saved."
+                )
+        choice = checkpoint.get("kl_weight_choice")
+        choice = None if choice is None else KLWeightChoice.from_dict(choice)  # (a bad record: ValueError)
+        if optimizer is not None:  # first: a state it refuses leaves the model and guide as they were
+            optimizer.set_state(saved_optimizer["state"])
+    except BaseException:  # (a model that cannot run the example rows raises torch's own errors)
         param_store = pyro.get_param_store()
         for name in set(param_store.keys()) - keys_before:
             del param_store[name]
         raise
-    saved_optimizer = checkpoint.get("optimizer")
-    if optimizer is not None:
-        if not isinstance(saved_optimizer, dict) or not isinstance(saved_optimizer.get("state"), dict):
-            raise ValueError("the checkpoint holds no optimizer state: save it with pyro_bbb.save(..., optimizer=...).")
-        if saved_optimizer.get("class") != type(optimizer).__name__:
-            raise ValueError(
-                f"the checkpoint holds the state of a {saved_optimizer.get('class')}, not of a "
-                f"{type(optimizer).__name__}; pass an optimizer of the class that was saved."
-            )
-    choice = checkpoint.get("kl_weight_choice")
-    choice = None if choice is None else KLWeightChoice.from_dict(choice)  # (a bad record: ValueError, nothing changed)
-    if optimizer is not None:  # first: a state it refuses leaves the model and guide as they were
-        optimizer.set_state(saved_optimizer["state"])
     if isinstance(model, torch.nn.Module):
         model.load_state_dict(checkpoint["model_state"])
     guide.load_state_dict(checkpoint["guide_state"])

@@ -385,3 +385,29 @@ def test_a_refused_load_leaves_the_param_store_as_it_was_so_the_right_model_load
     right_guide = pyro_bbb.load(tmp_path / "eight.pt", right, pyro_bbb.MeanFieldGuide(right))
     torch.testing.assert_close(right_guide.site_posteriors()["net.0.weight"].loc,
                                guide.site_posteriors()["net.0.weight"].loc)
+
+
+def test_a_load_refused_late_or_by_torch_leaves_the_param_store_as_it_was(tmp_path):
+    """The clean-up ran for the shape check's ValueError only: a model that cannot run the example rows (torch's
+    RuntimeError) or a refused optimizer state left the wrong set-up's entries in the store."""
+    def make(width):
+        net = torch.nn.Sequential(torch.nn.Linear(3, width), torch.nn.ReLU(), torch.nn.Linear(4, 2),
+                                  BayesianLinear(2, 1))
+        return pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
+
+    pyro.clear_param_store()
+    x, y = torch.randn(30, 3), torch.randn(30)
+    bnn = make(4)
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=1, progress=False, kl_weight=1)
+    pyro_bbb.save(tmp_path / "four.pt", bnn, guide)
+    pyro.clear_param_store()
+    wrong = make(5)
+    with pytest.raises(RuntimeError):
+        pyro_bbb.load(tmp_path / "four.pt", wrong, pyro_bbb.MeanFieldGuide(wrong))
+    assert len(pyro.get_param_store()) == 0
+    right = make(4)
+    with pytest.raises(ValueError, match="holds no optimizer state"):
+        pyro_bbb.load(tmp_path / "four.pt", right, pyro_bbb.MeanFieldGuide(right), optimizer=pyro_bbb.optim.Adam())
+    assert len(pyro.get_param_store()) == 0
+    pyro_bbb.load(tmp_path / "four.pt", right, pyro_bbb.MeanFieldGuide(right))

@@ -140,8 +140,9 @@ class ELBO(TraceMeanField_ELBO):
         Size N of the training set. ``None`` leaves scales as the model declares them.
     kl_weight : float or callable
         Weight of the KL, or a schedule ``step -> weight`` (:mod:`pyro_bbb.infer.schedules`) whose :attr:`step`
-        advances once per :meth:`loss_and_grads` or :meth:`differentiable_loss` (a training step; not per
-        :meth:`loss`), for each (model, guide) pair apart.
+        advances once per :meth:`loss_and_grads` or :meth:`differentiable_loss` (a training step, whose weight
+        is recorded on the guide: :mod:`~pyro_bbb.infer.tempering`; not per :meth:`loss`), for each (model, guide)
+        pair apart.
     num_particles, vectorize_particles, **kwargs :
         As in :class:`pyro.infer.TraceMeanField_ELBO` (a vectorized model that reads the particle dimension as its
         batch is found at the first call and run one particle at a time, with a warning).
@@ -303,7 +304,8 @@ class ELBO(TraceMeanField_ELBO):
     def differentiable_loss(self, model, guide, *args, **kwargs):
         with without_trace_shapes(), self.recording(model, guide, gradients=True):
             loss = super().differentiable_loss(model, guide, *args, **kwargs)
-        self.step += 1  # a training step's objective (Pyro's recipe for a torch optimizer): the schedule advances
+        self.step += 1  # a training step's objective (Pyro's recipe for a torch optimizer): the schedule advances,
+        note_trained_weight(guide, self.last_terms["kl_weight"])  # and the guide is trained at this weight
         return loss
 
     def loss_and_grads(self, model, guide, *args, **kwargs):
@@ -322,8 +324,7 @@ class ELBO(TraceMeanField_ELBO):
                     (surrogate_loss / self.num_particles).backward(retain_graph=self.retain_graph)
                 warn_if_nan(loss, "loss")
         self.step += 1
-        # a training step (SVI's): what summary, evidence, the export and save report as the guide's weight
-        note_trained_weight(guide, self.last_terms["kl_weight"])
+        note_trained_weight(guide, self.last_terms["kl_weight"])  # what summary, evidence, export and save report
         return loss
 
     # -- the bookkeeping of a call -------------------------------------------------------------------------------------

@@ -157,8 +157,10 @@ class PosteriorReader(Messenger):
     def _pyro_bayesian_affine(self, msg: dict[str, Any]) -> None:
         input, weight, bias = msg["args"]
         kwargs = msg["kwargs"]
-        met = self._layer_draws.get(id(weight))
-        if met is not None and met() is weight:  # one draw (a layer called twice in a run), not a freed one's id
+        draw = kwargs.get("draw")
+        draw = weight if draw is None else draw  # (the site's draw itself, not a view made of it for folded draws)
+        met = self._layer_draws.get(id(draw))
+        if met is not None and met() is draw:  # one draw (a layer called twice in a run), not a freed one's id
             raise ValueError(
                 f"{self.estimator}: the layer of weight site {kwargs['weight_site']!r} is called twice in one model "
                 "run; each call would get its own perturbation of what is one shared weight draw (a wrong "
@@ -167,7 +169,7 @@ class PosteriorReader(Messenger):
             )
         if len(self._layer_draws) > 4096:  # a handler kept across many runs outside pyro_bbb.ELBO: forget dead draws
             self._layer_draws = {k: ref for k, ref in self._layer_draws.items() if ref() is not None}
-        self._layer_draws[id(weight)] = weakref.ref(weight)
+        self._layer_draws[id(draw)] = weakref.ref(draw)
         msg["value"] = self._estimate(input, weight, bias, kwargs["apply"], kwargs["feature_dims"],
                                       kwargs["weight_site"], kwargs["bias_site"])
         msg["done"] = True

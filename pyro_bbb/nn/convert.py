@@ -23,6 +23,7 @@ from pyro.nn.module import to_pyro_module_
 from torch import nn
 
 from .._internals import ConvNd, ConvTransposeNd, sampled_attributes
+from .._warnings import warn_at_caller
 from ..priors import Prior
 from . import conv
 from .linear import BayesianLinear
@@ -65,12 +66,14 @@ def _twin_type(module: nn.Module) -> type[BayesianModule] | None:
 def _refuse_what_a_twin_would_change(converted: nn.Module, candidates: list[tuple[str, nn.Module]]) -> None:
     """A Bayesian twin runs its torch base class's forward on parameters of its own: a layer whose behaviour lies
     elsewhere -- a subclass's own ``forward``, hooks, a parametrization (``weight_norm``), a ``Parameter`` shared
-    with another module (tied weights) -- would change without a word. Each is an error naming the layers."""
+    with another layer converted too (tied weights) -- would change without a word. Each is an error naming the
+    layers; a layer tied to a module that stays deterministic (a language model's head tied to its embedding) is
+    converted with a warning that training unties them."""
     holders: dict[int, list[str]] = {}
     for module_name, module in converted.named_modules():
         for param in module.parameters(recurse=False):
             holders.setdefault(id(param), []).append(module_name)
-    problems = []
+    problems, untied, names = [], [], {name for name, _ in candidates}
     for name, layer in candidates:
         base = next(b for b in SUPPORTED if isinstance(layer, b))
         if type(layer).forward is not base.forward:
@@ -85,11 +88,20 @@ def _refuse_what_a_twin_would_change(converted: nn.Module, candidates: list[tupl
             problems.append(f"{name}: a parametrization (weight_norm, spectral_norm, ...) of "
                             f"{sorted(layer.parametrizations)}; remove it first (nn.utils.parametrize."
                             "remove_parametrizations)")
+        # a module whose parameter is also another's (not an ancestor's alias, as a head's bias often is): tied
         tied = sorted({other for param in layer.parameters(recurse=False) for other in holders[id(param)]
-                       if other != name})
-        if tied:
-            problems.append(f"{name}: its parameters are tied to {tied}'s (one Parameter in two modules), and two "
-                            "posteriors would untie them")
+                       if other != name and not (other == "" or name.startswith(other + "."))})
+        converted_too = [other for other in tied if other in names]
+        if converted_too:
+            problems.append(f"{name}: its parameters are tied to {converted_too}'s (one Parameter in two layers), "
+                            "and two posteriors would untie them")
+        elif tied:
+            untied.append(f"{name} (tied to {tied})")
+    if untied:
+        warn_at_caller(
+            f"bayesianize: {', '.join(untied)}: the Bayesian layer gets a posterior of its own, started at the tied "
+            "weight, and the other module keeps the deterministic one, so training unties them (a weight-tied "
+            "language model's head, e.g.). To keep them tied, leave the layer deterministic (exclude=[...]).")
     if problems:
         raise ValueError("bayesianize would silently change these layers: " + "; ".join(problems) + ". Leave them "
                          "deterministic (exclude=[...]), or change them first.")
@@ -258,7 +270,7 @@ def bayesianize(
     for name, layer in candidates:
         twin = _make_twin(layer, _twin_type(layer), _prior_for(prior, name, layer), init_from_weights)
         for path in [n for n, m in references if m is layer]:  # gets the same twin (one posterior, as before one
-            parent_name, _, child = path.rpartition(".")       # set of weights)
-            setattr(converted.get_submodule(parent_name) if parent_name else converted, child, twin)
+            parent_name, _, child = path.rpartition(".")       # set of weights), in its place in the parent's order
+            (converted.get_submodule(parent_name) if parent_name else converted).add_module(child, twin)
     to_pyro_module_(converted)
     return converted

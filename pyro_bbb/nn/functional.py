@@ -165,6 +165,7 @@ def _affine(
     feature_dims: int,
     weight_site: str | None = None,
     bias_site: str | None = None,
+    draw: torch.Tensor | None = None,
 ) -> torch.Tensor:
     return apply(input, weight, bias)
 
@@ -173,7 +174,8 @@ def _affine(
 #: (:func:`batched_linear`, or :func:`batched_conv` with the layer's settings). It is a Pyro effectful operation of
 #: type ``"bayesian_affine"``: outside any handler it is exactly ``apply(input, weight, bias)``; the estimators in
 #: :mod:`pyro_bbb.infer.estimators` intercept it (``feature_dims`` is how many trailing dimensions describe one example:
-#: 1 for linear, 1 + spatial dims for convolutions; ``weight_site`` / ``bias_site`` name the sample sites).
+#: 1 for linear, 1 + spatial dims for convolutions; ``weight_site`` / ``bias_site`` name the sample sites; ``draw`` is
+#: the weight site's draw itself, when ``weight`` is a view made of it for folded draws).
 bayesian_affine = effectful(_affine, type="bayesian_affine")
 
 

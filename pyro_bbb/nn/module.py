@@ -321,6 +321,7 @@ class BayesianModule(PyroModule):
         output = bayesian_affine(
             rows if folded else input, weight, bias, apply=apply, feature_dims=feature_dims,
             weight_site=site_name(prefix, "weight"), bias_site=site_name(prefix, "bias") if has_bias else None,
+            draw=self.weight,
         )
         return fold_affine_output(output, input, feature_dims) if folded else output
 

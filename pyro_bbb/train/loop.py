@@ -271,7 +271,8 @@ def fit(
             optimizer.set_learning_rate(lr_given)
     if choice is None:  # a number or a schedule: the weight the last step used (before any step: a number's own), of
         given = float(kl_weight) if isinstance(kl_weight, int | float) else 1.0  # the epoch early stopping put back
-        kept = history.best_epoch if history.best_epoch is not None else len(history)
+        restored = early_stopping is not None and early_stopping.restore_best and history.best_epoch is not None
+        kept = history.best_epoch if restored else len(history)
         choice = KLWeightChoice(kl_weight=float(history["kl_weight"][kept - 1]) if kept else given)
     record_kl_weight(guide, choice)
     history.kl_weight_choice = kl_weight_of(guide) or choice  # (as recorded: a point-estimate guide says so)

@@ -722,6 +722,26 @@ def test_a_pyro_bbb_layer_called_twice_in_one_run_is_an_error_under_an_estimator
             poutine.replay(single, trace=single_trace)(x)
 
 
+def test_a_layer_called_twice_is_refused_with_vectorized_particles_too():
+    """Folded particle draws reach the estimator as a new view on every call: the check reads the draw itself."""
+
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.h = BayesianLinear(1, 1, bias=False)
+
+        def forward(self, x):
+            return self.h(self.h(x))
+
+    pyro.clear_param_store()
+    bnn = pyro_bbb.BNN(Twice(), likelihoods.Gaussian(0.5))
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    x, y = torch.ones(6, 1), torch.ones(6)
+    elbo = pyro_bbb.ELBO(num_data=6, num_particles=3, vectorize_particles=True)
+    with pyro_bbb.flipout(), pytest.raises(ValueError, match="called twice in one model run"):
+        elbo.loss(bnn, guide, x, y)
+
+
 def test_moments_with_several_particles_is_refused_before_anything_changes():
     """Only vectorized particles were refused: num_particles=4 ran the same exact computation four times."""
     pyro.clear_param_store()

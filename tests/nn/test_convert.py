@@ -251,6 +251,33 @@ def test_a_layer_used_at_two_places_becomes_one_bayesian_layer_at_both():
     assert lin.weight is net[0].weight  # the original is untouched
 
 
+def test_a_pyro_module_keeps_its_layers_order_so_the_same_network_runs():
+    """PyroModule's setattr moved a replaced child to the end of its parent: Sequential then ran Tanh first."""
+    net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    pyro.nn.module.to_pyro_module_(net)
+    converted = pyro_bbb.bayesianize(net)
+    assert list(converted._modules) == ["0", "1", "2"] and isinstance(converted[0], BayesianLinear)
+    again = pyro_bbb.bayesianize(pyro_bbb.bayesianize(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)),
+                                                      last_layer_only=True), include=["0"])
+    assert list(again._modules) == ["0", "1", "2"]
+
+
+def test_a_head_tied_to_an_embedding_left_deterministic_is_converted_with_a_warning_and_an_alias_is_no_tie():
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(10, 4), nn.Linear(4, 10)
+            self.head.weight = self.emb.weight  # tied, as in a language model
+            self.bias = self.head.bias  # a parent's alias of its child's bias: no tie
+
+        def forward(self, ids):
+            return self.head(self.emb(ids))
+
+    with pytest.warns(UserWarning, match=r"head \(tied to \['emb'\]\).*training unties them"):
+        converted = pyro_bbb.bayesianize(LM(), include=["head"])
+    assert isinstance(converted.head, BayesianLinear)
+
+
 @pytest.mark.parametrize("case", ["own forward", "hook", "weight_norm", "tied"])
 def test_what_a_bayesian_twin_would_silently_change_is_refused(case):
     class Scaled(nn.Linear):

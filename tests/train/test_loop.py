@@ -612,9 +612,11 @@ def test_a_bad_dataloader_batch_also_gives_back_a_pyro_bbb_optimizers_state():
     )
 
 
-def test_early_stopping_records_the_kl_weight_of_the_epoch_it_put_back():
+@pytest.mark.parametrize("restore_best", [True, False])
+def test_early_stopping_records_the_kl_weight_of_the_epochs_it_keeps(restore_best):
     """A warm-up with early stopping put back epoch 1 (weight 0.25) and recorded the last epoch's weight 1: 'the
-    Bayes posterior' in summary, the export and save."""
+    Bayes posterior' in summary, the export and save. Without restore_best the last epoch's parameters stay, and
+    its weight is the one recorded."""
     from pyro_bbb.infer.schedules import LinearWarmup
 
     pyro.clear_param_store()
@@ -626,10 +628,10 @@ def test_early_stopping_records_the_kl_weight_of_the_epoch_it_put_back():
     guide = pyro_bbb.MeanFieldGuide(model)
     history = pyro_bbb.fit(model, guide, (x[:100], y[:100]), epochs=10, batch_size=25, lr=0.03, progress=False,
                            seed=0, kl_weight=LinearWarmup(12), validation_data=(x[100:], y[100:]),
-                           early_stopping=pyro_bbb.EarlyStopping(patience=3))
-    assert history.best_epoch < len(history)  # an earlier epoch was put back, at a smaller weight than the last's
-    kept = history["kl_weight"][history.best_epoch - 1]
-    assert kept < history["kl_weight"][-1]
+                           early_stopping=pyro_bbb.EarlyStopping(patience=3, restore_best=restore_best))
+    weights = history["kl_weight"]
+    assert history.best_epoch == 1 and len(history) == 4 and weights[0] < weights[-1]  # stopped after a worse 2-4
+    kept = weights[0] if restore_best else weights[-1]
     assert history.kl_weight_choice.kl_weight == kept
     assert pyro_bbb.infer.tempering.kl_weight_of(guide).kl_weight == kept
 

@@ -663,11 +663,14 @@ def test_a_fit_stopped_while_choosing_keeps_the_weight_record_it_found(monkeypat
     assert_params_unchanged(before)
 
 
-def test_gradients_without_a_step_leave_the_weight_record_alone():
-    """A gradient diagnostic after fit (differentiable_loss and autograd.grad, as benchmarks/gradient_variance.py
-    does) is not training: the guide still says the weight fit trained it at."""
+def test_a_gradient_computation_is_a_training_step_that_keeps_fits_record_at_fits_weight():
+    """differentiable_loss is Pyro's recipe for a torch optimizer's loop: it records the weight it computes at (a
+    guide trained that way had no record, or fit's stale one), keeping fit's record, with its scores, at fit's
+    weight."""
     (x, y), model, guide, _ = set_up_regression()
     history = pyro_bbb.fit(model, guide, (x, y), epochs=2, batch_size=16, progress=False, kl_weight=0.01)
-    loss = pyro_bbb.ELBO(num_data=len(y)).differentiable_loss(model, guide, x, y)
+    loss = pyro_bbb.ELBO(num_data=len(y), kl_weight=0.01).differentiable_loss(model, guide, x, y)
     torch.autograd.grad(loss, list(guide.parameters()))
     assert kl_weight_of(guide) is history.kl_weight_choice
+    pyro_bbb.ELBO(num_data=len(y)).differentiable_loss(model, guide, x, y)
+    assert kl_weight_of(guide) == KLWeightChoice(kl_weight=1.0)
