@@ -421,7 +421,7 @@ def is_point_estimate(guide) -> bool:
 
     Examples
     --------
-    >>> from pyro.infer.autoguide import AutoDelta, AutoGuideList, AutoNormal
+    >>> from pyro.infer.autoguide import AutoDelta
     >>> layer = BayesianLinear(2, 1)
     >>> is_point_estimate(AutoDelta(layer)), is_point_estimate(MeanFieldGuide(layer))
     (True, False)
@@ -476,7 +476,7 @@ def site_loc_scale(guide, name: str) -> tuple[torch.Tensor, torch.Tensor]:
 
     Examples
     --------
-    >>> from pyro.infer.autoguide import AutoDelta, AutoGuideList, AutoLaplaceApproximation, AutoNormal
+    >>> from pyro.infer.autoguide import AutoNormal
     >>> pyro.clear_param_store()
     >>> guide = AutoNormal(BayesianLinear(2, 1), init_scale=0.05)
     >>> _ = guide(torch.zeros(1, 2))
@@ -532,7 +532,7 @@ def site_param_names(guide, name: str) -> tuple[str, str]:
 
     Examples
     --------
-    >>> from pyro.infer.autoguide import AutoDelta, AutoGuideList, AutoLaplaceApproximation, AutoNormal
+    >>> from pyro.infer.autoguide import AutoNormal
     >>> site_param_names(AutoNormal(BayesianLinear(2, 1)), "weight")
     ('AutoNormal.locs.weight', 'AutoNormal.scales.weight')
     """

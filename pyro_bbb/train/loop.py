@@ -269,8 +269,9 @@ def fit(
     finally:  # lr_final's schedule is this fit's: the optimizer keeps the rate it was given, for the next fit
         if lr_given is not None:
             optimizer.set_learning_rate(lr_given)
-    if choice is None:  # a number or a schedule: the weight the last step used (before any step: a number's own), of
-        given = float(kl_weight) if isinstance(kl_weight, int | float) else 1.0  # the epoch early stopping put back
+    if choice is None:  # a number or a schedule: the weight of the epoch the parameters are from (the last one, or
+        # the one early stopping put back); before any step, a number's own
+        given = float(kl_weight) if isinstance(kl_weight, int | float) else 1.0
         restored = early_stopping is not None and early_stopping.restore_best and history.best_epoch is not None
         kept = history.best_epoch if restored else len(history)
         choice = KLWeightChoice(kl_weight=float(history["kl_weight"][kept - 1]) if kept else given)
