@@ -113,6 +113,9 @@ class TrainingStep:
         self.clip_norm, self.estimator, self.distributed = clip_norm, estimator_context, distributed
         self.snapshot: dict[torch.Tensor, torch.Tensor] = {}
         self.initial: dict[torch.Tensor, torch.Tensor] = {}  # each parameter as this fit first saw it
+        # and the model's buffers (batch norm's running statistics) as they are now
+        self.initial_buffers = [(b, b.detach().clone()) for b in model.buffers()] \
+            if isinstance(model, torch.nn.Module) else []
         self.last_finite_loss: float | None = None
         self.global_loss = math.nan
         self.steps = 0
@@ -234,10 +237,12 @@ class TrainingStep:
 
     @torch.no_grad()
     def restore_initial(self) -> None:
-        """Every parameter back to its value when this fit first used it, and a pyro_bbb optimizer's state to what
-        it was at the start of fit."""
+        """Every parameter back to its value when this fit first used it, the model's buffers and a pyro_bbb
+        optimizer's state to what they were at the start of fit."""
         for param, value in self.initial.items():
             param.copy_(value)
+        for buffer, value in self.initial_buffers:
+            buffer.copy_(value)
         if self.initial_optimizer_state is not None:
             self.optimizer.set_state(self.initial_optimizer_state)
 

@@ -654,3 +654,24 @@ def test_a_callbacks_value_error_puts_the_parameters_and_the_record_back_whateve
     after = params()
     assert all(torch.equal(before[name], after[name]) for name in before)
     assert pyro_bbb.infer.tempering.kl_weight_of(guide) is record
+
+
+def test_a_rollback_puts_back_batch_norms_statistics_too():
+    """restore_initial put back the parameters only: after a callback's ValueError (or a bad batch) with a number as
+    the weight, batch norm kept the running statistics of the steps that were undone."""
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    x, y = torch.randn(60, 3), torch.randn(60)
+    net = torch.nn.Sequential(BayesianLinear(3, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), BayesianLinear(8, 1))
+    model = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
+    guide = pyro_bbb.MeanFieldGuide(model)
+    statistics = {name: value.clone() for name, value in net[1].named_buffers()}
+
+    def failing(epoch, history):
+        raise ValueError("my callback failed")
+
+    with pytest.raises(ValueError, match="my callback failed"):
+        pyro_bbb.fit(model, guide, (x, y), epochs=2, batch_size=20, progress=False, kl_weight=1.0,
+                     callbacks=[failing])
+    for name, value in net[1].named_buffers():
+        assert torch.equal(value, statistics[name]), name
