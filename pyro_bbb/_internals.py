@@ -39,7 +39,8 @@ __all__ = [
     "active_param_trace",
     "is_tracing", "tensor_version", "module_buffer", "foreach_norm", "foreach_copy_", "all_finite",
     "fused_adam_step", "optimizer_has_step_hooks", "recurrent_kernel", "ConvNd", "ConvTransposeNd",
-    "without_trace_shapes", "active_messengers", "replayed_for_gradients", "PyroOptimizerState",
+    "without_trace_shapes", "active_messengers", "replayed_for_gradients", "PyroOptimizerState", "module_hooks",
+    "sampled_attributes",
 ]
 
 #: The releases every access below was checked on.
@@ -258,6 +259,21 @@ def preset_samples(module: torch.nn.Module, values: dict[str, torch.Tensor]) -> 
 
 def _emitted_prior(module: torch.nn.Module, prior: Any):
     return prior if hasattr(prior, "sample") else prior(module)
+
+
+def module_hooks(module: torch.nn.Module) -> list[str]:
+    """The kinds of hook registered on ``module`` itself (``"forward_hooks"``, ``"forward_pre_hooks"``, ...; torch
+    keeps each kind in a private dict of the module), ``[]`` for none.
+
+    Examples
+    --------
+    >>> layer = torch.nn.Linear(2, 1)
+    >>> _ = layer.register_forward_hook(lambda module, inputs, output: output)
+    >>> module_hooks(layer), module_hooks(torch.nn.Linear(2, 1))
+    (['forward_hooks'], [])
+    """
+    kinds = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    return [kind.strip("_") for kind in kinds if getattr(module, kind, None)]
 
 
 def sampled_attributes(module: torch.nn.Module) -> list[str]:

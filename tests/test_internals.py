@@ -214,3 +214,14 @@ def test_every_private_access_of_the_package_is_in_the_adapter():
             if pattern.search(code) and not code.lstrip().startswith(("\"", "'", ">>>")):
                 offenders.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_module_hooks_reads_each_kind_torch_keeps():
+    layer = torch.nn.Linear(2, 1)
+    assert _internals.module_hooks(layer) == []
+    layer.register_forward_hook(lambda module, inputs, output: output)
+    layer.register_forward_pre_hook(lambda module, inputs: inputs)
+    layer.register_full_backward_hook(lambda module, grad_input, grad_output: None)
+    layer.register_full_backward_pre_hook(lambda module, grad_output: None)
+    assert _internals.module_hooks(layer) == ["forward_hooks", "forward_pre_hooks", "backward_hooks",
+                                              "backward_pre_hooks"]

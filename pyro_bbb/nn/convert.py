@@ -22,7 +22,7 @@ from pyro.nn import PyroModule
 from pyro.nn.module import to_pyro_module_
 from torch import nn
 
-from .._internals import ConvNd, ConvTransposeNd, sampled_attributes
+from .._internals import ConvNd, ConvTransposeNd, module_hooks, sampled_attributes
 from .._warnings import warn_at_caller
 from ..priors import Prior
 from . import conv
@@ -79,11 +79,10 @@ def _refuse_what_a_twin_would_change(converted: nn.Module, candidates: list[tupl
         if type(layer).forward is not base.forward:
             problems.append(f"{name}: {type(layer).__name__} has its own forward, which {base.__name__}'s would "
                             "replace")
-        hooks = [kind for kind in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-                 if getattr(layer, kind, None)]  # (torch keeps a module's hooks in these dicts)
+        hooks = module_hooks(layer)
         if hooks:
-            problems.append(f"{name}: has hooks ({', '.join(h.strip('_') for h in hooks)}) the new layer would not "
-                            "have; register them on the converted layer")
+            problems.append(f"{name}: has hooks ({', '.join(hooks)}) the new layer would not have; register them on "
+                            "the converted layer")
         if nn.utils.parametrize.is_parametrized(layer):
             problems.append(f"{name}: a parametrization (weight_norm, spectral_norm, ...) of "
                             f"{sorted(layer.parametrizations)}; remove it first (nn.utils.parametrize."

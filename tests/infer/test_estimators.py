@@ -693,17 +693,20 @@ def test_a_kept_handler_takes_each_model_run_anew(handler):
             poutine.replay(model, trace=poutine.trace(guide).get_trace(x, y))(x)
 
 
+class Twice(torch.nn.Module):
+    """y = w * (w * x): one Bayesian layer called twice in a run."""
+
+    def __init__(self):
+        super().__init__()
+        self.h = BayesianLinear(1, 1, bias=False)
+
+    def forward(self, x):
+        return self.h(self.h(x))
+
+
 @pytest.mark.parametrize("handler", [pyro_bbb.flipout, pyro_bbb.local_reparameterization])
 def test_a_pyro_bbb_layer_called_twice_in_one_run_is_an_error_under_an_estimator(handler):
     """y = w * (w * x): each call got its own perturbation of the one draw, E[y] 0 instead of E[w^2] (silently)."""
-
-    class Twice(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.h = BayesianLinear(1, 1, bias=False)
-
-        def forward(self, x):
-            return self.h(self.h(x))
 
     net = Twice()
     pyro.nn.module.to_pyro_module_(net)
@@ -724,14 +727,6 @@ def test_a_pyro_bbb_layer_called_twice_in_one_run_is_an_error_under_an_estimator
 
 def test_a_layer_called_twice_is_refused_with_vectorized_particles_too():
     """Folded particle draws reach the estimator as a new view on every call: the check reads the draw itself."""
-
-    class Twice(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.h = BayesianLinear(1, 1, bias=False)
-
-        def forward(self, x):
-            return self.h(self.h(x))
 
     pyro.clear_param_store()
     bnn = pyro_bbb.BNN(Twice(), likelihoods.Gaussian(0.5))
