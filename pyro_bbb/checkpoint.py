@@ -35,6 +35,7 @@ import torch
 from ._checks import require_set_up
 from ._inputs import Inputs, cast_inputs, input_tensors, inputs_to, map_inputs
 from ._plates import data_plate_of
+from ._rng import rng_untouched
 from ._version import __version__
 from .infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
 from .nn.module import training_mode
@@ -104,7 +105,7 @@ def _used_params(model, guide, inputs) -> dict[str, torch.Tensor]:
     and ``pyro.param`` sites outside any module), by param-store name: unconstrained values, live."""
     # the draw must not move the user's random stream, nor the model (evaluation mode: batch norm reads its running
     # statistics, does not update them, and takes the one example row)
-    with torch.random.fork_rng(devices=[]), torch.no_grad(), poutine.block(), training_mode(model, False), \
+    with rng_untouched(), torch.no_grad(), poutine.block(), training_mode(model, False), \
             poutine.trace(param_only=True) as params:
         guide_trace = poutine.trace(guide).get_trace(*inputs)
         poutine.replay(model, trace=guide_trace)(*inputs)

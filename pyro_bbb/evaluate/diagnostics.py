@@ -27,6 +27,7 @@ import pyro.distributions as dist
 import torch
 
 from .._kl import elementwise_kl, total_kl
+from .._rng import rng_untouched
 from .._warnings import warn_at_caller
 from ..infer.guide import require_fitted_posteriors, site_loc_scale, site_posterior
 from ..infer.tempering import kl_weight_of
@@ -83,7 +84,8 @@ def layer_summary(model: Callable, guide, tails: bool = True) -> dict[str, dict[
     judges collapse by). ``tails=False`` leaves out ``kl_q99`` (the percentile sorts every weight's KL: a third of the
     summary's time; what :func:`pyro_bbb.fit` records after every epoch does not need it). Latent sites outside Bayesian
     layers (e.g. a learned noise scale) are their own "layer" and report only the KL. KLs are closed-form where
-    registered, else 256-draw Monte Carlo estimates.
+    registered, else 256-draw Monte Carlo estimates (the same draws every call; the caller's random streams are left
+    as they were, so reading the posterior never changes what training draws next).
 
     Examples
     --------
@@ -97,7 +99,7 @@ def layer_summary(model: Callable, guide, tails: bool = True) -> dict[str, dict[
     require_fitted_posteriors(guide, "this diagnostic")
     owners, priors_now = site_owners(model), current_priors(model)
     parts: dict[str, dict[str, Any]] = {}
-    with pyro.validation_enabled(False):  # (the guide's own tensors: nothing to validate, a third of the time)
+    with pyro.validation_enabled(False), rng_untouched(seed=0):  # (the guide's own tensors: nothing to validate)
         for name, site in guide.prototype_trace.iter_stochastic_nodes():
             _add_site(parts, guide, name, site, owners, priors_now)
     return _summarize(parts, tails)
@@ -322,9 +324,9 @@ def _with_kl_weight(table, guide, column: bool = True):
 def parameter_summary(model: Callable, guide):
     """The posterior per weight (``fc1.weight[0, 1]``) in ArviZ's summary columns ``mean``, ``sd``, ``hdi_3%``,
     ``hdi_97%`` -- exact for a Normal posterior, no sampling (a constrained site such as a learned noise scale is
-    summarised from 4000 draws). For a guide trained by :func:`pyro_bbb.fit`, ``attrs["kl_weight"]`` holds its
-    :class:`~pyro_bbb.infer.tempering.KLWeightChoice`, as in :func:`summary` (a tempered posterior's intervals are
-    narrower by design).
+    summarised from 4000 draws, the same every call, leaving the caller's random streams as they were). For a guide
+    trained by :func:`pyro_bbb.fit`, ``attrs["kl_weight"]`` holds its :class:`~pyro_bbb.infer.tempering.KLWeightChoice`,
+    as in :func:`summary` (a tempered posterior's intervals are narrower by design).
 
     Examples
     --------
@@ -345,7 +347,8 @@ def parameter_summary(model: Callable, guide):
         if is_real_support(site["fn"].support):
             stats = {"mean": loc, "sd": scale, low: loc - z * scale, high: loc + z * scale}
         else:
-            draws = site_posterior(guide, name, site).sample((4000,)).double()
+            with rng_untouched(seed=0):
+                draws = site_posterior(guide, name, site).sample((4000,)).double()
             bounds = torch.quantile(draws, torch.tensor([(1 - HDI_PROB) / 2, (1 + HDI_PROB) / 2]).double(), 0)
             stats = {"mean": draws.mean(0), "sd": draws.std(0), low: bounds[0], high: bounds[1]}
         index = [f"{name}[{', '.join(map(str, i))}]" if loc.dim() else name for i in np.ndindex(*loc.shape)]

@@ -34,6 +34,7 @@ from .._checks import check_count, require_set_up
 from .._inputs import model_dtype
 from .._internals import active_messengers
 from .._plates import data_plate_of
+from .._rng import rng_untouched
 from ..data.batches import Batches, likelihood_of, model_device
 from ..infer.elbo import ELBO
 from ..infer.estimators import PosteriorReader
@@ -141,8 +142,8 @@ def evidence(
     batch_size : int, optional
         Evaluate the data in batches of this size (memory); ``None``: all at once.
     seed : int, optional
-        Seeds the draws (the same seed gives the same estimate; ``None`` leaves the generators alone). Pyro's and
-        torch's generators are restored afterwards either way.
+        Seeds the draws (the same seed gives the same estimate; ``None`` draws from the generators as they are).
+        Every generator (torch's on CPU and CUDA, Python's, numpy's) is as it was afterwards either way.
 
     Returns
     -------
@@ -183,16 +184,9 @@ def evidence(
     check_count("batch_size", batch_size, optional=True)
     batches = Batches(data, batch_size, likelihood_of(model), model_device(model), model_dtype(model))
     elbo = ELBO(num_data=batches.num_data, data_plate=data_plate_of(model), replay=False)
-    rng_state = pyro.util.get_rng_state()
-    try:
+    with rng_untouched(seed), torch.no_grad(), training_mode(model, True), buffers_kept(model):  # (batch norm's too)
         _refuse_point_estimates(guide, batches)
-        if seed is not None:
-            pyro.set_rng_seed(seed)
-        with torch.no_grad(), training_mode(model, True), buffers_kept(model):  # (batch norm's statistics kept)
-            draws = torch.tensor([_one_draw(elbo, model, guide, batches) for _ in range(num_draws)],
-                                 dtype=torch.float64)
-    finally:
-        pyro.util.set_rng_state(rng_state)
+        draws = torch.tensor([_one_draw(elbo, model, guide, batches) for _ in range(num_draws)], dtype=torch.float64)
     values = -draws.sum(1)  # the ELBO of each draw: -(nll + kl)
     standard_error = float(values.std() / math.sqrt(num_draws))
     return Evidence(elbo=float(values.mean()), standard_error=standard_error,

@@ -40,6 +40,7 @@ from .._inputs import (
 )
 from .._internals import without_trace_shapes
 from .._plates import data_plate_frame, data_plate_named, data_plate_of
+from .._rng import rng_untouched
 from .._warnings import warn_at_caller
 from ..nn.module import training_mode
 from .messengers import ObservationPlaceholderMessenger, SubsampleCoverMessenger
@@ -228,7 +229,7 @@ def set_up_guide(model: Callable, guide: Callable, x: Inputs) -> None:
     ['net.bias', 'net.weight']
     """
     data_plate = data_plate_of(model)
-    with without_trace_shapes(), torch.random.fork_rng(devices=[]), torch.no_grad(), poutine.block():
+    with without_trace_shapes(), rng_untouched(), torch.no_grad(), poutine.block():
         trace = poutine.trace(model).get_trace(x)
         observations = [site["value"] for site in trace.nodes.values()
                         if site["type"] == "sample" and data_plate_frame(site, data_plate) is not None

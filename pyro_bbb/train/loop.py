@@ -25,13 +25,13 @@ import pyro
 import pyro.poutine as poutine
 import torch
 from pyro.optim import PyroOptim
-from pyro.util import get_rng_state, set_rng_state
 from tqdm.auto import tqdm
 from tqdm.notebook import tqdm_notebook
 
 from .._checks import check_count, check_positive, is_set_up
 from .._inputs import inputs_to, model_dtype, num_rows, select_rows
 from .._internals import without_trace_shapes
+from .._rng import rng_untouched
 from .._warnings import warn_at_caller
 from ..data.batches import Batches, DataError, check_batch, likelihood_of, loader_rows, model_device
 from ..data.provenance import remember_training_inputs
@@ -455,11 +455,8 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
 def _raise_if_a_step_fails(step: TrainingStep, batches) -> None:
     """Raise the error a step on the first batch of all the data raises (a model or estimator error, not the split's),
     changing nothing: no parameter, no optimizer state, and the random number generators as they were."""
-    rng = get_rng_state()
-    try:
+    with rng_untouched():
         step.check(*next(iter(batches)))
-    finally:
-        set_rng_state(rng)
 
 
 def _learning_rate_of(optimizer, lr: float) -> float:

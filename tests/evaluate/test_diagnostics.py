@@ -47,6 +47,31 @@ def test_monte_carlo_kl_for_a_scale_mixture_prior():
     assert weight_kl == pytest.approx(reference, rel=0.02)
 
 
+def test_a_monte_carlo_summary_is_the_same_every_call_and_leaves_the_random_stream_alone():
+    # a user's own loop that looks at the posterior between steps must train as it would without looking
+    torch.manual_seed(0)
+    bnn, guide, x, y = fitted_3_5_1(priors.ScaleMixtureNormal(0.5, 1.0, 0.01), init_scale=0.05)
+    state = pyro.util.get_rng_state()
+    first = diagnostics.layer_summary(bnn, guide)
+    after = pyro.util.get_rng_state()
+    assert torch.equal(after["torch"], state["torch"]) and after["random"] == state["random"]
+    assert (after["numpy"][1] == state["numpy"][1]).all()
+    assert diagnostics.layer_summary(bnn, guide) == first
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (an untrained guide: check_posterior says its layers sit on the prior)
+        diagnostics.check_posterior(bnn, guide)
+    assert torch.equal(pyro.util.get_rng_state()["torch"], state["torch"])
+    # a learned noise scale (a constrained site) is summarised from draws
+    pyro.clear_param_store()
+    noisy = pyro_bbb.BNN(torch.nn.Sequential(BayesianLinear(3, 1)), likelihoods.Gaussian())
+    noisy_guide = pyro_bbb.MeanFieldGuide(noisy)
+    noisy_guide(x, y)
+    state = pyro.util.get_rng_state()
+    table = diagnostics.parameter_summary(noisy, noisy_guide)
+    assert torch.equal(pyro.util.get_rng_state()["torch"], state["torch"])
+    assert diagnostics.parameter_summary(noisy, noisy_guide).equals(table)
+
+
 def test_posterior_to_prior_std_uses_each_layers_prior():
     bnn, guide, _, _ = fitted_3_5_1(priors.FanInNormal(), init_scale=0.1)
     ratios = diagnostics.posterior_to_prior_std(bnn, guide)
