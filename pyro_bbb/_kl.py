@@ -26,7 +26,8 @@ from .distributions import EmpiricalBayesNormalDistribution
 from .priors import strip_independent
 
 __all__ = [
-    "log_prob_sum", "base_normal", "has_trainable_parameters", "normal_kl_sum", "normal_kl_of", "zero_mean_prior_scale",
+    "log_prob_sum", "base_normal", "has_trainable_parameters", "normal_kl_sum", "normal_kl_of", "constant_normal",
+    "zero_mean_prior_scale",
     "batched_normal_kls", "site_kl", "is_unscaled", "elementwise_kl", "total_kl", "latent_site_kl", "sum_site_kls",
 ]
 
@@ -113,14 +114,27 @@ def normal_kl_sum(mu: torch.Tensor, s: torch.Tensor, p) -> torch.Tensor | None:
     return normal_kl_of(mu, s, *constants)
 
 
-def normal_kl_of(mu: torch.Tensor, s: torch.Tensor, m: float, t: float | torch.Tensor) -> torch.Tensor:
-    """:func:`normal_kl_sum` given the prior's ``(m, t)``."""
+def normal_kl_of(mu: torch.Tensor, s: torch.Tensor, m: float, t: float | torch.Tensor,
+                 log_s_sum: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`normal_kl_sum` given the prior's ``(m, t)`` (and ``sum log s``, when the caller has it already)."""
     n = mu.numel()
     squares = torch.linalg.vector_norm(s).square() + torch.linalg.vector_norm(mu).square()
     if m != 0.0:  # sum (mu - m)^2 = |mu|^2 - 2 m sum(mu) + n m^2, without an elementwise pass
         squares = squares - 2 * m * mu.sum() + n * m * m
     log_t = t.log() if isinstance(t, torch.Tensor) else math.log(t)
-    return squares * (0.5 / (t * t)) - s.log().sum() + n * (log_t - 0.5)
+    return squares * (0.5 / (t * t)) - (s.log().sum() if log_s_sum is None else log_s_sum) + n * (log_t - 0.5)
+
+
+def constant_normal(p) -> tuple[float, float] | None:
+    """``(m, t)`` when ``p`` is a Normal prior with one fixed loc ``m`` and scale ``t`` over its whole tensor (numbers
+    read once per prior, not every call), else None.
+
+    Examples
+    --------
+    >>> constant_normal(dist.Normal(0.0, 0.5).expand([3, 2]).to_event(2)), constant_normal(dist.Laplace(0.0, 1.0))
+    ((0.0, 0.5), None)
+    """
+    return _prior_constants(p)
 
 
 def zero_mean_prior_scale(mu: torch.Tensor, p) -> float | None:

@@ -30,9 +30,10 @@ __all__ = ["rng_untouched"]
 
 
 @contextmanager
-def rng_untouched(seed: int | None = None) -> Iterator[None]:
+def rng_untouched(seed: int | None = None, torch_only: bool = False) -> Iterator[None]:
     """Run the block on forks of every random generator in use, restored afterwards (also on an error); seeded with
-    ``seed`` when one is given.
+    ``seed`` when one is given. ``torch_only`` leaves Python's and numpy's generators out (a block that draws with
+    torch alone: saving and restoring numpy's state is most of the cost, 0.1 ms against torch's 5 us).
 
     Examples
     --------
@@ -44,16 +45,18 @@ def rng_untouched(seed: int | None = None) -> Iterator[None]:
     True
     """
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-    python_state, numpy_state = random.getstate(), np.random.get_state()
+    states = None if torch_only else (random.getstate(), np.random.get_state())
     try:
         with torch.random.fork_rng(devices=devices):
             if seed is not None:
                 torch.random.default_generator.manual_seed(seed)
                 for device in devices:
                     torch.cuda.default_generators[device].manual_seed(seed)
-                random.seed(seed)
-                np.random.seed(seed)
+                if states is not None:
+                    random.seed(seed)
+                    np.random.seed(seed)
             yield
     finally:
-        random.setstate(python_state)
-        np.random.set_state(numpy_state)
+        if states is not None:
+            random.setstate(states[0])
+            np.random.set_state(states[1])

@@ -51,3 +51,11 @@ def test_a_seed_does_not_seed_a_cuda_device_not_yet_in_use(monkeypatch):
     with rng_untouched(seed=0):
         pass
     assert calls == []
+
+
+def test_torch_only_leaves_python_and_numpy_out():
+    random.seed(3), np.random.seed(3)
+    with rng_untouched(seed=0, torch_only=True):
+        drawn = random.random()
+    random.seed(3)
+    assert drawn == random.random()  # the caller's own Python stream, not a seeded fork

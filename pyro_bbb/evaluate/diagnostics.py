@@ -26,7 +26,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 
-from .._kl import elementwise_kl, total_kl
+from .._kl import constant_normal, elementwise_kl, normal_kl_of, total_kl
 from .._rng import rng_untouched
 from .._warnings import warn_at_caller
 from ..infer.guide import require_fitted_posteriors, site_loc_scale, site_posterior
@@ -99,48 +99,81 @@ def layer_summary(model: Callable, guide, tails: bool = True) -> dict[str, dict[
     require_fitted_posteriors(guide, "this diagnostic")
     owners, priors_now = site_owners(model), current_priors(model)
     parts: dict[str, dict[str, Any]] = {}
-    with pyro.validation_enabled(False), rng_untouched(seed=0):  # (the guide's own tensors: nothing to validate)
+    with pyro.validation_enabled(False), rng_untouched(seed=0, torch_only=True):  # (nothing to validate: own tensors)
         for name, site in guide.prototype_trace.iter_stochastic_nodes():
-            _add_site(parts, guide, name, site, owners, priors_now)
-    return _summarize(parts, tails)
+            _add_site(parts, guide, name, site, owners, priors_now, tails)
+    return _summarize(parts)
 
 
-def _add_site(parts: dict[str, dict[str, Any]], guide, name: str, site: dict, owners: dict, priors_now: dict) -> None:
-    """Site ``name``'s KL into its layer's part, with each weight's KL and widths for a Bayesian layer's real-valued
-    site."""
+#: The sums over a Bayesian layer's real-valued weights, in this order (``ratio``: posterior std / prior std)
+_SUMS = ("count", "kl", "std", "prior_std", "ratio", "log_ratio")
+
+
+def _add_site(parts: dict[str, dict[str, Any]], guide, name: str, site: dict, owners: dict, priors_now: dict,
+              tails: bool) -> None:
+    """Site ``name``'s KL into its layer's part; for a Bayesian layer's real-valued site, the sums of :data:`_SUMS`
+    over its weights (and, with ``tails``, each weight's KL)."""
+    prior = priors_now.get(name, site["fn"])  # the prior as it is now (a learned one at its current scale)
+    real = name in owners and is_real_support(site["fn"].support)
+    constants = constant_normal(prior) if real and not tails else None
+    if constants is not None:  # (fit's record after every epoch) sums of closed forms, no per-weight tensor
+        loc, scale = (t.detach().double() for t in site_loc_scale(guide, name))
+        if prior.shape() == loc.shape:
+            part = _part(parts, owners[name])
+            part["num_weights"] += loc.numel()
+            # KL(N(mu, s) || N(m, t)) summed, sum s, sum log s: the rest of the sums follow from (n, m, t)
+            log_sum = scale.log().sum()
+            kl = normal_kl_of(loc, scale, *constants, log_s_sum=log_sum)
+            part["pending"].append((torch.stack([kl, scale.sum(), log_sum]), loc.numel(), constants[1]))
+            return
     q = site_posterior(guide, name, site)
-    # the prior as it is now (a learned one at its current scale), for all data of a local site
-    p = _full_size_prior(priors_now.get(name, site["fn"]), q)
+    p = _full_size_prior(prior, q)  # for all data of a local site
     if p is None:  # a local latent whose prior differs per datum: its KL needs the data, not just the guide
         return
     p = prior_in_force(p, q)  # an empirical-Bayes prior at the scale it takes given q
-    part = parts.setdefault(owners.get(name, name), {"kl": 0.0, "num_weights": 0, "elements": []})
+    part = _part(parts, owners.get(name, name))
     part["num_weights"] += p.shape().numel()
-    if name not in owners or not is_real_support(site["fn"].support):
+    if not real:
         part["kl"] += float(total_kl(q, p))
         return
-    kl = elementwise_kl(q, p)
-    part["kl"] += float(kl.sum())
-    scale = strip_independent(q).scale  # (a real-valued site's posterior is its Normal)
-    prior_scale = prior_std(strip_independent(p)).expand(scale.shape)
-    part["elements"].append(torch.stack([kl, scale, prior_scale]).reshape(3, -1))
+    kl = elementwise_kl(q, p).reshape(-1).double()
+    scale = strip_independent(q).scale.reshape(-1).double()  # (a real-valued site's posterior is its Normal)
+    prior_scale = prior_std(strip_independent(p)).double().expand(q.shape()).reshape(-1)
+    ratio = scale / prior_scale
+    sums = torch.stack([kl.sum(), scale.sum(), prior_scale.sum(), ratio.sum(), ratio.log().sum()]).tolist()
+    _add_sums(part, [kl.numel(), *sums])
+    if tails:
+        part["kls"].append(kl)
 
 
-def _summarize(parts: dict[str, dict[str, Any]], tails: bool) -> dict[str, dict[str, float]]:
-    """Each layer's entry of :func:`layer_summary` from its part."""
+def _part(parts: dict[str, dict[str, Any]], layer: str) -> dict[str, Any]:
+    """Layer ``layer``'s part: its KL, its number of weights, the sums of :data:`_SUMS` over its real-valued weights
+    (``None`` before the first), the fast path's sums still to be read (tensors) and each weight's KL (``tails``)."""
+    return parts.setdefault(layer, {"kl": 0.0, "num_weights": 0, "sums": None, "pending": [], "kls": []})
+
+
+def _add_sums(part: dict[str, Any], sums: list[float]) -> None:
+    part["sums"] = sums if part["sums"] is None else [a + b for a, b in zip(part["sums"], sums)]
+    part["kl"] += sums[1]
+
+
+def _summarize(parts: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each layer's entry of :func:`layer_summary` from its part (the fast path's sums read in one transfer)."""
+    pending = [(part, *rest) for part in parts.values() for rest in part["pending"]]
+    if pending:
+        values = torch.stack([sums.to("cpu") for _, sums, _, _ in pending]).tolist()
+        for (part, _, n, t), (kl, std, log_std) in zip(pending, values):
+            _add_sums(part, [n, kl, std, n * t, std / t, log_std - n * math.log(t)])
     summary = {}
     for layer, part in parts.items():
         entry = {"kl": part["kl"], "num_weights": part["num_weights"]}
         entry["kl_per_weight"] = entry["kl"] / entry["num_weights"]
-        if part["elements"]:
-            kl, std, prior_scale = torch.cat(part["elements"], dim=1).double()
-            ratio = std / prior_scale
-            if tails:
-                entry["kl_q99"] = float(torch.quantile(kl, 0.99))
-            entry["posterior_std"] = float(std.mean())
-            entry["prior_std"] = float(prior_scale.mean())
-            entry["std_ratio"] = float(ratio.mean())
-            entry["std_ratio_geomean"] = float(ratio.log().mean().exp())
+        if part["kls"]:
+            entry["kl_q99"] = float(torch.quantile(torch.cat(part["kls"]), 0.99))
+        if part["sums"] is not None:
+            means = {key: value / part["sums"][0] for key, value in zip(_SUMS, part["sums"])}
+            entry["posterior_std"], entry["prior_std"] = means["std"], means["prior_std"]
+            entry["std_ratio"], entry["std_ratio_geomean"] = means["ratio"], math.exp(means["log_ratio"])
         summary[layer] = entry
     return summary
 
@@ -347,7 +380,7 @@ def parameter_summary(model: Callable, guide):
         if is_real_support(site["fn"].support):
             stats = {"mean": loc, "sd": scale, low: loc - z * scale, high: loc + z * scale}
         else:
-            with rng_untouched(seed=0):
+            with rng_untouched(seed=0, torch_only=True):
                 draws = site_posterior(guide, name, site).sample((4000,)).double()
             bounds = torch.quantile(draws, torch.tensor([(1 - HDI_PROB) / 2, (1 + HDI_PROB) / 2]).double(), 0)
             stats = {"mean": draws.mean(0), "sd": draws.std(0), low: bounds[0], high: bounds[1]}

@@ -163,4 +163,22 @@ def test_layer_summary_without_tails_is_the_summary_less_its_percentile():
     assert full.keys() == light.keys()
     for layer, entry in full.items():
         assert {"kl_q99", "std_ratio_geomean"} <= entry.keys()
-        assert light[layer] == {k: v for k, v in entry.items() if k != "kl_q99"}
+        # (without tails: sums of closed forms, no per-weight tensors; the same numbers by another route)
+        assert light[layer] == pytest.approx({k: v for k, v in entry.items() if k != "kl_q99"}, rel=1e-6)
+
+
+def test_what_fit_records_after_every_epoch_is_each_layers_kl_and_widths_by_hand():
+    bnn, guide, _, _ = fitted_3_5_1(priors.Normal(0.3, 0.7), init_scale=0.2)
+    with torch.no_grad():
+        pyro.param("MeanFieldGuide.locs.net.0.weight").add_(torch.linspace(-1.0, 1.0, 15).reshape(5, 3))
+    light = diagnostics.layer_summary(bnn, guide, tails=False)
+    for layer in ("net.0", "net.2"):
+        posteriors = [q for name, q in guide.site_posteriors().items() if name.startswith(layer + ".")]
+        prior = torch.distributions.Normal(torch.tensor(0.3, dtype=torch.float64), 0.7)
+        kl = sum(float(kl_divergence(torch.distributions.Normal(q.loc.double(), q.scale.double()), prior).sum())
+                 for q in posteriors)
+        scales = torch.cat([q.scale.reshape(-1).double() for q in posteriors])
+        expected = {"kl": kl, "num_weights": len(scales), "kl_per_weight": kl / len(scales),
+                    "posterior_std": float(scales.mean()), "prior_std": 0.7, "std_ratio": float(scales.mean() / 0.7),
+                    "std_ratio_geomean": float((scales / 0.7).log().mean().exp())}
+        assert light[layer] == pytest.approx(expected, rel=1e-7)  # (the prior's 0.3 and 0.7 in float32)
