@@ -30,10 +30,64 @@ import torch
 
 __all__ = [
     "fold_draws", "folded_draws", "fold_rows", "unfold_rows", "draws_leading", "unfold_affine_input",
-    "fold_affine_output",
+    "fold_affine_output", "batch_rows", "example_draw_shape",
 ]
 
 _FOLDED: ContextVar[int | None] = ContextVar("pyro_bbb_folded_draws", default=None)
+_ROWS: ContextVar[int | None] = ContextVar("pyro_bbb_batch_rows", default=None)
+
+
+@contextmanager
+def batch_rows(rows: int | None) -> Iterator[None]:
+    """Within the block the network runs on a batch of ``rows`` examples (per weight draw): what
+    :func:`example_draw_shape` checks a layer's first dimension against (``None``: not known).
+
+    Examples
+    --------
+    >>> with batch_rows(4):
+    ...     example_draw_shape((4, 7, 3), 1, None)
+    (torch.Size([4, 1]), torch.Size([4, 7]))
+    """
+    token = _ROWS.set(None if rows is None else int(rows))
+    try:
+        yield
+    finally:
+        _ROWS.reset(token)
+
+
+def example_draw_shape(input_shape: tuple[int, ...], feature_dims: int,
+                       num_draws: int | None) -> tuple[torch.Size, torch.Size] | None:
+    """Where an estimator's per-example draws (Flipout's signs) go for a layer input of ``input_shape`` (rows first,
+    ``num_draws`` folded into them or ``None``): ``(examples, grid)``, draws of shape ``examples + features``
+    expanded to ``grid + features`` and reshaped to the leading dimensions the layer passes on (``(S, B * P)``
+    folded, ``(B, *positions)`` plain). One draw per row (and weight draw), shared by the row's positions -- tokens,
+    time steps: the dimensions between the row and the features, which share the example's weights -- or one per
+    weight draw for all rows when the first dimension is not the batch's rows (a net that reshaped or transposed
+    them: one shared perturbation is exact, a wrong one per row is not). ``None`` when each row is one example with
+    no positions (every leading element its own example, as before).
+
+    Examples
+    --------
+    >>> example_draw_shape((2, 8, 3), 1, None)                       # 2 examples of 8 tokens: a draw per example
+    (torch.Size([2, 1]), torch.Size([2, 8]))
+    >>> example_draw_shape((6, 8, 3), 1, 3)                          # 3 draws folded into 3 * 2 rows
+    (torch.Size([3, 2, 1]), torch.Size([3, 2, 8]))
+    >>> example_draw_shape((5, 3), 1, None) is None                  # one row per example
+    True
+    """
+    if len(input_shape) <= feature_dims:
+        return None
+    rows, positions = input_shape[0], input_shape[1 : len(input_shape) - feature_dims]
+    draws = num_draws or 1
+    expected = _ROWS.get()
+    per_row = expected is None or rows == expected * draws
+    if per_row and not positions:
+        return None
+    count = math.prod(positions)
+    if num_draws is None:
+        examples = (rows if per_row else 1,) + (1,) * len(positions)
+        return torch.Size(examples), torch.Size((rows, *positions))
+    return torch.Size((draws, rows // draws if per_row else 1, 1)), torch.Size((draws, rows // draws, count))
 
 
 @contextmanager

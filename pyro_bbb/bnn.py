@@ -12,7 +12,7 @@ from pyro.nn.module import to_pyro_module_
 from pyro.poutine.runtime import get_plates
 
 from ._checks import check_count
-from ._draws import fold_draws
+from ._draws import batch_rows, fold_draws
 from ._inputs import Inputs, map_inputs, num_rows
 from ._internals import replayed_for_gradients
 from ._plates import DATA_PLATE, active_data_plate_scalers, data_plate_named
@@ -242,13 +242,14 @@ class BNN(PyroModule):
         draw_shape = _draw_shape(self.data_plate)
         num_draws = math.prod(draw_shape)
         if not draw_shape:
-            return self.output_adapter(call_net(self.net, x))
+            with batch_rows(_rows_if_any(x)):
+                return self.output_adapter(call_net(self.net, x))
         rows = num_rows(x)
 
         def fold(t: torch.Tensor) -> torch.Tensor:
             return t.unsqueeze(0).expand(num_draws, *t.shape).reshape(num_draws * rows, *t.shape[1:])
 
-        with fold_draws(num_draws):
+        with fold_draws(num_draws), batch_rows(rows):
             output = self.output_adapter(call_net(self.net, map_inputs(fold, x)))
         if not isinstance(output, torch.Tensor) or output.dim() == 0 or output.shape[0] != num_draws * rows:
             shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
@@ -257,6 +258,15 @@ class BNN(PyroModule):
                 "row (the batch dimension first)."
             )
         return output.reshape(*draw_shape, rows, *output.shape[1:])
+
+
+def _rows_if_any(x: Inputs) -> int | None:
+    """The rows of ``x`` (a tensor's or tuple's first dimension), or ``None`` where it has none (the net is left to
+    say what it makes of such inputs)."""
+    try:
+        return num_rows(x)
+    except ValueError:
+        return None
 
 
 def _draw_shape(data_plate: str) -> tuple[int, ...]:

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from pyro.poutine.messenger import Messenger
 from torch.overrides import TorchFunctionMode
 
+from .._draws import example_draw_shape
 from .._internals import active_messengers
 from ..nn.functional import FlipoutMap, batched_conv, batched_linear, sample_dims
 from ..nn.module import is_layer_prior
@@ -99,8 +100,10 @@ class PosteriorReader(Messenger):
             )
         self._met.add(id(weight))
         bias_site = self.site_of(bias)
+        examples = example_draw_shape(tuple(input.shape), feature_dims, None) if weight.dim() == feature_dims + 1 \
+            else None
         output = self._estimate(input, weight, bias if bias_site else None, apply, feature_dims, self.site_of(weight),
-                                bias_site)
+                                bias_site, examples)
         if bias is None or bias_site:
             return output
         return output + bias.reshape(bias.shape + (1,) * (feature_dims - 1))
@@ -171,17 +174,19 @@ class PosteriorReader(Messenger):
             self._layer_draws = {k: ref for k, ref in self._layer_draws.items() if ref() is not None}
         self._layer_draws[id(draw)] = weakref.ref(draw)
         msg["value"] = self._estimate(input, weight, bias, kwargs["apply"], kwargs["feature_dims"],
-                                      kwargs["weight_site"], kwargs["bias_site"])
+                                      kwargs["weight_site"], kwargs["bias_site"], kwargs.get("examples"))
         msg["done"] = True
 
-    def _estimate(self, input, weight, bias, apply, feature_dims, weight_site, bias_site) -> torch.Tensor:
+    def _estimate(self, input, weight, bias, apply, feature_dims, weight_site, bias_site, examples) -> torch.Tensor:
         """The layer's output under this estimator, from the posteriors of ``weight_site`` and ``bias_site``."""
         weight_posterior = self._posterior(weight_site)
         bias_posterior = None if bias_site is None else self._posterior(bias_site)
-        return self._output(input, weight, bias, apply, feature_dims, weight_posterior, bias_posterior)
+        return self._output(input, weight, bias, apply, feature_dims, weight_posterior, bias_posterior, examples)
 
-    def _output(self, input, weight, bias, apply, feature_dims, weight_posterior, bias_posterior) -> torch.Tensor:
-        """The layer's output under this estimator (``*_posterior`` are ``(loc, scale)`` pairs or None)."""
+    def _output(self, input, weight, bias, apply, feature_dims, weight_posterior, bias_posterior,
+                examples) -> torch.Tensor:
+        """The layer's output under this estimator (``*_posterior`` are ``(loc, scale)`` pairs or None; ``examples``
+        where per-example draws go, from :func:`pyro_bbb._draws.example_draw_shape`)."""
         raise NotImplementedError
 
     def _pyro_bayesian_affine_map(self, msg: dict[str, Any]) -> None:
@@ -213,8 +218,11 @@ class FlipoutMessenger(PosteriorReader):
     vectors per example (and per particle), over input and output features (channels for convolutions). Because
     every element of ``dW`` and ``db`` is symmetric about 0 and independent (mean field), each example's output
     has exactly the distribution it has under ``W``, so the ELBO and its gradient keep their expectation, while
-    the examples of a batch become uncorrelated. ``dW`` is the guide's own draw, so gradients reach the
-    posterior mean (through ``mu``) and scale (through ``dW``). Costs about two forward passes per layer.
+    the examples of a batch become uncorrelated. The positions of one example (tokens ``(B, T, F)``, time steps)
+    share its signs, as they share its weights; where a layer's rows are not the batch's (the net flattened or
+    transposed it, as :class:`pyro_bbb.BNN` sees) one draw of signs serves all rows, which is exact. ``dW`` is the
+    guide's own draw, so gradients reach the posterior mean (through ``mu``) and scale (through ``dW``). Costs about
+    two forward passes per layer.
 
     Examples
     --------
@@ -223,16 +231,19 @@ class FlipoutMessenger(PosteriorReader):
 
     estimator = "flipout"
 
-    def _output(self, input, weight, bias, apply, feature_dims, weight_posterior, bias_posterior):
+    def _output(self, input, weight, bias, apply, feature_dims, weight_posterior, bias_posterior, examples):
         loc = weight_posterior[0]
         bias_loc = None if bias is None else bias_posterior[0]
         bias_delta = None if bias is None else bias - bias_loc
         mean = apply(input, loc, bias_loc)
         lead = _lead(input.shape[:-feature_dims], weight, feature_dims)
-        trailing = (1,) * (feature_dims - 1)
-        sizes = [input.shape[-feature_dims], mean.shape[-feature_dims]]  # input and output features (channels)
+        features = (input.shape[-feature_dims] + mean.shape[-feature_dims],) + (1,) * (feature_dims - 1)
         # both sign vectors from one draw: three operations a layer instead of six
-        sign_in, sign_out = _signs(lead + (sum(sizes),) + trailing, input).split(sizes, dim=-feature_dims)
+        if examples is None:  # one row per example
+            signs = _signs(lead + features, input)
+        else:  # one draw per example, shared by its positions (tokens share the example's weights)
+            signs = _signs(examples[0] + features, input).expand(examples[1] + features).reshape(lead + features)
+        sign_in, sign_out = signs.split([input.shape[-feature_dims], mean.shape[-feature_dims]], dim=-feature_dims)
         return torch.addcmul(mean, apply(input * sign_in, weight - loc, bias_delta), sign_out)
 
 
@@ -263,11 +274,13 @@ class LocalReparameterizationMessenger(PosteriorReader):
     For a mean-field Normal posterior a layer's output given its input is Gaussian with mean
     ``f(x, mu) + mu_b`` and variance ``f(x^2, sigma^2) + sigma_b^2``; the handler draws it with independent noise for
     every example (and particle), so the examples of a batch are independent and the gradient variance falls as
-    1/B. Exact for linear layers (each example's output has the same distribution as under a weight draw, and the
-    ELBO's likelihood is a sum over examples). For convolutions each output position is drawn independently: its
-    marginal is exact but the correlation between positions of one example (which share the kernel) is dropped,
-    which changes the objective when later layers mix positions -- prefer :func:`flipout` for convolutional nets.
-    The guide still draws the weights (for the KL); their values are not used by the layer.
+    1/B. Exact for linear layers on one row per example (each example's output has the same distribution as under a
+    weight draw, and the ELBO's likelihood is a sum over examples); a layer whose rows hold several positions of one
+    example (tokens ``(B, T, F)``, or rows that are not the batch's) is refused, since they share one weight it cannot
+    draw. For convolutions each output position is drawn independently: its marginal is exact but the correlation
+    between positions of one example (which share the kernel) is dropped, which changes the objective when later
+    layers mix positions -- prefer :func:`flipout` for convolutional nets. The guide still draws the weights (for the
+    KL); their values are not used by the layer.
 
     Examples
     --------
@@ -276,7 +289,18 @@ class LocalReparameterizationMessenger(PosteriorReader):
 
     estimator = "local reparameterization"
 
-    def _output(self, input, weight, bias, apply, feature_dims, weight_posterior, bias_posterior):
+    def _estimate(self, input, weight, bias, apply, feature_dims, weight_site, bias_site, examples) -> torch.Tensor:
+        if examples is not None:
+            raise ValueError(
+                f"local reparameterization draws each output element on its own, but the layer of weight site "
+                f"{weight_site!r} got an input of shape {tuple(input.shape)} whose rows hold several positions of one "
+                "example (tokens, steps), or are not the batch's rows (a reshaped or transposed batch): those outputs "
+                "share one weight draw, which it cannot draw exactly (their variance would be wrong). Train with "
+                "estimator='flipout' (exact here) or 'reparam'."
+            )
+        return super()._estimate(input, weight, bias, apply, feature_dims, weight_site, bias_site, examples)
+
+    def _output(self, input, weight, bias, apply, feature_dims, weight_posterior, bias_posterior, examples):
         loc, scale = weight_posterior
         bias_loc, bias_var = (None, None) if bias_posterior is None else (bias_posterior[0], bias_posterior[1] ** 2)
         mean = apply(input, loc, bias_loc)
@@ -354,7 +378,7 @@ class MomentPropagationMessenger(PosteriorReader):
         finally:
             self._modules.close()
 
-    def _output(self, input, weight, bias, apply, feature_dims, weight_posterior, bias_posterior):
+    def _output(self, input, weight, bias, apply, feature_dims, weight_posterior, bias_posterior, examples):
         if sample_dims(weight, feature_dims):
             raise ValueError(
                 "moment propagation computes the expected log-likelihood exactly, so several weight draws (particles, "

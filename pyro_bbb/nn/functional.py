@@ -166,6 +166,7 @@ def _affine(
     weight_site: str | None = None,
     bias_site: str | None = None,
     draw: torch.Tensor | None = None,
+    examples: tuple[torch.Size, torch.Size] | None = None,
 ) -> torch.Tensor:
     return apply(input, weight, bias)
 
@@ -175,7 +176,8 @@ def _affine(
 #: type ``"bayesian_affine"``: outside any handler it is exactly ``apply(input, weight, bias)``; the estimators in
 #: :mod:`pyro_bbb.infer.estimators` intercept it (``feature_dims`` is how many trailing dimensions describe one example:
 #: 1 for linear, 1 + spatial dims for convolutions; ``weight_site`` / ``bias_site`` name the sample sites; ``draw`` is
-#: the weight site's draw itself, when ``weight`` is a view made of it for folded draws).
+#: the weight site's draw itself, when ``weight`` is a view made of it for folded draws; ``examples`` is where
+#: per-example draws go, from :func:`pyro_bbb._draws.example_draw_shape`).
 bayesian_affine = effectful(_affine, type="bayesian_affine")
 
 

@@ -12,7 +12,7 @@ import torch
 from pyro.nn import PyroModule, PyroParam, PyroSample
 from pyro.poutine.runtime import get_plates
 
-from .._draws import draws_leading, fold_affine_output, folded_draws, unfold_affine_input
+from .._draws import draws_leading, example_draw_shape, fold_affine_output, folded_draws, unfold_affine_input
 from .._internals import ConvNd, module_buffer, pyro_name, sampled_attributes, site_name, tensor_version
 from .._plates import current_data_plate
 from ..priors import Prior, as_prior, initial_width, prior_state
@@ -308,20 +308,24 @@ class BayesianModule(PyroModule):
                 + (f" or the model (model.to({input.dtype}))" if input.is_floating_point() else "")
                 + ". pyro_bbb.fit and predict cast floating inputs for you; integer inputs are never cast."
             )
-        num_draws = folded_draws()
-        folded = num_draws is not None
-        if folded:  # (a single folded draw is read as plain weights)
-            param_dims = feature_dims + 1
+        num_draws, param_dims = folded_draws(), feature_dims + 1
+        folded = False
+        if num_draws is not None:  # (a single folded draw is read as plain weights)
             weight, bias = draws_leading(weight, param_dims, num_draws), draws_leading(bias, 1, num_draws)
             folded = weight.dim() > param_dims or (bias is not None and bias.dim() > 1)
             if folded:  # draw s on its block of rows: (S, rows, *features) against (S, 1, *param)
                 rows = unfold_affine_input(input, num_draws, feature_dims)
                 weight = weight.expand((num_draws, *weight.shape[-param_dims:])).unsqueeze(1)
                 bias = None if bias is None else bias.expand((num_draws, bias.shape[-1])).unsqueeze(1)
+        # where an estimator's per-example draws go (Flipout's signs), for folded draws or one plain weight (a weight
+        # with draws of its own, from a plate around a layer outside BNN, keeps one per leading element)
+        examples = None
+        if folded or weight.dim() == param_dims:
+            examples = example_draw_shape(tuple(input.shape), feature_dims, num_draws if folded else None)
         output = bayesian_affine(
             rows if folded else input, weight, bias, apply=apply, feature_dims=feature_dims,
             weight_site=site_name(prefix, "weight"), bias_site=site_name(prefix, "bias") if has_bias else None,
-            draw=self.weight,
+            draw=self.weight, examples=examples,
         )
         return fold_affine_output(output, input, feature_dims) if folded else output
 

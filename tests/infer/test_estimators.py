@@ -746,3 +746,93 @@ def test_moments_with_several_particles_is_refused_before_anything_changes():
         pyro_bbb.fit(bnn, guide, (torch.randn(40, 3), torch.randn(40)), epochs=1, progress=False, kl_weight=1,
                      estimator="moments", num_particles=4)
     assert len(pyro.get_param_store()) == 0
+
+
+class TokenPool(PyroModule):
+    """Tokens ``(B, T, 3)`` through one Bayesian linear layer, averaged over the tokens (or, ``flatten``, the tokens
+    flattened into rows first: ``(B * T, 3)``)."""
+
+    def __init__(self, flatten=False):
+        super().__init__()
+        self.fc, self.flatten = BayesianLinear(3, 1, bias=False), flatten
+
+    def forward(self, x):
+        if self.flatten:
+            return self.fc(x.reshape(-1, x.shape[-1])).reshape(x.shape[0], -1).mean(1, keepdim=True)
+        return self.fc(x).mean(1)
+
+
+def folded_outputs(net, guide, x, handler, num_draws):
+    """``num_draws`` outputs of ``net`` at ``x`` the way BNN runs it: draws folded into the rows."""
+    from pyro_bbb._draws import batch_rows, fold_draws
+
+    with torch.no_grad(), handler(), pyro.plate("particles", num_draws, dim=-2):
+        trace = poutine.trace(guide).get_trace(x)
+        with fold_draws(num_draws), batch_rows(len(x)):
+            out = poutine.replay(net, trace=trace)(x.repeat(num_draws, *(1,) * (x.dim() - 1)))
+    return out.reshape(num_draws, len(x), -1)
+
+
+@pytest.mark.parametrize("flatten", [False, True])
+def test_flipout_shares_one_perturbation_over_an_examples_tokens(flatten):
+    """Eight identical tokens averaged: under one weight draw their mean has the variance of one token's output
+    (0.09 |x|^2 at posterior std 0.3). Flipout drew signs per token (variance 8 times too small); now per example."""
+    from pyro_bbb._draws import batch_rows
+    torch.manual_seed(0)
+    net = TokenPool(flatten)
+    x = torch.randn(1, 1, 3).expand(2, 8, 3).contiguous()
+    guide = pyro_bbb.MeanFieldGuide(net, init_scale=0.3)
+    guide(x)
+    exact = 0.09 * float(x[0, 0].pow(2).sum())
+    draws = folded_outputs(net, guide, x, pyro_bbb.flipout, 20000)
+    # 20000 draws of a Gaussian: the variance's relative standard error is sqrt(2 / 20000) = 0.01
+    torch.testing.assert_close(draws.var(0).flatten(), torch.full((2,), exact), rtol=0.05, atol=0)
+    if not flatten:  # the two examples still get their own perturbations (Flipout's point; flattened tokens are rows
+        # that are not the batch's: one perturbation per draw for them all, exact but shared)
+        assert abs(float(torch.corrcoef(draws[:, :, 0].T)[0, 1])) < 0.04
+    with torch.no_grad():
+        runs = []
+        for _ in range(4000):  # one draw per run, as BNN runs the net (which says how many rows the batch has)
+            with pyro_bbb.flipout(), batch_rows(len(x)):
+                trace = poutine.trace(guide).get_trace(x)
+                runs.append(poutine.replay(net, trace=trace)(x))
+    torch.testing.assert_close(torch.stack(runs).var(0).flatten(), torch.full((2,), exact), rtol=0.1, atol=0)
+
+
+def test_flipout_of_rows_that_are_not_the_batch_is_one_perturbation_per_draw():
+    """A net that transposes its batch (positions first, as a sequence-first transformer): the layer's rows are not
+    the examples, so its perturbation is shared by all rows of a draw -- exact; per row it was wrong."""
+    from pyro_bbb._draws import batch_rows, example_draw_shape
+
+    class PositionsFirst(TokenPool):
+        def forward(self, x):
+            return self.fc(x.transpose(0, 1)).mean(0)
+
+    torch.manual_seed(1)
+    net = PositionsFirst()
+    x = torch.randn(1, 1, 3).expand(3, 8, 3).contiguous()
+    guide = pyro_bbb.MeanFieldGuide(net, init_scale=0.3)
+    guide(x)
+    exact = 0.09 * float(x[0, 0].pow(2).sum())
+    with torch.no_grad():
+        runs = []
+        for _ in range(4000):  # one draw per run, as BNN runs the net (folded draws need the batch first)
+            with pyro_bbb.flipout(), batch_rows(len(x)):
+                trace = poutine.trace(guide).get_trace(x)
+                runs.append(poutine.replay(net, trace=trace)(x))
+    torch.testing.assert_close(torch.stack(runs).var(0).flatten(), torch.full((3,), exact), rtol=0.1, atol=0)
+    assert example_draw_shape((8, 3, 3), 1, None) == (torch.Size([8, 1]), torch.Size([8, 3]))  # (no rows known)
+
+
+@pytest.mark.parametrize("flatten", [False, True])
+def test_local_reparameterization_refuses_positions_that_share_a_weight(flatten):
+    net = TokenPool(flatten)
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=1.0))
+    x, y = torch.randn(4, 5, 3), torch.randn(4)
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    guide(x, y)
+    before = {name: value.detach().clone() for name, value in pyro.get_param_store().items()}
+    with pytest.raises(ValueError, match="fc.weight.*several positions of one example.*estimator='flipout'"):
+        pyro_bbb.fit(bnn, guide, (x, y), epochs=1, kl_weight=1, estimator="local_reparam", progress=False)
+    assert all(torch.equal(value, before[name]) for name, value in pyro.get_param_store().items())
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=1, kl_weight=1, estimator="flipout", progress=False)
