@@ -70,8 +70,13 @@ def check_batch(x: Any, y: Any, likelihood, what: str = "the data",
 
 
 def _sampler(loader: torch.utils.data.DataLoader):
-    """The sampler that picks the loader's data (inside its batch sampler, when it has one)."""
-    return loader.batch_sampler.sampler if loader.batch_sampler is not None else loader.sampler
+    """The sampler that picks the loader's data: inside its batch sampler, when it has one, and inside a
+    ``BatchSampler`` given as the sampler (``batch_size=None``, each index a batch); ``None`` for a batch sampler of
+    the user's own that keeps none (the dataset's size is then N)."""
+    sampler = loader.sampler if loader.batch_sampler is None else getattr(loader.batch_sampler, "sampler", None)
+    while isinstance(sampler, torch.utils.data.BatchSampler):
+        sampler = sampler.sampler
+    return sampler
 
 
 def _num_data(loader: torch.utils.data.DataLoader) -> int:

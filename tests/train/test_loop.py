@@ -444,6 +444,28 @@ def test_num_data_is_what_the_sampler_draws_from():
     assert history.last["num_data"] == 100  # not the dataset's 200: the likelihood is not doubled
 
 
+def test_num_data_of_a_batch_sampler_is_the_rows_it_batches():
+    """A BatchSampler given as the sampler (batch_size=None: each index a batch, the fast way over a TensorDataset)
+    counted its 25 batches as N (the likelihood scaled by 25 / 8 instead of 200 / 8); a batch sampler of one's own
+    with no inner sampler counts the dataset."""
+    from torch.utils.data import BatchSampler, RandomSampler
+
+    class Buckets:  # a bucketing batch sampler: no .sampler
+        def __iter__(self):
+            return iter(torch.randperm(200).split(8))
+
+        def __len__(self):
+            return 25
+
+    x, y = small_data(200)
+    data = TensorDataset(x, y)
+    for loader in (DataLoader(data, sampler=BatchSampler(RandomSampler(range(200)), 8, False), batch_size=None),
+                   DataLoader(data, batch_sampler=Buckets())):
+        model = regression_model()
+        history = fit(model, pyro_bbb.MeanFieldGuide(model), loader, epochs=1, kl_weight=1)
+        assert history.last["num_data"] == 200 and len(history.step_loss) == 25
+
+
 @pytest.mark.parametrize("make_sampler, expected", [
     (lambda data: torch.utils.data.RandomSampler(data, replacement=True, num_samples=60), 200),
     (lambda data: torch.utils.data.RandomSampler(data, num_samples=60), 200),
