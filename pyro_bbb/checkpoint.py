@@ -258,7 +258,7 @@ def load(path: str | os.PathLike, model, guide, optimizer=None):
     keys_before = set(pyro.get_param_store().keys())
     try:  # a refusal leaves Pyro's param store as it found it (the set-up below fills it for this model's shapes)
         if getattr(guide, "prototype_trace", None) is None:
-            with torch.no_grad(), poutine.block(), training_mode(model, False):
+            with torch.no_grad(), poutine.block(), training_mode(model, False), rng_untouched():
                 guide(*inputs)
         store = _used_params(model, guide, inputs)
         problems = _mismatches(checkpoint["model_state"], _state(model), "model")

@@ -411,3 +411,15 @@ def test_a_load_refused_late_or_by_torch_leaves_the_param_store_as_it_was(tmp_pa
         pyro_bbb.load(tmp_path / "four.pt", right, pyro_bbb.MeanFieldGuide(right), optimizer=pyro_bbb.optim.Adam())
     assert len(pyro.get_param_store()) == 0
     pyro_bbb.load(tmp_path / "four.pt", right, pyro_bbb.MeanFieldGuide(right))
+
+
+def test_load_leaves_the_callers_random_stream_alone(tmp_path):
+    """Its guide's set-up drew from torch's global stream: a seeded predict after load gave other numbers."""
+    model, guide, path, x = trained(tmp_path)
+    pyro.clear_param_store()
+    fresh = build()
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    pyro_bbb.load(path, fresh, pyro_bbb.MeanFieldGuide(fresh))
+    assert torch.equal(torch.rand(3), expected)

@@ -333,8 +333,9 @@ def predict_with_draws(
             "bayesianize of trained weights).",
             UntrainedGuideWarning,
         )
-    if not set_up:
-        set_up_guide(model, guide, select_rows(x, slice(0, 1)))
+    if not set_up:  # (in evaluation mode: batch norm reads its running statistics, does not update them)
+        with training_mode(model, False):
+            set_up_guide(model, guide, select_rows(x, slice(0, 1)))
     # the joint predictive shares each weight draw across inputs, whatever training estimator is active around us
     if data_plate is None:
         data_plate = data_plate_of(model)

@@ -41,7 +41,7 @@ from ..infer.elbo import ELBO
 from ..infer.guide import has_site_posteriors
 from ..infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
 from ..likelihoods import Bernoulli, Categorical, TargetError
-from ..nn.module import training_mode
+from ..nn.module import buffers_kept, training_mode
 from ..optim import IVON
 from ..optim import Adam as JointAdam
 from ..prediction.predictive import predict
@@ -231,8 +231,8 @@ def fit(
         try:  # the path's steps record the candidates' weights on the guide; an exit that puts the parameters back
             with training_mode(model, True):  # puts the record back too
                 if not is_set_up(guide):  # on a batch of all the data, as the first step would: its errors first
-                    with torch.no_grad(), poutine.block(), without_trace_shapes():
-                        guide(*next(iter(batches)))
+                    with torch.no_grad(), poutine.block(), without_trace_shapes(), buffers_kept(model):
+                        guide(*next(iter(batches)))  # (batch norm's statistics as they were: the snapshot follows)
                 if _has_latent_sites(guide):
                     start = ParameterSnapshot(model, guide, optimizer=optimizer)
                     rows, rows_batch_size = _rows_to_split(batches, batch_size)

@@ -398,3 +398,19 @@ def test_a_plate_nested_in_the_data_plate_is_predicted_vectorized_as_one_draw_at
     loop = pyro_bbb.predict(model, guide, x, num_samples=7, vectorize=False)
     assert vectorized.samples.shape == (7, 10, outputs)
     torch.testing.assert_close(vectorized.distribution.loc, loop.distribution.loc)
+
+
+def test_predict_with_a_guide_not_yet_set_up_leaves_batch_norm_alone():
+    """The set-up pass ran in training mode: it moved pretrained running statistics (and BatchNorm1d failed on its one
+    row, with num_batches_tracked counted up all the same)."""
+    norm = torch.nn.BatchNorm1d(4)
+    with torch.no_grad():
+        norm.running_mean.fill_(5.0)
+        norm.num_batches_tracked.fill_(1000)
+    net = torch.nn.Sequential(BayesianLinear(3, 4), norm, torch.nn.ReLU(), BayesianLinear(4, 2))
+    bnn = pyro_bbb.BNN(net, likelihoods.Categorical())
+    kept = {name: value.clone() for name, value in bnn.named_buffers()}
+    with pytest.warns(UntrainedGuideWarning):
+        pyro_bbb.predict(bnn, pyro_bbb.MeanFieldGuide(bnn), torch.randn(6, 3), num_samples=4)
+    assert all(torch.equal(value, kept[name]) for name, value in bnn.named_buffers())
+    assert bnn.training  # (the model's mode as it was)
