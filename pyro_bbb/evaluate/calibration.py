@@ -33,7 +33,7 @@ __all__ = ["TemperatureScaling", "fit_temperature"]
 def _log_probs(prediction: ClassificationPrediction | torch.Tensor) -> torch.Tensor:
     """Log class probabilities ``(batch, C)`` in float64 of a prediction or a probability tensor (binary
     ``(batch,)`` becomes two columns)."""
-    probs = class_probabilities(prediction).detach().to(torch.float64)
+    probs = class_probabilities(prediction, "TemperatureScaling").detach().to(torch.float64)
     return probs.clamp_min(torch.finfo(torch.float64).tiny).log()
 
 

@@ -37,24 +37,44 @@ __all__ = [
     "interval_coverage",
     "class_probabilities", "SCORES", "default_score", "uncertainty_score", "ood_auroc", "ood_aupr", "fpr_at_tpr",
     "risk_coverage", "aurc", "risk_at_coverage", "adaptive_calibration_error", "classwise_calibration_error",
+    "labelled_probabilities",
 ]
 
 
-def class_probabilities(prediction: ClassificationPrediction | torch.Tensor) -> torch.Tensor:
+def class_probabilities(prediction: ClassificationPrediction | torch.Tensor,
+                        caller: str = "class_probabilities") -> torch.Tensor:
     """Class probabilities ``(batch, C)`` of a classifier's prediction or of a probability tensor; binary ``(batch,)``
-    probabilities of class 1 become two columns.
+    probabilities of class 1 become two columns. A tensor that does not hold probabilities (logits, log
+    probabilities: every calibration number of them would be wrong) is a ``ValueError`` naming ``caller``.
 
     Examples
     --------
     >>> class_probabilities(torch.tensor([0.25, 1.0]))
     tensor([[0.7500, 0.2500],
             [0.0000, 1.0000]])
+    >>> class_probabilities(torch.tensor([[2.0, -1.0]]))          # logits
+    Traceback (most recent call last):
+    ...
+    ValueError: class_probabilities reads a plain tensor as class probabilities (in [0, 1], ...
     """
-    probs = prediction.probs if isinstance(prediction, ClassificationPrediction) else prediction
-    if not isinstance(probs, torch.Tensor):
-        raise TypeError(f"expected a ClassificationPrediction or a probability tensor, got {type(probs).__name__}.")
+    if isinstance(prediction, ClassificationPrediction):
+        probs = prediction.probs
+    elif isinstance(prediction, torch.Tensor):
+        probs = prediction
+    else:
+        raise TypeError(f"{caller} needs a ClassificationPrediction from pyro_bbb.predict or a probability tensor, got "
+                        f"{type(prediction).__name__}.")
     if probs.dim() == 1:
         probs = torch.stack([1 - probs, probs], -1)
+    if not isinstance(prediction, ClassificationPrediction):
+        total = probs.sum(-1)
+        if not bool(((probs >= 0) & (probs <= 1)).all() and torch.allclose(total, torch.ones_like(total), atol=1e-4)):
+            raise ValueError(
+                f"{caller} reads a plain tensor as class probabilities (in [0, 1], each row summing to 1; a binary "
+                "classifier's P(y = 1) in [0, 1]), and these are not: for logits pass logits.softmax(-1) (binary: "
+                "logits.sigmoid()); for a regression pass the Prediction from pyro_bbb.predict (a mean alone has no "
+                "density)."
+            )
     return probs
 
 
@@ -78,7 +98,7 @@ def log_likelihood(prediction: Prediction | torch.Tensor, y: torch.Tensor,
     if isinstance(prediction, Prediction):
         per_datum = prediction.log_likelihood(y)  # a classifier's reads its labels with class_labels
     elif isinstance(prediction, torch.Tensor):
-        probs, y = _probs_and_labels(_checked_probabilities(prediction), y)
+        probs, y = _probs_and_labels(prediction, y, "log_likelihood")
         per_datum = probs.gather(-1, y[:, None]).squeeze(-1).log().to(prediction.dtype)
     else:
         raise TypeError(f"log_likelihood needs a Prediction from pyro_bbb.predict (or a classifier's class "
@@ -90,20 +110,6 @@ def log_likelihood(prediction: Prediction | torch.Tensor, y: torch.Tensor,
     if reduction == "mean":
         return float(per_datum.mean())
     raise ValueError(f'`reduction` must be "mean", "sum" or "none", got {reduction!r}.')
-
-
-def _checked_probabilities(probs: torch.Tensor) -> torch.Tensor:
-    """``probs`` when it holds class probabilities (in [0, 1], rows summing to 1); else a ``ValueError``."""
-    two_columns = class_probabilities(probs)
-    total = two_columns.sum(-1)
-    if not bool(((two_columns >= 0) & (two_columns <= 1)).all() and torch.allclose(total, torch.ones_like(total),
-                                                                                       atol=1e-4)):
-        raise ValueError(
-            "log_likelihood of a plain tensor reads class probabilities (rows in [0, 1] summing to 1), and these are "
-            "not: for a regression pass the Prediction from pyro_bbb.predict (a mean alone has no density); for "
-            "logits, pass logits.softmax(-1)."
-        )
-    return probs
 
 
 def rmse(prediction: RegressionPrediction | torch.Tensor, y: torch.Tensor) -> float:
@@ -135,7 +141,7 @@ def accuracy(prediction: ClassificationPrediction | torch.Tensor, y: torch.Tenso
     >>> accuracy(torch.tensor([0.9, 0.2]), torch.tensor([1, 1]))    # binary: P(y = 1)
     0.5
     """
-    probs, y = _probs_and_labels(prediction, y)
+    probs, y = _probs_and_labels(prediction, y, "accuracy")
     return float((probs.argmax(-1) == y).float().mean())
 
 
@@ -153,7 +159,7 @@ def expected_calibration_error(
     0.0
     """
     check_count("num_bins", num_bins)
-    probs, y = _labelled_probabilities(prediction, y)
+    probs, y = labelled_probabilities(prediction, y, "expected_calibration_error")
     confidence, predicted = probs.max(-1)
     correct = (predicted == y).to(probs.dtype)
     bins = (confidence * num_bins).long().clamp(max=num_bins - 1)
@@ -170,7 +176,7 @@ def brier_score(prediction: ClassificationPrediction | torch.Tensor, y: torch.Te
     >>> brier_score(torch.tensor([[1.0, 0.0]]), torch.tensor([1]))
     2.0
     """
-    probs, y = _labelled_probabilities(prediction, y)
+    probs, y = labelled_probabilities(prediction, y, "brier_score")
     one_hot = torch.nn.functional.one_hot(y, probs.shape[-1]).to(probs.dtype)
     return float((probs - one_hot).pow(2).sum(-1).mean())
 
@@ -234,6 +240,12 @@ def uncertainty_score(prediction: Prediction | torch.Tensor, score: str | None =
     tensor([0.1000, 0.5000])
     """
     if isinstance(prediction, torch.Tensor):
+        if prediction.dim() > 2 or (prediction.dim() == 2 and prediction.shape[-1] != 1):
+            raise ValueError(
+                f"a tensor is read as one uncertainty score per input, (N,) or (N, 1), got shape "
+                f"{tuple(prediction.shape)} (class probabilities?): pass the Prediction from pyro_bbb.predict, or a "
+                "score per input such as its predictive_entropy."
+            )
         return prediction.detach().reshape(-1)
     score = default_score(prediction) if score is None else score
     if score not in SCORES:
@@ -403,15 +415,23 @@ def risk_at_coverage(prediction: Prediction, y: torch.Tensor, coverage: float = 
     return float(risk[max(count, 1) - 1])
 
 
-def _labelled_probabilities(prediction, y) -> tuple[torch.Tensor, torch.Tensor]:
-    """Class probabilities ``(batch, C)`` and the labels as ``long`` on their device."""
-    probs = class_probabilities(prediction)
+def labelled_probabilities(prediction: ClassificationPrediction | torch.Tensor, y,
+                           caller: str = "labelled_probabilities") -> tuple[torch.Tensor, torch.Tensor]:
+    """Class probabilities ``(batch, C)`` (:func:`class_probabilities`) and the labels as ``long`` ``(batch,)`` on
+    their device, whatever form the labels take (integer, boolean, float 0 / 1, ``(batch, 1)``, one-hot, numpy).
+
+    Examples
+    --------
+    >>> labelled_probabilities(torch.tensor([[0.9, 0.1], [0.2, 0.8]]), torch.tensor([[0.0], [1.0]]))[1]
+    tensor([0, 1])
+    """
+    probs = class_probabilities(prediction, caller)
     return probs, class_labels(y, probs.shape[0], probs.shape[-1]).to(probs.device)
 
 
-def _probs_and_labels(prediction, y) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`_labelled_probabilities` in float64, detached."""
-    probs, y = _labelled_probabilities(prediction, y)
+def _probs_and_labels(prediction, y, caller: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`labelled_probabilities` in float64, detached."""
+    probs, y = labelled_probabilities(prediction, y, caller)
     return probs.detach().to(torch.float64), y
 
 
@@ -428,7 +448,7 @@ def adaptive_calibration_error(prediction: ClassificationPrediction | torch.Tens
     0.1
     """
     check_count("num_bins", num_bins)
-    probs, y = _probs_and_labels(prediction, y)
+    probs, y = _probs_and_labels(prediction, y, "adaptive_calibration_error")
     confidence, predicted = probs.max(-1)
     order = torch.argsort(confidence, stable=True)
     correct = (predicted == y).to(torch.float64)[order]
@@ -452,7 +472,7 @@ def classwise_calibration_error(prediction: ClassificationPrediction | torch.Ten
     0.0
     """
     check_count("num_bins", num_bins)
-    probs, y = _probs_and_labels(prediction, y)
+    probs, y = _probs_and_labels(prediction, y, "classwise_calibration_error")
     one_hot = torch.nn.functional.one_hot(y, probs.shape[-1]).to(torch.float64)
     bins = (probs * num_bins).long().clamp(max=num_bins - 1)
     per_class = []

@@ -227,9 +227,9 @@ def plot_reliability(prediction: ClassificationPrediction | torch.Tensor, y: tor
     See the module example.
     """
     plt = _pyplot()
-    probs = metrics.class_probabilities(prediction)
+    probs, y = metrics.labelled_probabilities(prediction, y, "plot_reliability")  # (any form of labels)
     confidence, predicted = probs.max(-1)
-    correct = (predicted == y.long()).float()
+    correct = (predicted == y).float()
     if equal_mass:
         order = torch.argsort(confidence, stable=True)
         groups = [order[part] for part in torch.tensor_split(torch.arange(len(order)), num_bins) if part.numel()]

@@ -63,7 +63,7 @@ def test_rmse_and_coverage():
 
 def test_length_mismatch_is_an_error():
     with pytest.raises(ValueError, match="covers 3 inputs"):
-        metrics.accuracy(torch.rand(3, 2), torch.tensor([0, 1]))
+        metrics.accuracy(torch.rand(3, 2).softmax(-1), torch.tensor([0, 1]))
 
 
 # -- what the uncertainty buys: against scikit-learn ------------------------------------------------------------
@@ -277,3 +277,30 @@ def test_every_metric_takes_what_predict_returns(likelihood):
     else:
         values += [metrics.rmse(prediction, y), metrics.interval_coverage(prediction, y)]
     assert all(math.isfinite(v) for v in values)
+
+
+def test_logits_are_refused_by_every_metric_that_reads_probabilities():
+    """Brier 24 (its maximum is 2), ECE 8.5 (at most 1), binary logits read as P(y = 1), a temperature of 218: all
+    silent before; each now names itself and the fix."""
+    from pyro_bbb.evaluate.calibration import TemperatureScaling
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(50, 3, generator=g) * 3
+    y = torch.randint(0, 3, (50,), generator=g)
+    for metric in (metrics.brier_score, metrics.expected_calibration_error, metrics.adaptive_calibration_error,
+                   metrics.classwise_calibration_error, metrics.accuracy, metrics.log_likelihood):
+        with pytest.raises(ValueError, match=f"{metric.__name__} reads a plain tensor.*logits.softmax"):
+            metric(logits, y)
+        metric(logits.softmax(-1), y)  # probabilities are read as before
+    with pytest.raises(ValueError, match="binary: logits.sigmoid"):
+        metrics.accuracy(torch.randn(50, generator=g), y.clamp(max=1))
+    with pytest.raises(ValueError, match="TemperatureScaling reads a plain tensor"):
+        TemperatureScaling().fit(logits.log_softmax(-1), y)
+
+
+def test_a_tensor_of_scores_is_one_per_input():
+    probs = torch.rand(20, 3).softmax(-1)
+    with pytest.raises(ValueError, match=r"one uncertainty score per input.*\(20, 3\).*predictive_entropy"):
+        metrics.ood_auroc(probs, probs)
+    scores = torch.rand(20)
+    assert metrics.ood_auroc(scores[:, None], scores[:, None] + 1) == metrics.ood_auroc(scores, scores + 1) == 1.0

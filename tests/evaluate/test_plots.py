@@ -91,3 +91,15 @@ def test_the_history_plots_the_geometric_mean_width_check_posterior_judges_by():
         del record["std_ratio_geomean"]
     ratio = plots.plot_history(history).axes[2]
     assert ratio.lines[0].get_ydata().tolist() == [0.25, 0.25] and "geometric" not in ratio.get_ylabel()
+
+
+@pytest.mark.parametrize("labels", ["column", "one-hot"])
+def test_reliability_takes_labels_in_every_form_the_metrics_take(labels):
+    """(N, 1) labels broadcast against (N,) predictions: an (N, N) comparison drew bars near 1 / C everywhere."""
+    g = torch.Generator().manual_seed(0)
+    probs = torch.randn(200, 3, generator=g).mul(2).softmax(-1)
+    y = torch.distributions.Categorical(probs=probs).sample()
+    other = y[:, None] if labels == "column" else torch.nn.functional.one_hot(y, 3)
+    heights = [[bar.get_height() for bar in plots.plot_reliability(probs, target).axes[0].patches]
+               for target in (y, other)]
+    assert heights[0] == heights[1]
