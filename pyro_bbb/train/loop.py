@@ -200,6 +200,7 @@ def fit(
     See the module example; ``history.plot("history.png")`` draws the KL and posterior-std traces.
     """
     _check_settings(epochs, batch_size, num_particles, num_validation_samples, lr, clip_norm, optimizer)
+    callbacks = _checked_callbacks(callbacks)
     selection = _selection_asked(kl_weight)
     lr_at = _learning_rates(lr, lr_final, epochs, optimizer)
     per_layer = _check_guide(model, guide)
@@ -255,10 +256,13 @@ def fit(
     record = _EpochRecorder(model, guide, step.elbo, batches.num_data, per_layer, validation_data,
                             num_validation_samples)
     lr_given = optimizer.defaults["lr"] if lr_at is not None else None
+    if choice is not None:  # the chosen weight is the posterior's from here on: a callback's save writes it
+        record_kl_weight(guide, choice)
+        choice = kl_weight_of(guide) or choice  # (as recorded: a point-estimate guide says so)
     try:
         with training_mode(model, True):
-            history = _train(step, batches, record, epochs, list(callbacks), progress and rank == 0, distributed,
-                             lr_at, early_stopping)
+            history = _train(step, batches, record, epochs, callbacks, progress and rank == 0, distributed,
+                             lr_at, early_stopping, choice)
     except (DataError, ValueError):  # the parameters go back to the start of fit, before the selection's path too
         if start is not None:
             start.restore()
@@ -281,6 +285,23 @@ def fit(
 
 
 # -- fit's chapters ---------------------------------------------------------------------------------------------
+def _checked_callbacks(callbacks) -> list:
+    """``callbacks`` as a list of callables, or a ``TypeError`` before anything trains (a lone function, or a None in
+    the list, failed after the whole selection, or after the first epoch)."""
+    if callable(callbacks):
+        raise TypeError("callbacks must be a list of callables, e.g. callbacks=[my_callback]; got one callable.")
+    try:
+        callbacks = list(callbacks)
+    except TypeError:
+        raise TypeError(f"callbacks must be a list of callables, e.g. callbacks=[my_callback]; got "
+                        f"{type(callbacks).__name__}.") from None
+    for callback in callbacks:
+        if not callable(callback):
+            raise TypeError(f"callbacks must be a list of callables (callback(epoch, history)); got "
+                            f"{type(callback).__name__} among them.")
+    return callbacks
+
+
 def _selection_asked(kl_weight) -> SelectKLWeight | None:
     """The selection ``kl_weight`` asks for, or ``None`` for a number or a schedule (checked by the ELBO)."""
     if isinstance(kl_weight, SelectKLWeight):
@@ -555,10 +576,11 @@ def _validation_batch(model, validation_data):
 
 def _train(stepper: TrainingStep, batches, record, epochs: int, callbacks, progress: bool, distributed: bool,
            lr_at: Callable[[int], float] | None = None,
-           early_stopping: EarlyStopping | None = None) -> History:
+           early_stopping: EarlyStopping | None = None, choice: KLWeightChoice | None = None) -> History:
     """The epochs: steps, one record per epoch, callbacks, early stopping; a bad batch, a NaN or Ctrl-C end it
     cleanly."""
     history = History()
+    history.kl_weight_choice = choice  # (the selection's, seen by callbacks; a number's is known at the end)
     live = progress and _live_display()
     bar = tqdm(range(1, epochs + 1), desc="fit", unit="epoch", disable=not live, dynamic_ncols=True,
                mininterval=0.5)

@@ -28,12 +28,9 @@ from dataclasses import dataclass
 
 import pyro
 import torch
-from pyro.optim import PyroOptim
 
 from .._checks import check_positive
-from .._internals import PyroOptimizerState
-from ..optim import IVON
-from ..optim import Adam as JointAdam
+from .step import OptimizerSnapshot
 
 __all__ = ["SelectKLWeight", "DEFAULT_CANDIDATES", "validation_split", "validation_splits", "choose_weight",
            "every_parameter", "ParameterSnapshot"]
@@ -270,12 +267,7 @@ class ParameterSnapshot:
         self.params = [(param, param.detach().clone()) for param in every_parameter(*modules)]
         self.buffers = [(buffer, buffer.detach().clone()) for module in modules if isinstance(module, torch.nn.Module)
                         for buffer in module.buffers()]
-        self.optimizer = optimizer
-        self.optimizer_state = None
-        if isinstance(optimizer, JointAdam | IVON):  # their get_state copies
-            self.optimizer_state = optimizer.get_state()
-        elif isinstance(optimizer, PyroOptim):  # by parameter, not by name (module-local parameters have none)
-            self.optimizer_state = PyroOptimizerState(optimizer)
+        self.optimizer_state = OptimizerSnapshot(optimizer)
 
     @torch.no_grad()
     def restore(self) -> None:
@@ -283,10 +275,7 @@ class ParameterSnapshot:
             param.copy_(value)
         for buffer, value in self.buffers:
             buffer.copy_(value)
-        if isinstance(self.optimizer_state, PyroOptimizerState):
-            self.optimizer_state.restore()
-        elif self.optimizer_state is not None:
-            self.optimizer.set_state(self.optimizer_state)
+        self.optimizer_state.restore()
 
 
 def run_path(selection: SelectKLWeight, train_at: Callable[[float, int], None],

@@ -20,7 +20,7 @@ from pyro.optim import PyroOptim
 
 from .._checks import is_set_up
 from .._inputs import num_rows
-from .._internals import all_finite, foreach_copy_, set_up_autoguide
+from .._internals import PyroOptimizerState, all_finite, foreach_copy_, set_up_autoguide
 from .._plates import data_plate_of
 from ..infer.contract import ObjectiveRun, mark_objective_run
 from ..infer.elbo import ELBO
@@ -30,7 +30,7 @@ from ..optim import IVON
 from ..optim import Adam as JointAdam
 from . import distributed as distributed_
 
-__all__ = ["TrainingStep", "TrainingDivergedError"]
+__all__ = ["TrainingStep", "TrainingDivergedError", "OptimizerSnapshot"]
 
 
 class TrainingDivergedError(FloatingPointError):
@@ -42,6 +42,37 @@ class TrainingDivergedError(FloatingPointError):
     >>> issubclass(TrainingDivergedError, FloatingPointError)   # ``except FloatingPointError`` catches it
     True
     """
+
+
+class OptimizerSnapshot:
+    """An optimizer's state as it is now, put back by :meth:`restore`: a pyro_bbb optimizer's own copy
+    (``get_state``), a Pyro optimizer's per-parameter torch optimizers and their states (a parameter first stepped
+    since starts afresh); nothing to keep for any other.
+
+    Examples
+    --------
+    >>> optimizer = pyro.optim.Adam({"lr": 0.1})
+    >>> snapshot = OptimizerSnapshot(optimizer)
+    >>> p = torch.zeros(2, requires_grad=True)
+    >>> p.grad = torch.ones(2)
+    >>> optimizer([p])
+    >>> snapshot.restore()
+    >>> len(optimizer.optim_objs)                       # as it was: p had not been stepped
+    0
+    """
+
+    def __init__(self, optimizer):
+        self.optimizer, self.state = optimizer, None
+        if isinstance(optimizer, JointAdam | IVON):  # their get_state copies
+            self.state = optimizer.get_state()
+        elif isinstance(optimizer, PyroOptim):  # by parameter, not by name (module-local parameters have none)
+            self.state = PyroOptimizerState(optimizer)
+
+    def restore(self) -> None:
+        if isinstance(self.state, PyroOptimizerState):
+            self.state.restore()
+        elif self.state is not None:
+            self.optimizer.set_state(self.state)
 
 
 class TrainingStep:
@@ -120,8 +151,8 @@ class TrainingStep:
         self.global_loss = math.nan
         self.steps = 0
         self._error: BaseException | None = None
-        # a pyro_bbb optimizer's state (keyed by parameter name), to give back with the parameters on a bad batch
-        self.initial_optimizer_state = optimizer.get_state() if isinstance(optimizer, JointAdam | IVON) else None
+        # the optimizer's state, to give back with the parameters on a bad batch
+        self.initial_optimizer_state = OptimizerSnapshot(optimizer)
 
     def set_up_everywhere(self, batches) -> None:
         """Distributed: create the guide's parameters from a first batch, then give every rank rank 0's values."""
@@ -237,14 +268,13 @@ class TrainingStep:
 
     @torch.no_grad()
     def restore_initial(self) -> None:
-        """Every parameter back to its value when this fit first used it, the model's buffers and a pyro_bbb
-        optimizer's state to what they were at the start of fit."""
+        """Every parameter back to its value when this fit first used it, the model's buffers and the optimizer's
+        state to what they were at the start of fit."""
         for param, value in self.initial.items():
             param.copy_(value)
         for buffer, value in self.initial_buffers:
             buffer.copy_(value)
-        if self.initial_optimizer_state is not None:
-            self.optimizer.set_state(self.initial_optimizer_state)
+        self.initial_optimizer_state.restore()
 
     def _diverged(self, what: str, detail: str):
         with torch.no_grad():

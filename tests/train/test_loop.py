@@ -12,6 +12,7 @@ from pyro_bbb import likelihoods
 from pyro_bbb.data.batches import DataError
 from pyro_bbb.data.datasets import heteroscedastic_regression
 from pyro_bbb.evaluate import metrics
+from pyro_bbb.infer.tempering import kl_weight_of
 from pyro_bbb.nn import BayesianLinear
 
 from ..helpers import digits_fit, params, regression_model, small_data
@@ -699,3 +700,51 @@ def test_a_rollback_puts_back_batch_norms_statistics_too(kl_weight):
                      callbacks=[failing])
     for name, value in net[1].named_buffers():
         assert torch.equal(value, statistics[name]), name
+
+
+def test_callbacks_see_the_chosen_weight_as_the_posteriors_while_the_final_fit_trains():
+    """They saw history.kl_weight_choice None and a guide record chosen_by 'user': a save in a callback (per-epoch
+    checkpoints) wrote the wrong provenance."""
+    pyro.clear_param_store()
+    x, y = small_data(80)
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    seen = []
+    history = fit(model, guide, (x, y), epochs=12, seed=0,
+                  callbacks=[lambda epoch, h: seen.append((h.kl_weight_choice, kl_weight_of(guide)))])
+    assert len(seen) == 12
+    for shown, recorded in seen:
+        assert shown == recorded == history.kl_weight_choice and shown.chosen_by == "validation"
+
+
+@pytest.mark.parametrize("callbacks", [lambda epoch, history: None, [None], 3])
+def test_callbacks_that_are_not_a_list_of_callables_are_refused_before_anything_trains(callbacks):
+    pyro.clear_param_store()
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    x, y = small_data(40)
+    guide(x, y)
+    before = params()
+    with pytest.raises(TypeError, match=r"callbacks must be a list of callables"):
+        fit(model, guide, (x, y), epochs=2, callbacks=callbacks)
+    assert all(torch.equal(value, before[name]) for name, value in params().items())
+    assert kl_weight_of(guide) is None
+
+
+def test_a_pyro_optimizers_state_is_rolled_back_with_the_parameters_at_a_number_too():
+    """Only pyro_bbb's optimizers were rolled back with a number as the weight: Pyro's Adam kept the undone steps'
+    moments and counts (with "auto" it was rolled back)."""
+    pyro.clear_param_store()
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    x, y = small_data(40)
+    optimizer = pyro.optim.Adam({"lr": 1e-2})
+    fit(model, guide, (x, y), epochs=1, batch_size=20, optimizer=optimizer, kl_weight=1.0)
+    states = {p: {k: v.clone() if torch.is_tensor(v) else v for k, v in obj.state_dict()["state"][0].items()}
+              for p, obj in optimizer.optim_objs.items()}
+    with pytest.raises(DataError, match="validation_data"):
+        fit(model, guide, (x, y), epochs=1, batch_size=20, optimizer=optimizer, kl_weight=1.0,
+            validation_data=(torch.randn(10, 4), torch.randn(10)))
+    for p, obj in optimizer.optim_objs.items():
+        for key, value in obj.state_dict()["state"][0].items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(states[p][key])), key
