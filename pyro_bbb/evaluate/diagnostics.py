@@ -199,7 +199,8 @@ def posterior_to_prior_std(model: Callable, guide) -> dict[str, float]:
 
     Examples
     --------
-    See the module example: ``{'net.0': 0.5, 'net.2': 0.5}`` for a guide that starts at half the prior's width.
+    See the module example: ``{'net.0': 0.5, 'net.2': 0.67}`` for a guide that starts at a width of 0.5 (half the
+    first layer's prior width).
     """
     summary = layer_summary(model, guide, tails=False)
     return {layer: e["std_ratio"] for layer, e in summary.items() if "std_ratio" in e}

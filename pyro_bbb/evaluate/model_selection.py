@@ -301,8 +301,8 @@ def _guide_parameters(model, guide, data) -> list[torch.Tensor]:
     """The tensors a guide trains: a ``PyroModule`` guide's parameters, else the param-store entries it reads."""
     if isinstance(guide, torch.nn.Module):
         return list(guide.parameters())
-    x, y = next(iter(Batches(data, None, likelihood_of(model), model_device(model), model_dtype(model))))
-    with torch.no_grad():
+    with torch.no_grad(), rng_untouched(), poutine.block():  # (a look at the guide: nothing drawn for the caller)
+        x, y = next(iter(Batches(data, None, likelihood_of(model), model_device(model), model_dtype(model))))
         trace = poutine.trace(guide).get_trace(x, y)
     names = {site for site, node in trace.nodes.items() if node["type"] == "param"}
     return [tensor for site, tensor in pyro.get_param_store().named_parameters() if site in names]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pyro.distributions as dist
 import torch
 
-from ..infer.guide import require_fitted_posteriors, site_loc_scale
+from ..infer.guide import MeanFieldGuide, require_fitted_posteriors, site_loc_scale
 from ..priors import is_real_support
 
 __all__ = ["signal_to_noise", "PrunedGuide", "prune_by_snr"]
@@ -106,6 +106,9 @@ def prune_by_snr(guide, fraction: float) -> tuple[PrunedGuide, float]:
     """
     if not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
         raise ValueError(f"`fraction` must lie in [0, 1], got {fraction!r}.")
+    if not isinstance(guide, MeanFieldGuide):  # (its pruned() draws the kept weights; signal_to_noise reads any)
+        raise TypeError(f"prune_by_snr makes a guide that predicts with the pruned weights at zero, which needs a "
+                        f"pyro_bbb.MeanFieldGuide; got {type(guide).__name__} (signal_to_noise reads its ratios).")
     snr = signal_to_noise(guide)
     if not snr:
         raise ValueError("the guide has no real-valued weights to prune.")

@@ -409,5 +409,8 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
         prediction = likelihood.prediction(distribution, samples)
     else:
         prediction = prediction_for(distribution, samples)
-    plain_draws = {name: value.reshape((num_samples, *shapes[name])) for name, value in draws.items()}
+    # the model's latent sites (an autoguide's auxiliary sites -- AutoNormal's unconstrained values, the joint latent
+    # of AutoDiagonalNormal -- are the guide's own, not the model's: left out of what is reported)
+    plain_draws = {name: value.reshape((num_samples, *shapes[name])) for name, value in draws.items()
+                   if not latent[name]["infer"].get("is_auxiliary")}
     return prediction, plain_draws, obs

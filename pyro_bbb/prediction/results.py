@@ -195,7 +195,8 @@ class ClassificationPrediction(Prediction):
 
 def prediction_for(distribution: dist.Distribution, samples: torch.Tensor) -> Prediction:
     """The result kind for a stacked likelihood: :class:`RegressionPrediction` for a Normal, else
-    :class:`ClassificationPrediction`.
+    :class:`ClassificationPrediction` -- one label per row: a Categorical or Bernoulli reinterpreted over several
+    labels per row (``.to_event``: tokens, multi-label) is a ``ValueError`` (its scores would read them wrongly).
 
     Examples
     --------
@@ -205,4 +206,11 @@ def prediction_for(distribution: dist.Distribution, samples: torch.Tensor) -> Pr
     base = strip_independent(distribution)
     if isinstance(base, dist.Normal):
         return RegressionPrediction(distribution, samples)
+    if base is not distribution and isinstance(base, dist.Categorical | dist.Bernoulli):
+        raise ValueError(
+            f"predict scores one class label per row, but this model's observation is a {type(base).__name__} over "
+            f"{tuple(distribution.event_shape)} labels per row (.to_event: tokens, or several labels), which its "
+            "classification results would read wrongly. Give each label its own row of the data plate, or draw "
+            "per-label predictions with Pyro's Predictive."
+        )
     return ClassificationPrediction(distribution, samples)

@@ -191,3 +191,18 @@ def test_a_plate_nested_in_the_data_plate_gives_one_pointwise_log_likelihood_per
     assert log_lik.shape == (5, 10)
     torch.testing.assert_close(log_lik, expected.to(log_lik.dtype), rtol=1e-5, atol=1e-5)
     assert np.isfinite(az.loo(idata, pointwise=True).elpd_loo)
+
+
+def test_an_autoguides_own_auxiliary_sites_are_not_exported_as_the_models():
+    """AutoNormal exported 'likelihood.scale_unconstrained' beside 'likelihood.scale' (az.summary twice the rows), and
+    AutoDiagonalNormal its joint '_AutoDiagonalNormal_latent'."""
+    from pyro.infer.autoguide import AutoDiagonalNormal, AutoNormal
+
+    x, y = torch.randn(20, 2), torch.randn(20)
+    bnn = pyro_bbb.BNN(BayesianLinear(2, 1), likelihoods.Gaussian())  # a learned noise scale: a constrained site
+    for make in (AutoNormal, AutoDiagonalNormal):
+        pyro.clear_param_store()
+        guide = make(bnn)
+        guide(x, y)
+        idata = pyro_bbb.evaluate.to_inference_data(bnn, guide, x, y, num_samples=4)
+        assert sorted(idata.posterior.data_vars) == ["likelihood.scale", "net.bias", "net.weight"], make.__name__

@@ -238,3 +238,20 @@ def test_init_scale_prior_starts_every_weight_at_its_prior_width():
     assert torch.allclose(q["net.2.bias"].scale, torch.tensor(1.0))  # the hyperprior's mode, 2 / sqrt(4)
     with pytest.raises(ValueError, match='a number > 0 or "prior"'):
         MeanFieldGuide(bnn, init_scale="wide")
+
+
+def test_compare_evidence_leaves_the_callers_random_stream_alone():
+    """A hand-written guide's parameters were found by a trace drawn from the caller's stream."""
+    x, y = torch.randn(20, 3), torch.randn(20)
+    pyro.clear_param_store()
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5))
+
+    def normal_guide(x, y):
+        scale = pyro.param("s", torch.full((1, 3), 0.1), constraint=dist.constraints.positive)
+        pyro.sample("net.weight", dist.Normal(pyro.param("w_loc", torch.zeros(1, 3)), scale).to_event(2))
+        pyro.sample("net.bias", dist.Normal(pyro.param("b_loc", torch.zeros(1)), 0.1).to_event(1))
+
+    normal_guide(x, y)
+    state = torch.get_rng_state()
+    compare_evidence({"m": (bnn, normal_guide)}, (x, y), num_draws=3)
+    assert torch.equal(torch.get_rng_state(), state)

@@ -40,3 +40,16 @@ def test_pruning_half_the_weights_keeps_the_accuracy():
     half = pyro_bbb.evaluate.metrics.accuracy(pyro_bbb.predict(bnn, pruned, x_test), y_test)
     assert achieved == pytest.approx(0.5, abs=1e-3)
     assert half >= full - 0.02
+
+
+def test_pruning_a_guide_that_cannot_predict_pruned_is_refused_up_front():
+    """AutoNormal was accepted, and the pruned guide failed at predict (no .pruned)."""
+    from pyro.infer.autoguide import AutoNormal
+
+    pyro.clear_param_store()
+    layer = pyro_bbb.nn.BayesianLinear(3, 2)
+    guide = AutoNormal(layer)
+    guide(torch.randn(4, 3))
+    with pytest.raises(TypeError, match="needs a pyro_bbb.MeanFieldGuide; got AutoNormal"):
+        pruning.prune_by_snr(guide, 0.5)
+    assert set(pruning.signal_to_noise(guide)) == {"weight", "bias"}  # (the ratios themselves are read from any guide)

@@ -414,3 +414,25 @@ def test_predict_with_a_guide_not_yet_set_up_leaves_batch_norm_alone():
         pyro_bbb.predict(bnn, pyro_bbb.MeanFieldGuide(bnn), torch.randn(6, 3), num_samples=4)
     assert all(torch.equal(value, kept[name]) for name, value in bnn.named_buffers())
     assert bnn.training  # (the model's mode as it was)
+
+
+def test_a_classifier_with_several_labels_per_row_is_a_clear_error():
+    """A Categorical reinterpreted over tokens (.to_event(1)) gave a Prediction whose probs, log_likelihood and
+    accuracy all failed with AttributeError: 'Independent' object has no attribute 'probs'."""
+
+    class Tagger(PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.fc = BayesianLinear(4, 3)
+
+        def forward(self, x, y=None):
+            logits = self.fc(x)
+            with pyro.plate("data", x.shape[0]):
+                return pyro.sample("y", dist.Categorical(logits=logits).to_event(1), obs=y)
+
+    model = Tagger()
+    x = torch.randn(6, 5, 4)
+    guide = pyro_bbb.MeanFieldGuide(model)
+    guide(x, torch.zeros(6, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"one class label per row.*Categorical over \(5,\) labels per row"):
+        pyro_bbb.predict(model, guide, x, num_samples=3)
