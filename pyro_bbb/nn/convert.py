@@ -265,6 +265,13 @@ def bayesianize(
         raise ValueError(f"no layer to convert: no {_supported_names()} outside attention blocks{where}.")
 
     _refuse_what_a_twin_would_change(converted, candidates)
+    frozen = [n for n, m in candidates if not any(p.requires_grad for p in m.parameters())]
+    if frozen:  # a frozen (pretrained) backbone converted with the rest would be trained, in silence
+        warn_at_caller(
+            f"bayesianize: {frozen} {'was' if len(frozen) == 1 else 'were'} frozen (requires_grad=False) and "
+            f"{'is' if len(frozen) == 1 else 'are'} now Bayesian, trained with the rest; pass exclude={frozen!r} to "
+            "keep them deterministic and frozen."
+        )
     references = list(converted.named_modules(remove_duplicate=False))  # a layer used at several places: each one
     for name, layer in candidates:
         twin = _make_twin(layer, _twin_type(layer), _prior_for(prior, name, layer), init_from_weights)

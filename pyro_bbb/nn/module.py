@@ -188,7 +188,9 @@ class BayesianModule(PyroModule):
         setattr(self, name, PyroSample(_SitePrior(name)))
 
     def set_initial_value(self, name: str, value: torch.Tensor) -> None:
-        """Set the initial value of parameter ``name`` (the guide's starting posterior mean; e.g. trained weights).
+        """Set the initial value of parameter ``name`` (the guide's starting posterior mean; e.g. trained weights),
+        of the parameter's own shape. A guide reads it when it is set up (its first call): a guide that exists
+        already keeps its means (build a new one, after ``pyro.clear_param_store()``, to start from these).
 
         Examples
         --------
@@ -197,7 +199,11 @@ class BayesianModule(PyroModule):
         >>> layer.initial_values()["bias"]
         tensor([0.5000])
         """
-        getattr(self, f"{name}_init").copy_(value.detach())
+        init = getattr(self, f"{name}_init")
+        if tuple(value.shape) != tuple(init.shape):  # (copy_ would broadcast a row or a number over the whole tensor)
+            raise ValueError(f"{type(self).__name__}.set_initial_value({name!r}, ...) needs a tensor of shape "
+                             f"{tuple(init.shape)}, got {tuple(value.shape)}.")
+        init.copy_(value.detach())
 
     def bayesian_parameters(self) -> dict[str, Prior]:
         """The names of this layer's sampled parameters and their priors.

@@ -1,3 +1,5 @@
+import warnings
+
 import pyro
 import pytest
 import torch
@@ -301,3 +303,17 @@ def test_what_a_bayesian_twin_would_silently_change_is_refused(case):
     if case != "tied":  # the way out the message names (a tied pair: both excluded, nothing left to convert)
         converted = pyro_bbb.bayesianize(net, exclude=["0"])
         assert not isinstance(converted[0], BayesianLinear) and isinstance(converted[2], BayesianLinear)
+
+
+def test_a_frozen_layer_converted_with_the_rest_is_said():
+    """A frozen (pretrained) backbone became trainable Bayesian layers without a word."""
+    body = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    body[0].requires_grad_(False)
+    with pytest.warns(UserWarning, match=r"\['0'\] was frozen .* exclude=\['0'\]"):
+        pyro_bbb.bayesianize(body)
+    body = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    body[0].requires_grad_(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        converted = pyro_bbb.bayesianize(body, exclude=["0"])
+    assert not converted[0].weight.requires_grad

@@ -232,3 +232,12 @@ def test_batched_conv_transpose_equals_loop(d, input_batch):
         expected = conv(xe[idx].unsqueeze(0), we[idx], be[idx], output_padding=(1,) * d, **kw)[0]
         assert torch.allclose(got[idx], expected, atol=1e-5), idx
     assert got.shape == full + (6,) + (8,) * d
+
+
+def test_set_initial_value_of_another_shape_is_refused():
+    """copy_ broadcast a row over the whole weight, and a number over the bias, in silence."""
+    layer = BayesianLinear(3, 2)
+    with pytest.raises(ValueError, match=r"set_initial_value\('weight', \.\.\.\) needs a tensor of shape \(2, 3\)"):
+        layer.set_initial_value("weight", torch.tensor([1.0, 2.0, 3.0]))
+    with pytest.raises(ValueError, match=r"shape \(2,\), got \(\)"):
+        layer.set_initial_value("bias", torch.tensor(7.0))
