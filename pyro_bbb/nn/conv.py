@@ -82,11 +82,11 @@ class _BayesianConvNd(_ConvLayer):
         dilation: _Size = 1,
         groups: int = 1,
         bias: bool = True,
-        prior: Prior | None = None,
         padding_mode: str = "zeros",
-        *,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        *,
+        prior: Prior | None = None,
     ):
         super().__init__(prior)
         # The torch twin validates and normalises the arguments and draws the initial values.
@@ -184,10 +184,10 @@ class _BayesianConvTransposeNd(_ConvLayer):
         bias: bool = True,
         dilation: _Size = 1,
         padding_mode: str = "zeros",
-        prior: Prior | None = None,
-        *,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        *,
+        prior: Prior | None = None,
     ):
         super().__init__(prior)
         # The torch twin validates the arguments (e.g. only zero padding) and draws the initial values.

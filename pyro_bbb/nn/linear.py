@@ -44,10 +44,10 @@ class BayesianLinear(BayesianModule):
         in_features: int,
         out_features: int,
         bias: bool = True,
-        prior: Prior | None = None,
-        *,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        *,
+        prior: Prior | None = None,
     ):
         super().__init__(prior)
         self.in_features = in_features

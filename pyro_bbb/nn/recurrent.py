@@ -167,8 +167,8 @@ class _Recurrent(BayesianModule):
 class _RecurrentCell(_Recurrent):
     """One time step; weights and Flipout signs are reused by every call within one model run."""
 
-    def __init__(self, input_size, hidden_size, bias=True, prior=None, recurrent_prior=None, *, device=None,
-                 dtype=None):
+    def __init__(self, input_size, hidden_size, bias=True, device=None, dtype=None, *, prior=None,
+                 recurrent_prior=None):
         super().__init__(DEFAULT_RECURRENT_PRIOR if prior is None else prior)
         self.input_size, self.hidden_size = input_size, hidden_size
         twin = getattr(nn, f"{self._mode}Cell")(input_size, hidden_size, bias=bias, device=device, dtype=dtype)
@@ -227,9 +227,9 @@ class BayesianLSTMCell(_RecurrentCell):
 
     _mode = "LSTM"
 
-    def __init__(self, input_size, hidden_size, bias=True, prior=None, recurrent_prior=None, *,
-                 forget_bias: float | None = 1.0, device=None, dtype=None):
-        super().__init__(input_size, hidden_size, bias, prior, recurrent_prior, device=device, dtype=dtype)
+    def __init__(self, input_size, hidden_size, bias=True, device=None, dtype=None, *, prior=None,
+                 recurrent_prior=None, forget_bias: float | None = 1.0):
+        super().__init__(input_size, hidden_size, bias, device, dtype, prior=prior, recurrent_prior=recurrent_prior)
         self._set_keep_gate_bias(forget_bias)
 
     def forward(self, input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None):
@@ -254,9 +254,9 @@ class BayesianGRUCell(_RecurrentCell):
 
     _mode = "GRU"
 
-    def __init__(self, input_size, hidden_size, bias=True, prior=None, recurrent_prior=None, *,
-                 update_bias: float | None = 1.0, device=None, dtype=None):
-        super().__init__(input_size, hidden_size, bias, prior, recurrent_prior, device=device, dtype=dtype)
+    def __init__(self, input_size, hidden_size, bias=True, device=None, dtype=None, *, prior=None,
+                 recurrent_prior=None, update_bias: float | None = 1.0):
+        super().__init__(input_size, hidden_size, bias, device, dtype, prior=prior, recurrent_prior=recurrent_prior)
         self._set_keep_gate_bias(update_bias)
 
     def forward(self, input: torch.Tensor, hx: torch.Tensor | None = None) -> torch.Tensor:
@@ -273,8 +273,7 @@ class _RecurrentLayer(_Recurrent):
     _first_suffix = "_l0"
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-                 bidirectional=False, prior=None, recurrent_prior=None, *, proj_size=0, device=None,
-                 dtype=None):
+                 bidirectional=False, proj_size=0, device=None, dtype=None, *, prior=None, recurrent_prior=None):
         super().__init__(DEFAULT_RECURRENT_PRIOR if prior is None else prior)
         settings = dict(num_layers=num_layers, bias=bias, batch_first=batch_first, dropout=dropout,
                         bidirectional=bidirectional, **({"proj_size": proj_size} if proj_size else {}))
@@ -468,10 +467,10 @@ weight_hh_l1_prior=Normal(loc=0.0, scale=0.5), weight_hh_l1_reverse_prior=Normal
     _mode = "LSTM"
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-                 bidirectional=False, prior=None, recurrent_prior=None, *, proj_size=0,
-                 forget_bias: float | None = 1.0, device=None, dtype=None):
-        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, prior,
-                         recurrent_prior, proj_size=proj_size, device=device, dtype=dtype)
+                 bidirectional=False, proj_size=0, device=None, dtype=None, *, prior=None, recurrent_prior=None,
+                 forget_bias: float | None = 1.0):
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, proj_size,
+                         device, dtype, prior=prior, recurrent_prior=recurrent_prior)
         self._set_keep_gate_bias(forget_bias)
 
 
@@ -497,8 +496,8 @@ class BayesianGRU(_RecurrentLayer):
     _mode = "GRU"
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-                 bidirectional=False, prior=None, recurrent_prior=None, *, update_bias: float | None = 1.0,
-                 device=None, dtype=None):
-        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, prior,
-                         recurrent_prior, device=device, dtype=dtype)
+                 bidirectional=False, device=None, dtype=None, *, prior=None, recurrent_prior=None,
+                 update_bias: float | None = 1.0):
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, 0, device,
+                         dtype, prior=prior, recurrent_prior=recurrent_prior)
         self._set_keep_gate_bias(update_bias)

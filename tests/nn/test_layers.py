@@ -241,3 +241,22 @@ def test_set_initial_value_of_another_shape_is_refused():
         layer.set_initial_value("weight", torch.tensor([1.0, 2.0, 3.0]))
     with pytest.raises(ValueError, match=r"shape \(2,\), got \(\)"):
         layer.set_initial_value("bias", torch.tensor(7.0))
+
+
+def test_the_layers_take_their_twins_positional_arguments_and_priors_by_keyword():
+    """prior sat where torch puts device (Linear, cells), padding_mode (ConvNd) or proj_size (LSTM): the twins' own
+    positional calls failed ('prior must be a pyro_bbb.priors.Prior ... got str')."""
+    from pyro_bbb.nn import BayesianConv2d, BayesianGRU, BayesianLSTM, BayesianLSTMCell
+    from pyro_bbb.nn.conv import BayesianConvTranspose2d
+
+    assert BayesianLinear(3, 2, True, "cpu", torch.float64).weight_init.dtype == torch.float64
+    conv = BayesianConv2d(2, 3, 3, 1, 1, 1, 1, True, "reflect")
+    assert conv.padding_mode == "reflect" and conv(torch.randn(1, 2, 5, 5)).shape == (1, 3, 5, 5)
+    assert BayesianConvTranspose2d(2, 2, 3, 2, 1, 1, 1, True, 1, "zeros", "cpu").output_padding == (1, 1)
+    assert BayesianLSTM(3, 4, 1, True, False, 0.0, False, 2).proj_size == 2
+    assert BayesianGRU(3, 4, 1, True, True, 0.0, False, "cpu").batch_first
+    assert BayesianLSTMCell(3, 4, True, "cpu", torch.float64).weight_ih_init.dtype == torch.float64
+    prior = priors.Normal(0.0, 0.5)
+    assert BayesianLinear(3, 2, prior=prior).prior == prior
+    with pytest.raises(TypeError):
+        BayesianLinear(3, 2, True, prior)  # (a prior is never read as a device)
