@@ -254,10 +254,15 @@ def bayesianize(
             )
         roots = [n for n, _ in direct]
         candidates = [(n, m) for n, m in named if (n in roots or inside(n, roots)) and not inside(n, opaque)]
-    candidates = [(n, m) for n, m in candidates if _twin_type(m) is not None]
     if exclude is not None:  # an excluded container takes its layers with it
         excluded = [n for n, m in named if _matches(exclude, n, m)]
         candidates = [(n, m) for n, m in candidates if n not in excluded and not inside(n, excluded)]
+    plain_rnns = [n for n, m in candidates if isinstance(m, nn.RNN | nn.RNNCell)]
+    if plain_rnns:  # a recurrent layer without a Bayesian twin stays deterministic: said, not left to be found out
+        warn_at_caller(f"bayesianize leaves {plain_rnns} (torch.nn.RNN / RNNCell) deterministic: only LSTM and GRU "
+                       "layers have Bayesian twins (BayesianLSTM, BayesianGRU). Use one of those to make it Bayesian, "
+                       "or exclude it to silence this.")
+    candidates = [(n, m) for n, m in candidates if _twin_type(m) is not None]
     if last_layer_only:
         candidates = candidates[-1:]
     if not candidates:

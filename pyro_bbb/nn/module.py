@@ -299,6 +299,16 @@ class BayesianModule(PyroModule):
         prefix = pyro_name(self) if full_names else ""
         return {site_name(prefix, name): getattr(self, f"{name}_init") for name in self._bayesian}
 
+    def _check_dtype(self, input: torch.Tensor, weight_dtype: torch.dtype) -> None:
+        """A clear error for an input whose dtype is not the weights' (outside autocast)."""
+        if input.dtype != weight_dtype and not torch.is_autocast_enabled(input.device.type):
+            raise TypeError(
+                f"{type(self).__name__} {pyro_name(self) or '(root)'} got an input of dtype {input.dtype} but its "
+                f"weights are {weight_dtype}; cast the input (x.to({weight_dtype}))"
+                + (f" or the model (model.to({input.dtype}))" if input.is_floating_point() else "")
+                + ". pyro_bbb.fit and predict cast floating inputs for you; integer inputs are never cast."
+            )
+
     def _affine(self, input: torch.Tensor, apply, feature_dims: int) -> torch.Tensor:
         """``apply(input, weight, bias)`` as the effectful :func:`~pyro_bbb.nn.functional.bayesian_affine`, so that
         the estimators in :mod:`pyro_bbb.infer.estimators` can replace the shared weight draw. Inside
@@ -307,13 +317,7 @@ class BayesianModule(PyroModule):
         has_bias = "bias" in self._bayesian
         prefix = pyro_name(self)
         weight, bias = self.weight, self.bias if has_bias else None
-        if input.dtype != weight.dtype and not torch.is_autocast_enabled(input.device.type):
-            raise TypeError(
-                f"{type(self).__name__} {prefix or '(root)'} got an input of dtype {input.dtype} but its weights are "
-                f"{weight.dtype}; cast the input (x.to({weight.dtype}))"
-                + (f" or the model (model.to({input.dtype}))" if input.is_floating_point() else "")
-                + ". pyro_bbb.fit and predict cast floating inputs for you; integer inputs are never cast."
-            )
+        self._check_dtype(input, weight.dtype)
         num_draws, param_dims = folded_draws(), feature_dims + 1
         folded = False
         if num_draws is not None:  # (a single folded draw is read as plain weights)

@@ -16,6 +16,8 @@ Examples
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -91,10 +93,27 @@ class _Recurrent(BayesianModule):
             recurrent = name.startswith("weight_hh")
             self._declare_bayesian(name, param, fan_in[name], recurrent_prior if recurrent else None)
 
+    def reset_parameters(self) -> None:
+        """Redraw the initial values as torch.nn's recurrent layers do (uniform within ``1 / sqrt(hidden_size)``),
+        the kept gate's biases set as at construction. A guide reads them when it is set up.
+
+        Examples
+        --------
+        >>> layer = BayesianGRUCell(3, 4)
+        >>> layer.reset_parameters()
+        >>> bool(layer.initial_values()["weight_ih"].abs().max() <= 0.5)
+        True
+        """
+        bound = 1.0 / math.sqrt(self.hidden_size)
+        for name, value in self.initial_values(full_names=False).items():
+            self.set_initial_value(name, torch.empty_like(value).uniform_(-bound, bound))
+        self._set_keep_gate_bias(self.__dict__.get("_keep_gate_bias"))
+
     def _set_keep_gate_bias(self, bias: float | None) -> None:
         """Start the gate that keeps the state -- an LSTM's forget gate, a GRU's update gate, the second block of
         both -- at ``sigmoid(bias)``: the input-to-hidden biases' initial posterior means of that gate become
         ``bias``, the hidden-to-hidden ones 0 (``None``: torch's initialisation)."""
+        self.__dict__["_keep_gate_bias"] = bias  # (reset_parameters sets it again)
         if bias is None:
             return
         size = self.hidden_size
@@ -162,6 +181,7 @@ class _Recurrent(BayesianModule):
                 f"{type(self).__name__}(input_size={size}) expects {where} whose last dimension is {size}, got shape "
                 f"{tuple(input.shape)}."
             )
+        self._check_dtype(input, getattr(self, f"weight_ih{self._first_suffix}_init").dtype)
 
 
 class _RecurrentCell(_Recurrent):
@@ -297,6 +317,15 @@ class _RecurrentLayer(_Recurrent):
     def _suffixes(self, layer: int) -> list[str]:
         return [f"_l{layer}", f"_l{layer}_reverse"][: self.num_directions]
 
+    def flatten_parameters(self) -> None:
+        """Nothing to do: torch.nn's call to compact cuDNN's weights, which code written for ``torch.nn.LSTM`` makes
+        (the weights here are drawn at every run).
+
+        Examples
+        --------
+        >>> BayesianLSTM(3, 4).flatten_parameters()
+        """
+
     def forward(self, input: torch.Tensor | PackedSequence, hx=None):
         """``input`` is ``(T, B, input_size)`` (``(B, T, input_size)`` with ``batch_first``), possibly with leading
         draw dimensions, or a :class:`~torch.nn.utils.rnn.PackedSequence`; returns ``(output, (h_n, c_n))`` for an
@@ -304,9 +333,14 @@ class _RecurrentLayer(_Recurrent):
         if isinstance(input, PackedSequence):
             return self._forward_packed(input, hx)
         self._check_input(input, self.input_size, "an input")
-        if input.dim() < 3:
-            raise ValueError(f"{type(self).__name__} expects (T, B, features) or (B, T, features), got "
-                             f"{tuple(input.shape)}; feed single steps to the cell instead.")
+        if input.dim() == 2:  # one sequence without a batch dimension, (T, features), as torch.nn takes it
+            def one(t):
+                return t.unsqueeze(1)
+
+            state_in = None if hx is None else tuple(map(one, hx)) if isinstance(hx, tuple) else one(hx)
+            output, state = self._forward_padded(input.unsqueeze(0 if self.batch_first else 1), state_in)
+            state = tuple(s.squeeze(1) for s in state) if isinstance(state, tuple) else state.squeeze(1)
+            return output.squeeze(0 if self.batch_first else 1), state
         return self._forward_padded(input, hx)
 
     def _forward_packed(self, packed: PackedSequence, hx):

@@ -317,3 +317,20 @@ def test_a_frozen_layer_converted_with_the_rest_is_said():
         warnings.simplefilter("error")
         converted = pyro_bbb.bayesianize(body, exclude=["0"])
     assert not converted[0].weight.requires_grad
+
+
+def test_a_plain_rnn_left_deterministic_is_said():
+    class Tagger(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.fc = torch.nn.RNN(3, 4), torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.fc(self.rnn(x)[0])
+
+    with pytest.warns(UserWarning, match=r"leaves \['rnn'\] .* deterministic: only LSTM and GRU"):
+        converted = pyro_bbb.bayesianize(Tagger())
+    assert isinstance(converted.fc, pyro_bbb.nn.BayesianLinear)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pyro_bbb.bayesianize(Tagger(), exclude=["rnn"])

@@ -131,8 +131,7 @@ def test_local_reparameterization_refuses_recurrent_weights():
 def test_bad_input_shape():
     with pytest.raises(ValueError, match="last dimension is 3"):
         BayesianLSTM(3, 4)(torch.randn(5, 2, 4))
-    with pytest.raises(ValueError, match="feed single steps to the cell"):
-        BayesianGRU(3, 4)(torch.randn(2, 3))
+    assert BayesianGRU(3, 4)(torch.randn(2, 3))[0].shape == (2, 4)  # one unbatched sequence, as torch takes it
 
 
 class LastStep(nn.Module):
@@ -411,3 +410,51 @@ def test_grouped_draws_equal_each_draw_alone(mode, kwargs, shared_input, with_st
         pairs = zip(state, expected_state) if mode == "LSTM" else [(state, expected_state)]
         for got, want in pairs:
             torch.testing.assert_close(got[:, s * rows : (s + 1) * rows], want, rtol=1e-5, atol=1e-6)
+
+
+def test_one_sequence_without_a_batch_dimension_as_torch_takes_it():
+    """(T, features) was refused with advice to feed single steps to the cell; torch.nn.LSTM returns (T, hidden)."""
+    from pyro_bbb.nn import BayesianGRU, BayesianLSTM
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 3)
+    for make, batch_first in ((BayesianLSTM, False), (BayesianLSTM, True), (BayesianGRU, False)):
+        layer = make(3, 4, num_layers=2, batch_first=batch_first)
+        twin = getattr(torch.nn, make.__name__[len("Bayesian"):])(3, 4, num_layers=2, batch_first=batch_first)
+        with torch.no_grad():
+            for name, value in layer.initial_values().items():
+                getattr(twin, name).copy_(value)
+        with pyro.poutine.condition(data=layer.initial_values()):
+            output, state = layer(x)
+        expected, expected_state = twin(x)
+        torch.testing.assert_close(output, expected)
+        for ours, theirs in zip(state if isinstance(state, tuple) else (state,),
+                                expected_state if isinstance(expected_state, tuple) else (expected_state,)):
+            torch.testing.assert_close(ours, theirs)
+
+
+def test_an_input_of_another_dtype_is_named_as_for_the_other_layers():
+    from pyro_bbb.nn import BayesianLSTM, BayesianLSTMCell
+
+    for layer in (BayesianLSTM(3, 4), BayesianLSTMCell(3, 4)):
+        with pytest.raises(TypeError, match=r"got an input of dtype torch.float64 but its weights are torch.float32"):
+            layer(torch.ones(5, 2, 3, dtype=torch.float64) if isinstance(layer, BayesianLSTM)
+                  else torch.ones(2, 3, dtype=torch.float64))
+
+
+def test_reset_parameters_and_flatten_parameters_as_torch_code_calls_them():
+    """model.apply(lambda m: m.reset_parameters()) and a forward calling self.lstm.flatten_parameters() failed with
+    AttributeError after bayesianize."""
+    torch.manual_seed(0)
+    layer = BayesianLSTM(3, 4, num_layers=2)
+    before = {name: value.clone() for name, value in layer.initial_values().items()}
+    layer.reset_parameters()
+    after = layer.initial_values()
+    assert all(not torch.equal(before[name], after[name]) for name in before)
+    assert all(value[:4].abs().max() <= 0.5 for value in after.values())  # torch's bound, 1 / sqrt(4)
+    assert torch.equal(after["bias_ih_l0"][4:8], torch.ones(4)) and torch.equal(after["bias_hh_l1"][4:8],
+                                                                                  torch.zeros(4))  # forget gate kept
+    layer.flatten_parameters()
+    cell = BayesianGRUCell(3, 4, update_bias=None)
+    cell.reset_parameters()
+    assert cell.initial_values()["bias_ih"][4:8].abs().max() <= 0.5  # (no kept gate: torch's draw)
