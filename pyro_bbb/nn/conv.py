@@ -226,9 +226,9 @@ class _BayesianConvTransposeNd(_ConvLayer):
         if output_size is None:
             return self.output_padding
         d = self._spatial_dims
-        output_size = [int(s) for s in output_size][-d:]
-        if len(output_size) != d:
+        if len(output_size) not in (d, d + 2):  # (as torch: the spatial sizes, or the whole output shape)
             raise ValueError(f"output_size must have {d} or {d + 2} elements (got {len(output_size)}).")
+        output_size = [int(s) for s in output_size][-d:]
         padding = []
         for i, size in enumerate(output_size):
             length = input.shape[-d + i]

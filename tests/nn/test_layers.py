@@ -260,3 +260,13 @@ def test_the_layers_take_their_twins_positional_arguments_and_priors_by_keyword(
     assert BayesianLinear(3, 2, prior=prior).prior == prior
     with pytest.raises(TypeError):
         BayesianLinear(3, 2, True, prior)  # (a prior is never read as a device)
+
+
+def test_an_output_size_of_the_wrong_length_is_refused_as_torch_refuses_it():
+    from pyro_bbb.nn.conv import BayesianConvTranspose2d
+
+    up = BayesianConvTranspose2d(2, 2, 3, stride=2)
+    x = torch.randn(1, 2, 4, 4)
+    assert up(x, output_size=[1, 2, 9, 9]).shape == up(x, output_size=[9, 9]).shape == (1, 2, 9, 9)
+    with pytest.raises(ValueError, match="output_size must have 2 or 4 elements"):
+        up(x, output_size=[2, 9, 9])
