@@ -23,11 +23,12 @@ class History:
     """What :func:`fit` saw, one record per epoch, plus the loss of every step.
 
     Each record has ``epoch``, ``loss`` (negative ELBO, nats), ``loss_per_datum``, ``nll``, ``kl`` (unweighted),
-    ``kl_weight``, per-layer dicts ``kl_by_layer``, ``posterior_std``, ``prior_std`` (which a
-    :class:`~pyro_bbb.priors.LearnedNormal` prior learns), ``std_ratio`` (posterior std / prior std, mean per layer)
-    and ``std_ratio_geomean`` (its geometric mean, which ``check_posterior`` judges collapse by), ``seconds``, and
-    ``val_*`` metrics when validation data was given. ``history["kl"]`` is the list over epochs;
-    ``history["kl_by_layer"]`` a dict of lists.
+    ``kl_weight`` (the weight of the epoch's last step: ``loss = nll + kl_weight * kl`` at a fixed weight; under a KL
+    schedule each step's loss is at its own weight, so the epoch's mean differs), per-layer dicts ``kl_by_layer``,
+    ``posterior_std``, ``prior_std`` (which a :class:`~pyro_bbb.priors.LearnedNormal` prior learns), ``std_ratio``
+    (posterior std / prior std, mean per layer) and ``std_ratio_geomean`` (its geometric mean, which
+    ``check_posterior`` judges collapse by), ``seconds``, and ``val_*`` metrics when validation data was given.
+    ``history["kl"]`` is the list over epochs; ``history["kl_by_layer"]`` a dict of lists.
 
     Examples
     --------

@@ -169,7 +169,8 @@ def fit(
     callbacks : iterable of callables
         ``callback(epoch, history)`` after every epoch; returning ``True`` stops training.
     progress : bool
-        Show a progress bar with the loss, NLL and KL per datum (``loss = nll + kl_w * kl``) and the KL weight.
+        Show a progress bar with the loss, NLL and KL per datum (``loss = nll + kl_w * kl`` at a fixed weight; a
+        schedule's steps each at their own) and the KL weight.
     seed : int, optional
         Seeds Pyro's and torch's random number generators (shuffling, weight draws).
     distributed : bool
