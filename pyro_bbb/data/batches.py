@@ -9,7 +9,7 @@ Examples
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -189,7 +189,8 @@ class Batches:
             self.loader, self.num_data = None, num_rows(self.x)
             self.batch_size = batch_size or self.num_data
         else:
-            raise TypeError(f"data must be an (x, y) pair of tensors or a DataLoader, got {type(data).__name__}.")
+            raise TypeError(f"data must be an (x, y) pair of tensors or a DataLoader, got {_what(data)}"
+                            + _pair_hint(data))
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self.loader is None:
@@ -198,12 +199,34 @@ class Batches:
             return
         for number, batch in enumerate(self.loader, 1):
             if not isinstance(batch, Sequence) or len(batch) != 2:
-                raise DataError("the DataLoader must yield (x, y) pairs.")
+                raise DataError(f"the DataLoader must yield (x, y) pairs; batch {number} is {_what(batch)}"
+                                + _pair_hint(batch))
             try:
                 x, y = check_batch(*batch, self.likelihood, what=f"DataLoader batch {number}", dtype=self.dtype)
             except (ValueError, TypeError) as error:
                 raise DataError(str(error)) from error
             yield inputs_to(x, self.device), y.to(self.device)
+
+
+def _what(data) -> str:
+    """What ``data`` is, in a few words: its type, and its length for a tuple or list."""
+    if isinstance(data, tuple | list):
+        return f"a {type(data).__name__} of {len(data)}"
+    return type(data).__name__
+
+
+def _pair_hint(data) -> str:
+    """How to make ``data`` an ``(x, y)`` pair, for the kinds users pass."""
+    if isinstance(data, tuple | list) and len(data) > 2:
+        return (f". Several inputs go in one tuple, the targets last: ((x1, ..., x{len(data) - 1}), y) (a DataLoader's "
+                "collate_fn can return that).")
+    if isinstance(data, Mapping):
+        return ". A dict of inputs goes in a pair with the targets: (inputs, y) (a collate_fn can return it)."
+    if isinstance(data, torch.utils.data.Dataset):
+        return ". Wrap a Dataset in a DataLoader: DataLoader(dataset, batch_size=64, shuffle=True)."
+    if hasattr(data, "to_numpy"):
+        return ". Pass tensors (or numpy arrays): (frame[features].to_numpy(), frame[target].to_numpy())."
+    return "."
 
 
 def model_device(model) -> torch.device | None:

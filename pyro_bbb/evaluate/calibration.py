@@ -23,7 +23,7 @@ import torch
 
 from .._inputs import class_labels
 from ..data.provenance import fraction_seen_in_training
-from ..prediction.predictive import predict
+from ..prediction.predictive import predict_with_draws
 from ..prediction.results import ClassificationPrediction
 from .metrics import class_probabilities
 
@@ -119,7 +119,7 @@ def fit_temperature(model: Callable, guide: Callable, validation_data: tuple[tor
             "learns the fit, not the calibration. Hold a split out of training (e.g. 10-20% of the data, never passed "
             "to fit) and fit the temperature on it."
         )
-    prediction = predict(model, guide, x, num_samples=num_samples)
+    prediction = predict_with_draws(model, guide, x, num_samples=num_samples, caller="fit_temperature")[0]
     if not isinstance(prediction, ClassificationPrediction):
         raise TypeError("temperature scaling is for a classifier (a Categorical or Bernoulli likelihood).")
     return TemperatureScaling().fit(prediction, y)

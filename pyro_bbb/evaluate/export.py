@@ -186,7 +186,8 @@ def to_inference_data(
         raise ValueError(f"container must be one of {CONTAINERS}, got {container!r}.")
     check_count("num_chains", num_chains)
     x = cast_inputs(x, model_dtype(model))
-    prediction, draws, obs = predict_with_draws(model, guide, x, num_samples * num_chains, batch_size)
+    prediction, draws, obs = predict_with_draws(model, guide, x, num_samples * num_chains, batch_size,
+                                                caller="to_inference_data")
     if sites is None:
         sites = list(draws)
     unknown = [s for s in sites if s not in draws]

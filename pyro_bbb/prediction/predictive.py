@@ -308,10 +308,12 @@ def predict(
 
 @torch.no_grad()
 def predict_with_draws(
-    model, guide, x, num_samples=100, batch_size=None, vectorize=None, sample_batch_size=None, data_plate=None
+    model, guide, x, num_samples=100, batch_size=None, vectorize=None, sample_batch_size=None, data_plate=None, *,
+    caller: str = "predict",
 ) -> tuple[Prediction, dict[str, torch.Tensor], str]:
     """:func:`predict`, also returning the weight draws it used (``{site: (S, *site shape)}``) and the name of
-    the observation site -- so that an export can show the very draws behind the predictive.
+    the observation site -- so that an export can show the very draws behind the predictive. ``caller`` names the
+    function the user called in predict's warnings and errors.
 
     Examples
     --------
@@ -327,7 +329,7 @@ def predict_with_draws(
     set_up = is_set_up(guide)
     if not set_up or getattr(guide, "is_untrained", False):
         warn_at_caller(
-            f"predict: the guide was never trained{'' if set_up else ' (it has not seen the model yet)'}, so these "
+            f"{caller}: the guide was never trained{'' if set_up else ' (it has not seen the model yet)'}, so these "
             f"are the predictions of its initial posterior ({type(guide).__name__}'s starting means and widths), not "
             "of a fitted one. Train it first (pyro_bbb.fit), unless the initial posterior is what you want (e.g. "
             "bayesianize of trained weights).",
@@ -341,10 +343,10 @@ def predict_with_draws(
         data_plate = data_plate_of(model)
     with (without_trace_shapes(), poutine.block(hide_types=["bayesian_affine"]), data_plate_named(data_plate),
           training_mode(model, False)):
-        return _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate)
+        return _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate, caller)
 
 
-def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate):
+def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate, caller):
     chunks = split_rows(x, batch_size) if batch_size else [x]
 
     # One plain pass finds the observation site, the plate nesting and each latent site's own shape.
@@ -388,10 +390,10 @@ def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_s
             results, mismatch = None, f"it could not run several weight draws in one call ({reason})"
         if mismatch is not None:
             if vectorize:
-                raise ValueError(f"predict(vectorize=True): {mismatch}.")
+                raise ValueError(f"{caller}(vectorize=True): {mismatch}.")
             results = None
             warn_at_caller(
-                f"predict: {mismatch}; falling back to one call per draw, which is slower but right. Inside "
+                f"{caller}: {mismatch}; falling back to one call per draw, which is slower but right. Inside "
                 "pyro_bbb.BNN the network sees ordinary batches; a hand-written model's deterministic code must "
                 "accept extra leading (draw) dimensions to be vectorized (e.g. index from the right: out[..., -1, :], "
                 "nn.Flatten(start_dim=-3)).",

@@ -206,3 +206,17 @@ def test_an_autoguides_own_auxiliary_sites_are_not_exported_as_the_models():
         guide(x, y)
         idata = pyro_bbb.evaluate.to_inference_data(bnn, guide, x, y, num_samples=4)
         assert sorted(idata.posterior.data_vars) == ["likelihood.scale", "net.bias", "net.weight"], make.__name__
+
+
+def test_predicts_warnings_name_the_function_the_user_called():
+    from pyro_bbb.evaluate.calibration import fit_temperature
+    from pyro_bbb.prediction import UntrainedGuideWarning
+
+    pyro.clear_param_store()
+    bnn = pyro_bbb.BNN(BayesianLinear(2, 3), likelihoods.Categorical())
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    x, y = torch.randn(10, 2), torch.randint(0, 3, (10,))
+    with pytest.warns(UntrainedGuideWarning, match=r"^to_inference_data: the guide was never trained"):
+        pyro_bbb.evaluate.to_inference_data(bnn, guide, x, y, num_samples=4)
+    with pytest.warns(UntrainedGuideWarning, match=r"^fit_temperature: the guide was never trained"):
+        fit_temperature(bnn, guide, (x, y), num_samples=4)

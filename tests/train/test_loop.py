@@ -748,3 +748,16 @@ def test_a_pyro_optimizers_state_is_rolled_back_with_the_parameters_at_a_number_
     for p, obj in optimizer.optim_objs.items():
         for key, value in obj.state_dict()["state"][0].items():
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(states[p][key])), key
+
+
+def test_data_that_is_not_an_x_y_pair_is_named_with_the_fix():
+    x, y = small_data(20)
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    with pytest.raises(TypeError, match=r"got a tuple of 3.*\(\(x1, \.\.\., x2\), y\)"):
+        fit(model, guide, (x, x, y), epochs=1, kl_weight=1)
+    with pytest.raises(TypeError, match=r"got TensorDataset.*DataLoader\(dataset, batch_size=64"):
+        fit(model, guide, TensorDataset(x, y), epochs=1, kl_weight=1)
+    three = DataLoader(TensorDataset(x, x, y), batch_size=5)
+    with pytest.raises(DataError, match=r"batch 1 is a list of 3.*\(\(x1, \.\.\., x2\), y\)"):
+        fit(model, guide, three, epochs=1, kl_weight=1)
