@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from tqdm.notebook import tqdm_notebook
 
 from .._checks import check_count, check_positive, is_set_up
-from .._inputs import inputs_to, model_dtype, num_rows, select_rows
+from .._inputs import input_tensors, inputs_to, model_dtype, num_rows, select_rows
 from .._internals import without_trace_shapes
 from .._rng import rng_untouched
 from .._warnings import warn_at_caller
@@ -206,7 +206,7 @@ def fit(
     lr_at = _learning_rates(lr, lr_final, epochs, optimizer)
     per_layer = _check_guide(model, guide)
     batches, rank = _training_batches(model, data, batch_size, distributed, seed)
-    validation_data = _validation_batch(model, validation_data)
+    validation_data = _validation_batch(model, validation_data, getattr(batches, "x", None))
     optimizer = optimizer or JointAdam(lr=lr)
     options = {"num_particles": num_particles, "estimator": estimator, "clip_norm": clip_norm,
                "distributed": distributed}
@@ -219,7 +219,9 @@ def fit(
         if fallback and not isinstance(optimizer, IVON) and rank == 0:  # (IVON's weight is the user's own ess)
             _warn_fallback(fallback, put_back=False)
     step = TrainingStep(model, guide, optimizer, num_data=batches.num_data, kl_weight=kl_weight, **options)
-    _check_early_stopping(early_stopping, validation_data is not None)
+    likelihood = likelihood_of(model)
+    _check_early_stopping(early_stopping, validation_data is not None,
+                          None if likelihood is None else isinstance(likelihood, Categorical | Bernoulli))
     if seed is not None:
         pyro.set_rng_seed(seed)
 
@@ -553,7 +555,7 @@ def _training_batches(model, data, batch_size, distributed: bool, seed):
     return batches, rank
 
 
-def _check_early_stopping(early_stopping, has_validation_data: bool) -> None:
+def _check_early_stopping(early_stopping, has_validation_data: bool, classifier: bool | None) -> None:
     if early_stopping is None:
         return
     if not isinstance(early_stopping, EarlyStopping):
@@ -561,16 +563,29 @@ def _check_early_stopping(early_stopping, has_validation_data: bool) -> None:
             f"early_stopping must be a pyro_bbb.EarlyStopping (e.g. EarlyStopping(patience=20)), got "
             f"{type(early_stopping).__name__}."
         )
-    early_stopping.check_monitor(has_validation_data)
+    early_stopping.check_monitor(has_validation_data, classifier)
     early_stopping.reset()
 
 
-def _validation_batch(model, validation_data):
+def _validation_batch(model, validation_data, x_train=None):
+    """``validation_data`` checked (and, against the training inputs ``x_train`` when known, the number of features
+    of a table of floats -- found before training, not after the selection and a first epoch; sequences and images
+    may differ in length and size) and on the model's device."""
     if validation_data is None:
         return None
     if not isinstance(validation_data, Sequence) or len(validation_data) != 2:
         raise TypeError("validation_data must be an (x, y) pair of tensors.")
     x, y = check_batch(*validation_data, likelihood_of(model), what="validation_data", dtype=model_dtype(model))
+    if x_train is not None:
+        def tables(inputs):
+            return {name: t.shape[1] for name, t in input_tensors(inputs).items()
+                    if t.dim() == 2 and t.is_floating_point()}
+
+        train, held = tables(x_train), tables(x)
+        for name in train.keys() & held.keys():
+            if train[name] != held[name]:
+                raise ValueError(f"validation_data's {name} has {held[name]} features, the training data's "
+                                 f"{train[name]}: the same model cannot score both.")
     device = model_device(model)
     return inputs_to(x, device), y
 

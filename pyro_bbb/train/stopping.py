@@ -100,13 +100,30 @@ class EarlyStopping:
         self.stopped_epoch: int | None = None
         self._best: dict[torch.Tensor, torch.Tensor] = {}
 
-    def check_monitor(self, has_validation_data: bool) -> None:
-        """Raise ``ValueError`` when ``monitor`` names a validation metric and there is no validation data."""
+    def check_monitor(self, has_validation_data: bool, classifier: bool | None = None) -> None:
+        """Raise ``ValueError`` when ``monitor`` names a validation metric and there is no validation data, or a
+        metric the model's kind does not have (``classifier``: ``None`` when unknown).
+
+        Examples
+        --------
+        >>> EarlyStopping(patience=5, monitor="val_rmse").check_monitor(True, classifier=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: EarlyStopping(monitor='val_rmse') watches a regression's metric, but the model is a classifier: ...
+        """
         if self.monitor.startswith("val_") and not has_validation_data:
             raise ValueError(
                 f"EarlyStopping(monitor={self.monitor!r}) watches a validation metric, but fit got no "
                 "validation_data: pass fit(..., validation_data=(x_val, y_val)), or monitor a training key such as "
                 "'loss'."
+            )
+        wrong = {True: ("val_rmse",), False: ("val_accuracy", "val_ece")}.get(classifier, ())
+        if self.monitor in wrong:
+            kind, other = ("a regression's", "a classifier") if classifier else ("a classifier's", "a regression")
+            mine = "val_accuracy or val_ece" if classifier else "val_rmse"
+            raise ValueError(
+                f"EarlyStopping(monitor={self.monitor!r}) watches {kind} metric, but the model is {other}: monitor "
+                f"{mine} or val_log_likelihood."
             )
 
     def improved(self, epoch: int, record: dict[str, Any], params: Iterable[torch.Tensor] = ()) -> bool:

@@ -761,3 +761,18 @@ def test_data_that_is_not_an_x_y_pair_is_named_with_the_fix():
     three = DataLoader(TensorDataset(x, x, y), batch_size=5)
     with pytest.raises(DataError, match=r"batch 1 is a list of 3.*\(\(x1, \.\.\., x2\), y\)"):
         fit(model, guide, three, epochs=1, kl_weight=1)
+
+
+def test_a_validation_set_or_monitor_that_cannot_work_is_refused_before_training():
+    """Both were found after the selection and a first epoch."""
+    pyro.clear_param_store()
+    x, y = small_data(40)
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    with pytest.raises(ValueError, match="validation_data's x has 4 features, the training data's 2"):
+        fit(model, guide, (x, y), epochs=2, validation_data=(torch.randn(10, 4), torch.randn(10)))
+    with pytest.raises(ValueError, match="watches a classifier's metric, but the model is a regression: monitor "
+                                         "val_rmse"):
+        fit(model, guide, (x, y), epochs=2, validation_data=(x[:10], y[:10]),
+            early_stopping=pyro_bbb.EarlyStopping(patience=3, monitor="val_accuracy", mode="max"))
+    assert not pyro.get_param_store().keys()  # nothing trained, nothing made
