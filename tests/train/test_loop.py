@@ -553,8 +553,9 @@ def test_lr_final_decays_the_learning_rate_geometrically_epoch_by_epoch(monkeypa
 
 @pytest.mark.parametrize("kl_weight", ["auto", 1])
 def test_validation_data_the_model_cannot_score_is_an_error_with_everything_put_back(kl_weight):
-    """Integer inputs (allowed: token ids) or the wrong width are found only when the model scores them, after the
-    first epoch: the parameters, the optimizer's state and lr_final's rate go back to the start of fit."""
+    """Integer inputs (allowed: token ids) or the wrong width of a sequence (a table's is refused up front) are found
+    only when the model scores them, after the first epoch: the parameters, the optimizer's state and lr_final's rate
+    go back to the start of fit."""
     pyro.clear_param_store()
     x, y = torch.randn(40, 3), torch.randn(40)
     model = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(0.5))
@@ -562,7 +563,7 @@ def test_validation_data_the_model_cannot_score_is_an_error_with_everything_put_
     guide(x, y)
     optimizer = pyro_bbb.optim.Adam(lr=0.05)
     before = {name: value.detach().clone() for name, value in pyro.get_param_store().items()}
-    for bad_x in (torch.randint(0, 3, (8, 3)), torch.randn(8, 4)):
+    for bad_x in (torch.randint(0, 3, (8, 3)), torch.randn(8, 2, 4)):
         with pytest.raises(DataError, match=r"(?s)validation_data could not be scored after epoch 1: .*restored"):
             pyro_bbb.fit(model, guide, (x, y), epochs=3, batch_size=16, optimizer=optimizer, lr_final=1e-4,
                          validation_data=(bad_x, torch.randn(8)), kl_weight=kl_weight, progress=False, seed=0)
@@ -744,7 +745,7 @@ def test_a_pyro_optimizers_state_is_rolled_back_with_the_parameters_at_a_number_
               for p, obj in optimizer.optim_objs.items()}
     with pytest.raises(DataError, match="validation_data"):
         fit(model, guide, (x, y), epochs=1, batch_size=20, optimizer=optimizer, kl_weight=1.0,
-            validation_data=(torch.randn(10, 4), torch.randn(10)))
+            validation_data=(torch.randn(10, 3, 4), torch.randn(10)))  # (found after the first epoch)
     for p, obj in optimizer.optim_objs.items():
         for key, value in obj.state_dict()["state"][0].items():
             assert torch.equal(torch.as_tensor(value), torch.as_tensor(states[p][key])), key

@@ -142,9 +142,22 @@ def test_a_metric_the_model_does_not_record_is_an_error_with_the_parameters_rest
     guide = pyro_bbb.MeanFieldGuide(model)
     pyro_bbb.fit(model, guide, (x, labels), epochs=1, progress=False, seed=0)
     before = params()
-    with pytest.raises(ValueError, match="val_rmse.*restored to their state at the start of fit"):
+    with pytest.raises(ValueError, match="watches a regression's metric, but the model is a classifier"):
         pyro_bbb.fit(model, guide, (x, labels), epochs=3, progress=False, validation_data=(x, labels),
-                     early_stopping=EarlyStopping(patience=2, monitor="val_rmse"))
+                     early_stopping=EarlyStopping(patience=2, monitor="val_rmse"))  # (a BNN: known before training)
+    assert_params_equal(params(), before)
+    # a hand-written model's kind is known only from what predict returns: after the first epoch, put back
+    from ..helpers import Regression
+
+    pyro.clear_param_store()
+    model = Regression(in_features=2)
+    guide = pyro_bbb.MeanFieldGuide(model)
+    y = x.sum(-1)
+    pyro_bbb.fit(model, guide, (x, y), epochs=1, progress=False, seed=0, kl_weight=1)
+    before = params()
+    with pytest.raises(ValueError, match="val_accuracy.*restored to their state at the start of fit"):
+        pyro_bbb.fit(model, guide, (x, y), epochs=3, progress=False, validation_data=(x, y),
+                     early_stopping=EarlyStopping(patience=2, monitor="val_accuracy"))
     assert_params_equal(params(), before)
 
 
