@@ -81,7 +81,7 @@ def example_draw_shape(input_shape: tuple[int, ...], feature_dims: int,
     draws = num_draws or 1
     expected = _ROWS.get()
     per_row = expected is None or rows == expected * draws
-    if per_row and not positions:
+    if per_row and math.prod(positions) == 1:  # one row per example (a (B, 1, F) input too)
         return None
     count = math.prod(positions)
     if num_draws is None:

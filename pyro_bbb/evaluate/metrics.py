@@ -68,7 +68,9 @@ def class_probabilities(prediction: ClassificationPrediction | torch.Tensor,
         probs = torch.stack([1 - probs, probs], -1)
     if not isinstance(prediction, ClassificationPrediction):
         total = probs.sum(-1)
-        if not bool(((probs >= 0) & (probs <= 1)).all() and torch.allclose(total, torch.ones_like(total), atol=1e-4)):
+        tolerance = max(1e-4, 16 * torch.finfo(probs.dtype).eps) if probs.is_floating_point() else 1e-4  # (float16)
+        if not bool(((probs >= 0) & (probs <= 1)).all() and torch.allclose(total, torch.ones_like(total),
+                                                                           atol=tolerance)):
             raise ValueError(
                 f"{caller} reads a plain tensor as class probabilities (in [0, 1], each row summing to 1; a binary "
                 "classifier's P(y = 1) in [0, 1]), and these are not: for logits pass logits.softmax(-1) (binary: "

@@ -304,3 +304,10 @@ def test_a_tensor_of_scores_is_one_per_input():
         metrics.ood_auroc(probs, probs)
     scores = torch.rand(20)
     assert metrics.ood_auroc(scores[:, None], scores[:, None] + 1) == metrics.ood_auroc(scores, scores + 1) == 1.0
+
+
+def test_half_precision_probabilities_are_read_as_probabilities():
+    logits = torch.randn(50, 10, generator=torch.Generator().manual_seed(1)) * 3
+    y = torch.randint(0, 10, (50,))
+    for dtype in (torch.float16, torch.bfloat16):
+        metrics.expected_calibration_error(logits.softmax(-1).to(dtype), y)

@@ -836,3 +836,11 @@ def test_local_reparameterization_refuses_positions_that_share_a_weight(flatten)
         pyro_bbb.fit(bnn, guide, (x, y), epochs=1, kl_weight=1, estimator="local_reparam", progress=False)
     assert all(torch.equal(value, before[name]) for name, value in pyro.get_param_store().items())
     pyro_bbb.fit(bnn, guide, (x, y), epochs=1, kl_weight=1, estimator="flipout", progress=False)
+
+
+def test_local_reparameterization_takes_one_position_per_example():
+    net = TokenPool()
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=1.0))
+    x, y = torch.randn(4, 1, 3), torch.randn(4)
+    pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=1, kl_weight=1, estimator="local_reparam",
+                 progress=False)

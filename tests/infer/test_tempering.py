@@ -93,7 +93,7 @@ def test_a_fit_that_fails_puts_back_the_record_it_found():
     before = kl_weight_of(guide)
     with pytest.raises(ValueError, match="restored"):  # the validation data's error comes after the training steps
         pyro_bbb.fit(bnn, guide, (x, y), epochs=1, kl_weight=1.0, progress=False,
-                     validation_data=(torch.randn(5, 4), torch.randn(5)))
+                     validation_data=(torch.randn(5, 2, 4), torch.randn(5)))
     assert kl_weight_of(guide) is before
 
 

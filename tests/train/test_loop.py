@@ -777,3 +777,4 @@ def test_a_validation_set_or_monitor_that_cannot_work_is_refused_before_training
         fit(model, guide, (x, y), epochs=2, validation_data=(x[:10], y[:10]),
             early_stopping=pyro_bbb.EarlyStopping(patience=3, monitor="val_accuracy", mode="max"))
     assert not pyro.get_param_store().keys()  # nothing trained, nothing made
+
