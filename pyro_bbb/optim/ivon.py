@@ -40,6 +40,7 @@ import pyro
 import torch
 from pyro.distributions.transforms import SoftplusTransform
 from pyro.optim import PyroOptim
+from pyro.poutine.messenger import unwrap
 from torch.distributions import transform_to
 
 from .._checks import check_count, check_nonnegative, check_positive
@@ -191,11 +192,19 @@ class IVON(PyroOptim):
         """Flat ``(m, delta = 1 / (N t^2))`` of the sites' Normal priors as they are now, and whether they may differ
         from the last step's; fixed priors are read once (again after an in-place change), an empirical-Bayes prior
         every step (its scale follows the posterior)."""
-        priors = current_priors(self.guide.model)
+        priors = current_priors(unwrap(self.guide.model))  # the user's model (an autoguide wraps it in its init)
         prototype = self.guide.prototype_trace
         bases, key, dynamic = [], [], False
         for site, loc, sigma in zip(sites, locs, sigmas):
             base = strip_independent(priors.get(site, prototype.nodes[site]["fn"]))
+            if site not in priors and _is_learned(base):
+                given = type(unwrap(self.guide.model)).__name__
+                raise ValueError(
+                    f"IVON reads the learned prior of weight site {site!r} as it is now from the model's layers, but "
+                    f"the guide's model (a {given}) is not the module that holds them "
+                    "(the prior of the guide's first call would be used, not the scale being learned). Build the guide "
+                    "on the network itself (MeanFieldGuide(bnn)), or use pyro_bbb.optim.Adam for this model."
+                )
             if isinstance(base, EmpiricalBayesNormalDistribution):
                 base, dynamic = base.given_posterior(torch.distributions.Normal(loc, sigma, validate_args=False)), True
             elif not isinstance(base, torch.distributions.Normal):
@@ -477,3 +486,9 @@ class IVON(PyroOptim):
         settings = {"num_data": self.num_data, **({} if self.ess == self.num_data else {"ess": self.ess}),
                     **self.defaults}
         return ", ".join(f"{k}={v}" for k, v in settings.items()).join((f"{type(self).__name__}(", ")"))
+
+
+def _is_learned(prior: torch.distributions.Distribution) -> bool:
+    """Whether a Normal prior's location or scale is a learned parameter (it carries a gradient)."""
+    return any(isinstance(value, torch.Tensor) and value.requires_grad
+               for value in (getattr(prior, "loc", None), getattr(prior, "scale", None)))

@@ -353,3 +353,52 @@ def test_a_kl_weight_that_does_not_match_ess_is_refused_with_nothing_changed(kl_
     with pytest.raises(ValueError, match=fix):
         svi.step(x, y)
     assert all(torch.equal(before[k], v) for k, v in pyro.get_param_store().items())
+
+
+def test_a_learned_prior_is_read_at_its_current_scale():
+    """The prior's precision delta = 1 / (N s^2) sets the width 1 / sqrt(N (h + delta)). A learned prior's scale s
+    moves during training: IVON read the prior of the guide's first call (Pyro's autoguide wraps the model in its init
+    strategy, so the layers were not found), 0.5 where the layer's scale was 0.32."""
+    x, y = _regression()
+    layer = BayesianLinear(3, 1, prior=priors.LearnedNormal(init_scale=0.5), dtype=torch.float64)
+    bnn = pyro_bbb.BNN(layer, likelihoods.Gaussian(scale=0.5))
+    guide = MeanFieldGuide(bnn)
+    optimizer = IVON(guide, num_data=len(y))
+    svi = SVI(bnn, guide, optimizer, ELBO(num_data=len(y)))
+    svi.step(x, y)
+    with torch.no_grad():  # the learned scale (Adam's) moved from 0.5 to about 0.32
+        for name, value in pyro.get_param_store().named_parameters():
+            if name.endswith("prior_scale"):
+                value.fill_(math.log(0.32))
+    scale = layer.prior_distribution("weight").base_dist.scale.detach()
+    assert float(scale.max()) < 0.4
+    svi.step(x, y)
+    hess = optimizer.get_state()["sites"]["net.weight"]["hess"].reshape(scale.shape)
+    width = guide.site_posteriors()["net.weight"].scale
+    stale = 1.0 / torch.sqrt(len(y) * (hess + 1.0 / (len(y) * 0.5**2)))
+    assert not torch.allclose(width, stale, rtol=1e-3)
+    torch.testing.assert_close(width, 1.0 / torch.sqrt(len(y) * (hess + 1.0 / (len(y) * scale.square()))),
+                               rtol=1e-3, atol=0.0)
+
+
+def test_a_learned_prior_the_optimizer_cannot_reach_is_refused_before_a_step():
+    # a model function around the network: its layers, and the learned scale as it is now, cannot be read
+    x, y = _regression()
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1, prior=priors.LearnedNormal(init_scale=0.5), dtype=torch.float64),
+                       likelihoods.Gaussian(scale=0.5))
+
+    def model(x, y=None):
+        return bnn(x, y)
+
+    guide = MeanFieldGuide(model)
+    guide(x, y)
+    before = {name: value.detach().clone() for name, value in pyro.get_param_store().items()}
+    svi = SVI(model, guide, IVON(guide, num_data=len(y)), ELBO(num_data=len(y)))
+    refused = "learned prior of weight site 'net.(weight|bias)'.*a function.*MeanFieldGuide\\(bnn\\)"
+    with pytest.raises(ValueError, match=refused):
+        svi.step(x, y)
+    assert all(torch.equal(before[name], value) for name, value in pyro.get_param_store().items())
+    pyro.clear_param_store()  # a fixed prior is read from the guide's first call, which is exact
+    fixed = pyro_bbb.BNN(BayesianLinear(3, 1, dtype=torch.float64), likelihoods.Gaussian(scale=0.5))
+    guide = MeanFieldGuide(lambda x, y=None: fixed(x, y))
+    SVI(lambda x, y=None: fixed(x, y), guide, IVON(guide, num_data=len(y)), ELBO(num_data=len(y))).step(x, y)
