@@ -92,13 +92,13 @@ class Adam(PyroOptim):
         """The torch optimizer's own step over ``params`` (new ones join it), then the direct call for the next."""
         new = [p for p in params if p not in self._known]
         if new:
+            restored = self._restored_state(new)  # checked before anything changes
             if self.optimizer is None:
                 self.optimizer = _joint_adam(new, self.defaults)
             else:
                 self.optimizer.add_param_group({"params": new, "lr": self.defaults["lr"], **_kernel_options(new)})
             self._known.update(new)
-            if self._pending:
-                self._attach(new)
+            self.optimizer.state.update(restored)
         # parameters not in this step keep their state: hide their gradients from the joint step
         hidden = {p: p.grad for p in self._known.difference(params) if p.grad is not None}
         for p in hidden:
@@ -172,12 +172,28 @@ class Adam(PyroOptim):
         # the next step starts a fresh torch optimizer: restored tensors are new objects, their state attaches by name
         self.optimizer, self._known, self._fused_step = None, set(), None
 
-    def _attach(self, params: list[torch.Tensor]) -> None:
+    def _restored_state(self, params: list[torch.Tensor]) -> dict[torch.Tensor, dict[str, torch.Tensor]]:
+        """The state :meth:`set_state` gave for ``params`` (by name), each moment checked against its parameter's
+        shape, and taken from the pending state only when all fit (torch's fused kernel does not check)."""
+        if not self._pending:
+            return {}
         store = pyro.get_param_store()
-        for p in params:
-            entry = self._pending.pop(store.param_name(p), None)
-            if entry is not None:
-                self.optimizer.state[p] = {key: value.detach().clone().to(p.device) for key, value in entry.items()}
+        found = {p: (name, self._pending[name]) for p in params
+                 if (name := store.param_name(p)) in self._pending}
+        for p, (name, entry) in found.items():
+            for key in ("exp_avg", "exp_avg_sq"):
+                value = entry[key]
+                if not isinstance(value, torch.Tensor) or value.shape != p.shape:
+                    shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                    raise ValueError(
+                        f"The optimizer state given to set_state holds {key!r} of shape {shape} for parameter "
+                        f"{name!r}, whose shape is {tuple(p.shape)}: it was saved from another model. Restore the "
+                        "optimizer state saved with these parameters, or start a fresh optimizer."
+                    )
+        for name, _ in found.values():
+            del self._pending[name]
+        return {p: {key: value.detach().clone().to(device=p.device, dtype=p.dtype if key != "step" else None)
+                    for key, value in entry.items()} for p, (_, entry) in found.items()}
 
     def __repr__(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.defaults.items()).join((f"{type(self).__name__}(", ")"))

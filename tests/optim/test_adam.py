@@ -199,3 +199,29 @@ def test_pyros_dict_form_is_taken_and_bad_arguments_are_clear_errors_at_construc
         Adam(lambda module, name: {"lr": 1e-2})
     with pytest.raises(ValueError, match="`lr` must be a finite number >= 0"):
         Adam(lr="0.01")
+
+
+def test_restored_moments_of_another_shape_are_refused_before_the_step():
+    """torch's fused kernel does not check the moments' shapes: a state saved from another model read past the end of
+    a (2,) moment for a (3, 4) parameter, or stepped with broadcast garbage. Refused, naming the parameter; nothing
+    moves, and the right state is taken afterwards."""
+    p = pyro.param("restored_shape", torch.zeros(3, 4)).unconstrained()
+    optimizer = pyro_bbb.optim.Adam(lr=0.1)
+    wrong = {"exp_avg": torch.ones(2), "exp_avg_sq": torch.ones(2), "step": torch.tensor(3.0)}
+    optimizer.set_state({"restored_shape": wrong})
+    p.grad = torch.ones(3, 4)
+    with pytest.raises(ValueError, match=r"'exp_avg' of shape \(2,\) for parameter 'restored_shape'.*\(3, 4\)"):
+        optimizer([p])
+    assert torch.equal(p.detach(), torch.zeros(3, 4))
+    right = {"exp_avg": torch.ones(3, 4, dtype=torch.float64), "exp_avg_sq": torch.ones(3, 4),
+             "step": torch.tensor(3.0)}
+    optimizer.set_state({"restored_shape": right})
+    optimizer([p])
+    state = optimizer.get_state()["restored_shape"]
+    assert state["step"] == 4 and state["exp_avg"].dtype == torch.float32
+    expected = torch.optim.Adam([torch.nn.Parameter(torch.zeros(3, 4))], lr=0.1)
+    reference = expected.param_groups[0]["params"][0]
+    expected.state[reference] = {key: value.float() if key != "step" else value for key, value in right.items()}
+    reference.grad = torch.ones(3, 4)
+    expected.step()
+    torch.testing.assert_close(p.detach(), reference.detach())
