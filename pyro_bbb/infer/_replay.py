@@ -136,11 +136,13 @@ class ReplayPlan:
     """What a replayed step needs: the model and guide it was recorded for, the guide's prototype (a new set-up
     invalidates it), the latent sites in the guide's order (name, prior reader, whether it is a layer's weight, whose
     posterior an estimator is told), the parameter reader, and the model's own ``num_data`` (its plate's size, which
-    the recorded scale of the likelihood followed: a model told another N later is traced again)."""
+    the recorded scale of the likelihood followed: a model told another N later is traced again), and the model's
+    modules (a layer replaced by another, under the same site names, brings its own prior: traced again)."""
 
     def __init__(self, model, guide, prototype, sites: list, reader: ParamReader):
         self.model, self.guide, self.prototype, self.sites, self.reader = model, guide, prototype, sites, reader
         self.model_num_data = getattr(model, "num_data", None)
+        self.modules = tuple(model.modules())
 
 
 class _SampleGuard(Messenger):
@@ -210,6 +212,9 @@ def _replay_captures(plan: ReplayPlan, model, guide, args: tuple, kwargs: dict) 
     if guide.prototype_trace is not plan.prototype or guide.is_pruned or is_tracing():
         return None
     if getattr(model, "num_data", None) != plan.model_num_data:  # e.g. bnn.num_data = N set between steps
+        return None
+    modules = tuple(model.modules())  # e.g. bnn.net[2] = BayesianLinear(..., prior=...) replaced a layer
+    if len(modules) != len(plan.modules) or any(a is not b for a, b in zip(modules, plan.modules)):
         return None
     stack = param_captures(allowed=(FlipoutMessenger, LocalReparameterizationMessenger))
     if stack is None or len(stack[1]) > 1:

@@ -337,3 +337,38 @@ def test_a_models_num_data_set_between_steps_scales_the_next_step():
     reference.loss(bnn, guide, x[:20], y[:20])  # one more optimizer step apart: close, not equal
     assert elbo.last_terms["num_data"] == reference.last_terms["num_data"] == 200
     assert float(scaled) == pytest.approx(float(reference.last_terms["nll"]), rel=0.05)
+
+
+def test_a_layer_replaced_between_steps_brings_its_own_prior():
+    """A layer replaced by one of the same shapes and site names but another prior: the replayed step kept the old
+    layer's prior (its KL 9.8 where the new prior's is 86.0). The step after the change runs the full path, and the
+    replay resumes from a plan of the new model, equal to the reference path throughout."""
+    import pyro_bbb
+    from pyro_bbb import likelihoods
+
+    def build():
+        net = torch.nn.Sequential(BayesianLinear(3, 8), torch.nn.Tanh(), BayesianLinear(8, 1))
+        bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(0.5))
+        g = torch.Generator().manual_seed(5)
+        return bnn, MeanFieldGuide(bnn, init_scale=0.1), torch.randn(20, 3, generator=g), torch.randn(20, 1,
+                                                                                                        generator=g)
+
+    def run(replay):
+        pyro.clear_param_store()
+        torch.manual_seed(0)
+        bnn, guide, x, y = build()
+        elbo = ELBO(num_data=100, replay=replay)
+        svi = SVI(bnn, guide, pyro_bbb.optim.Adam(lr=1e-2), elbo)
+        losses, replayed, kls = [], [], []
+        for step in range(5):
+            if step == 2:
+                bnn.net[2] = BayesianLinear(8, 1, prior=priors.Normal(0.0, 0.05))
+            losses.append(svi.step(x, y))
+            replayed.append(elbo.last_step_replayed)
+            kls.append(float(elbo.last_terms["kl_by_site"]["net.2.weight"]))
+        return losses, replayed, kls
+
+    fast, reference = run(True), run(False)
+    assert fast[1] == [False, True, False, True, True]
+    assert fast[0] == reference[0] and fast[2] == reference[2]
+    assert fast[2][2] > 5 * fast[2][1]  # the new, narrower prior's KL
