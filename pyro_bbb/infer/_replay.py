@@ -228,8 +228,9 @@ def _replay_terms(plan: ReplayPlan, captures: list, estimators: list, x, y, num_
     handlers but the estimator's (told each site's posterior as the guide's draw would): ``(scaled negative
     log-likelihood, KL by site (``None`` for the closed-form sites), closed-form sites' ``(loc, scale, t)``, batch
     size)``. Raises :class:`ReplayMismatch` when the model no longer matches the plan."""
+    priors_now = {name: _prior_now(prior_of) for name, prior_of, _ in plan.sites}  # before any draw
     draws, posteriors, kl_by_site = {}, {}, {}
-    for i, (name, prior_of, weight) in enumerate(plan.sites):
+    for i, (name, _, weight) in enumerate(plan.sites):
         try:
             loc, scale = plan.reader.read(captures, 2 * i, 2 * i + 2)  # site by site, in the guide's order
         except KeyError as missing:  # the param store was cleared or replaced: the guide registers them anew
@@ -239,11 +240,11 @@ def _replay_terms(plan: ReplayPlan, captures: list, estimators: list, x, y, num_
             draws[name] = loc + torch.empty(loc.shape, dtype=loc.dtype, device=loc.device).normal_() * scale
             for estimator in estimators:
                 estimator.remember_posterior(name, loc, scale)
-            posteriors[name] = ((loc, scale), prior_of)
+            posteriors[name] = (loc, scale)
         else:  # what the guide samples from (e.g. a Normal pushed into a positive support): the same draw
             fn = plan.guide.posterior_at(name, loc, scale)
             draws[name] = fn.rsample()
-            posteriors[name] = (fn, prior_of)
+            posteriors[name] = fn
     with preset_samples(plan.model, draws) as read, _SampleGuard():
         fn, y = plan.model.observation(x, y)
     if read != set(draws):
@@ -255,8 +256,8 @@ def _replay_terms(plan: ReplayPlan, captures: list, estimators: list, x, y, num_
     # the terms in the order the full path computes them (the autograd graph, and so the gradients, alike)
     nll = 0.0 - scale_and_mask(fn.log_prob(y), scale, None).sum()
     closed_form = {}
-    for name, (fn, prior_of) in posteriors.items():  # the full path's own KL of each site
-        prior = prior_of()
+    for name, fn in posteriors.items():  # the full path's own KL of each site
+        prior = priors_now[name]
         t = zero_mean_prior_scale(fn[0], prior) if isinstance(fn, tuple) else None
         if t is not None:
             closed_form[name] = (*fn, t)
@@ -266,6 +267,15 @@ def _replay_terms(plan: ReplayPlan, captures: list, estimators: list, x, y, num_
             fn = plan.guide.posterior_at(name, *fn)
         kl_by_site[name] = site_kl(_site(fn, draws[name]), _site(prior, draws[name]))
     return nll, kl_by_site, closed_form, batch
+
+
+def _prior_now(prior_of) -> Any:
+    """A site's prior as its module emits it now; raises :class:`ReplayMismatch` for one with trainable parameters
+    (a layer given a learned prior since the plan: they would escape the replayed step's parameter capture)."""
+    prior = prior_of()
+    if has_trainable_parameters(prior):
+        raise ReplayMismatch("a prior with trainable parameters")
+    return prior
 
 
 def _replay_map_loss(plan: ReplayPlan, captures: list, x, y, num_data: int, data_plate: str,
@@ -290,5 +300,5 @@ def _replay_map_loss(plan: ReplayPlan, captures: list, x, y, num_data: int, data
                                                                                               data_plate), None).sum()
     log_prior = 0.0
     for name, prior_of, _ in plan.sites:
-        log_prior = log_prior + scale_and_mask(prior_of().log_prob(values[name]), 1.0, None).sum()
+        log_prior = log_prior + scale_and_mask(_prior_now(prior_of).log_prob(values[name]), 1.0, None).sum()
     return -(log_likelihood + prior_weight * log_prior) / num_data

@@ -171,8 +171,30 @@ class BayesianModule(PyroModule):
 
     def __init__(self, prior: Prior | None = None):
         super().__init__()
-        self.prior = as_prior(prior)
         self._bayesian: dict[str, tuple[int, Prior]] = {}
+        self.prior = prior
+
+    @property
+    def prior(self) -> Prior:
+        """The layer's prior: that of every parameter not given one of its own (``recurrent_prior=``, a
+        ``<name>_prior``). Setting it changes theirs from the next model run on (a guide keeps its posterior).
+
+        Examples
+        --------
+        >>> layer = BayesianLinear(3, 2)
+        >>> layer.prior = priors.Normal(0.0, 0.5)
+        >>> float(layer.prior_distribution("weight").base_dist.scale[0, 0])
+        0.5
+        """
+        return self.__dict__["_layer_prior"]
+
+    @prior.setter
+    def prior(self, value: Prior | None) -> None:
+        new, old = as_prior(value), self.__dict__.get("_layer_prior")
+        self.__dict__["_layer_prior"] = new
+        for name, (fan_in, prior) in list(self._bayesian.items()):
+            if prior is old:
+                self._set_parameter_prior(name, fan_in, new)
 
     def _declare_bayesian(self, name: str, init: torch.Tensor | None, fan_in: int, prior: Prior | None = None) -> None:
         """Make ``name`` a sample site with initial value ``init`` (``None``: the parameter is absent)."""
@@ -180,12 +202,20 @@ class BayesianModule(PyroModule):
             setattr(self, name, None)
             return
         self.register_buffer(f"{name}_init", init.detach().clone(), persistent=False)
-        prior = self.prior if prior is None else as_prior(prior)
-        self._bayesian[name] = (fan_in, prior)
-        if getattr(prior, "learned", False):  # an empirical-Bayes prior: its scale is a parameter of the layer
-            scale = prior.initial_scale(init.shape, device=init.device, dtype=init.dtype)
-            setattr(self, f"{name}_prior_scale", PyroParam(scale, constraint=prior.constraint))
+        self._set_parameter_prior(name, fan_in, self.prior if prior is None else as_prior(prior))
         setattr(self, name, PyroSample(_SitePrior(name)))
+
+    def _set_parameter_prior(self, name: str, fan_in: int, prior: Prior) -> None:
+        """Give parameter ``name`` the prior ``prior``: a learned prior's scale is a parameter of the layer."""
+        scale_name = f"{name}_prior_scale"
+        previous = self._bayesian.get(name, (fan_in, None))[1]
+        self._bayesian[name] = (fan_in, prior)
+        if getattr(previous, "learned", False):
+            delattr(self, scale_name)
+        if getattr(prior, "learned", False):  # an empirical-Bayes prior: its scale is a parameter of the layer
+            init = module_buffer(self, f"{name}_init")
+            scale = prior.initial_scale(init.shape, device=init.device, dtype=init.dtype)
+            setattr(self, scale_name, PyroParam(scale, constraint=prior.constraint))
 
     def set_initial_value(self, name: str, value: torch.Tensor) -> None:
         """Set the initial value of parameter ``name`` (the guide's starting posterior mean; e.g. trained weights),

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from pyro.infer import Predictive
 from torch import nn
 
-from pyro_bbb import ELBO, MeanFieldGuide, priors
+import pyro_bbb
+from pyro_bbb import ELBO, MeanFieldGuide, likelihoods, priors
 from pyro_bbb._internals import vectorized_model
 from pyro_bbb.nn import BayesianLinear, batched_conv, batched_linear
 from pyro_bbb.nn import conv as bayesian_conv
@@ -270,3 +271,57 @@ def test_an_output_size_of_the_wrong_length_is_refused_as_torch_refuses_it():
     assert up(x, output_size=[1, 2, 9, 9]).shape == up(x, output_size=[9, 9]).shape == (1, 2, 9, 9)
     with pytest.raises(ValueError, match="output_size must have 2 or 4 elements"):
         up(x, output_size=[2, 9, 9])
+
+
+def test_setting_a_layers_prior_changes_its_parameters_priors():
+    """``layer.prior = ...`` (as one sets an attribute of a torch layer) was stored and never read: every parameter
+    kept the prior it was built with. It now changes the priors of the parameters that follow the layer's (not one
+    given its own), makes or removes a learned prior's scale, and is refused, unchanged, for what is not a prior."""
+    layer = BayesianLinear(3, 2)
+    layer.prior = priors.Normal(0.0, 0.1)
+    assert float(layer.prior_distribution("weight").base_dist.scale.max()) == pytest.approx(0.1)
+    assert float(layer.prior_distribution("bias").base_dist.scale.max()) == pytest.approx(0.1)
+    layer.prior = priors.LearnedNormal(init_scale=0.3)
+    assert sorted(name for name, _ in layer.named_parameters()) == ["bias_prior_scale_unconstrained",
+                                                                    "weight_prior_scale_unconstrained"]
+    assert layer.prior_distribution("weight").base_dist.scale.requires_grad
+    layer.prior = None  # the default again: no learned scale left behind
+    assert list(layer.named_parameters()) == []
+    assert float(layer.prior_distribution("weight").base_dist.scale.max()) == pytest.approx((2 / 3) ** 0.5)
+    with pytest.raises((TypeError, ValueError)):
+        layer.prior = "normal"
+    assert isinstance(layer.prior, priors.FanInNormal)
+    lstm = pyro_bbb.nn.BayesianLSTM(2, 3, recurrent_prior=priors.Normal(0.0, 0.5))
+    lstm.prior = priors.Normal(0.0, 0.2)
+    assert float(lstm.prior_distribution("weight_ih_l0").base_dist.scale.max()) == pytest.approx(0.2)
+    assert float(lstm.prior_distribution("weight_hh_l0").base_dist.scale.max()) == pytest.approx(0.5)
+
+
+def test_a_prior_set_during_training_is_the_objectives_from_the_next_step():
+    """The ELBO's replayed step reads the layer's prior as it is; one made learned since the plan was recorded (its
+    scale would escape the step's parameter capture) sends the step through the full path. Equal to the reference
+    path (no replay), step for step."""
+    def run(replay):
+        pyro.clear_param_store()
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(BayesianLinear(3, 6), torch.nn.Tanh(), BayesianLinear(6, 1))
+        bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(0.5))
+        guide = MeanFieldGuide(bnn, init_scale=0.1)
+        elbo = ELBO(num_data=100, replay=replay)
+        svi = pyro.infer.SVI(bnn, guide, pyro_bbb.optim.Adam(lr=1e-2), elbo)
+        x, y = torch.randn(20, 3), torch.randn(20, 1)
+        losses = []
+        for step in range(6):
+            if step == 2:
+                net[2].prior = priors.Normal(0.0, 0.05)
+            if step == 4:
+                net[0].prior = priors.LearnedNormal(init_scale=0.5)
+            losses.append(svi.step(x, y))
+        return losses, {name: p.detach().clone() for name, p in pyro.get_param_store().named_parameters()}
+
+    fast, reference = run(True), run(False)
+    assert fast[0] == reference[0]
+    assert fast[1].keys() == reference[1].keys() and any("prior_scale" in name for name in fast[1])
+    for name in fast[1]:
+        assert torch.equal(fast[1][name], reference[1][name]), name
+    assert fast[0][2] > fast[0][1] + 20  # the narrower prior's KL
