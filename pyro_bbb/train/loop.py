@@ -704,9 +704,10 @@ class _EpochRecorder:
             record["std_ratio_geomean"] = {k: e["std_ratio_geomean"] for k, e in summary.items() if "std_ratio" in e}
             record["prior_std"] = {k: e["prior_std"] for k, e in summary.items() if "prior_std" in e}
         if self.validation_data is not None:
-            try:
-                record.update(_validation_metrics(self.model, self.guide, self.validation_data,
-                                                  self.num_validation_samples))
+            try:  # its draws from a fork of the random streams: validation does not change the training run
+                with rng_untouched():
+                    record.update(_validation_metrics(self.model, self.guide, self.validation_data,
+                                                      self.num_validation_samples))
             except _MODEL_ERRORS as error:  # fit puts the parameters back
                 if isinstance(error, torch.cuda.OutOfMemoryError):  # (torch.OutOfMemoryError from torch 2.5 on)
                     raise
