@@ -26,6 +26,7 @@ from pyro.infer.autoguide import AutoNormal
 from pyro.infer.trace_mean_field_elbo import _check_mean_field_requirement
 from pyro.nn.module import _is_module_local_param_enabled, _make_name
 from pyro.optim.optim import _get_state_dict, _load_state_dict
+from pyro.poutine.messenger import Messenger, _bound_partial
 from pyro.poutine.replay_messenger import ReplayMessenger
 from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_messenger import TraceMessenger
@@ -40,7 +41,7 @@ __all__ = [
     "is_tracing", "tensor_version", "module_buffer", "foreach_norm", "foreach_copy_", "all_finite",
     "fused_adam_step", "optimizer_has_step_hooks", "recurrent_kernel", "ConvNd", "ConvTransposeNd",
     "without_trace_shapes", "active_messengers", "replayed_for_gradients", "PyroOptimizerState", "module_hooks",
-    "sampled_attributes",
+    "sampled_attributes", "unwrap_handlers",
 ]
 
 #: The releases every access below was checked on.
@@ -637,3 +638,20 @@ def active_messengers(kind: type) -> list:
     True
     """
     return [messenger for messenger in _PYRO_STACK if isinstance(messenger, kind)]
+
+
+def unwrap_handlers(fn: Callable) -> Callable:
+    """The function inside Pyro's effect handlers: ``poutine.scale(model, 0.5)`` or an autoguide's init strategy
+    wrap a model in a private partial object (Pyro's own ``unwrap`` reads any partial with two arguments as one).
+
+    Examples
+    --------
+    >>> def model():
+    ...     pass
+    >>> unwrap_handlers(pyro.poutine.scale(pyro.poutine.block(model), 0.5)) is model
+    True
+    """
+    while (isinstance(fn, _bound_partial) and isinstance(fn.func, partial) and len(fn.func.args) == 2
+           and isinstance(fn.func.args[0], Messenger)):
+        fn = fn.func.args[1]
+    return fn

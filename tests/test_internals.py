@@ -167,6 +167,9 @@ CHECKS = {
     "Optimizer._optimizer_step_pre_hooks / _global_optimizer_pre_hooks": _check_step_hooks,
     "torch.lstm / torch.gru (positional)": _check_recurrent_kernels,
     "pyro.optim.optim._get_state_dict / _load_state_dict (a scheduler's too)": _check_pyro_optimizer_state,
+    "pyro.poutine.messenger._bound_partial (a handler's wrapper)": lambda: (
+        _internals.unwrap_handlers(pyro.poutine.scale(_autonormal, 0.5)) is _autonormal
+        and _internals.unwrap_handlers(AutoNormal(_autonormal).model) is _autonormal),
     "torch.nn.modules.conv._ConvNd / _ConvTransposeNd": lambda: (
         isinstance(torch.nn.Conv2d(1, 1, 1), _internals.ConvNd)
         and isinstance(torch.nn.ConvTranspose1d(1, 1, 1), _internals.ConvTransposeNd)),

@@ -22,6 +22,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
+from types import MethodType
 from typing import Any
 
 import pyro
@@ -37,6 +38,7 @@ from .._internals import (
     active_param_trace,
     check_mean_field_requirement,
     is_tracing,
+    unwrap_handlers,
     vectorized_model,
     without_trace_shapes,
 )
@@ -417,15 +419,17 @@ class PairState:
 
     def __init__(self, model, guide):
         self.step, self.validated, self.vectorized_ok = 0, False, None
-        self._refs = tuple(_reference(obj) for obj in (model, guide))
+        parts = pair_identity(model, guide)
+        self._refs = tuple(_reference(obj) for obj in parts)
+        self._held = tuple(ref for ref, obj in zip(self._refs, parts) if obj is not None)
 
     def holds(self, model, guide) -> bool:
         """Whether this is the state of ``(model, guide)``."""
-        return all(ref() is obj for ref, obj in zip(self._refs, (model, guide)))
+        return all(ref() is obj for ref, obj in zip(self._refs, pair_identity(model, guide), strict=True))
 
     def alive(self) -> bool:
         """Whether its model and guide still exist."""
-        return all(ref() is not None for ref in self._refs)
+        return all(ref() is not None for ref in self._held)
 
 
 class PairStates:
@@ -444,13 +448,33 @@ class PairStates:
 
     def select(self, model, guide) -> PairState:
         """Make ``(model, guide)``'s state current (a new one for a new pair) and return it."""
-        key = (id(model), id(guide))
+        key = tuple(id(obj) for obj in pair_identity(model, guide))
         state = self._states.get(key)
         if state is None or not state.holds(model, guide):
             self._states = {k: v for k, v in self._states.items() if v.alive()}
             state = self._states[key] = PairState(model, guide)
         self.current = state
         return state
+
+
+def pair_identity(model, guide) -> tuple:
+    """The objects that say which ``(model, guide)`` a call is for, alike from call to call: a bound method's
+    object and function (``self.model`` is a new method object at every access) and the function inside Pyro's
+    handlers (``poutine.scale(model, 0.5)`` made anew each step). With the method objects, a KL schedule never left
+    its first step.
+
+    Examples
+    --------
+    >>> def model():
+    ...     pass
+    >>> pair_identity(poutine.scale(model, 0.5), model) == (model, None, model, None)
+    True
+    """
+    parts = []
+    for obj in (model, guide):
+        obj = unwrap_handlers(obj)
+        parts.extend((obj.__self__, obj.__func__) if isinstance(obj, MethodType) else (obj, None))
+    return tuple(parts)
 
 
 def _reference(obj) -> Callable[[], Any]:

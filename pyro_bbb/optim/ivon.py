@@ -40,11 +40,10 @@ import pyro
 import torch
 from pyro.distributions.transforms import SoftplusTransform
 from pyro.optim import PyroOptim
-from pyro.poutine.messenger import unwrap
 from torch.distributions import transform_to
 
 from .._checks import check_count, check_nonnegative, check_positive
-from .._internals import tensor_version
+from .._internals import tensor_version, unwrap_handlers
 from ..distributions import EmpiricalBayesNormalDistribution
 from ..infer.contract import take_objective_run
 from ..infer.guide import site_param_names
@@ -192,13 +191,13 @@ class IVON(PyroOptim):
         """Flat ``(m, delta = 1 / (N t^2))`` of the sites' Normal priors as they are now, and whether they may differ
         from the last step's; fixed priors are read once (again after an in-place change), an empirical-Bayes prior
         every step (its scale follows the posterior)."""
-        priors = current_priors(unwrap(self.guide.model))  # the user's model (an autoguide wraps it in its init)
+        priors = current_priors(unwrap_handlers(self.guide.model))  # the user's model (an autoguide wraps it)
         prototype = self.guide.prototype_trace
         bases, key, dynamic = [], [], False
         for site, loc, sigma in zip(sites, locs, sigmas):
             base = strip_independent(priors.get(site, prototype.nodes[site]["fn"]))
             if site not in priors and _is_learned(base):
-                given = type(unwrap(self.guide.model)).__name__
+                given = type(unwrap_handlers(self.guide.model)).__name__
                 raise ValueError(
                     f"IVON reads the learned prior of weight site {site!r} as it is now from the model's layers, but "
                     f"the guide's model (a {given}) is not the module that holds them "

@@ -183,6 +183,40 @@ def test_schedule_steps_once_per_differentiable_loss_in_a_torch_optimizer_loop()
     assert elbo.step == 6
 
 
+def test_schedule_steps_with_a_model_and_guide_made_anew_at_each_call():
+    """Methods (``self.model`` is a new method object at each access, as in a LightningModule's training_step) and a
+    handler made at each step (``poutine.scale(model, ...)``): the ELBO took each call for a new pair, and the
+    warm-up never left its first weight, 0 (no KL, in silence). A different model or guide is still a new pair."""
+    x, y = regression_data(20)
+
+    class Task:
+        def __init__(self):
+            self.net = Regression()
+            self.posterior = guide_for(self.net, x, y)
+
+        def model(self, x, y):
+            return self.net(x, y)
+
+        def guide(self, x, y):
+            return self.posterior(x, y)
+
+    task = Task()
+    elbo = ELBO(num_data=20, kl_weight=LinearWarmup(4))
+    weights = []
+    for _ in range(3):
+        elbo.differentiable_loss(task.model, task.guide, x, y)
+        weights.append(elbo.last_terms["kl_weight"])
+    for _ in range(3):
+        elbo.differentiable_loss(poutine.scale(task.net, 1.0), task.posterior, x, y)
+        weights.append(elbo.last_terms["kl_weight"])
+    assert weights == [0.0, 0.25, 0.5, 0.0, 0.25, 0.5]  # two pairs: each its own schedule
+    elbo.differentiable_loss(task.model, task.guide, x, y)
+    assert elbo.last_terms["kl_weight"] == 0.75
+    other = Task()
+    elbo.differentiable_loss(other.model, other.guide, x, y)
+    assert elbo.last_terms["kl_weight"] == 0.0
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Vectorized particles: the same expected loss as the sequential loop
 # ---------------------------------------------------------------------------------------------------------------
