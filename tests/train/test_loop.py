@@ -653,9 +653,9 @@ def test_early_stopping_records_the_kl_weight_of_the_epochs_it_keeps(restore_bes
     history = pyro_bbb.fit(model, guide, (x[:100], y[:100]), epochs=10, batch_size=25, lr=0.03, progress=False,
                            seed=0, kl_weight=LinearWarmup(12), validation_data=(x[100:], y[100:]),
                            early_stopping=pyro_bbb.EarlyStopping(patience=3, restore_best=restore_best))
-    weights = history["kl_weight"]
-    assert history.best_epoch == 1 and len(history) == 4 and weights[0] < weights[-1]  # stopped after a worse 2-4
-    kept = weights[0] if restore_best else weights[-1]
+    weights, best = history["kl_weight"], history.best_epoch
+    assert len(history) == best + 3 < 10 and weights[best - 1] < weights[-1]  # stopped after three worse epochs
+    kept = weights[best - 1] if restore_best else weights[-1]
     assert history.kl_weight_choice.kl_weight == kept
     assert pyro_bbb.infer.tempering.kl_weight_of(guide).kl_weight == kept
 
