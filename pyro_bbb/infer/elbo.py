@@ -44,6 +44,7 @@ from .._internals import (
 )
 from .._kl import latent_site_kl, log_prob_sum, sum_site_kls
 from .._plates import DATA_PLATE, data_plate_named, data_plate_of, trace_data_plate_frame
+from .._rng import rng_untouched
 from .._warnings import warn_at_caller
 from ._replay import ReplayBackend
 from .contract import ObjectiveRun, mark_objective_run
@@ -498,7 +499,9 @@ def _first_particle(value: torch.Tensor, event_dim: int, max_plate_nesting: int)
 @torch.no_grad()
 def particle_matches_alone(vectorized_model, model, guide_trace, max_plate_nesting, args, kwargs) -> bool:
     """Whether the observed log-densities of particle 0 equal those of its weight draw run without the plate
-    (both with the estimators' handlers hidden: Flipout's signs are not part of the draw).
+    (both with the estimators' handlers hidden: Flipout's signs are not part of the draw). Both runs start from
+    one state of the random generators, left as it was: a minibatch the model draws (a subsampled ``pyro.plate``,
+    ``torch.randperm``) is the same rows in both, and training draws what it would have drawn without the check.
 
     Examples
     --------
@@ -514,8 +517,10 @@ def particle_matches_alone(vectorized_model, model, guide_trace, max_plate_nesti
              for name, value in draws.items()}
     try:
         with poutine.block(hide_types=["bayesian_affine", "bayesian_affine_map"]), poutine.block():
-            together = poutine.trace(poutine.condition(vectorized_model, data=draws)).get_trace(*args, **kwargs)
-            alone = poutine.trace(poutine.condition(model, data=first)).get_trace(*args, **kwargs)
+            with rng_untouched():
+                together = poutine.trace(poutine.condition(vectorized_model, data=draws)).get_trace(*args, **kwargs)
+            with rng_untouched():
+                alone = poutine.trace(poutine.condition(model, data=first)).get_trace(*args, **kwargs)
     except (RuntimeError, ValueError, IndexError):
         return False
     for name, site in together.nodes.items():

@@ -371,6 +371,51 @@ def test_one_elbo_reused_for_another_model_checks_and_schedules_that_model_afres
     assert elbo.step == 4
 
 
+class _SubsamplingModel(pyro.nn.PyroModule):
+    """A hand-written model that draws its own minibatch of the N rows it is given: with ``torch.randperm`` before
+    the network, or with a subsampled ``pyro.plate`` over the network's output."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        from pyro_bbb.nn import BayesianLinear
+
+        self.how, self.fc = how, BayesianLinear(3, 1)
+
+    def forward(self, x, y):
+        n = len(x)
+        if self.how == "randperm":
+            idx = torch.randperm(n)[:8]
+            mean = self.fc(x[idx]).squeeze(-1)
+        else:
+            mean = self.fc(x).squeeze(-1)
+        with pyro.plate("data", n, subsample=idx if self.how == "randperm" else None, subsample_size=8) as rows:
+            pyro.sample("y", dist.Normal(mean if self.how == "randperm" else mean[..., rows], 0.5), obs=y[rows])
+
+
+@pytest.mark.parametrize("how", ["randperm", "plate"])
+def test_vectorized_particles_of_a_model_that_draws_its_minibatch_are_not_mistaken_for_batch_readers(how):
+    """The particle check compared particle 0 with a run that drew another minibatch, so every model drawing its own
+    rows was told it read the particle dimension as its batch and ran one particle at a time. Both runs now draw the
+    same rows, and the check leaves the random stream where the step alone leaves it."""
+    import warnings
+
+    x, y = torch.randn(40, 3), torch.randn(40)
+    model = _SubsamplingModel(how)
+    guide = MeanFieldGuide(model)
+    elbo = ELBO(num_particles=4, vectorize_particles=True, max_plate_nesting=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        elbo.loss_and_grads(model, guide, x, y)
+    assert elbo.pairs.current.vectorized_ok
+    pyro.set_rng_seed(3)
+    elbo.loss(model, guide, x, y)  # checked: the step alone
+    after_checked_step = torch.rand(3)
+    fresh = ELBO(num_particles=4, vectorize_particles=True, max_plate_nesting=1)
+    pyro.set_rng_seed(3)
+    fresh.loss(model, guide, x, y)  # first step: the step and the check
+    assert torch.equal(torch.rand(3), after_checked_step)
+
+
 def test_a_kl_weight_or_n_set_after_construction_is_checked_and_used_as_the_constructors():
     """elbo.kl_weight = 0.5 between steps raised "'float' object is not callable" at the next step."""
     pyro.clear_param_store()
