@@ -44,12 +44,16 @@ __all__ = [
 def class_probabilities(prediction: ClassificationPrediction | torch.Tensor,
                         caller: str = "class_probabilities") -> torch.Tensor:
     """Class probabilities ``(batch, C)`` of a classifier's prediction or of a probability tensor; binary ``(batch,)``
-    probabilities of class 1 become two columns. A tensor that does not hold probabilities (logits, log
-    probabilities: every calibration number of them would be wrong) is a ``ValueError`` naming ``caller``.
+    or ``(batch, 1)`` probabilities of class 1 (a sigmoid's output) become two columns. A tensor that does not hold
+    probabilities (logits, log probabilities: every calibration number of them would be wrong) is a ``ValueError``
+    naming ``caller``.
 
     Examples
     --------
     >>> class_probabilities(torch.tensor([0.25, 1.0]))
+    tensor([[0.7500, 0.2500],
+            [0.0000, 1.0000]])
+    >>> class_probabilities(torch.tensor([[0.25], [1.0]]))      # one column: P(y = 1), as above
     tensor([[0.7500, 0.2500],
             [0.0000, 1.0000]])
     >>> class_probabilities(torch.tensor([[2.0, -1.0]]))          # logits
@@ -64,6 +68,8 @@ def class_probabilities(prediction: ClassificationPrediction | torch.Tensor,
     else:
         raise TypeError(f"{caller} needs a ClassificationPrediction from pyro_bbb.predict or a probability tensor, got "
                         f"{type(prediction).__name__}.")
+    if probs.dim() == 2 and probs.shape[-1] == 1:  # a one-class softmax would be 1 everywhere: a sigmoid's column
+        probs = probs.squeeze(-1)
     if probs.dim() == 1:
         probs = torch.stack([1 - probs, probs], -1)
     if not isinstance(prediction, ClassificationPrediction):

@@ -279,6 +279,26 @@ def test_every_metric_takes_what_predict_returns(likelihood):
     assert all(math.isfinite(v) for v in values)
 
 
+def test_a_sigmoid_column_is_read_as_the_binary_probabilities_it_is():
+    """``net(x).sigmoid()`` of a one-output net is ``(N, 1)``: every metric refused it as rows not summing to 1 and
+    told the user to pass ``logits.sigmoid()``, which they had. It is P(y = 1), as the same values ``(N,)`` are."""
+    from pyro_bbb.evaluate.calibration import TemperatureScaling
+
+    g = torch.Generator().manual_seed(0)
+    column = torch.rand(40, 1, generator=g)
+    y = torch.randint(0, 2, (40,), generator=g)
+    two_columns = torch.cat([1 - column, column], -1)
+    for metric in (metrics.brier_score, metrics.expected_calibration_error, metrics.adaptive_calibration_error,
+                   metrics.classwise_calibration_error, metrics.accuracy, metrics.log_likelihood):
+        assert metric(column, y) == pytest.approx(metric(two_columns, y), rel=1e-6)
+    assert metrics.log_likelihood(column, y) == pytest.approx(
+        torch.where(y == 1, column[:, 0], 1 - column[:, 0]).log().mean().item(), rel=1e-6)  # by hand
+    assert TemperatureScaling().fit(column, y).temperature == pytest.approx(
+        TemperatureScaling().fit(two_columns, y).temperature, rel=1e-6)
+    with pytest.raises(ValueError, match="binary: logits.sigmoid"):
+        metrics.accuracy(column * 4 - 2, y)  # a logit column is still refused
+
+
 def test_logits_are_refused_by_every_metric_that_reads_probabilities():
     """Brier 24 (its maximum is 2), ECE 8.5 (at most 1), binary logits read as P(y = 1), a temperature of 218: all
     silent before; each now names itself and the fix."""
