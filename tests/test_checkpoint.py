@@ -365,18 +365,23 @@ def test_a_buffer_that_is_infinite_by_design_round_trips_and_an_infinite_paramet
     assert len(pyro.get_param_store()) == 0
 
 
+def _fitted_and_saved(bnn, path):
+    """A guide fitted one epoch on 30 random rows of 3 features and saved with ``bnn`` to ``path``; the param store
+    is left empty."""
+    pyro.clear_param_store()
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    pyro_bbb.fit(bnn, guide, (torch.randn(30, 3), torch.randn(30)), epochs=1, progress=False, kl_weight=1)
+    pyro_bbb.save(path, bnn, guide)
+    pyro.clear_param_store()
+    return guide
+
+
 def test_a_refused_load_leaves_the_param_store_as_it_was_so_the_right_model_loads_next(tmp_path):
     def make(width):
         return pyro_bbb.BNN(torch.nn.Sequential(BayesianLinear(3, width), torch.nn.ReLU(), BayesianLinear(width, 1)),
                             likelihoods.Gaussian(scale=0.5))
 
-    pyro.clear_param_store()
-    x, y = torch.randn(30, 3), torch.randn(30)
-    bnn = make(8)
-    guide = pyro_bbb.MeanFieldGuide(bnn)
-    pyro_bbb.fit(bnn, guide, (x, y), epochs=1, progress=False, kl_weight=1)
-    pyro_bbb.save(tmp_path / "eight.pt", bnn, guide)
-    pyro.clear_param_store()
+    guide = _fitted_and_saved(make(8), tmp_path / "eight.pt")
     wrong = make(16)
     with pytest.raises(ValueError, match="does not fit this model"):
         pyro_bbb.load(tmp_path / "eight.pt", wrong, pyro_bbb.MeanFieldGuide(wrong))
@@ -395,13 +400,7 @@ def test_a_load_refused_late_or_by_torch_leaves_the_param_store_as_it_was(tmp_pa
                                   BayesianLinear(2, 1))
         return pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
 
-    pyro.clear_param_store()
-    x, y = torch.randn(30, 3), torch.randn(30)
-    bnn = make(4)
-    guide = pyro_bbb.MeanFieldGuide(bnn)
-    pyro_bbb.fit(bnn, guide, (x, y), epochs=1, progress=False, kl_weight=1)
-    pyro_bbb.save(tmp_path / "four.pt", bnn, guide)
-    pyro.clear_param_store()
+    _fitted_and_saved(make(4), tmp_path / "four.pt")
     wrong = make(5)
     with pytest.raises(RuntimeError):
         pyro_bbb.load(tmp_path / "four.pt", wrong, pyro_bbb.MeanFieldGuide(wrong))
