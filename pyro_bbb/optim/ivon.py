@@ -46,7 +46,7 @@ from .._checks import check_count, check_nonnegative, check_positive
 from .._internals import tensor_version, unwrap_handlers
 from ..distributions import EmpiricalBayesNormalDistribution
 from ..infer.contract import take_objective_run
-from ..infer.guide import site_param_names
+from ..infer.guide import has_site_posteriors, site_param_names
 from ..infer.schedules import Constant
 from ..nn.module import current_priors
 from ..priors import is_real_support, strip_independent
@@ -133,10 +133,11 @@ class IVON(PyroOptim):
         keep_widths: bool = False,
         ess: float | None = None,
     ):
-        if not hasattr(guide, "scale_constraint") or not hasattr(guide, "model"):
+        if not has_site_posteriors(guide):  # (AutoDiagonalNormal's one joint latent would all go to its Adam)
             raise TypeError(
-                f"IVON trains the weights of a mean-field guide (pyro_bbb.MeanFieldGuide or Pyro's AutoNormal), got "
-                f"{type(guide).__name__}."
+                f"IVON trains the weights of a mean-field guide with a Normal posterior per site "
+                f"(pyro_bbb.MeanFieldGuide or Pyro's AutoNormal), got {type(guide).__name__}: use one of those, or "
+                "train this guide with pyro_bbb.optim.Adam."
             )
         for name, value in (("beta1", beta1), ("beta2", beta2)):
             if not 0.0 <= check_nonnegative(name, value) < 1.0:

@@ -8,6 +8,7 @@ import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import SVI
+from pyro.infer.autoguide import AutoDiagonalNormal, AutoLowRankMultivariateNormal
 from pyro.poutine.messenger import Messenger
 
 import pyro_bbb
@@ -216,6 +217,9 @@ def test_other_parameters_get_adam_and_a_non_normal_prior_is_a_clear_error():
     assert all(torch.equal(before[name], value) for name, value in pyro.get_param_store().items())
     with pytest.raises(TypeError, match="mean-field guide"):
         IVON(lambda x, y: None, num_data=10)
+    for joint in (AutoDiagonalNormal, AutoLowRankMultivariateNormal):  # one joint latent: IVON read no site of it
+        with pytest.raises(TypeError, match=f"Normal posterior per site .*got {joint.__name__}"):
+            IVON(joint(laplace), num_data=10)  # (they had scale_constraint and model, and ran as Adam at 1e-3)
     with pytest.raises(ValueError, match="beta2"):
         IVON(MeanFieldGuide(laplace), num_data=10, beta2=1.0)
 
