@@ -34,6 +34,9 @@ from .prediction.results import ClassificationPrediction, Prediction, Regression
 
 __all__ = ["TargetError", "Likelihood", "Gaussian", "HeteroscedasticGaussian", "Categorical", "Bernoulli"]
 
+#: The fix for a network run on one input without its batch dimension (its output lacks the batch's).
+_ONE_INPUT = "for a single input pass a batch of one, x[None] (x.unsqueeze(0))"
+
 
 def _check_finite_targets(y: torch.Tensor) -> None:
     if y.is_floating_point() and not bool(torch.isfinite(y).all()):
@@ -225,7 +228,8 @@ class Gaussian(Likelihood):
 
     def _scale_like(self, output) -> torch.Tensor:
         if output.dim() < 2:
-            raise ValueError(f"Gaussian expects the network to output (batch, D), got shape {tuple(output.shape)}.")
+            raise ValueError(f"Gaussian expects the network to output (batch, D), got shape {tuple(output.shape)}: "
+                             f"{_ONE_INPUT}; for scalar targets the network ends in one output, (batch, 1).")
         scale = self.fixed_scale if self.fixed_scale is not None else self.scale
         if isinstance(scale, torch.Tensor) and scale.dim():  # draws (*S, 1) line up with (*S, batch, D)
             scale = scale.unsqueeze(-1)
@@ -349,7 +353,8 @@ class Categorical(Likelihood):
     def distribution(self, output: torch.Tensor) -> dist.Distribution:
         if output.dim() < 2:
             raise ValueError(
-                f"Categorical expects logits of shape (batch, num_classes), got shape {tuple(output.shape)}."
+                f"Categorical expects logits of shape (batch, num_classes), got shape {tuple(output.shape)}: "
+                f"{_ONE_INPUT}; for a net with one output per input use likelihoods.Bernoulli()."
             )
         return dist.Categorical(logits=output)
 

@@ -74,6 +74,9 @@ def test_sample_dims_pass_through():
         (likelihoods.Gaussian(), torch.randn(3), torch.randn(3), r"\(batch, D\)"),
         (likelihoods.HeteroscedasticGaussian(), torch.randn(3, 1), torch.randn(3), r"\(batch, 2\)"),
         (likelihoods.Bernoulli(), torch.randn(3, 2), torch.ones(3), r"\(batch, 1\)"),
+        # one input without its batch dimension (predict(bnn, guide, x[0])): the error names x[None]
+        (likelihoods.Categorical(), torch.randn(4), None, r"got shape \(4,\): .*batch of one, x\[None\]"),
+        (likelihoods.Gaussian(), torch.randn(1), None, r"got shape \(1,\): .*batch of one, x\[None\]"),
     ],
 )
 def test_bad_targets_and_outputs_are_clear_errors(likelihood, output, y, match):
