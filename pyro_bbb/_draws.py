@@ -63,8 +63,9 @@ def example_draw_shape(input_shape: tuple[int, ...], feature_dims: int,
     folded, ``(B, *positions)`` plain). One draw per row (and weight draw), shared by the row's positions -- tokens,
     time steps: the dimensions between the row and the features, which share the example's weights -- or one per
     weight draw for all rows when the first dimension is not the batch's rows (a net that reshaped or transposed
-    them: one shared perturbation is exact, a wrong one per row is not). ``None`` when each row is one example with
-    no positions (every leading element its own example, as before).
+    them: one shared perturbation is exact, a wrong one per row is not), also when a position dimension is as long
+    as the batch (``T == B``: the rows might be positions). ``None`` when each row is one example with no positions
+    (every leading element its own example, as before).
 
     Examples
     --------
@@ -83,6 +84,8 @@ def example_draw_shape(input_shape: tuple[int, ...], feature_dims: int,
     per_row = expected is None or rows == expected * draws
     if per_row and math.prod(positions) == 1:  # one row per example (a (B, 1, F) input too)
         return None
+    if per_row and expected is not None and expected * draws in positions:
+        per_row = False  # as many positions as rows: (T, B, F) of a sequence-first net at T == B is not per row
     count = math.prod(positions)
     if num_draws is None:
         examples = (rows if per_row else 1,) + (1,) * len(positions)

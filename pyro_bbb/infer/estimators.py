@@ -220,7 +220,8 @@ class FlipoutMessenger(PosteriorReader):
     has exactly the distribution it has under ``W``, so the ELBO and its gradient keep their expectation, while
     the examples of a batch become uncorrelated. The positions of one example (tokens ``(B, T, F)``, time steps)
     share its signs, as they share its weights; where a layer's rows are not the batch's (the net flattened or
-    transposed it, as :class:`pyro_bbb.BNN` sees) one draw of signs serves all rows, which is exact. ``dW`` is the
+    transposed it, as :class:`pyro_bbb.BNN` sees), or might not be (a position dimension as long as the batch), one
+    draw of signs serves all rows, which is exact. ``dW`` is the
     guide's own draw, so gradients reach the posterior mean (through ``mu``) and scale (through ``dW``). Costs about
     two forward passes per layer.
 

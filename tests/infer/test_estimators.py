@@ -799,9 +799,11 @@ def test_flipout_shares_one_perturbation_over_an_examples_tokens(flatten):
     torch.testing.assert_close(torch.stack(runs).var(0).flatten(), torch.full((2,), exact), rtol=0.1, atol=0)
 
 
-def test_flipout_of_rows_that_are_not_the_batch_is_one_perturbation_per_draw():
+@pytest.mark.parametrize("batch", [3, 8], ids=["T!=B", "T==B"])
+def test_flipout_of_rows_that_are_not_the_batch_is_one_perturbation_per_draw(batch):
     """A net that transposes its batch (positions first, as a sequence-first transformer): the layer's rows are not
-    the examples, so its perturbation is shared by all rows of a draw -- exact; per row it was wrong."""
+    the examples, so its perturbation is shared by all rows of a draw -- exact; per row it was wrong. With as many
+    positions as examples (T == B = 8) the rows looked like the batch's and were perturbed per position."""
     from pyro_bbb._draws import batch_rows, example_draw_shape
 
     class PositionsFirst(TokenPool):
@@ -810,7 +812,7 @@ def test_flipout_of_rows_that_are_not_the_batch_is_one_perturbation_per_draw():
 
     torch.manual_seed(1)
     net = PositionsFirst()
-    x = torch.randn(1, 1, 3).expand(3, 8, 3).contiguous()
+    x = torch.randn(1, 1, 3).expand(batch, 8, 3).contiguous()
     guide = pyro_bbb.MeanFieldGuide(net, init_scale=0.3)
     guide(x)
     exact = 0.09 * float(x[0, 0].pow(2).sum())
@@ -820,7 +822,7 @@ def test_flipout_of_rows_that_are_not_the_batch_is_one_perturbation_per_draw():
             with pyro_bbb.flipout(), batch_rows(len(x)):
                 trace = poutine.trace(guide).get_trace(x)
                 runs.append(poutine.replay(net, trace=trace)(x))
-    torch.testing.assert_close(torch.stack(runs).var(0).flatten(), torch.full((3,), exact), rtol=0.1, atol=0)
+    torch.testing.assert_close(torch.stack(runs).var(0).flatten(), torch.full((batch,), exact), rtol=0.1, atol=0)
     assert example_draw_shape((8, 3, 3), 1, None) == (torch.Size([8, 1]), torch.Size([8, 3]))  # (no rows known)
 
 
