@@ -71,7 +71,7 @@ class Frame:
 
 class CallTerms:
     """A running mean over particles of the scaled NLL, the KL (total and by site) and the loss, with the call's KL
-    weight and data-plate frame.
+    weight, data-plate frame and whether it ``trains`` (computes gradients).
 
     Examples
     --------
@@ -79,8 +79,8 @@ class CallTerms:
     0.5
     """
 
-    def __init__(self, kl_weight: float):
-        self.kl_weight = kl_weight
+    def __init__(self, kl_weight: float, trains: bool = False):
+        self.kl_weight, self.trains = kl_weight, trains
         self.nll, self.kl, self.loss, self.frame = 0.0, 0.0, 0.0, None
         self.kl_by_site: dict[str, Any] = {}
 
@@ -250,6 +250,7 @@ class ELBO(TraceMeanField_ELBO):
         check_estimators_reached(estimators, guide_trace)
         if self.current_call is not None and self.current_call.frame is None:
             self.current_call.frame = trace_data_plate_frame(model_trace, self.data_plate)
+            self._watch_for_minibatches(model_trace)
         if is_validation_enabled():
             check_model_guide_match(model_trace, guide_trace, self.max_plate_nesting)
         guide_trace, model_trace = prune_subsample_sites(guide_trace), prune_subsample_sites(model_trace)
@@ -258,6 +259,29 @@ class ELBO(TraceMeanField_ELBO):
         if self.current_call is not None:
             self.backend.keep_traces((model_trace, guide_trace))
         return model_trace, guide_trace
+
+    def _watch_for_minibatches(self, model_trace) -> None:
+        """A warning when a pair's data plate calls each batch all the data (no ``num_data``, a plate of the batch's
+        size) and its observations change from one training call to the next (minibatches): the batch's likelihood
+        is then weighed against the whole KL, a posterior too wide, in silence. The first :data:`MINIBATCH_WATCH`
+        calls that compute gradients compare their observed values, as sorted multisets (a reshuffled full batch is
+        the same data; a held-out set scored with :meth:`loss` is not watched)."""
+        pair, frame = self.pairs.current, self.current_call.frame
+        if (self.num_data is not None or not self.current_call.trains or pair.watched >= MINIBATCH_WATCH
+                or frame is None or frame.full_size not in (None, frame.size)):
+            return
+        pair.watched += 1
+        observed = _sorted_observations(model_trace, frame)
+        if pair.first_observed is None:
+            pair.first_observed = observed
+        elif observed.shape != pair.first_observed.shape or not torch.equal(observed, pair.first_observed):
+            pair.watched, pair.first_observed = MINIBATCH_WATCH, None
+            warn_at_caller(
+                f"pyro_bbb.ELBO: the model's data plate {frame.name!r} declares each call's {frame.size} rows as all "
+                "the data (pyro_bbb.ELBO has no num_data, and the plate no subsample), and its observations changed "
+                f"since this model's first call: on minibatches the likelihood of {frame.size} rows is weighed "
+                "against the whole KL, and the posterior stays too wide. Pass pyro_bbb.ELBO(num_data=N) with N the "
+                f"number of training rows, or declare pyro.plate({frame.name!r}, N, subsample=idx) in the model.")
 
     def _get_traces(self, model, guide, args, kwargs):
         """Pyro's particles, the data plate scaled inside the particle plate; vectorized particles are checked once
@@ -363,7 +387,7 @@ class ELBO(TraceMeanField_ELBO):
         the optimizer: :mod:`~pyro_bbb.infer.contract`)."""
         pair = self.pairs.select(model, guide)
         self._plate_now = self._given_plate or data_plate_of(model)
-        self.current_call = CallTerms(self.current_kl_weight())
+        self.current_call = CallTerms(self.current_kl_weight(), trains=gradients)
         validating = is_validation_enabled()
         try:
             skip = validating and pair.validated and not self.revalidate
@@ -409,8 +433,20 @@ class ELBO(TraceMeanField_ELBO):
 
 
 # -- what the ELBO keeps for each (model, guide) pair ------------------------------------------------------------------
+#: How many first calls of a (model, guide) pair compare their observations for minibatches without an N.
+MINIBATCH_WATCH = 20
+
+
+def _sorted_observations(trace, frame) -> torch.Tensor:
+    """The values observed inside the data plate ``frame`` in ``trace``, flattened together and sorted."""
+    values = [site["value"].detach().reshape(-1).double() for site in trace.nodes.values()
+              if site["type"] == "sample" and site["is_observed"] and frame in site["cond_indep_stack"]]
+    return torch.cat(values).sort().values if values else torch.zeros(0)
+
+
 class PairState:
-    """One pair's KL schedule ``step``, whether it was ``validated``, and ``vectorized_ok`` (``None``: not checked).
+    """One pair's KL schedule ``step``, whether it was ``validated``, ``vectorized_ok`` (``None``: not checked), and
+    what the minibatch watch saw (``watched`` calls, the ``first_observed`` values).
 
     Examples
     --------
@@ -420,6 +456,7 @@ class PairState:
 
     def __init__(self, model, guide):
         self.step, self.validated, self.vectorized_ok = 0, False, None
+        self.watched, self.first_observed = 0, None
         parts = pair_identity(model, guide)
         self._refs = tuple(_reference(obj) for obj in parts)
         self._held = tuple(ref for ref, obj in zip(self._refs, parts) if obj is not None)

@@ -416,6 +416,56 @@ def test_vectorized_particles_of_a_model_that_draws_its_minibatch_are_not_mistak
     assert torch.equal(torch.rand(3), after_checked_step)
 
 
+class _PlateOfTheBatch(pyro.nn.PyroModule):
+    """A hand-written model whose data plate is as long as the rows it is given (Pyro's tutorials' way)."""
+
+    def __init__(self):
+        super().__init__()
+        from pyro_bbb.nn import BayesianLinear
+
+        self.fc = BayesianLinear(2, 1)
+
+    def forward(self, x, y=None):
+        mean = self.fc(x).squeeze(-1)
+        with pyro.plate("data", len(x)):
+            pyro.sample("obs", dist.Normal(mean, 0.3), obs=y)
+
+
+def test_minibatches_of_a_plate_that_calls_each_batch_all_the_data_are_named_in_a_pyro_loop():
+    """A Pyro user's own SVI loop on minibatches, with pyro_bbb.ELBO() and a plate of the batch's size: each batch of
+    8 was weighed against the whole KL as if it were all the data (posterior stds 1.5 times too wide after 300 steps),
+    in silence. The changing observations give it away: a warning names num_data. A reshuffled full batch, a held-out
+    set scored between steps, a given N or a subsampled plate are not minibatches without an N."""
+    import warnings
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 2, generator=g)
+    y = x @ torch.tensor([1.0, -2.0]) + 0.3 * torch.randn(64, generator=g)
+    model = _PlateOfTheBatch()
+    guide = MeanFieldGuide(model)
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), ELBO())
+    with pytest.warns(UserWarning, match=r"declares each call's 8 rows as all the data .*ELBO\(num_data=N\)") as record:
+        for _ in range(30):
+            rows = torch.randperm(64, generator=g)[:8]
+            svi.step(x[rows], y[rows])
+    assert sum("declares each call" in str(w.message) for w in record) == 1  # once
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for elbo in (ELBO(), ELBO(num_data=64)):
+            pyro.clear_param_store()
+            model = _PlateOfTheBatch()
+            svi = SVI(model, MeanFieldGuide(model), pyro.optim.Adam({"lr": 0.01}), elbo)
+            for _ in range(30):
+                rows = torch.randperm(64, generator=g)[: 64 if elbo.num_data is None else 8]
+                svi.step(x[rows], y[rows])  # full batch reshuffled, or minibatches with their N
+                svi.evaluate_loss(x[:16], y[:16] + 1)  # a held-out set scored between steps
+        pyro.clear_param_store()
+        model = _SubsamplingModel("plate")  # pyro.plate("data", 64, subsample_size=8): it declares its N
+        svi = SVI(model, MeanFieldGuide(model), pyro.optim.Adam({"lr": 0.01}), ELBO())
+        for _ in range(30):
+            svi.step(torch.cat([x, y[:, None]], -1), y)
+
+
 def test_a_kl_weight_or_n_set_after_construction_is_checked_and_used_as_the_constructors():
     """elbo.kl_weight = 0.5 between steps raised "'float' object is not callable" at the next step."""
     pyro.clear_param_store()
