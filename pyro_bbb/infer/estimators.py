@@ -36,7 +36,7 @@ from .._draws import example_draw_shape
 from .._internals import active_messengers
 from ..nn.functional import FlipoutMap, batched_conv, batched_linear, sample_dims
 from ..nn.module import is_layer_prior
-from ..nn.moments import affine_moments, tracking_modules
+from ..nn.moments import MomentPropagationError, affine_moments, tracking_modules
 from .guide import drawn_posterior
 
 __all__ = [
@@ -375,9 +375,18 @@ class MomentPropagationMessenger(PosteriorReader):
 
     def __exit__(self, *exc):
         try:
-            return super().__exit__(*exc)
+            handled = super().__exit__(*exc)
         finally:
             self._modules.close()
+        error = exc[1]
+        if type(error) is TypeError and "'Tensor' object is not callable" in str(error):
+            raise MomentPropagationError(
+                "under moment propagation the network's activations are a pyro_bbb.nn.moments.Moments, whose .mean "
+                "and .variance are its two tensors, so `x.mean(dim)` (a pooling) called a tensor. A mean over "
+                "positions has no rule (they share one weight draw, and dropping their covariance would shrink the "
+                "variance): train this network with estimator='flipout' (or 'reparam')."
+            ) from error
+        return handled
 
     def _output(self, input, weight, bias, apply, feature_dims, weight_posterior, bias_posterior, examples):
         if sample_dims(weight, feature_dims):

@@ -454,6 +454,28 @@ def test_fit_with_moments_does_not_depend_on_the_random_stream():
     assert ((reparam[0] - reparam[1]).abs() / reparam[0].abs()).max() > 1e-4
 
 
+def test_a_pooling_by_the_tensor_method_mean_is_named_under_moment_propagation():
+    """``x.mean(1)`` (token or global average pooling) reads a Moments' ``.mean`` tensor and calls it: the user got
+    "'Tensor' object is not callable". The error now says what happened and the estimator to use instead."""
+    class Pool(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = BayesianLinear(3, 1)
+
+        def forward(self, x):
+            return self.fc(x).mean(1)
+
+    x, y = torch.randn(8, 5, 3), torch.randn(8, 1)
+    model = pyro_bbb.BNN(Pool(), likelihoods.Gaussian(0.5))
+    guide = pyro_bbb.MeanFieldGuide(model)
+    guide(x, y)
+    before = {name: p.detach().clone() for name, p in pyro.get_param_store().named_parameters()}
+    with pytest.raises(MomentPropagationError, match=r"`x.mean\(dim\)` \(a pooling\) called a tensor.*'flipout'"):
+        pyro_bbb.fit(model, guide, (x, y), epochs=1, batch_size=8, estimator="moments", progress=False, kl_weight=1)
+    assert all(torch.equal(p, before[name]) for name, p in pyro.get_param_store().named_parameters())
+    pyro_bbb.fit(model, guide, (x, y), epochs=1, batch_size=8, estimator="flipout", progress=False, kl_weight=1)
+
+
 def test_moment_propagation_errors_name_the_problem_before_anything_changes():
     x, y = torch.randn(8, 2), torch.randn(8)
     net = torch.nn.Sequential(BayesianLinear(2, 4), torch.nn.Softmax(dim=-1), BayesianLinear(4, 1))
