@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 from numbers import Integral
-from typing import Any
+from typing import IO, Any
 
 import pyro
 import pyro.poutine as poutine
@@ -112,7 +112,7 @@ def _used_params(model, guide, inputs) -> dict[str, torch.Tensor]:
     return {name: site["value"].unconstrained() for name, site in params.trace.nodes.items()}
 
 
-def save(path: str | os.PathLike, model, guide, optimizer=None) -> None:
+def save(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None) -> None:
     """Write ``model``'s deterministic state and ``guide``'s posterior to ``path``.
 
     Everything the model and guide read from Pyro's param store is written too -- a feature net registered with
@@ -121,8 +121,9 @@ def save(path: str | os.PathLike, model, guide, optimizer=None) -> None:
 
     Parameters
     ----------
-    path : str or PathLike
-        Destination file (conventionally ``.pt``).
+    path : str, PathLike or binary file object
+        Destination file (conventionally ``.pt``), or a file object open for writing (``io.BytesIO``), as
+        ``torch.save`` takes.
     model : torch.nn.Module
         The model, e.g. a :class:`pyro_bbb.BNN`.
     guide : MeanFieldGuide
@@ -175,10 +176,17 @@ def _mismatches(saved: dict[str, torch.Tensor], current: dict[str, torch.Tensor]
 _PARTS = {"settings": dict, "example_inputs": list, "model_state": dict, "guide_state": dict, "param_store": dict}
 
 
-def _read(path: str | os.PathLike, device: torch.device) -> dict[str, Any]:
+def _where(path: str | os.PathLike | IO[bytes]) -> str:
+    """How an error names the checkpoint: its path, quoted, or what a file object is."""
+    if isinstance(path, str | bytes | os.PathLike):
+        return repr(os.fspath(path))
+    return f"the file object {type(path).__name__}"
+
+
+def _read(path: str | os.PathLike | IO[bytes], device: torch.device) -> dict[str, Any]:
     """The checkpoint's contents, or one ``ValueError`` naming the file for anything that is not a whole, finite
     pyro_bbb checkpoint (truncated, corrupted, foreign, or holding objects that ``weights_only`` refuses)."""
-    where = repr(os.fspath(path))
+    where = _where(path)
     try:
         checkpoint = torch.load(path, map_location=device, weights_only=True)
     except FileNotFoundError:
@@ -230,7 +238,7 @@ def _diverged_parameters(model_state: dict[str, torch.Tensor], model) -> list[st
             if name in names and value.is_floating_point() and not bool(torch.isfinite(value).all())]
 
 
-def load(path: str | os.PathLike, model, guide, optimizer=None):
+def load(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None):
     """Read a checkpoint written by :func:`save` into ``model`` and ``guide`` (built as before); returns ``guide``.
 
     Nothing is changed unless every tensor fits: a model or guide of another shape, another likelihood (or the
@@ -238,7 +246,8 @@ def load(path: str | os.PathLike, model, guide, optimizer=None):
     raises ``ValueError`` listing the differences. Tensors are placed on the model's device. With ``optimizer`` (of
     the class that was saved), its state is restored too: ``fit(..., optimizer=optimizer)`` then continues the run.
     A :class:`pyro_bbb.BNN` built without ``num_data`` gets the one it was saved with (the training-set size its
-    data plate declares to Pyro's own ELBOs); one built with its own keeps it.
+    data plate declares to Pyro's own ELBOs); one built with its own keeps it. ``path`` is a file's path or a binary
+    file object (``io.BytesIO``), as ``torch.load`` takes.
 
     Examples
     --------
@@ -271,7 +280,7 @@ def load(path: str | os.PathLike, model, guide, optimizer=None):
             )
         diverged = _diverged_parameters(checkpoint["model_state"], model)
         if diverged:
-            raise ValueError(f"{os.fspath(path)!r} holds infinite values in the model parameters {diverged}; refusing "
+            raise ValueError(f"{_where(path)} holds infinite values in the model parameters {diverged}; refusing "
                              "to load a diverged model.")
         saved_optimizer = checkpoint.get("optimizer")
         if optimizer is not None:

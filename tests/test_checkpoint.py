@@ -365,6 +365,28 @@ def test_a_buffer_that_is_infinite_by_design_round_trips_and_an_infinite_paramet
     assert len(pyro.get_param_store()) == 0
 
 
+def test_a_checkpoint_goes_through_a_file_object_as_torch_save_takes():
+    """save and load took paths only: a BytesIO (a checkpoint kept in memory or sent to a store) failed in load with
+    "expected str, bytes or os.PathLike object, not BytesIO"."""
+    import io
+
+    def make():
+        return pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5))
+
+    buffer = io.BytesIO()
+    guide = _fitted_and_saved(make(), buffer)
+    buffer.seek(0)
+    bnn = make()
+    loaded = pyro_bbb.load(buffer, bnn, pyro_bbb.MeanFieldGuide(bnn))
+    for name, posterior in guide.site_posteriors().items():
+        assert torch.equal(loaded.site_posteriors()[name].loc, posterior.loc)
+        assert torch.equal(loaded.site_posteriors()[name].scale, posterior.scale)
+    pyro.clear_param_store()
+    bnn = make()
+    with pytest.raises(ValueError, match="the file object BytesIO could not be read as a pyro_bbb checkpoint"):
+        pyro_bbb.load(io.BytesIO(buffer.getvalue()[:100]), bnn, pyro_bbb.MeanFieldGuide(bnn))
+
+
 def _fitted_and_saved(bnn, path):
     """A guide fitted one epoch on 30 random rows of 3 features and saved with ``bnn`` to ``path``; the param store
     is left empty."""
