@@ -22,11 +22,13 @@ from .._inputs import (
     check_finite_inputs,
     input_shapes,
     inputs_to,
+    join_rows,
     num_rows,
     select_rows,
 )
+from .._rng import rng_untouched
 
-__all__ = ["DataError", "Batches", "check_batch", "loader_rows", "model_device", "likelihood_of"]
+__all__ = ["DataError", "Batches", "check_batch", "loader_rows", "loader_inputs", "model_device", "likelihood_of"]
 
 
 class DataError(ValueError):
@@ -206,6 +208,31 @@ class Batches:
             except (ValueError, TypeError) as error:
                 raise DataError(str(error)) from error
             yield inputs_to(x, self.device), y.to(self.device)
+
+
+def loader_inputs(loader: torch.utils.data.DataLoader, caller: str = "predict") -> tuple[Any, int | None]:
+    """Every input a DataLoader yields, in its order, joined along the rows, and its batch size: its batches are
+    ``(x, y)`` pairs (as :func:`pyro_bbb.fit` takes them; ``y`` is not read) or inputs alone (a tensor, a dict). A
+    loader that shuffles is refused, naming ``caller``: its rows would come in an order nothing else has.
+
+    Examples
+    --------
+    >>> data = torch.utils.data.TensorDataset(torch.arange(5.0)[:, None], torch.zeros(5))
+    >>> x, batch_size = loader_inputs(torch.utils.data.DataLoader(data, batch_size=2))
+    >>> x.flatten().tolist(), batch_size
+    ([0.0, 1.0, 2.0, 3.0, 4.0], 2)
+    """
+    if isinstance(_sampler(loader), torch.utils.data.RandomSampler):
+        raise ValueError(
+            f"{caller} reads a DataLoader's inputs in its order and returns one prediction per row in that order; "
+            "this loader shuffles (shuffle=True), so the predictions would line up with nothing you hold. Pass "
+            "DataLoader(dataset, batch_size=..., shuffle=False)."
+        )
+    with rng_untouched(torch_only=True):  # (an iterator draws its workers' seed: the caller's draws stay theirs)
+        parts = [batch[0] if isinstance(batch, tuple | list) and len(batch) == 2 else batch for batch in loader]
+    if not parts:
+        raise ValueError(f"{caller} got a DataLoader that yields no batches (its dataset is empty).")
+    return join_rows(parts), loader.batch_size
 
 
 def _what(data) -> str:

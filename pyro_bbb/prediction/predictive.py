@@ -42,6 +42,7 @@ from .._internals import without_trace_shapes
 from .._plates import data_plate_frame, data_plate_named, data_plate_of
 from .._rng import rng_untouched
 from .._warnings import warn_at_caller
+from ..data.batches import loader_inputs
 from ..nn.module import training_mode
 from .messengers import ObservationPlaceholderMessenger, SubsampleCoverMessenger
 from .results import Prediction, prediction_for
@@ -274,9 +275,10 @@ def predict(
         :class:`pyro_bbb.BNN`.
     guide : callable
         A fitted guide such as :class:`pyro_bbb.MeanFieldGuide`.
-    x : Tensor, tuple of Tensor or dict of Tensor
+    x : Tensor, tuple of Tensor, dict of Tensor or DataLoader
         Inputs, first dimension the batch (a tuple or dict: every tensor's first dimension; e.g. a transformers
-        ``BatchEncoding``).
+        ``BatchEncoding``); or a DataLoader that does not shuffle, yielding ``(x, y)`` pairs as ``fit`` takes them
+        (``y`` unread) or inputs alone: one prediction per row in its order, ``batch_size`` its own unless given.
     num_samples : int
         Number of weight draws S.
     batch_size : int, optional
@@ -324,6 +326,9 @@ def predict_with_draws(
     >>> draws["net.weight"].shape, site
     (torch.Size([5, 1, 2]), 'y')
     """
+    if isinstance(x, torch.utils.data.DataLoader):
+        x, loader_batch_size = loader_inputs(x, caller)
+        batch_size = batch_size or loader_batch_size
     x = cast_inputs(x, model_dtype(model))
     _check_predict_args(guide, x, num_samples, batch_size, sample_batch_size)
     set_up = is_set_up(guide)

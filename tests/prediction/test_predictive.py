@@ -436,3 +436,23 @@ def test_a_classifier_with_several_labels_per_row_is_a_clear_error():
     guide(x, torch.zeros(6, 5, dtype=torch.long))
     with pytest.raises(ValueError, match=r"one class label per row.*Categorical over \(5,\) labels per row"):
         pyro_bbb.predict(model, guide, x, num_samples=3)
+
+
+def test_a_data_loader_is_predicted_row_by_row_in_its_order():
+    """predict refused a DataLoader ("x must be a torch.Tensor or a numpy array"), though fit takes one. Its inputs,
+    from (x, y) pairs or alone, give the predictions of the same rows as a tensor at the loader's batch size, the
+    same draws; a loader that shuffles would give rows in an order nothing else has, and is refused."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 2), likelihoods.Categorical())
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    x, y = torch.randn(37, 3), torch.randint(0, 2, (37,))
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=1, kl_weight=1, progress=False)
+    pyro.set_rng_seed(1)
+    expected = pyro_bbb.predict(bnn, guide, x, num_samples=8, batch_size=10).probs
+    for loader in (DataLoader(TensorDataset(x, y), batch_size=10), DataLoader(x, batch_size=10)):
+        pyro.set_rng_seed(1)
+        assert torch.equal(pyro_bbb.predict(bnn, guide, loader, num_samples=8).probs, expected)
+    with pytest.raises(ValueError, match=r"this loader shuffles \(shuffle=True\).*shuffle=False"):
+        pyro_bbb.predict(bnn, guide, DataLoader(TensorDataset(x, y), batch_size=10, shuffle=True))
