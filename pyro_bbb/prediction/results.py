@@ -11,7 +11,9 @@ Examples
 
 from __future__ import annotations
 
+import copy
 import math
+from typing import Any
 
 import pyro.distributions as dist
 import torch
@@ -51,6 +53,22 @@ class Prediction:
     def __len__(self) -> int:
         return self.distribution.batch_shape[1]
 
+    def __getitem__(self, rows: Any) -> Prediction:
+        """The prediction of some of the inputs, the same draws: ``rows`` indexes the batch as a tensor's first
+        dimension does (a slice, an index tensor or list, a boolean mask; an ``int`` keeps a batch of one).
+
+        Examples
+        --------
+        >>> p = Prediction(dist.Normal(torch.arange(6.0).view(2, 3), 1.0), torch.zeros(2, 3))
+        >>> len(p[1:]), len(p[torch.tensor([True, False, True])]), len(p[0])
+        (2, 2, 1)
+        """
+        if isinstance(rows, int):
+            rows = [rows]
+        subset = copy.copy(self)
+        subset.distribution, subset.samples = _select_rows(self.distribution, rows), self.samples[:, rows]
+        return subset
+
     def log_prob(self, y: torch.Tensor) -> torch.Tensor:
         """``log p(y | x, w_s)`` for every draw s and datum: shape ``(S, batch)`` (``(batch, 1)`` targets of scalar
         predictions are read as ``(batch,)``; integer 0/1 labels of a Bernoulli are read as its float values)."""
@@ -65,6 +83,18 @@ class Prediction:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(num_samples={self.num_samples}, batch={len(self)})"
+
+
+def _select_rows(distribution: dist.Distribution, rows: Any) -> dist.Distribution:
+    """``distribution`` (batch ``(S, batch, ...)``) at some rows of its batch."""
+    if isinstance(distribution, dist.Independent):
+        return _select_rows(distribution.base_dist, rows).to_event(distribution.reinterpreted_batch_ndims)
+    if isinstance(distribution, dist.Normal):
+        return dist.Normal(distribution.loc[:, rows], distribution.scale[:, rows])
+    if isinstance(distribution, dist.Categorical | dist.Bernoulli):
+        return type(distribution)(logits=distribution.logits[:, rows])
+    raise TypeError(f"a prediction over a {type(distribution).__name__} cannot be indexed by rows (Normal, "
+                    "Categorical and Bernoulli can).")
 
 
 def _normal_parts(distribution: dist.Distribution) -> tuple[torch.Tensor, torch.Tensor]:

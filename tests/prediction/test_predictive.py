@@ -456,3 +456,35 @@ def test_a_data_loader_is_predicted_row_by_row_in_its_order():
         assert torch.equal(pyro_bbb.predict(bnn, guide, loader, num_samples=8).probs, expected)
     with pytest.raises(ValueError, match=r"this loader shuffles \(shuffle=True\).*shuffle=False"):
         pyro_bbb.predict(bnn, guide, DataLoader(TensorDataset(x, y), batch_size=10, shuffle=True))
+
+
+@pytest.mark.parametrize("likelihood, out", [(likelihoods.Categorical(), 3), (likelihoods.Bernoulli(), 1),
+                                             (likelihoods.Gaussian(scale=0.5), 2)], ids=["categorical", "bernoulli",
+                                                                                         "gaussian"])
+def test_a_prediction_indexed_by_rows_is_the_prediction_of_those_rows(likelihood, out):
+    """``prediction[mask]`` (scoring a subset: one class, the inputs a user flags) raised "'ClassificationPrediction'
+    object is not subscriptable". It is the same draws at those rows: every result equals the full one's rows."""
+    from pyro_bbb.evaluate import metrics
+
+    torch.manual_seed(0)
+    bnn = pyro_bbb.BNN(BayesianLinear(3, out), likelihood)
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    x = torch.randn(12, 3)
+    y = torch.randn(12, out) if out == 2 else torch.randint(0, max(out, 2), (12,))
+    guide(x, y)
+    full = pyro_bbb.predict(bnn, guide, x, num_samples=6)
+    mask = torch.arange(12) % 3 == 0
+    for rows in (mask, slice(2, 7), torch.tensor([5, 0, 5]), [1, 2], 4, -1):
+        part = full[rows]
+        index = torch.arange(12)[rows].reshape(-1)
+        assert type(part) is type(full) and len(part) == len(index) and part.num_samples == 6
+        torch.testing.assert_close(part.log_likelihood(y[index]), full.log_likelihood(y)[index])
+        torch.testing.assert_close(part.samples, full.samples[:, index])
+        if out == 2:
+            torch.testing.assert_close(part.mean, full.mean[index])
+            torch.testing.assert_close(part.interval(0.8)[0], full.interval(0.8)[0][index])
+        else:
+            torch.testing.assert_close(part.probs, full.probs[index])
+            torch.testing.assert_close(part.mutual_information, full.mutual_information[index])
+            assert metrics.accuracy(part, y[index]) == pytest.approx(
+                float((full.predicted_class[index] == y[index]).float().mean()))
