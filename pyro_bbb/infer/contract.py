@@ -44,8 +44,9 @@ _marks = WeakIdKeyDictionary()
 @dataclass(frozen=True, eq=False)
 class ObjectiveRun:
     """One gradient computation of :class:`pyro_bbb.ELBO`: the training-set size ``num_data`` its minibatch was scaled
-    to (``None`` when it could not tell) and its KL weight (a schedule;
-    :class:`~pyro_bbb.infer.schedules.Constant` for a number). Two runs are the same only when they are one object.
+    to (``None`` when it could not tell), its KL weight (a schedule; :class:`~pyro_bbb.infer.schedules.Constant` for
+    a number), and the ``scale`` a handler multiplied the whole loss by (``poutine.scale`` around the model and the
+    guide; ``None`` when they were scaled unalike). Two runs are the same only when they are one object.
 
     Examples
     --------
@@ -55,6 +56,7 @@ class ObjectiveRun:
 
     num_data: int | None
     kl_weight: Any
+    scale: float | None = 1.0
 
 
 def mark_objective_run(params: Iterable[torch.Tensor], run: ObjectiveRun) -> ObjectiveRun:

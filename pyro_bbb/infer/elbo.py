@@ -30,7 +30,7 @@ import pyro.poutine as poutine
 import torch
 from pyro.infer import TraceMeanField_ELBO
 from pyro.infer.util import is_validation_enabled, torch_item
-from pyro.poutine.util import prune_subsample_sites
+from pyro.poutine.util import prune_subsample_sites, site_is_subsample
 from pyro.util import check_model_guide_match, warn_if_nan
 
 from .._checks import check_count
@@ -43,7 +43,7 @@ from .._internals import (
     without_trace_shapes,
 )
 from .._kl import latent_site_kl, log_prob_sum, sum_site_kls
-from .._plates import DATA_PLATE, data_plate_named, data_plate_of, trace_data_plate_frame
+from .._plates import DATA_PLATE, data_plate_frame, data_plate_named, data_plate_of, trace_data_plate_frame
 from .._rng import rng_untouched
 from .._warnings import warn_at_caller
 from ._replay import ReplayBackend
@@ -81,6 +81,7 @@ class CallTerms:
 
     def __init__(self, kl_weight: float, trains: bool = False):
         self.kl_weight, self.trains = kl_weight, trains
+        self.scale: float | None = 1.0  # a handler's factor on the whole loss (loss_scale)
         self.nll, self.kl, self.loss, self.frame = 0.0, 0.0, 0.0, None
         self.kl_by_site: dict[str, Any] = {}
 
@@ -257,6 +258,7 @@ class ELBO(TraceMeanField_ELBO):
         if is_validation_enabled():
             check_mean_field_requirement(model_trace, guide_trace)
         if self.current_call is not None:
+            self.current_call.scale = loss_scale(model_trace, guide_trace, self.data_plate)
             self.backend.keep_traces((model_trace, guide_trace))
         return model_trace, guide_trace
 
@@ -401,7 +403,8 @@ class ELBO(TraceMeanField_ELBO):
             if gradients:
                 sites = (outer or capture).trace.nodes.values()
                 reached = {id(p): p for p in (site["value"].unconstrained() for site in sites)}
-                run = ObjectiveRun(self.last_terms["num_data"] or self.last_terms["batch_size"], self.kl_weight)
+                run = ObjectiveRun(self.last_terms["num_data"] or self.last_terms["batch_size"], self.kl_weight,
+                                   scale=self.current_call.scale)
                 mark_objective_run(reached.values(), run)
         finally:
             self.current_call = None
@@ -513,6 +516,31 @@ def pair_identity(model, guide) -> tuple:
         obj = unwrap_handlers(obj)
         parts.extend((obj.__self__, obj.__func__) if isinstance(obj, MethodType) else (obj, None))
     return tuple(parts)
+
+
+def loss_scale(model_trace, guide_trace, data_plate: str = DATA_PLATE) -> float | None:
+    """The factor a handler such as ``poutine.scale(model, s)`` with ``poutine.scale(guide, s)`` multiplies the whole
+    loss by: the scale every global latent site has in both traces (``1.0`` without one); ``None`` where they differ
+    (the model and the guide scaled unalike, or sites scaled one by one), a KL weight nobody chose.
+
+    Examples
+    --------
+    >>> def model():
+    ...     pyro.sample("w", pyro.distributions.Normal(0.0, 1.0))
+    >>> trace = poutine.trace(poutine.scale(model, 0.5)).get_trace()
+    >>> loss_scale(trace, trace), loss_scale(trace, poutine.trace(model).get_trace())
+    (0.5, None)
+    """
+    scales = set()
+    for trace in (model_trace, guide_trace):
+        for site in trace.nodes.values():
+            if site["type"] == "sample" and not site["is_observed"] and data_plate_frame(site, data_plate) is None \
+                    and not site_is_subsample(site):
+                scale = site["scale"]
+                scales.add(float(scale) if not isinstance(scale, torch.Tensor) or scale.numel() == 1 else None)
+    if not scales:
+        return 1.0
+    return scales.pop() if len(scales) == 1 else None
 
 
 def _reference(obj) -> Callable[[], Any]:

@@ -166,6 +166,7 @@ class IVON(PyroOptim):
         self._flat: tuple | None = None  # (sites, momentum, hess) concatenated, between steps
         self._width_cache: tuple | None = None  # (sites, [(raw scale, version)], sigma, 1 / (N sigma d sigma / d u))
         self._unit: tuple | None = None  # (delta, hess_init + delta) of the last step
+        self._loss_scale = 1.0  # the factor a handler multiplied this step's loss by (poutine.scale): divided out
 
     # -- which parameter is what ---------------------------------------------------------------------------------
     def _weight_sites(self) -> dict[str, tuple[str, str]]:
@@ -289,6 +290,9 @@ class IVON(PyroOptim):
         mu = torch.cat([p.reshape(-1) for p in locs])
         grad_mu = torch.cat([p.grad.reshape(-1) for p in locs])
         grad_u = torch.cat([p.grad.reshape(-1) for p in raw_scales])
+        if self._loss_scale != 1.0:  # the ELBO's own gradients: its curvature is read off them
+            grad_mu.div_(self._loss_scale)
+            grad_u.div_(self._loss_scale)
         own = self._own_widths(sites, raw_scales)  # (sigma, 1 / (N sigma d sigma / d u)) as set last step, or None
         if own is None:
             u = torch.cat([p.reshape(-1) for p in raw_scales])
@@ -391,6 +395,14 @@ class IVON(PyroOptim):
             )
         self._check_pairing(run.num_data, run.kl_weight, "build both with the training-set size N: IVON(guide, "
                             "num_data=N) and pyro_bbb.ELBO(num_data=N)")
+        if run.scale is None or not run.scale > 0:
+            raise ValueError(
+                "IVON got gradients of a loss whose model and guide are scaled unalike (poutine.scale around one of "
+                "them, or around some sites): the likelihood and the KL then count with a weight nobody chose, and "
+                "IVON reads the likelihood's curvature off that loss. Scale both alike, poutine.scale(model, s) and "
+                "poutine.scale(guide, s), or neither. Nothing was changed."
+            )
+        self._loss_scale = run.scale
 
     def _check_pairing(self, num_data: int | None, kl_weight: Any, num_data_fix: str) -> None:
         """The training-set size and KL weight the objective uses, against this optimizer's (``num_data_fix`` says

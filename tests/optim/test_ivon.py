@@ -406,3 +406,37 @@ def test_a_learned_prior_the_optimizer_cannot_reach_is_refused_before_a_step():
     fixed = pyro_bbb.BNN(BayesianLinear(3, 1, dtype=torch.float64), likelihoods.Gaussian(scale=0.5))
     guide = MeanFieldGuide(lambda x, y=None: fixed(x, y))
     SVI(lambda x, y=None: fixed(x, y), guide, IVON(guide, num_data=len(y)), ELBO(num_data=len(y))).step(x, y)
+
+
+def test_a_loss_scaled_by_a_handler_gives_ivon_the_posterior_of_the_elbo():
+    """poutine.scale(model, 1/N) with poutine.scale(guide, 1/N) (a loss per datum, as some Pyro code writes it) fed
+    IVON gradients N times too small: it read the likelihood's curvature off them and ended with widths 4 times too
+    wide (0.06 for 0.016), in silence. Adam is indifferent to the factor; IVON now divides it out, and refuses a
+    model and a guide scaled unalike (a KL weight nobody chose) before any parameter changes."""
+    import pyro.poutine as poutine
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 2, generator=g)
+    y = x @ torch.tensor([1.0, -2.0]) + 0.3 * torch.randn(200, generator=g)
+
+    def posterior(model_scale, guide_scale):
+        pyro.clear_param_store()
+        pyro.set_rng_seed(0)
+        bnn = pyro_bbb.BNN(BayesianLinear(2, 1), likelihoods.Gaussian(scale=0.3))
+        guide = MeanFieldGuide(bnn)
+        svi = SVI(poutine.scale(bnn, model_scale), poutine.scale(guide, guide_scale), IVON(guide, num_data=200),
+                  ELBO(num_data=200))
+        rows = torch.Generator().manual_seed(1)
+        for _ in range(100):
+            idx = torch.randint(0, 200, (20,), generator=rows)
+            svi.step(x[idx], y[idx])
+        q = guide.site_posteriors()["net.weight"]
+        return q.loc, q.scale
+
+    loc, scale = posterior(1.0, 1.0)
+    for s in (1 / 200, 7.0):
+        scaled_loc, scaled_scale = posterior(s, s)
+        torch.testing.assert_close(scaled_scale, scale, rtol=1e-4, atol=0)
+        torch.testing.assert_close(scaled_loc, loc, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="model and guide are scaled unalike.*Nothing was changed"):
+        posterior(1 / 200, 1.0)
