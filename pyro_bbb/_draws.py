@@ -30,7 +30,7 @@ import torch
 
 __all__ = [
     "fold_draws", "folded_draws", "fold_rows", "unfold_rows", "draws_leading", "unfold_affine_input",
-    "fold_affine_output", "batch_rows", "example_draw_shape",
+    "fold_affine_output", "batch_rows", "known_batch_rows", "example_draw_shape",
 ]
 
 _FOLDED: ContextVar[int | None] = ContextVar("pyro_bbb_folded_draws", default=None)
@@ -53,6 +53,21 @@ def batch_rows(rows: int | None) -> Iterator[None]:
         yield
     finally:
         _ROWS.reset(token)
+
+
+def known_batch_rows() -> int | None:
+    """The examples per weight draw the network runs on here (:func:`batch_rows`), or ``None`` when not known (a
+    hand-written model outside :class:`pyro_bbb.BNN`).
+
+    Examples
+    --------
+    >>> with batch_rows(32):
+    ...     known_batch_rows()
+    32
+    >>> known_batch_rows() is None
+    True
+    """
+    return _ROWS.get()
 
 
 def example_draw_shape(input_shape: tuple[int, ...], feature_dims: int,

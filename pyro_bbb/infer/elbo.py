@@ -248,9 +248,10 @@ class ELBO(TraceMeanField_ELBO):
         with data_plate_named(self.data_plate):
             guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
             model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(*args, **kwargs)
-        check_estimators_reached(estimators, guide_trace)
+        frame = trace_data_plate_frame(model_trace, self.data_plate)
+        check_estimators_reached(estimators, guide_trace, None if frame is None else frame.size)
         if self.current_call is not None and self.current_call.frame is None:
-            self.current_call.frame = trace_data_plate_frame(model_trace, self.data_plate)
+            self.current_call.frame = frame
             self._watch_for_minibatches(model_trace)
         if is_validation_enabled():
             check_model_guide_match(model_trace, guide_trace, self.max_plate_nesting)

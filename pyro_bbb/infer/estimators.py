@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from pyro.poutine.messenger import Messenger
 from torch.overrides import TorchFunctionMode
 
-from .._draws import example_draw_shape
+from .._draws import example_draw_shape, known_batch_rows
 from .._internals import active_messengers
 from ..nn.functional import FlipoutMap, batched_conv, batched_linear, sample_dims
 from ..nn.module import is_layer_prior
@@ -50,6 +50,7 @@ class PosteriorReader(Messenger):
     """Remembers the ``(loc, scale)`` that :class:`~pyro_bbb.MeanFieldGuide` attaches to each site it samples."""
 
     estimator = ""
+    draws_per_row = True  # its draws go one per example (the rows of a layer's input): checked against the batch
 
     def __init__(self):
         super().__init__()
@@ -58,6 +59,7 @@ class PosteriorReader(Messenger):
         self._drawn: dict[int, tuple[Callable, str]] = {}  # id of a guide's draw -> (weak ref to it, its site)
         self._met: set[int] = set()  # the draws a torch function brought to this estimator since the model sampled them
         self._layer_draws: dict[int, Callable] = {}  # id -> weak ref of each draw a pyro_bbb layer brought this run
+        self._rows_per_site: dict[str, int] = {}  # weight site -> rows it drew per row of, the batch's being unknown
         self._interceptor: _DrawnWeightLinear | None = None  # on once a model samples a weight outside our layers
 
     def _pyro_sample(self, msg: dict[str, Any]) -> None:
@@ -86,6 +88,7 @@ class PosteriorReader(Messenger):
         self._drawn.clear()
         self._met.clear()
         self._layer_draws.clear()
+        self._rows_per_site.clear()
 
     def affine(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, apply: Callable,
                feature_dims: int) -> torch.Tensor:
@@ -130,6 +133,32 @@ class PosteriorReader(Messenger):
                 "layers (or pyro_bbb.bayesianize a torch.nn model), or train without the handler "
                 "(estimator='reparam')."
             )
+
+    def check_rows(self, batch_size: int | None) -> None:
+        """A clear error when, the batch being unknown to the layers (a hand-written model), a layer drew per row of
+        an input whose rows are not the data plate's ``batch_size`` examples (tokens flattened into rows, a batch
+        transposed): the positions of one example would each get their own weights, a wrong expectation.
+
+        Examples
+        --------
+        >>> estimator = FlipoutMessenger()
+        >>> estimator._rows_per_site["fc.weight"] = 40
+        >>> estimator.check_rows(8)
+        Traceback (most recent call last):
+        ...
+        ValueError: flipout drew per row of a 40-row input to weight site 'fc.weight', but the data plate holds 8 ...
+        """
+        wrong = {site: rows for site, rows in self._rows_per_site.items() if rows != batch_size}
+        if batch_size is None or not wrong:
+            return
+        site, rows = next(iter(wrong.items()))
+        raise ValueError(
+            f"{self.estimator} drew per row of a {rows}-row input to weight site {site!r}, but the data plate holds "
+            f"{batch_size} examples: the rows are not the examples (tokens flattened into rows, a batch transposed), "
+            "so the positions of one example would each get their own weights, a wrong expectation. Build the model "
+            "with pyro_bbb.BNN (which tells its layers the batch), keep the examples first in every Bayesian layer's "
+            "input ((B, T, F) tokens are read right), or train without the handler (estimator='reparam')."
+        )
 
     def _pyro_post_sample(self, msg: dict[str, Any]) -> None:
         self._layer_draws.pop(id(msg["value"]), None)  # sampled (or replayed) again: a new run's use is still to come
@@ -179,6 +208,8 @@ class PosteriorReader(Messenger):
 
     def _estimate(self, input, weight, bias, apply, feature_dims, weight_site, bias_site, examples) -> torch.Tensor:
         """The layer's output under this estimator, from the posteriors of ``weight_site`` and ``bias_site``."""
+        if self.draws_per_row and input.dim() > feature_dims and known_batch_rows() is None:
+            self._rows_per_site[weight_site] = input.shape[0]  # (checked against the data plate: check_rows)
         weight_posterior = self._posterior(weight_site)
         bias_posterior = None if bias_site is None else self._posterior(bias_site)
         return self._output(input, weight, bias, apply, feature_dims, weight_posterior, bias_posterior, examples)
@@ -367,6 +398,7 @@ class MomentPropagationMessenger(PosteriorReader):
     """
 
     estimator = "moment propagation"
+    draws_per_row = False
 
     def __enter__(self):
         self._modules = ExitStack()  # errors name the module that ran the operation
@@ -494,9 +526,10 @@ def started_estimators() -> list[PosteriorReader]:
     return estimators
 
 
-def check_estimators_reached(estimators: list[PosteriorReader], guide_trace) -> None:
+def check_estimators_reached(estimators: list[PosteriorReader], guide_trace, batch_size: int | None = None) -> None:
     """A clear error when a weight the guide drew with a posterior mean and scale reached none of ``estimators``
-    (it would silently stay on plain reparameterization); see :meth:`PosteriorReader.check_reached`.
+    (it would silently stay on plain reparameterization; :meth:`PosteriorReader.check_reached`), or when one drew per
+    row of rows that are not the data plate's ``batch_size`` examples (:meth:`PosteriorReader.check_rows`).
 
     Examples
     --------
@@ -508,3 +541,4 @@ def check_estimators_reached(estimators: list[PosteriorReader], guide_trace) -> 
                if site["type"] == "sample" and drawn_posterior(site) is not None]
     for estimator in estimators:
         estimator.check_reached(weights)
+        estimator.check_rows(batch_size)

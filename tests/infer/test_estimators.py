@@ -868,3 +868,43 @@ def test_local_reparameterization_takes_one_position_per_example():
     x, y = torch.randn(4, 1, 3), torch.randn(4)
     pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=1, kl_weight=1, estimator="local_reparam",
                  progress=False)
+
+
+class _HandWrittenTokens(PyroModule):
+    """A hand-written model (no BNN: its layers do not know the batch) over tokens ``(B, T, 3)``: a
+    :class:`TokenPool`, its rows the examples or the tokens flattened into rows."""
+
+    def __init__(self, flatten):
+        super().__init__()
+        self.pool = TokenPool(flatten)
+
+    def forward(self, x, y=None):
+        mean = self.pool(x).squeeze(-1)
+        with pyro.plate("data", len(x)):
+            pyro.sample("y", dist.Normal(mean, 0.5), obs=y)
+
+
+@pytest.mark.parametrize("estimator", ["flipout", "local_reparam"])
+def test_a_hand_written_model_whose_layer_rows_are_not_the_examples_is_refused(estimator):
+    """Outside BNN nothing told the layers the batch: tokens flattened into rows ((B * T, 3)) got a perturbation
+    each, a model with weights drawn per token (the pooled output's variance T times too small), in silence. The
+    data plate's size gives it away after the run; the error comes before the gradient step, and rows that are the
+    examples ((B, T, 3) tokens under Flipout, plain rows) still train."""
+    x, y = torch.randn(6, 5, 3), torch.randn(6)
+    model = _HandWrittenTokens(flatten=True)
+    guide = pyro_bbb.MeanFieldGuide(model)
+    guide(x, y)
+    before = {name: p.detach().clone() for name, p in pyro.get_param_store().named_parameters()}
+    with pytest.raises(ValueError, match=r"drew per row of a 30-row input to weight site 'pool.fc.weight', but the "
+                                         r"data plate holds 6 examples.*estimator='reparam'"):
+        pyro_bbb.fit(model, guide, (x, y), epochs=1, kl_weight=1, estimator=estimator, progress=False)
+    assert all(torch.equal(p, before[name]) for name, p in pyro.get_param_store().named_parameters())
+    pyro.clear_param_store()
+    model = _HandWrittenTokens(flatten=False)
+    if estimator == "flipout":
+        pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=1, kl_weight=1, estimator=estimator,
+                     progress=False)
+    pyro.clear_param_store()
+    model = _HandWrittenTokens(flatten=False)
+    pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), (x[:, :1], y), epochs=1, kl_weight=1, estimator=estimator,
+                 progress=False)
