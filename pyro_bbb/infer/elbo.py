@@ -19,6 +19,7 @@ Examples
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
@@ -259,7 +260,7 @@ class ELBO(TraceMeanField_ELBO):
         if is_validation_enabled():
             check_mean_field_requirement(model_trace, guide_trace)
         if self.current_call is not None:
-            self.current_call.scale = loss_scale(model_trace, guide_trace, self.data_plate)
+            self.current_call.scale = loss_scale(model_trace, guide_trace, self.num_data, self.data_plate)
             self.backend.keep_traces((model_trace, guide_trace))
         return model_trace, guide_trace
 
@@ -519,10 +520,11 @@ def pair_identity(model, guide) -> tuple:
     return tuple(parts)
 
 
-def loss_scale(model_trace, guide_trace, data_plate: str = DATA_PLATE) -> float | None:
+def loss_scale(model_trace, guide_trace, num_data: int | None = None, data_plate: str = DATA_PLATE) -> float | None:
     """The factor a handler such as ``poutine.scale(model, s)`` with ``poutine.scale(guide, s)`` multiplies the whole
-    loss by: the scale every global latent site has in both traces (``1.0`` without one); ``None`` where they differ
-    (the model and the guide scaled unalike, or sites scaled one by one), a KL weight nobody chose.
+    loss by: the scale every global latent site has in both traces and every observed site has beyond the data
+    plate's own ``N / B`` (``1.0`` without a handler); ``None`` where they differ (the model and the guide scaled
+    unalike, or some sites only: a KL annealed by ``poutine.scale`` around the weights), a KL weight nobody chose.
 
     Examples
     --------
@@ -532,16 +534,28 @@ def loss_scale(model_trace, guide_trace, data_plate: str = DATA_PLATE) -> float 
     >>> loss_scale(trace, trace), loss_scale(trace, poutine.trace(model).get_trace())
     (0.5, None)
     """
-    scales = set()
+    scales = []
     for trace in (model_trace, guide_trace):
         for site in trace.nodes.values():
-            if site["type"] == "sample" and not site["is_observed"] and data_plate_frame(site, data_plate) is None \
-                    and not site_is_subsample(site):
-                scale = site["scale"]
-                scales.add(float(scale) if not isinstance(scale, torch.Tensor) or scale.numel() == 1 else None)
+            if site["type"] != "sample" or site_is_subsample(site):
+                continue
+            frame = data_plate_frame(site, data_plate)
+            if site["is_observed"] and trace is model_trace:
+                data_scale = 1.0 if frame is None else (  # what the plate (or the ELBO's N / B) puts on it
+                    frame.full_size / frame.size if (frame.full_size or frame.size) != frame.size
+                    else num_data / frame.size if num_data is not None else 1.0)
+            elif not site["is_observed"] and frame is None:
+                data_scale = 1.0
+            else:
+                continue
+            scale = site["scale"]
+            if isinstance(scale, torch.Tensor) and scale.numel() != 1:
+                return None
+            scales.append(float(scale) / data_scale)
     if not scales:
         return 1.0
-    return scales.pop() if len(scales) == 1 else None
+    first = scales[0]
+    return first if all(math.isclose(value, first, rel_tol=1e-6) for value in scales) else None
 
 
 def _reference(obj) -> Callable[[], Any]:

@@ -440,3 +440,15 @@ def test_a_loss_scaled_by_a_handler_gives_ivon_the_posterior_of_the_elbo():
         torch.testing.assert_close(scaled_loc, loc, rtol=1e-4, atol=1e-6)
     with pytest.raises(ValueError, match="model and guide are scaled unalike.*Nothing was changed"):
         posterior(1 / 200, 1.0)
+
+    class ScaleWeights(Messenger):  # a KL annealed as Pyro's VAE tutorial does: poutine.scale around the latents
+        def _pyro_sample(self, msg):
+            if not msg["is_observed"]:
+                msg["scale"] = msg["scale"] * 0.5
+
+    pyro.clear_param_store()
+    bnn = pyro_bbb.BNN(BayesianLinear(2, 1), likelihoods.Gaussian(scale=0.3))
+    guide = MeanFieldGuide(bnn)
+    svi = SVI(ScaleWeights()(bnn), ScaleWeights()(guide), IVON(guide, num_data=200), ELBO(num_data=200))
+    with pytest.raises(ValueError, match="scaled unalike"):  # (divided by 0.5, the likelihood would count twice)
+        svi.step(x[:20], y[:20])
