@@ -250,7 +250,7 @@ class ELBO(TraceMeanField_ELBO):
             guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
             model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(*args, **kwargs)
         frame = trace_data_plate_frame(model_trace, self.data_plate)
-        check_estimators_reached(estimators, guide_trace, None if frame is None else frame.size)
+        check_estimators_reached(estimators, guide_trace, frame)
         if self.current_call is not None and self.current_call.frame is None:
             self.current_call.frame = frame
             self._watch_for_minibatches(model_trace)

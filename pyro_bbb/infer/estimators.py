@@ -34,6 +34,7 @@ from torch.overrides import TorchFunctionMode
 
 from .._draws import example_draw_shape, known_batch_rows
 from .._internals import active_messengers
+from .._warnings import warn_at_caller
 from ..nn.functional import FlipoutMap, batched_conv, batched_linear, sample_dims
 from ..nn.module import is_layer_prior
 from ..nn.moments import MomentPropagationError, affine_moments, tracking_modules
@@ -134,31 +135,38 @@ class PosteriorReader(Messenger):
                 "(estimator='reparam')."
             )
 
-    def check_rows(self, batch_size: int | None) -> None:
-        """A clear error when, the batch being unknown to the layers (a hand-written model), a layer drew per row of
-        an input whose rows are not the data plate's ``batch_size`` examples (tokens flattened into rows, a batch
-        transposed): the positions of one example would each get their own weights, a wrong expectation.
+    def check_rows(self, batch_size: int | None, full_size: int | None = None) -> None:
+        """A warning when, the batch being unknown to the layers (a hand-written model), a layer drew per row of an
+        input whose rows are neither the data plate's ``batch_size`` examples nor its declared ``full_size``: if the
+        rows are not the examples (tokens flattened into rows, a batch transposed), the positions of one example
+        each got their own weights, a wrong expectation; if each example reads one row (a table of categories), the
+        draws are exact.
 
         Examples
         --------
         >>> estimator = FlipoutMessenger()
         >>> estimator._rows_per_site["fc.weight"] = 40
-        >>> estimator.check_rows(8)
-        Traceback (most recent call last):
-        ...
-        ValueError: flipout drew per row of a 40-row input to weight site 'fc.weight', but the data plate holds 8 ...
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     estimator.check_rows(8)
+        >>> "drew per row of a 40-row input to weight site 'fc.weight'" in str(caught[0].message)
+        True
         """
-        wrong = {site: rows for site, rows in self._rows_per_site.items() if rows != batch_size}
-        if batch_size is None or not wrong:
+        if batch_size is None:
             return
-        site, rows = next(iter(wrong.items()))
-        raise ValueError(
-            f"{self.estimator} drew per row of a {rows}-row input to weight site {site!r}, but the data plate holds "
-            f"{batch_size} examples: the rows are not the examples (tokens flattened into rows, a batch transposed), "
-            "so the positions of one example would each get their own weights, a wrong expectation. Build the model "
-            "with pyro_bbb.BNN (which tells its layers the batch), keep the examples first in every Bayesian layer's "
-            "input ((B, T, F) tokens are read right), or train without the handler (estimator='reparam')."
-        )
+        for site, rows in self._rows_per_site.items():
+            if rows not in (batch_size, full_size):
+                warn_at_caller(
+                    f"{self.estimator} drew per row of a {rows}-row input to weight site {site!r}, but the data plate "
+                    f"holds {batch_size} examples. If the rows are not the examples (tokens flattened into rows, a "
+                    "batch transposed), the positions of one example each get their own weights, a wrong "
+                    "expectation: build the model with pyro_bbb.BNN (which tells its layers the batch), keep the "
+                    "examples first in every Bayesian layer's input ((B, T, F) tokens are read right), or train "
+                    "without the handler (estimator='reparam'). If each example reads one row (a table of "
+                    "categories), the draws are exact and this can be ignored."
+                )
+                return
 
     def _pyro_post_sample(self, msg: dict[str, Any]) -> None:
         self._layer_draws.pop(id(msg["value"]), None)  # sampled (or replayed) again: a new run's use is still to come
@@ -208,7 +216,8 @@ class PosteriorReader(Messenger):
 
     def _estimate(self, input, weight, bias, apply, feature_dims, weight_site, bias_site, examples) -> torch.Tensor:
         """The layer's output under this estimator, from the posteriors of ``weight_site`` and ``bias_site``."""
-        if self.draws_per_row and input.dim() > feature_dims and known_batch_rows() is None:
+        if (self.draws_per_row and input.dim() > feature_dims and weight.dim() == feature_dims + 1
+                and known_batch_rows() is None):  # (a weight with draws: the rows are behind the particle dims)
             self._rows_per_site[weight_site] = input.shape[0]  # (checked against the data plate: check_rows)
         weight_posterior = self._posterior(weight_site)
         bias_posterior = None if bias_site is None else self._posterior(bias_site)
@@ -526,10 +535,10 @@ def started_estimators() -> list[PosteriorReader]:
     return estimators
 
 
-def check_estimators_reached(estimators: list[PosteriorReader], guide_trace, batch_size: int | None = None) -> None:
+def check_estimators_reached(estimators: list[PosteriorReader], guide_trace, frame=None) -> None:
     """A clear error when a weight the guide drew with a posterior mean and scale reached none of ``estimators``
-    (it would silently stay on plain reparameterization; :meth:`PosteriorReader.check_reached`), or when one drew per
-    row of rows that are not the data plate's ``batch_size`` examples (:meth:`PosteriorReader.check_rows`).
+    (it would silently stay on plain reparameterization; :meth:`PosteriorReader.check_reached`); a warning when one
+    drew per row of rows that are not the examples of the data plate's ``frame`` (:meth:`PosteriorReader.check_rows`).
 
     Examples
     --------
@@ -541,4 +550,5 @@ def check_estimators_reached(estimators: list[PosteriorReader], guide_trace, bat
                if site["type"] == "sample" and drawn_posterior(site) is not None]
     for estimator in estimators:
         estimator.check_reached(weights)
-        estimator.check_rows(batch_size)
+        if frame is not None:
+            estimator.check_rows(frame.size, frame.full_size)
