@@ -266,26 +266,30 @@ class ELBO(TraceMeanField_ELBO):
 
     def _watch_for_minibatches(self, model_trace) -> None:
         """A warning when a pair's data plate calls each batch all the data (no ``num_data``, a plate of the batch's
-        size) and its observations change from one training call to the next (minibatches): the batch's likelihood
-        is then weighed against the whole KL, a posterior too wide, in silence. The first :data:`MINIBATCH_WATCH`
-        calls that compute gradients compare their observed values, as sorted multisets (a reshuffled full batch is
-        the same data; a held-out set scored with :meth:`loss` is not watched)."""
+        size) and its observations keep changing from one training call to the next (minibatches): the batch's
+        likelihood is then weighed against the whole KL, a posterior too wide, in silence. The first
+        :data:`MINIBATCH_WATCH` calls that compute gradients compare their observed values with the previous call's,
+        as sorted multisets (a reshuffled full batch is the same data); :data:`MINIBATCH_CHANGES` changes make the
+        warning (one change is a new data set: a fold, a fine-tuning set). A held-out set scored with :meth:`loss`,
+        or under ``torch.no_grad()``, is not watched."""
         pair, frame = self.pairs.current, self.current_call.frame
         if (self.num_data is not None or not self.current_call.trains or pair.watched >= MINIBATCH_WATCH
                 or frame is None or frame.full_size not in (None, frame.size)):
             return
         pair.watched += 1
-        observed = _sorted_observations(model_trace, frame)
-        if pair.first_observed is None:
-            pair.first_observed = observed
-        elif observed.shape != pair.first_observed.shape or not torch.equal(observed, pair.first_observed):
-            pair.watched, pair.first_observed = MINIBATCH_WATCH, None
+        observed, previous = _sorted_observations(model_trace, frame), pair.last_observed
+        pair.last_observed = None if pair.watched >= MINIBATCH_WATCH else observed  # (freed after the watch)
+        if previous is None or _same_values(observed, previous):
+            return
+        pair.changes += 1
+        if pair.changes >= MINIBATCH_CHANGES:
+            pair.watched, pair.last_observed = MINIBATCH_WATCH, None
             warn_at_caller(
                 f"pyro_bbb.ELBO: the model's data plate {frame.name!r} declares each call's {frame.size} rows as all "
-                "the data (pyro_bbb.ELBO has no num_data, and the plate no subsample), and its observations changed "
-                f"since this model's first call: on minibatches the likelihood of {frame.size} rows is weighed "
-                "against the whole KL, and the posterior stays too wide. Pass pyro_bbb.ELBO(num_data=N) with N the "
-                f"number of training rows, or declare pyro.plate({frame.name!r}, N, subsample=idx) in the model.")
+                "the data (pyro_bbb.ELBO has no num_data, and the plate no subsample), and its observations change "
+                f"from step to step: on minibatches the likelihood of {frame.size} rows is weighed against the whole "
+                "KL, and the posterior stays too wide. Pass pyro_bbb.ELBO(num_data=N) with N the number of training "
+                f"rows, or declare pyro.plate({frame.name!r}, N, subsample=idx) in the model.")
 
     def _get_traces(self, model, guide, args, kwargs):
         """Pyro's particles, the data plate scaled inside the particle plate; vectorized particles are checked once
@@ -391,7 +395,7 @@ class ELBO(TraceMeanField_ELBO):
         the optimizer: :mod:`~pyro_bbb.infer.contract`)."""
         pair = self.pairs.select(model, guide)
         self._plate_now = self._given_plate or data_plate_of(model)
-        self.current_call = CallTerms(self.current_kl_weight(), trains=gradients)
+        self.current_call = CallTerms(self.current_kl_weight(), trains=gradients and torch.is_grad_enabled())
         validating = is_validation_enabled()
         try:
             skip = validating and pair.validated and not self.revalidate
@@ -438,20 +442,27 @@ class ELBO(TraceMeanField_ELBO):
 
 
 # -- what the ELBO keeps for each (model, guide) pair ------------------------------------------------------------------
-#: How many first calls of a (model, guide) pair compare their observations for minibatches without an N.
-MINIBATCH_WATCH = 20
+#: How many first training calls of a (model, guide) pair compare their observations for minibatches without an N,
+#: and how many changes between consecutive calls make the warning.
+MINIBATCH_WATCH, MINIBATCH_CHANGES = 20, 3
 
 
 def _sorted_observations(trace, frame) -> torch.Tensor:
-    """The values observed inside the data plate ``frame`` in ``trace``, flattened together and sorted."""
-    values = [site["value"].detach().reshape(-1).double() for site in trace.nodes.values()
+    """The values observed inside the data plate ``frame`` in ``trace``, flattened together and sorted (float64,
+    on the CPU)."""
+    values = [torch.as_tensor(site["value"]).detach().reshape(-1).double().cpu() for site in trace.nodes.values()
               if site["type"] == "sample" and site["is_observed"] and frame in site["cond_indep_stack"]]
-    return torch.cat(values).sort().values if values else torch.zeros(0)
+    return torch.cat(values).sort().values if values else torch.zeros(0, dtype=torch.float64)
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two sorted observation vectors hold the same values (NaN equal to NaN)."""
+    return a.shape == b.shape and torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
 
 
 class PairState:
     """One pair's KL schedule ``step``, whether it was ``validated``, ``vectorized_ok`` (``None``: not checked), and
-    what the minibatch watch saw (``watched`` calls, the ``first_observed`` values).
+    what the minibatch watch saw (``watched`` calls, the ``last_observed`` values, the ``changes`` between calls).
 
     Examples
     --------
@@ -461,7 +472,7 @@ class PairState:
 
     def __init__(self, model, guide):
         self.step, self.validated, self.vectorized_ok = 0, False, None
-        self.watched, self.first_observed = 0, None
+        self.watched, self.last_observed, self.changes = 0, None, 0
         parts = pair_identity(model, guide)
         self._refs = tuple(_reference(obj) for obj in parts)
         self._held = tuple(ref for ref, obj in zip(self._refs, parts) if obj is not None)

@@ -435,7 +435,8 @@ def test_minibatches_of_a_plate_that_calls_each_batch_all_the_data_are_named_in_
     """A Pyro user's own SVI loop on minibatches, with pyro_bbb.ELBO() and a plate of the batch's size: each batch of
     8 was weighed against the whole KL as if it were all the data (posterior stds 1.5 times too wide after 300 steps),
     in silence. The changing observations give it away: a warning names num_data. A reshuffled full batch, a held-out
-    set scored between steps, a given N or a subsampled plate are not minibatches without an N."""
+    set scored between steps, two data sets one after the other, a given N or a subsampled plate are not minibatches
+    without an N."""
     import warnings
 
     g = torch.Generator().manual_seed(0)
@@ -459,6 +460,14 @@ def test_minibatches_of_a_plate_that_calls_each_batch_all_the_data_are_named_in_
                 rows = torch.randperm(64, generator=g)[: 64 if elbo.num_data is None else 8]
                 svi.step(x[rows], y[rows])  # full batch reshuffled, or minibatches with their N
                 svi.evaluate_loss(x[:16], y[:16] + 1)  # a held-out set scored between steps
+                with torch.no_grad():  # and as a torch loop scores it
+                    elbo.differentiable_loss(model, svi.guide, x[:16], y[:16] + 1)
+        pyro.clear_param_store()
+        model = _PlateOfTheBatch()
+        svi = SVI(model, MeanFieldGuide(model), pyro.optim.Adam({"lr": 0.01}), ELBO())
+        for fold in range(2):  # one ELBO, model and guide over two full-batch data sets: one change, not minibatches
+            for _ in range(8):
+                svi.step(x[32 * fold: 32 * fold + 32], y[32 * fold: 32 * fold + 32])
         pyro.clear_param_store()
         model = _SubsamplingModel("plate")  # pyro.plate("data", 64, subsample_size=8): it declares its N
         svi = SVI(model, MeanFieldGuide(model), pyro.optim.Adam({"lr": 0.01}), ELBO())
