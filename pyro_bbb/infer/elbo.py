@@ -533,9 +533,10 @@ def pair_identity(model, guide) -> tuple:
 
 def loss_scale(model_trace, guide_trace, num_data: int | None = None, data_plate: str = DATA_PLATE) -> float | None:
     """The factor a handler such as ``poutine.scale(model, s)`` with ``poutine.scale(guide, s)`` multiplies the whole
-    loss by: the scale every global latent site has in both traces and every observed site has beyond the data
-    plate's own ``N / B`` (``1.0`` without a handler); ``None`` where they differ (the model and the guide scaled
-    unalike, or some sites only: a KL annealed by ``poutine.scale`` around the weights), a KL weight nobody chose.
+    loss by: the scale every global latent site has in both traces (``1.0`` without a handler: the observed sites'
+    own weights, per datum or tempering, are then the likelihood's business). Where it is not 1, every observed site
+    must carry it too beyond the data plate's own ``N / B``; ``None`` where they differ (the model and the guide
+    scaled unalike, or a KL annealed by ``poutine.scale`` around the weights alone): a KL weight nobody chose.
 
     Examples
     --------
@@ -545,28 +546,34 @@ def loss_scale(model_trace, guide_trace, num_data: int | None = None, data_plate
     >>> loss_scale(trace, trace), loss_scale(trace, poutine.trace(model).get_trace())
     (0.5, None)
     """
-    scales = []
-    for trace in (model_trace, guide_trace):
-        for site in trace.nodes.values():
-            if site["type"] != "sample" or site_is_subsample(site):
-                continue
-            frame = data_plate_frame(site, data_plate)
-            if site["is_observed"] and trace is model_trace:
-                data_scale = 1.0 if frame is None else (  # what the plate (or the ELBO's N / B) puts on it
-                    frame.full_size / frame.size if (frame.full_size or frame.size) != frame.size
-                    else num_data / frame.size if num_data is not None else 1.0)
-            elif not site["is_observed"] and frame is None:
-                data_scale = 1.0
-            else:
-                continue
-            scale = site["scale"]
-            if isinstance(scale, torch.Tensor) and scale.numel() != 1:
-                return None
-            scales.append(float(scale) / data_scale)
-    if not scales:
+    def numbers(sites, data_scale) -> list[float | None]:
+        return [float(site["scale"]) / data_scale(site)
+                if not isinstance(site["scale"], torch.Tensor) or site["scale"].numel() == 1 else None
+                for site in sites]
+
+    def plate_scale(site) -> float:  # what the data plate (or the ELBO's N / B) puts on an observed site
+        frame = data_plate_frame(site, data_plate)
+        if frame is None:
+            return 1.0
+        if (frame.full_size or frame.size) != frame.size:
+            return frame.full_size / frame.size
+        return num_data / frame.size if num_data is not None else 1.0
+
+    latent = numbers([site for trace in (model_trace, guide_trace) for site in trace.nodes.values()
+                      if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site)
+                      and data_plate_frame(site, data_plate) is None], lambda site: 1.0)
+    if not latent:
         return 1.0
-    first = scales[0]
-    return first if all(math.isclose(value, first, rel_tol=1e-6) for value in scales) else None
+    first = latent[0]
+    if first is None or not all(value is not None and math.isclose(value, first, rel_tol=1e-6) for value in latent):
+        return None
+    if first == 1.0:
+        return 1.0
+    observed = numbers([site for site in model_trace.nodes.values()
+                        if site["type"] == "sample" and site["is_observed"]], plate_scale)
+    if all(value is not None and math.isclose(value, first, rel_tol=1e-6) for value in observed):
+        return first
+    return None
 
 
 def _reference(obj) -> Callable[[], Any]:

@@ -400,7 +400,8 @@ class IVON(PyroOptim):
                 "IVON got gradients of a loss whose model and guide are scaled unalike (poutine.scale around one of "
                 "them, or around some sites): the likelihood and the KL then count with a weight nobody chose, and "
                 "IVON reads the likelihood's curvature off that loss. Scale both alike, poutine.scale(model, s) and "
-                "poutine.scale(guide, s), or neither. Nothing was changed."
+                "poutine.scale(guide, s), or neither; a KL weight is pyro_bbb.ELBO(num_data=N, kl_weight=w) with "
+                "IVON(guide, num_data=N, ess=N / w). Nothing was changed."
             )
         self._loss_scale = run.scale
 

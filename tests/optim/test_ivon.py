@@ -452,3 +452,19 @@ def test_a_loss_scaled_by_a_handler_gives_ivon_the_posterior_of_the_elbo():
     svi = SVI(ScaleWeights()(bnn), ScaleWeights()(guide), IVON(guide, num_data=200), ELBO(num_data=200))
     with pytest.raises(ValueError, match="scaled unalike"):  # (divided by 0.5, the likelihood would count twice)
         svi.step(x[:20], y[:20])
+
+    class WeighRows(Messenger):  # the likelihood's own weights (per datum, or a tempering): nothing to divide out
+        def __init__(self, weights):
+            super().__init__()
+            self.weights = weights
+
+        def _pyro_sample(self, msg):
+            if msg["is_observed"]:
+                msg["scale"] = msg["scale"] * self.weights
+
+    for weights in (torch.linspace(0.5, 1.5, 20), 0.7):
+        pyro.clear_param_store()
+        bnn = pyro_bbb.BNN(BayesianLinear(2, 1), likelihoods.Gaussian(scale=0.3))
+        guide = MeanFieldGuide(bnn)
+        svi = SVI(WeighRows(weights)(bnn), guide, IVON(guide, num_data=200), ELBO(num_data=200))
+        svi.step(x[:20], y[:20])  # (refused while the weights were read as a scale of the whole loss)
