@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
+from numbers import Integral
 from typing import Any
 
 import pyro.distributions as dist
@@ -55,7 +56,7 @@ class Prediction:
 
     def __getitem__(self, rows: Any) -> Prediction:
         """The prediction of some of the inputs, the same draws: ``rows`` indexes the batch as a tensor's first
-        dimension does (a slice, an index tensor or list, a boolean mask; an ``int`` keeps a batch of one).
+        dimension does (a slice, an index tensor or list, a boolean mask; an integer keeps a batch of one).
 
         Examples
         --------
@@ -63,8 +64,9 @@ class Prediction:
         >>> len(p[1:]), len(p[torch.tensor([True, False, True])]), len(p[0])
         (2, 2, 1)
         """
-        if isinstance(rows, int):
-            rows = [rows]
+        if isinstance(rows, Integral) or (isinstance(rows, torch.Tensor) and rows.dim() == 0
+                                          and rows.dtype != torch.bool):
+            rows = [int(rows)]  # (numpy and 0-dim tensor integers too)
         subset = copy.copy(self)
         subset.distribution, subset.samples = _select_rows(self.distribution, rows), self.samples[:, rows]
         return subset

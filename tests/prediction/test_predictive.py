@@ -1,6 +1,7 @@
 import math
 import warnings
 
+import numpy as np
 import pyro
 import pyro.distributions as dist
 import pyro.poutine as poutine
@@ -474,9 +475,9 @@ def test_a_prediction_indexed_by_rows_is_the_prediction_of_those_rows(likelihood
     guide(x, y)
     full = pyro_bbb.predict(bnn, guide, x, num_samples=6)
     mask = torch.arange(12) % 3 == 0
-    for rows in (mask, slice(2, 7), torch.tensor([5, 0, 5]), [1, 2], 4, -1):
+    for rows in (mask, slice(2, 7), torch.tensor([5, 0, 5]), [1, 2], 4, -1, torch.tensor(3), np.int64(2)):
         part = full[rows]
-        index = torch.arange(12)[rows].reshape(-1)
+        index = torch.arange(12)[int(rows) if isinstance(rows, np.integer) else rows].reshape(-1)
         assert type(part) is type(full) and len(part) == len(index) and part.num_samples == 6
         torch.testing.assert_close(part.log_likelihood(y[index]), full.log_likelihood(y)[index])
         torch.testing.assert_close(part.samples, full.samples[:, index])
