@@ -32,7 +32,7 @@ import torch
 
 __all__ = [
     "Inputs", "as_tensor", "targets_like", "targets_of_shape", "model_dtype", "cast_inputs", "map_inputs",
-    "input_tensors", "num_rows", "select_rows", "split_rows", "join_rows", "first_tensor", "inputs_to",
+    "input_tensors", "num_rows", "select_rows", "split_rows", "first_tensor", "inputs_to",
     "check_finite_inputs", "input_shapes", "class_labels",
 ]
 
@@ -138,22 +138,6 @@ def split_rows(x: Any, size: int) -> list[Any]:
     """
     total = num_rows(x)
     return [select_rows(x, slice(start, start + size)) for start in range(0, total, size)]
-
-
-def join_rows(parts: list[Any]) -> Any:
-    """The inputs ``parts`` (alike in structure) one after the other along the rows: :func:`split_rows` undone.
-
-    Examples
-    --------
-    >>> join_rows([{"a": torch.arange(2)}, {"a": torch.arange(3)}])["a"].tolist()
-    [0, 1, 0, 1, 2]
-    """
-    first = parts[0]
-    if isinstance(first, Mapping):
-        return {key: torch.cat([as_tensor(part[key], f"x[{key!r}]") for part in parts]) for key in first}
-    if isinstance(first, tuple | list):
-        return type(first)(torch.cat([as_tensor(part[i], f"x[{i}]") for part in parts]) for i in range(len(first)))
-    return torch.cat([as_tensor(part, "x") for part in parts])
 
 
 def inputs_to(x: Any, device: torch.device | str | None) -> Any:

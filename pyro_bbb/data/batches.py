@@ -22,13 +22,12 @@ from .._inputs import (
     check_finite_inputs,
     input_shapes,
     inputs_to,
-    join_rows,
     num_rows,
     select_rows,
 )
 from .._rng import rng_untouched
 
-__all__ = ["DataError", "Batches", "check_batch", "loader_rows", "loader_inputs", "model_device", "likelihood_of"]
+__all__ = ["DataError", "Batches", "check_batch", "loader_rows", "loader_batches", "model_device", "likelihood_of"]
 
 
 class DataError(ValueError):
@@ -210,29 +209,33 @@ class Batches:
             yield inputs_to(x, self.device), y.to(self.device)
 
 
-def loader_inputs(loader: torch.utils.data.DataLoader, caller: str = "predict") -> tuple[Any, int | None]:
-    """Every input a DataLoader yields, in its order, joined along the rows, and its batch size: its batches are
-    ``(x, y)`` pairs (as :func:`pyro_bbb.fit` takes them; ``y`` is not read) or inputs alone (a tensor, a dict). A
-    loader that shuffles is refused, naming ``caller``: its rows would come in an order nothing else has.
+def loader_batches(loader: torch.utils.data.DataLoader, caller: str = "predict") -> list[Any]:
+    """The inputs of every batch a DataLoader yields, in its order: its batches are ``(x, y)`` pairs (as
+    :func:`pyro_bbb.fit` takes them; ``y`` is not read) or inputs alone (a tensor, a dict). A loader that does not
+    read its dataset in order (shuffle=True, a random, weighted or own sampler) is refused, naming ``caller``: its
+    rows would come in an order nothing else has. The caller's random stream is left as it was.
 
     Examples
     --------
     >>> data = torch.utils.data.TensorDataset(torch.arange(5.0)[:, None], torch.zeros(5))
-    >>> x, batch_size = loader_inputs(torch.utils.data.DataLoader(data, batch_size=2))
-    >>> x.flatten().tolist(), batch_size
-    ([0.0, 1.0, 2.0, 3.0, 4.0], 2)
+    >>> [x.flatten().tolist() for x in loader_batches(torch.utils.data.DataLoader(data, batch_size=2))]
+    [[0.0, 1.0], [2.0, 3.0], [4.0]]
     """
-    if isinstance(_sampler(loader), torch.utils.data.RandomSampler):
+    sampler = _sampler(loader)
+    if not isinstance(loader.dataset, torch.utils.data.IterableDataset) and not isinstance(
+            sampler, torch.utils.data.SequentialSampler):
         raise ValueError(
-            f"{caller} reads a DataLoader's inputs in its order and returns one prediction per row in that order; "
-            "this loader shuffles (shuffle=True), so the predictions would line up with nothing you hold. Pass "
-            "DataLoader(dataset, batch_size=..., shuffle=False)."
+            f"{caller} reads a DataLoader's inputs in the dataset's order and returns one prediction per row in that "
+            f"order; this loader draws its rows with a {type(sampler).__name__} (shuffle=True, a random, weighted "
+            "or own sampler), so the predictions would line up with nothing you hold. Pass DataLoader(dataset, "
+            "batch_size=..., shuffle=False) (for a sampler of your own whose order you know, pass the inputs in "
+            "that order)."
         )
     with rng_untouched(torch_only=True):  # (an iterator draws its workers' seed: the caller's draws stay theirs)
-        parts = [batch[0] if isinstance(batch, tuple | list) and len(batch) == 2 else batch for batch in loader]
-    if not parts:
+        batches = [batch[0] if isinstance(batch, tuple | list) and len(batch) == 2 else batch for batch in loader]
+    if not batches:
         raise ValueError(f"{caller} got a DataLoader that yields no batches (its dataset is empty).")
-    return join_rows(parts), loader.batch_size
+    return batches
 
 
 def _what(data) -> str:

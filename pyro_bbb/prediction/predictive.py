@@ -42,7 +42,7 @@ from .._internals import without_trace_shapes
 from .._plates import data_plate_frame, data_plate_named, data_plate_of
 from .._rng import rng_untouched
 from .._warnings import warn_at_caller
-from ..data.batches import loader_inputs
+from ..data.batches import loader_batches
 from ..nn.module import training_mode
 from .messengers import ObservationPlaceholderMessenger, SubsampleCoverMessenger
 from .results import Prediction, prediction_for
@@ -278,7 +278,8 @@ def predict(
     x : Tensor, tuple of Tensor, dict of Tensor or DataLoader
         Inputs, first dimension the batch (a tuple or dict: every tensor's first dimension; e.g. a transformers
         ``BatchEncoding``); or a DataLoader that does not shuffle, yielding ``(x, y)`` pairs as ``fit`` takes them
-        (``y`` unread) or inputs alone: one prediction per row in its order, ``batch_size`` its own unless given.
+        (``y`` unread) or inputs alone: one prediction per row in its order, its batches run one at a time (each
+        its own padding), split further by ``batch_size`` if given.
     num_samples : int
         Number of weight draws S.
     batch_size : int, optional
@@ -326,11 +327,12 @@ def predict_with_draws(
     >>> draws["net.weight"].shape, site
     (torch.Size([5, 1, 2]), 'y')
     """
-    if isinstance(x, torch.utils.data.DataLoader):
-        x, loader_batch_size = loader_inputs(x, caller)
-        batch_size = batch_size or loader_batch_size
-    x = cast_inputs(x, model_dtype(model))
-    _check_predict_args(guide, x, num_samples, batch_size, sample_batch_size)
+    # the chunks of inputs the model runs on (the same draws for all): a DataLoader's batches, or x's
+    parts = loader_batches(x, caller) if isinstance(x, torch.utils.data.DataLoader) else [x]
+    parts = [cast_inputs(part, model_dtype(model)) for part in parts]
+    for part in parts:
+        _check_predict_args(guide, part, num_samples, batch_size, sample_batch_size)
+    chunks = [chunk for part in parts for chunk in (split_rows(part, batch_size) if batch_size else [part])]
     set_up = is_set_up(guide)
     if not set_up or getattr(guide, "is_untrained", False):
         warn_at_caller(
@@ -342,22 +344,21 @@ def predict_with_draws(
         )
     if not set_up:  # (in evaluation mode: batch norm reads its running statistics, does not update them)
         with training_mode(model, False):
-            set_up_guide(model, guide, select_rows(x, slice(0, 1)))
+            set_up_guide(model, guide, select_rows(chunks[0], slice(0, 1)))
     # the joint predictive shares each weight draw across inputs, whatever training estimator is active around us
     if data_plate is None:
         data_plate = data_plate_of(model)
     with (without_trace_shapes(), poutine.block(hide_types=["bayesian_affine"]), data_plate_named(data_plate),
           training_mode(model, False)):
-        return _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate, caller)
+        return _predict(model, guide, chunks, num_samples, vectorize, sample_batch_size, data_plate, caller)
 
 
-def _predict(model, guide, x, num_samples, batch_size, vectorize, sample_batch_size, data_plate, caller):
-    chunks = split_rows(x, batch_size) if batch_size else [x]
+def _predict(model, guide, chunks, num_samples, vectorize, sample_batch_size, data_plate, caller):
 
     # One plain pass finds the observation site, the plate nesting and each latent site's own shape.
     plain_guide = poutine.trace(guide).get_trace(chunks[0])
     cover = SubsampleCoverMessenger(data_plate, 0)
-    placeholder = ObservationPlaceholderMessenger(data_plate, first_tensor(x).device)
+    placeholder = ObservationPlaceholderMessenger(data_plate, first_tensor(chunks[0]).device)
     plain_pass = cover(placeholder(poutine.replay(model, trace=plain_guide)))
     plain_model = poutine.trace(plain_pass).get_trace(chunks[0])
     obs = _observation_site(plain_model, plain_guide, data_plate)

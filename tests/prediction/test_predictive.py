@@ -455,8 +455,37 @@ def test_a_data_loader_is_predicted_row_by_row_in_its_order():
     for loader in (DataLoader(TensorDataset(x, y), batch_size=10), DataLoader(x, batch_size=10)):
         pyro.set_rng_seed(1)
         assert torch.equal(pyro_bbb.predict(bnn, guide, loader, num_samples=8).probs, expected)
-    with pytest.raises(ValueError, match=r"this loader shuffles \(shuffle=True\).*shuffle=False"):
-        pyro_bbb.predict(bnn, guide, DataLoader(TensorDataset(x, y), batch_size=10, shuffle=True))
+    for sampler in (torch.utils.data.RandomSampler(x), torch.utils.data.SubsetRandomSampler(range(37))):
+        with pytest.raises(ValueError, match=rf"draws its rows with a {type(sampler).__name__}.*shuffle=False"):
+            pyro_bbb.predict(bnn, guide, DataLoader(TensorDataset(x, y), batch_size=10, sampler=sampler))
+
+
+def test_a_data_loader_that_pads_each_batch_to_its_own_length_is_predicted_batch_by_batch():
+    """A collate_fn that pads each batch to its longest sequence (text) made inputs that could not be joined; each
+    batch runs as it comes, under the same draws as the batches given one at a time."""
+    from torch.utils.data import DataLoader
+
+    class MeanToken(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = BayesianLinear(4, 2)
+
+        def forward(self, x):
+            return self.fc(x).mean(1)
+
+    torch.manual_seed(0)
+    bnn = pyro_bbb.BNN(MeanToken(), likelihoods.Categorical())
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    sequences = [torch.randn(2 + i % 5, 4) for i in range(12)]
+    guide(torch.stack([s[:2] for s in sequences]), torch.zeros(12, dtype=torch.long))
+    loader = DataLoader(sequences, batch_size=4,
+                        collate_fn=lambda batch: torch.nn.utils.rnn.pad_sequence(batch, batch_first=True))
+    pyro.set_rng_seed(2)
+    probs = pyro_bbb.predict(bnn, guide, loader, num_samples=6).probs
+    assert probs.shape == (12, 2)
+    pyro.set_rng_seed(2)
+    first = pyro_bbb.predict(bnn, guide, next(iter(loader)), num_samples=6).probs
+    torch.testing.assert_close(probs[:4], first, rtol=0, atol=1e-4)  # (draws run in blocks sized by the chunk)
 
 
 @pytest.mark.parametrize("likelihood, out", [(likelihoods.Categorical(), 3), (likelihoods.Bernoulli(), 1),
