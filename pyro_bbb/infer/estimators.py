@@ -422,10 +422,10 @@ class MomentPropagationMessenger(PosteriorReader):
         error = exc[1]
         if type(error) is TypeError and "'Tensor' object is not callable" in str(error):
             raise MomentPropagationError(
-                "under moment propagation the network's activations are a pyro_bbb.nn.moments.Moments, whose .mean "
-                "and .variance are its two tensors, so `x.mean(dim)` (a pooling) called a tensor. A mean over "
-                "positions has no rule (they share one weight draw, and dropping their covariance would shrink the "
-                "variance): train this network with estimator='flipout' (or 'reparam')."
+                f"{error} under moment propagation: the network's activations are a pyro_bbb.nn.moments.Moments, "
+                "whose .mean and .variance are its two tensors, so a pooling written `x.mean(dim)` calls a tensor. "
+                "A mean over positions has no rule (they share one weight draw, and dropping their covariance would "
+                "shrink the variance): train this network with estimator='flipout' (or 'reparam')."
             ) from error
         return handled
 

@@ -470,7 +470,8 @@ def test_a_pooling_by_the_tensor_method_mean_is_named_under_moment_propagation()
     guide = pyro_bbb.MeanFieldGuide(model)
     guide(x, y)
     before = {name: p.detach().clone() for name, p in pyro.get_param_store().named_parameters()}
-    with pytest.raises(MomentPropagationError, match=r"`x.mean\(dim\)` \(a pooling\) called a tensor.*'flipout'"):
+    expected = r"'Tensor' object is not callable under moment propagation.*`x.mean\(dim\)`.*'flipout'"
+    with pytest.raises(MomentPropagationError, match=expected):
         pyro_bbb.fit(model, guide, (x, y), epochs=1, batch_size=8, estimator="moments", progress=False, kl_weight=1)
     assert all(torch.equal(p, before[name]) for name, p in pyro.get_param_store().named_parameters())
     pyro_bbb.fit(model, guide, (x, y), epochs=1, batch_size=8, estimator="flipout", progress=False, kl_weight=1)
