@@ -224,13 +224,19 @@ def loader_batches(loader: torch.utils.data.DataLoader, caller: str = "predict")
     sampler = _sampler(loader)
     if not isinstance(loader.dataset, torch.utils.data.IterableDataset) and not isinstance(
             sampler, torch.utils.data.SequentialSampler):
+        what = "its own batch_sampler" if sampler is None else f"a {type(sampler).__name__}"
         raise ValueError(
             f"{caller} reads a DataLoader's inputs in the dataset's order and returns one prediction per row in that "
-            f"order; this loader draws its rows with a {type(sampler).__name__} (shuffle=True, a random, weighted "
-            "or own sampler), so the predictions would line up with nothing you hold. Pass DataLoader(dataset, "
-            "batch_size=..., shuffle=False) (for a sampler of your own whose order you know, pass the inputs in "
-            "that order)."
+            f"order; this loader draws its rows with {what} (shuffle=True, a random, weighted or own sampler), so "
+            "the predictions would line up with nothing you hold. Pass DataLoader(dataset, batch_size=..., "
+            "shuffle=False) (for a sampler of your own whose order you know, pass the inputs in that order)."
         )
+    if loader.batch_size is None and loader.batch_sampler is None:
+        raise ValueError(f"{caller} needs batches of rows; this DataLoader (batch_size=None) yields single rows. Pass "
+                         "DataLoader(dataset, batch_size=...).")
+    if loader.drop_last:
+        raise ValueError(f"{caller} returns one prediction per row; this DataLoader drops its last, partial batch "
+                         "(drop_last=True). Pass DataLoader(dataset, batch_size=..., drop_last=False).")
     with rng_untouched(torch_only=True):  # (an iterator draws its workers' seed: the caller's draws stay theirs)
         batches = [batch[0] if isinstance(batch, tuple | list) and len(batch) == 2 else batch for batch in loader]
     if not batches:

@@ -409,6 +409,14 @@ def _predict(model, guide, chunks, num_samples, vectorize, sample_batch_size, da
                    for chunk in chunks]
 
     family, reinterpreted, _ = results[0]
+    past_rows = {name: sorted({tuple(p[name].shape[2:]) for _, _, p in results}) for name in results[0][2]}
+    if any(len(shapes) > 1 for shapes in past_rows.values()):
+        raise ValueError(
+            f"{caller}: the chunks' outputs differ in shape past the batch dimension "
+            f"({max(past_rows.values(), key=len)}): an output per position of inputs padded to each batch's own "
+            "length. Pad every batch to one length (a "
+            "collate_fn with a fixed length), or predict each batch on its own."
+        )
     params = {name: torch.cat([p[name] for _, _, p in results], dim=1) for name in results[0][2]}
     distribution = _rebuild(family, reinterpreted, params)
     samples = distribution.sample()

@@ -16,6 +16,7 @@ import math
 from numbers import Integral
 from typing import Any
 
+import numpy as np
 import pyro.distributions as dist
 import torch
 
@@ -64,9 +65,10 @@ class Prediction:
         >>> len(p[1:]), len(p[torch.tensor([True, False, True])]), len(p[0])
         (2, 2, 1)
         """
-        if isinstance(rows, Integral) or (isinstance(rows, torch.Tensor) and rows.dim() == 0
-                                          and rows.dtype != torch.bool):
-            rows = [int(rows)]  # (numpy and 0-dim tensor integers too)
+        if isinstance(rows, Integral) or (isinstance(rows, torch.Tensor | np.ndarray) and rows.ndim == 0 and (
+                rows.dtype in _INTEGER_DTYPES if isinstance(rows, torch.Tensor) else np.issubdtype(rows.dtype,
+                                                                                                     np.integer))):
+            rows = [int(rows)]  # (numpy and 0-dim integer tensors too)
         subset = copy.copy(self)
         subset.distribution, subset.samples = _select_rows(self.distribution, rows), self.samples[:, rows]
         return subset
@@ -85,6 +87,9 @@ class Prediction:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(num_samples={self.num_samples}, batch={len(self)})"
+
+
+_INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def _select_rows(distribution: dist.Distribution, rows: Any) -> dist.Distribution:

@@ -458,6 +458,12 @@ def test_a_data_loader_is_predicted_row_by_row_in_its_order():
     for sampler in (torch.utils.data.RandomSampler(x), torch.utils.data.SubsetRandomSampler(range(37))):
         with pytest.raises(ValueError, match=rf"draws its rows with a {type(sampler).__name__}.*shuffle=False"):
             pyro_bbb.predict(bnn, guide, DataLoader(TensorDataset(x, y), batch_size=10, sampler=sampler))
+    with pytest.raises(ValueError, match="draws its rows with its own batch_sampler"):
+        pyro_bbb.predict(bnn, guide, DataLoader(x, batch_sampler=[[0, 1], [2, 3]]))
+    with pytest.raises(ValueError, match=r"drops its last, partial batch \(drop_last=True\)"):  # (36 of 37 rows)
+        pyro_bbb.predict(bnn, guide, DataLoader(x, batch_size=4, drop_last=True))
+    with pytest.raises(ValueError, match=r"\(batch_size=None\) yields single rows"):
+        pyro_bbb.predict(bnn, guide, DataLoader(x, batch_size=None))
 
 
 def test_a_data_loader_that_pads_each_batch_to_its_own_length_is_predicted_batch_by_batch():
@@ -486,6 +492,12 @@ def test_a_data_loader_that_pads_each_batch_to_its_own_length_is_predicted_batch
     pyro.set_rng_seed(2)
     first = pyro_bbb.predict(bnn, guide, next(iter(loader)), num_samples=6).probs
     torch.testing.assert_close(probs[:4], first, rtol=0, atol=1e-4)  # (draws run in blocks sized by the chunk)
+    per_token = pyro_bbb.BNN(BayesianLinear(4, 1), likelihoods.Gaussian(scale=1.0),
+                             output_adapter=lambda out: out.squeeze(-1))  # an output per position
+    per_token_guide = pyro_bbb.MeanFieldGuide(per_token)
+    per_token_guide(torch.randn(3, 2, 4), torch.randn(3, 2))
+    with pytest.raises(ValueError, match="differ in shape past the batch dimension.*Pad every batch to one length"):
+        pyro_bbb.predict(per_token, per_token_guide, loader, num_samples=4)
 
 
 @pytest.mark.parametrize("likelihood, out", [(likelihoods.Categorical(), 3), (likelihoods.Bernoulli(), 1),
@@ -504,9 +516,10 @@ def test_a_prediction_indexed_by_rows_is_the_prediction_of_those_rows(likelihood
     guide(x, y)
     full = pyro_bbb.predict(bnn, guide, x, num_samples=6)
     mask = torch.arange(12) % 3 == 0
-    for rows in (mask, slice(2, 7), torch.tensor([5, 0, 5]), [1, 2], 4, -1, torch.tensor(3), np.int64(2)):
+    for rows in (mask, slice(2, 7), torch.tensor([5, 0, 5]), [1, 2], 4, -1, torch.tensor(3), np.int64(2),
+                 np.array(5)):
         part = full[rows]
-        index = torch.arange(12)[int(rows) if isinstance(rows, np.integer) else rows].reshape(-1)
+        index = torch.arange(12)[int(rows) if isinstance(rows, np.integer | np.ndarray) else rows].reshape(-1)
         assert type(part) is type(full) and len(part) == len(index) and part.num_samples == 6
         torch.testing.assert_close(part.log_likelihood(y[index]), full.log_likelihood(y)[index])
         torch.testing.assert_close(part.samples, full.samples[:, index])
@@ -518,3 +531,5 @@ def test_a_prediction_indexed_by_rows_is_the_prediction_of_those_rows(likelihood
             torch.testing.assert_close(part.mutual_information, full.mutual_information[index])
             assert metrics.accuracy(part, y[index]) == pytest.approx(
                 float((full.predicted_class[index] == y[index]).float().mean()))
+    with pytest.raises(IndexError):  # a float is no index, as for a tensor
+        full[torch.tensor(1.7)]
