@@ -127,6 +127,9 @@ def _add_site(parts: dict[str, dict[str, Any]], guide, name: str, site: dict, ow
             part["pending"].append((torch.stack([kl, scale.sum(), log_sum]), loc.numel(), constants[1]))
             return
     q = site_posterior(guide, name, site)
+    if real:  # each weight's KL in float64: a width near 0 (a pruned weight's 1e-37) squares to 0 in float32 (inf)
+        base = strip_independent(q)
+        q = dist.Normal(base.loc.double(), base.scale.double()).to_event(len(q.event_shape))
     p = _full_size_prior(prior, q)  # for all data of a local site
     if p is None:  # a local latent whose prior differs per datum: its KL needs the data, not just the guide
         return

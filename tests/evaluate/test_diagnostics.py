@@ -1,3 +1,4 @@
+import math
 import warnings
 
 import pyro
@@ -164,6 +165,20 @@ def test_layer_summary_without_tails_is_the_summary_less_its_percentile():
     for layer, entry in full.items():
         assert {"kl_q99", "std_ratio_geomean"} <= entry.keys()
         # (without tails: sums of closed forms, no per-weight tensors; the same numbers by another route)
+        assert light[layer] == pytest.approx({k: v for k, v in entry.items() if k != "kl_q99"}, rel=1e-6)
+
+
+def test_layer_summary_of_pruned_weights_is_finite_and_the_same_by_both_routes():
+    """Inside guide.pruned(...) a pruned weight's width is 1e-37: the per-weight route (tails=True) squared it to 0
+    in float32 and reported an infinite KL, where the summed route (tails=False, float64) gave 763 nats."""
+    from pyro_bbb.evaluate.pruning import prune_by_snr
+
+    bnn, guide, _, _ = fitted_3_5_1(priors.Normal(0.0, 0.7), init_scale=0.2)
+    pruned, _ = prune_by_snr(guide, 0.5)
+    with guide.pruned(pruned.keep_masks):
+        full, light = diagnostics.layer_summary(bnn, guide), diagnostics.layer_summary(bnn, guide, tails=False)
+    for layer, entry in full.items():
+        assert math.isfinite(entry["kl"]) and math.isfinite(entry["kl_q99"])
         assert light[layer] == pytest.approx({k: v for k, v in entry.items() if k != "kl_q99"}, rel=1e-6)
 
 
