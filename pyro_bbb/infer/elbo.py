@@ -266,30 +266,27 @@ class ELBO(TraceMeanField_ELBO):
 
     def _watch_for_minibatches(self, model_trace) -> None:
         """A warning when a pair's data plate calls each batch all the data (no ``num_data``, a plate of the batch's
-        size) and its observations keep changing from one training call to the next (minibatches): the batch's
-        likelihood is then weighed against the whole KL, a posterior too wide, in silence. The first
-        :data:`MINIBATCH_WATCH` calls that compute gradients compare their observed values with the previous call's,
-        as sorted multisets (a reshuffled full batch is the same data); :data:`MINIBATCH_CHANGES` changes make the
-        warning (one change is a new data set: a fold, a fine-tuning set). A held-out set scored with :meth:`loss`,
-        or under ``torch.no_grad()``, is not watched."""
+        size) and its training calls keep seeing other observations (minibatches): the batch's likelihood is then
+        weighed against the whole KL, a posterior too wide, in silence. The first :data:`MINIBATCH_WATCH` calls that
+        compute gradients note their observed values as sorted multisets (a reshuffled full batch is the same data);
+        :data:`MINIBATCH_DISTINCT` different ones make the warning (a training set with a held-out set or two scored
+        between steps, or a second data set after the first, are fewer). A set scored with :meth:`loss`, or under
+        ``torch.no_grad()``, is not watched."""
         pair, frame = self.pairs.current, self.current_call.frame
         if (self.num_data is not None or not self.current_call.trains or pair.watched >= MINIBATCH_WATCH
                 or frame is None or frame.full_size not in (None, frame.size)):
             return
         pair.watched += 1
-        observed, previous = _sorted_observations(model_trace, frame), pair.last_observed
-        pair.last_observed = None if pair.watched >= MINIBATCH_WATCH else observed  # (freed after the watch)
-        if previous is None or _same_values(observed, previous):
-            return
-        pair.changes += 1
-        if pair.changes >= MINIBATCH_CHANGES:
-            pair.watched, pair.last_observed = MINIBATCH_WATCH, None
-            warn_at_caller(
-                f"pyro_bbb.ELBO: the model's data plate {frame.name!r} declares each call's {frame.size} rows as all "
-                "the data (pyro_bbb.ELBO has no num_data, and the plate no subsample), and its observations change "
-                f"from step to step: on minibatches the likelihood of {frame.size} rows is weighed against the whole "
-                "KL, and the posterior stays too wide. Pass pyro_bbb.ELBO(num_data=N) with N the number of training "
-                f"rows, or declare pyro.plate({frame.name!r}, N, subsample=idx) in the model.")
+        pair.seen.add(_observations_key(model_trace, frame))
+        if pair.watched >= MINIBATCH_WATCH or len(pair.seen) >= MINIBATCH_DISTINCT:
+            pair.watched, many, pair.seen = MINIBATCH_WATCH, len(pair.seen) >= MINIBATCH_DISTINCT, set()
+            if many:
+                warn_at_caller(
+                    f"pyro_bbb.ELBO: the model's data plate {frame.name!r} declares each call's {frame.size} rows as "
+                    "all the data (pyro_bbb.ELBO has no num_data, and the plate no subsample), and its observations "
+                    f"change from step to step: on minibatches the likelihood of {frame.size} rows is weighed against "
+                    "the whole KL, and the posterior stays too wide. Pass pyro_bbb.ELBO(num_data=N) with N the number "
+                    f"of training rows, or declare pyro.plate({frame.name!r}, N, subsample=idx) in the model.")
 
     def _get_traces(self, model, guide, args, kwargs):
         """Pyro's particles, the data plate scaled inside the particle plate; vectorized particles are checked once
@@ -442,27 +439,25 @@ class ELBO(TraceMeanField_ELBO):
 
 
 # -- what the ELBO keeps for each (model, guide) pair ------------------------------------------------------------------
-#: How many first training calls of a (model, guide) pair compare their observations for minibatches without an N,
-#: and how many changes between consecutive calls make the warning.
-MINIBATCH_WATCH, MINIBATCH_CHANGES = 20, 3
+#: How many first training calls of a (model, guide) pair note their observations for minibatches without an N,
+#: and how many different sets of observations among them make the warning.
+MINIBATCH_WATCH, MINIBATCH_DISTINCT = 20, 4
 
 
-def _sorted_observations(trace, frame) -> torch.Tensor:
-    """The values observed inside the data plate ``frame`` in ``trace``, flattened together and sorted (float64,
-    on the CPU)."""
+def _observations_key(trace, frame) -> int:
+    """A key of the values observed inside the data plate ``frame`` in ``trace``, as a multiset: a hash of their
+    sorted values (float64, NaN as one value), equal for the same rows in any order."""
     values = [torch.as_tensor(site["value"]).detach().reshape(-1).double().cpu() for site in trace.nodes.values()
               if site["type"] == "sample" and site["is_observed"] and frame in site["cond_indep_stack"]]
-    return torch.cat(values).sort().values if values else torch.zeros(0, dtype=torch.float64)
-
-
-def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two sorted observation vectors hold the same values (NaN equal to NaN)."""
-    return a.shape == b.shape and torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+    if not values:
+        return 0
+    observed = torch.cat(values).sort().values + 0.0  # (-0.0 as 0.0: they sort as equals, in either order)
+    return hash((observed.nan_to_num(nan=0.0).numpy().tobytes(), observed.isnan().numpy().tobytes()))
 
 
 class PairState:
     """One pair's KL schedule ``step``, whether it was ``validated``, ``vectorized_ok`` (``None``: not checked), and
-    what the minibatch watch saw (``watched`` calls, the ``last_observed`` values, the ``changes`` between calls).
+    what the minibatch watch saw (``watched`` calls, the keys of the observations ``seen``).
 
     Examples
     --------
@@ -472,7 +467,7 @@ class PairState:
 
     def __init__(self, model, guide):
         self.step, self.validated, self.vectorized_ok = 0, False, None
-        self.watched, self.last_observed, self.changes = 0, None, 0
+        self.watched, self.seen = 0, set()
         parts = pair_identity(model, guide)
         self._refs = tuple(_reference(obj) for obj in parts)
         self._held = tuple(ref for ref, obj in zip(self._refs, parts) if obj is not None)

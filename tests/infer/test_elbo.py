@@ -462,6 +462,7 @@ def test_minibatches_of_a_plate_that_calls_each_batch_all_the_data_are_named_in_
                 svi.evaluate_loss(x[:16], y[:16] + 1)  # a held-out set scored between steps
                 with torch.no_grad():  # and as a torch loop scores it
                     elbo.differentiable_loss(model, svi.guide, x[:16], y[:16] + 1)
+                elbo.differentiable_loss(model, svi.guide, x[16:32], y[16:32] - 1).item()  # or, without no_grad
         pyro.clear_param_store()
         model = _PlateOfTheBatch()
         svi = SVI(model, MeanFieldGuide(model), pyro.optim.Adam({"lr": 0.01}), ELBO())
