@@ -251,8 +251,9 @@ class ELBO(TraceMeanField_ELBO):
             model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(*args, **kwargs)
         frame = trace_data_plate_frame(model_trace, self.data_plate)
         check_estimators_reached(estimators, guide_trace, frame)
-        if self.current_call is not None and self.current_call.frame is None:
+        if self.current_call is not None and self.current_call.frame is None:  # (the call's first particle)
             self.current_call.frame = frame
+            self.current_call.scale = loss_scale(model_trace, guide_trace, self.num_data, self.data_plate)
             self._watch_for_minibatches(model_trace)
         if is_validation_enabled():
             check_model_guide_match(model_trace, guide_trace, self.max_plate_nesting)
@@ -260,7 +261,6 @@ class ELBO(TraceMeanField_ELBO):
         if is_validation_enabled():
             check_mean_field_requirement(model_trace, guide_trace)
         if self.current_call is not None:
-            self.current_call.scale = loss_scale(model_trace, guide_trace, self.num_data, self.data_plate)
             self.backend.keep_traces((model_trace, guide_trace))
         return model_trace, guide_trace
 

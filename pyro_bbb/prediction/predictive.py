@@ -354,7 +354,6 @@ def predict_with_draws(
 
 
 def _predict(model, guide, chunks, num_samples, vectorize, sample_batch_size, data_plate, caller):
-
     # One plain pass finds the observation site, the plate nesting and each latent site's own shape.
     plain_guide = poutine.trace(guide).get_trace(chunks[0])
     cover = SubsampleCoverMessenger(data_plate, 0)
@@ -414,8 +413,8 @@ def _predict(model, guide, chunks, num_samples, vectorize, sample_batch_size, da
         raise ValueError(
             f"{caller}: the chunks' outputs differ in shape past the batch dimension "
             f"({max(past_rows.values(), key=len)}): an output per position of inputs padded to each batch's own "
-            "length. Pad every batch to one length (a "
-            "collate_fn with a fixed length), or predict each batch on its own."
+            "length. Pad every batch to one length (a collate_fn with a fixed length), or predict each batch on its "
+            "own."
         )
     params = {name: torch.cat([p[name] for _, _, p in results], dim=1) for name in results[0][2]}
     distribution = _rebuild(family, reinterpreted, params)

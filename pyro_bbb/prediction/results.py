@@ -65,9 +65,9 @@ class Prediction:
         >>> len(p[1:]), len(p[torch.tensor([True, False, True])]), len(p[0])
         (2, 2, 1)
         """
-        if isinstance(rows, Integral) or (isinstance(rows, torch.Tensor | np.ndarray) and rows.ndim == 0 and (
-                rows.dtype in _INTEGER_DTYPES if isinstance(rows, torch.Tensor) else np.issubdtype(rows.dtype,
-                                                                                                     np.integer))):
+        index = torch.as_tensor(rows) if isinstance(rows, torch.Tensor | np.ndarray) else None
+        if isinstance(rows, Integral) or (index is not None and index.dim() == 0 and index.dtype != torch.bool
+                                          and not index.is_floating_point()):
             rows = [int(rows)]  # (numpy and 0-dim integer tensors too)
         subset = copy.copy(self)
         subset.distribution, subset.samples = _select_rows(self.distribution, rows), self.samples[:, rows]
@@ -87,9 +87,6 @@ class Prediction:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(num_samples={self.num_samples}, batch={len(self)})"
-
-
-_INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def _select_rows(distribution: dist.Distribution, rows: Any) -> dist.Distribution:
