@@ -10,7 +10,9 @@ parameter with a gradient and no mark (Pyro's ``Trace_ELBO`` or ``TraceMeanField
 gradients it already applied) means another objective computed it, and a run with the wrong ``N`` or KL weight is
 named, with its fix, before any parameter changes. The marks belong to the parameters (held by identity, dropped
 with them), so two models trained alternately in one process, a guide wrapped in a handler and a checkpoint restored
-into new parameters are each checked against the objective that computed *their* gradients.
+into new parameters are each checked against the objective that computed *their* gradients. A mark also remembers the
+gradient it was left on, so the next call can tell that its backward adds onto that gradient (neither applied and
+zeroed, nor replaced, in between: :func:`params_with_kept_gradients`) and record the run as ``summed``.
 
 Examples
 --------
@@ -28,6 +30,7 @@ True
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -35,18 +38,44 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["ObjectiveRun", "mark_objective_run", "take_objective_run"]
+from .._internals import tensor_version
 
-# unconstrained parameter (by identity, weakly) -> the run that last computed its gradient and was not yet applied
+__all__ = ["ObjectiveRun", "mark_objective_run", "params_with_kept_gradients", "take_objective_run"]
+
+# unconstrained parameter (by identity, weakly) -> _Mark: the run that last computed its gradient and was not yet
+# applied, with the gradient tensor as that run left it
 _marks = WeakIdKeyDictionary()
+
+
+@dataclass(frozen=True)
+class _Mark:
+    run: ObjectiveRun
+    grad: weakref.ref | None
+    version: int
+
+    @staticmethod
+    def on(param: torch.Tensor, run: ObjectiveRun) -> _Mark:
+        grad = param.grad
+        if grad is None:
+            return _Mark(run, None, -1)
+        return _Mark(run, weakref.ref(grad), tensor_version(grad))
+
+    def gradient_kept(self, param: torch.Tensor) -> bool:
+        """Whether ``param``'s gradient is still the tensor this mark was left on, unchanged (not zeroed in place,
+        replaced or released)."""
+        grad = param.grad
+        kept = grad is not None and self.grad is not None and self.grad() is grad
+        return kept and tensor_version(grad) == self.version
 
 
 @dataclass(frozen=True, eq=False)
 class ObjectiveRun:
     """One gradient computation of :class:`pyro_bbb.ELBO`: the training-set size ``num_data`` its minibatch was scaled
     to (``None`` when it could not tell), its KL weight (a schedule; :class:`~pyro_bbb.infer.schedules.Constant` for
-    a number), and the ``scale`` a handler multiplied the whole loss by (``poutine.scale`` around the model and the
-    guide; ``None`` when they were scaled unalike). Two runs are the same only when they are one object.
+    a number), the ``scale`` a handler multiplied the whole loss by (``poutine.scale`` around the model and the guide;
+    ``None`` when they were scaled unalike), and whether its gradients were ``summed`` onto those of an earlier call
+    that were never zeroed (gradient accumulation, or a loop that forgot to zero them). Two runs are the same only
+    when they are one object.
 
     Examples
     --------
@@ -57,6 +86,7 @@ class ObjectiveRun:
     num_data: int | None
     kl_weight: Any
     scale: float | None = 1.0
+    summed: bool = False  # its backward added onto gradients an earlier run left (not applied and zeroed between)
 
 
 def mark_objective_run(params: Iterable[torch.Tensor], run: ObjectiveRun) -> ObjectiveRun:
@@ -69,8 +99,28 @@ def mark_objective_run(params: Iterable[torch.Tensor], run: ObjectiveRun) -> Obj
     200
     """
     for param in params:
-        _marks[param] = run
+        _marks[param] = _Mark.on(param, run)
     return run
+
+
+def params_with_kept_gradients() -> set[int]:
+    """The ids of the marked parameters whose gradient is still the one an objective run left on them, unchanged and
+    not applied: a backward now adds onto it. A gradient zeroed in place, replaced (Pyro's
+    ``zero_grads``) or released (``None``) since is not kept.
+
+    Examples
+    --------
+    >>> p = torch.zeros(2, requires_grad=True)
+    >>> p.sum().backward()
+    >>> _ = mark_objective_run([p], ObjectiveRun(200, 1.0))
+    >>> id(p) in params_with_kept_gradients()
+    True
+    >>> p.grad.zero_()  # zeroed: the next backward starts afresh
+    tensor([0., 0.])
+    >>> id(p) in params_with_kept_gradients()
+    False
+    """
+    return {id(param) for param, mark in list(_marks.items()) if mark.gradient_kept(param)}
 
 
 def take_objective_run(params: Iterable[torch.Tensor]) -> ObjectiveRun | None:
@@ -87,7 +137,7 @@ def take_objective_run(params: Iterable[torch.Tensor]) -> ObjectiveRun | None:
     """
     runs = set()  # runs compare (and hash) by identity; None stands for a gradient without a mark
     for param in params:
-        run = _marks.pop(param, None)
+        mark = _marks.pop(param, None)
         if param.grad is not None:
-            runs.add(run)
+            runs.add(None if mark is None else mark.run)
     return runs.pop() if len(runs) == 1 else None

@@ -48,7 +48,7 @@ from .._plates import DATA_PLATE, data_plate_frame, data_plate_named, data_plate
 from .._rng import rng_untouched
 from .._warnings import warn_at_caller
 from ._replay import ReplayBackend
-from .contract import ObjectiveRun, mark_objective_run
+from .contract import ObjectiveRun, mark_objective_run, params_with_kept_gradients
 from .estimators import check_estimators_reached, started_estimators
 from .scaling import scale_data_plate
 from .schedules import as_schedule, weight_at
@@ -399,6 +399,7 @@ class ELBO(TraceMeanField_ELBO):
             # the parameters this call reaches: those of SVI's (or fit's) own capture of the step, else one of ours
             outer = active_param_trace() if gradients else None
             capture = poutine.trace(param_only=True) if gradients and outer is None else nullcontext()
+            kept = params_with_kept_gradients() if gradients else set()  # a backward now would add onto these
             with pyro.validation_enabled(False) if skip else nullcontext(), capture:
                 yield
             self.last_terms = self.current_call.finish(self.num_data)
@@ -407,7 +408,7 @@ class ELBO(TraceMeanField_ELBO):
                 sites = (outer or capture).trace.nodes.values()
                 reached = {id(p): p for p in (site["value"].unconstrained() for site in sites)}
                 run = ObjectiveRun(self.last_terms["num_data"] or self.last_terms["batch_size"], self.kl_weight,
-                                   scale=self.current_call.scale)
+                                   scale=self.current_call.scale, summed=not kept.isdisjoint(reached))
                 mark_objective_run(reached.values(), run)
         finally:
             self.current_call = None

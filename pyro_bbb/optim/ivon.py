@@ -393,6 +393,15 @@ class IVON(PyroOptim):
                 f"{self.num_data}) as the objective, e.g. SVI(model, guide, optimizer, "
                 f"pyro_bbb.ELBO(num_data={self.num_data})). Nothing was changed."
             )
+        if run.summed:
+            raise ValueError(
+                "IVON got gradients summed over more than one pyro_bbb.ELBO call: a backward added onto gradients an "
+                "earlier call (or step) left, neither applied nor zeroed in between (gradient accumulation, or a loop "
+                "without zero_grads). IVON reads the likelihood's curvature off the gradient of one ELBO estimate. "
+                "Zero the gradients after each step (SVI.step does; in a loop of your own, "
+                "pyro.infer.util.zero_grads(params) after optimizer(params)); for a larger batch, pass it in one "
+                "call, or use num_particles for more weight draws. Nothing was changed."
+            )
         self._check_pairing(run.num_data, run.kl_weight, "build both with the training-set size N: IVON(guide, "
                             "num_data=N) and pyro_bbb.ELBO(num_data=N)")
         if run.scale is None or not run.scale > 0:

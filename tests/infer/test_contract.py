@@ -9,6 +9,7 @@ import pytest
 import torch
 from pyro.infer import SVI, Trace_ELBO, TraceMeanField_ELBO
 from pyro.infer.autoguide import AutoNormal
+from pyro.infer.util import zero_grads
 
 import pyro_bbb
 from pyro_bbb import ELBO, MeanFieldGuide, likelihoods
@@ -117,6 +118,36 @@ def test_each_gradient_computation_marks_the_parameters_it_reached_with_the_obje
     assert take_objective_run(params) is None
 
 
+@pytest.mark.parametrize("between", ["nothing", "zero_grads", "zero_", "set to None"])
+def test_gradients_summed_over_two_elbo_calls_are_refused_unless_zeroed_between(between):
+    """Gradient accumulation (two ``loss_and_grads`` calls, then one step) hands IVON the sum of two ELBO gradients:
+    twice the curvature it reads. Refused with nothing changed, unless the gradients were zeroed between the calls."""
+    bnn, guide, x, y = _setup("MeanFieldGuide")
+    optimizer = IVON(guide, num_data=N)
+    elbo = ELBO(num_data=N)
+    SVI(bnn, guide, optimizer, elbo).step(x[:32], y[:32])  # the first call sets the widths
+    params = store_params()
+    elbo.loss_and_grads(bnn, guide, x[:32], y[:32])
+    if between == "zero_grads":
+        zero_grads(params)
+    elif between == "zero_":
+        for p in params:
+            p.grad.zero_()
+    elif between == "set to None":
+        for p in params:
+            p.grad = None
+    elbo.loss_and_grads(bnn, guide, x[32:64], y[32:64])
+    before = _params()
+    if between == "nothing":
+        with pytest.raises(ValueError, match="summed over more than one pyro_bbb.ELBO call.*zero_grads"):
+            optimizer(params)
+        for name, value in before.items():
+            torch.testing.assert_close(_params()[name], value, rtol=0, atol=0)
+    else:
+        optimizer(params)
+        assert optimizer.steps == 1
+
+
 def _two_models():
     """Two models in one param store with distinct sites (A: 3-8-1 with N=200, B: 3-4-1 with N=100), each with
     MeanFieldGuide; B's is handed to SVI wrapped in a handler."""
@@ -159,7 +190,10 @@ def test_two_models_trained_alternately_are_each_checked_against_their_own_objec
         SVI(bnn_b, wrapped_b, ivon_b, Trace_ELBO()).step(x_b[:32], y_b[:32])
     for name, value in before.items():
         torch.testing.assert_close(_params()[name], value, rtol=0, atol=0)
-    svi_a.step(x_a[:32], y_a[:32])  # and each trains on with its own
+    # A's gradients from that run were never applied: a step now would add onto them
+    with pytest.raises(ValueError, match="summed over more than one"):
+        svi_a.step(x_a[:32], y_a[:32])
+    svi_a.step(x_a[:32], y_a[:32])  # the refused step released them: each trains on with its own
     svi_b.step(x_b[:32], y_b[:32])
     assert ivon_a.steps == ivon_b.steps == 3
 
