@@ -12,7 +12,7 @@ named, with its fix, before any parameter changes. The marks belong to the param
 with them), so two models trained alternately in one process, a guide wrapped in a handler and a checkpoint restored
 into new parameters are each checked against the objective that computed *their* gradients. A mark also remembers the
 gradient it was left on, so the next call can tell that its backward adds onto that gradient (neither applied and
-zeroed, nor replaced, in between: :func:`params_with_kept_gradients`) and record the run as ``summed``.
+zeroed, nor replaced, in between: :func:`kept_gradient_runs`) and record the run as ``summed``.
 
 Examples
 --------
@@ -31,7 +31,7 @@ True
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .._internals import tensor_version
 
-__all__ = ["ObjectiveRun", "mark_objective_run", "params_with_kept_gradients", "take_objective_run"]
+__all__ = ["ObjectiveRun", "mark_objective_run", "kept_gradient_runs", "take_objective_run"]
 
 # unconstrained parameter (by identity, weakly) -> _Mark: the run that last computed its gradient and was not yet
 # applied, with the gradient tensor as that run left it
@@ -74,7 +74,8 @@ class ObjectiveRun:
     to (``None`` when it could not tell), its KL weight (a schedule; :class:`~pyro_bbb.infer.schedules.Constant` for
     a number), the ``scale`` a handler multiplied the whole loss by (``poutine.scale`` around the model and the guide;
     ``None`` when they were scaled unalike), and whether its gradients were ``summed`` onto those of an earlier call
-    that were never zeroed (gradient accumulation, or a loop that forgot to zero them). Two runs are the same only
+    that were never zeroed (gradient accumulation, or a loop that forgot to zero them). ``take_back`` undoes, newest
+    first, what the calls behind these gradients recorded as a step (:meth:`refused`). Two runs are the same only
     when they are one object.
 
     Examples
@@ -87,6 +88,21 @@ class ObjectiveRun:
     kl_weight: Any
     scale: float | None = 1.0
     summed: bool = False  # its backward added onto gradients an earlier run left (not applied and zeroed between)
+    take_back: tuple[Callable[[], None], ...] = ()
+
+    def refused(self) -> None:
+        """Take back what the calls that computed these gradients recorded as a training step (a KL schedule's step,
+        the weight the guide is noted as trained at): the optimizer refused to apply them, so nothing was trained.
+
+        Examples
+        --------
+        >>> steps = [3]
+        >>> ObjectiveRun(50, 1.0, take_back=(lambda: steps.__setitem__(0, 2),)).refused()
+        >>> steps
+        [2]
+        """
+        for action in self.take_back:
+            action()
 
 
 def mark_objective_run(params: Iterable[torch.Tensor], run: ObjectiveRun) -> ObjectiveRun:
@@ -103,24 +119,24 @@ def mark_objective_run(params: Iterable[torch.Tensor], run: ObjectiveRun) -> Obj
     return run
 
 
-def params_with_kept_gradients() -> set[int]:
-    """The ids of the marked parameters whose gradient is still the one an objective run left on them, unchanged and
-    not applied: a backward now adds onto it. A gradient zeroed in place, replaced (Pyro's
+def kept_gradient_runs() -> dict[int, ObjectiveRun]:
+    """The marked parameters (by id) whose gradient is still the one an objective run left on them, unchanged and not
+    applied, each with that run: a backward now adds onto it. A gradient zeroed in place, replaced (Pyro's
     ``zero_grads``) or released (``None``) since is not kept.
 
     Examples
     --------
     >>> p = torch.zeros(2, requires_grad=True)
     >>> p.sum().backward()
-    >>> _ = mark_objective_run([p], ObjectiveRun(200, 1.0))
-    >>> id(p) in params_with_kept_gradients()
+    >>> run = mark_objective_run([p], ObjectiveRun(200, 1.0))
+    >>> kept_gradient_runs()[id(p)] is run
     True
     >>> p.grad.zero_()  # zeroed: the next backward starts afresh
     tensor([0., 0.])
-    >>> id(p) in params_with_kept_gradients()
+    >>> id(p) in kept_gradient_runs()
     False
     """
-    return {id(param) for param, mark in list(_marks.items()) if mark.gradient_kept(param)}
+    return {id(param): mark.run for param, mark in list(_marks.items()) if mark.gradient_kept(param)}
 
 
 def take_objective_run(params: Iterable[torch.Tensor]) -> ObjectiveRun | None:

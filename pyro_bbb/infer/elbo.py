@@ -48,11 +48,11 @@ from .._plates import DATA_PLATE, data_plate_frame, data_plate_named, data_plate
 from .._rng import rng_untouched
 from .._warnings import warn_at_caller
 from ._replay import ReplayBackend
-from .contract import ObjectiveRun, mark_objective_run, params_with_kept_gradients
+from .contract import ObjectiveRun, kept_gradient_runs, mark_objective_run
 from .estimators import check_estimators_reached, started_estimators
 from .scaling import scale_data_plate
 from .schedules import as_schedule, weight_at
-from .tempering import note_trained_weight
+from .tempering import kl_weight_of, note_trained_weight, record_kl_weight
 
 __all__ = ["ELBO", "CallTerms", "PairStates"]
 
@@ -399,7 +399,8 @@ class ELBO(TraceMeanField_ELBO):
             # the parameters this call reaches: those of SVI's (or fit's) own capture of the step, else one of ours
             outer = active_param_trace() if gradients else None
             capture = poutine.trace(param_only=True) if gradients and outer is None else nullcontext()
-            kept = params_with_kept_gradients() if gradients else set()  # a backward now would add onto these
+            kept = kept_gradient_runs() if gradients else {}  # a backward now would add onto these
+            take_back = self._taking_back(pair, guide) if gradients else None
             with pyro.validation_enabled(False) if skip else nullcontext(), capture:
                 yield
             self.last_terms = self.current_call.finish(self.num_data)
@@ -407,11 +408,24 @@ class ELBO(TraceMeanField_ELBO):
             if gradients:
                 sites = (outer or capture).trace.nodes.values()
                 reached = {id(p): p for p in (site["value"].unconstrained() for site in sites)}
+                earlier = list(dict.fromkeys(kept[i] for i in reached if i in kept))  # runs this one adds onto
                 run = ObjectiveRun(self.last_terms["num_data"] or self.last_terms["batch_size"], self.kl_weight,
-                                   scale=self.current_call.scale, summed=not kept.isdisjoint(reached))
+                                   scale=self.current_call.scale, summed=bool(earlier),
+                                   take_back=(take_back, *(a for r in earlier for a in r.take_back)))
                 mark_objective_run(reached.values(), run)
         finally:
             self.current_call = None
+
+    @staticmethod
+    def _taking_back(pair: PairState, guide) -> Callable[[], None]:
+        """What undoes the training step a gradient call is about to record (the schedule's step, the guide's trained
+        weight), should the optimizer refuse its gradients."""
+        step, record = pair.step, kl_weight_of(guide)
+
+        def take_back() -> None:
+            pair.step = step
+            record_kl_weight(guide, record)
+        return take_back
 
     def _checked_vectorized_traces(self, model, guide, unscaled_model, args, kwargs):
         """The particle traces where the vectorized particles are not known to be right: the first call compares

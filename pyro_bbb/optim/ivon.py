@@ -45,7 +45,7 @@ from torch.distributions import transform_to
 from .._checks import check_count, check_nonnegative, check_positive
 from .._internals import tensor_version, unwrap_handlers
 from ..distributions import EmpiricalBayesNormalDistribution
-from ..infer.contract import take_objective_run
+from ..infer.contract import ObjectiveRun, take_objective_run
 from ..infer.guide import has_site_posteriors, site_param_names
 from ..infer.schedules import Constant
 from ..nn.module import current_priors
@@ -248,11 +248,14 @@ class IVON(PyroOptim):
     # -- one step ----------------------------------------------------------------------------------------------------
     def __call__(self, params: Iterable[torch.Tensor], *args: Any, **kwargs: Any) -> None:
         params = list(dict.fromkeys(params))
+        run = take_objective_run(params)
         try:
-            self._check_objective(params)
+            self._check_objective(run)
         except ValueError:
             for p in params:  # nothing moves, and the next step's gradients do not add to these
                 p.grad = None
+            if run is not None:  # nor was anything trained: the objective's step and trained weight are taken back
+                run.refused()
             raise
         self._classify(params)
         pairs: dict[str, dict[str, torch.Tensor]] = {}
@@ -379,12 +382,11 @@ class IVON(PyroOptim):
             self.site_state[site] = {"momentum": torch.zeros_like(hess), "hess": hess}
 
     # -- where it can train ------------------------------------------------------------------------------------------
-    def _check_objective(self, params: list[torch.Tensor]) -> None:
-        """A clear error, before this step changes anything, unless the gradients of ``params`` are those of
+    def _check_objective(self, run: ObjectiveRun | None) -> None:
+        """A clear error, before this step changes anything, unless the gradients (of ``run``) are those of
         ``pyro_bbb.ELBO(num_data=self.num_data)`` at KL weight ``num_data / ess``, computed since they were last
         applied (the mark the ELBO leaves on them: :mod:`pyro_bbb.infer.contract`): in a plain ``SVI`` loop as under
         ``fit`` or Lightning."""
-        run = take_objective_run(params)
         if run is None:
             raise ValueError(
                 f"IVON got gradients that pyro_bbb.ELBO did not compute (e.g. pyro.infer.Trace_ELBO or "

@@ -15,6 +15,7 @@ import pyro_bbb
 from pyro_bbb import ELBO, MeanFieldGuide, likelihoods
 from pyro_bbb.infer.contract import ObjectiveRun, mark_objective_run, take_objective_run
 from pyro_bbb.infer.schedules import Constant, LinearWarmup
+from pyro_bbb.infer.tempering import kl_weight_of
 from pyro_bbb.nn import BayesianLinear
 from pyro_bbb.optim import IVON
 
@@ -146,6 +147,32 @@ def test_gradients_summed_over_two_elbo_calls_are_refused_unless_zeroed_between(
     else:
         optimizer(params)
         assert optimizer.steps == 1
+
+
+def test_a_refused_step_is_not_counted_as_trained():
+    """The ELBO counts a gradient call as a training step (the KL schedule's step, the weight the guide is noted as
+    trained at, which summary, evidence and save report); a step the optimizer refuses takes both back."""
+    bnn, guide, x, y = _setup("MeanFieldGuide")
+    optimizer = IVON(guide, num_data=N)
+    right = ELBO(num_data=N)
+    svi = SVI(bnn, guide, optimizer, right)
+    for i in range(3):
+        svi.step(x[32 * i:32 * (i + 1)], y[32 * i:32 * (i + 1)])
+    assert right.step == 3 and kl_weight_of(guide).kl_weight == 1.0
+    tempered = ELBO(num_data=N, kl_weight=0.1)  # not IVON's pairing: refused
+    with pytest.raises(ValueError, match="kl_weight=Constant"):
+        SVI(bnn, guide, optimizer, tempered).step(x[:32], y[:32])
+    assert tempered.step == 0
+    assert kl_weight_of(guide).kl_weight == 1.0  # still the Bayes posterior it was trained as
+    # two calls summed: both taken back
+    right.loss_and_grads(bnn, guide, x[:32], y[:32])
+    right.loss_and_grads(bnn, guide, x[32:64], y[32:64])
+    assert right.step == 5
+    with pytest.raises(ValueError, match="summed"):
+        optimizer(store_params())
+    assert right.step == 3
+    svi.step(x[:32], y[:32])
+    assert right.step == 4 and optimizer.steps == 3
 
 
 def _two_models():
