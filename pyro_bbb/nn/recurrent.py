@@ -514,6 +514,9 @@ class BayesianGRU(_RecurrentLayer):
 
     Parameters
     ----------
+    proj_size : int
+        torch's slot, kept so that a positional call means what it means to :class:`torch.nn.GRU`; like torch, only
+        0 (a projection is an LSTM's).
     update_bias : float or None
         Initial posterior mean of every update gate's input-to-hidden bias (``z`` in ``h' = (1 - z) n + z h``; the
         hidden-to-hidden ones start at 0): ``sigmoid(1) = 0.73`` keeps the state early in training, as an LSTM's
@@ -530,8 +533,10 @@ class BayesianGRU(_RecurrentLayer):
     _mode = "GRU"
 
     def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
-                 bidirectional=False, device=None, dtype=None, *, prior=None, recurrent_prior=None,
+                 bidirectional=False, proj_size=0, device=None, dtype=None, *, prior=None, recurrent_prior=None,
                  update_bias: float | None = 1.0):
+        if proj_size:  # (torch's slot, kept so that its positional calls mean the same here)
+            raise ValueError("proj_size argument is only supported for LSTM, not RNN or GRU")
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, 0, device,
                          dtype, prior=prior, recurrent_prior=recurrent_prior)
         self._set_keep_gate_bias(update_bias)

@@ -246,7 +246,8 @@ def test_set_initial_value_of_another_shape_is_refused():
 
 def test_the_layers_take_their_twins_positional_arguments_and_priors_by_keyword():
     """prior sat where torch puts device (Linear, cells), padding_mode (ConvNd) or proj_size (LSTM): the twins' own
-    positional calls failed ('prior must be a pyro_bbb.priors.Prior ... got str')."""
+    positional calls failed ('prior must be a pyro_bbb.priors.Prior ... got str'); GRU lacked torch's proj_size slot, so
+    torch's positional device was read as proj_size and its dtype as the device."""
     from pyro_bbb.nn import BayesianConv2d, BayesianGRU, BayesianLSTM, BayesianLSTMCell
     from pyro_bbb.nn.conv import BayesianConvTranspose2d
 
@@ -255,7 +256,11 @@ def test_the_layers_take_their_twins_positional_arguments_and_priors_by_keyword(
     assert conv.padding_mode == "reflect" and conv(torch.randn(1, 2, 5, 5)).shape == (1, 3, 5, 5)
     assert BayesianConvTranspose2d(2, 2, 3, 2, 1, 1, 1, True, 1, "zeros", "cpu").output_padding == (1, 1)
     assert BayesianLSTM(3, 4, 1, True, False, 0.0, False, 2).proj_size == 2
-    assert BayesianGRU(3, 4, 1, True, True, 0.0, False, "cpu").batch_first
+    # torch.nn.GRU keeps a proj_size slot before device (it must be 0): its positional calls read it as ours do
+    gru = BayesianGRU(3, 4, 1, True, True, 0.0, False, 0, "cpu", torch.float64)
+    assert gru.batch_first and gru(torch.randn(2, 5, 3, dtype=torch.float64))[0].dtype == torch.float64
+    with pytest.raises(ValueError, match="proj_size argument is only supported for LSTM"):
+        BayesianGRU(3, 4, proj_size=2)
     assert BayesianLSTMCell(3, 4, True, "cpu", torch.float64).weight_ih_init.dtype == torch.float64
     prior = priors.Normal(0.0, 0.5)
     assert BayesianLinear(3, 2, prior=prior).prior == prior
