@@ -344,7 +344,10 @@ def predict_with_draws(
         )
     if not set_up:  # (in evaluation mode: batch norm reads its running statistics, does not update them)
         with training_mode(model, False):
-            set_up_guide(model, guide, select_rows(chunks[0], slice(0, 1)))
+            # one row is enough to make the guide's parameters; a 1-d input may be one unbatched row (whose error,
+            # from the full run, says to pass x[None]) or a batch of scalars: all of it, then
+            one_d = first_tensor(chunks[0]).dim() < 2
+            set_up_guide(model, guide, chunks[0] if one_d else select_rows(chunks[0], slice(0, 1)))
     # the joint predictive shares each weight draw across inputs, whatever training estimator is active around us
     if data_plate is None:
         data_plate = data_plate_of(model)

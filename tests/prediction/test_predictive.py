@@ -533,3 +533,19 @@ def test_a_prediction_indexed_by_rows_is_the_prediction_of_those_rows(likelihood
                 float((full.predicted_class[index] == y[index]).float().mean()))
     with pytest.raises(IndexError):  # a float is no index, as for a tensor
         full[torch.tensor(1.7)]
+
+
+@pytest.mark.parametrize("likelihood, outputs", [(likelihoods.Gaussian(scale=0.5), 1), (likelihoods.Categorical(), 3)])
+def test_one_unbatched_row_to_a_guide_never_set_up_says_to_pass_a_batch_of_one(likelihood, outputs):
+    """predict sets a guide that never saw the model up on the input's first row: of one unbatched row (3,) that was
+    one feature, (1,), and the error named the layer's input width, not the fix. Now the likelihood's word, x[None],
+    comes first, as for a trained guide, and the guide then predicts on the batch of one."""
+    bnn = pyro_bbb.BNN(torch.nn.Sequential(BayesianLinear(3, 8), torch.nn.Tanh(), BayesianLinear(8, outputs)),
+                       likelihood)
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    x = torch.randn(3)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UntrainedGuideWarning)
+        with pytest.raises(ValueError, match=r"batch of one, x\[None\]"):
+            pyro_bbb.predict(bnn, guide, x, num_samples=4)
+        assert len(pyro_bbb.predict(bnn, guide, x[None], num_samples=4)) == 1
