@@ -29,7 +29,7 @@ import torch
 from .._kl import constant_normal, elementwise_kl, normal_kl_of, total_kl
 from .._rng import rng_untouched
 from .._warnings import warn_at_caller
-from ..infer.guide import require_fitted_posteriors, site_loc_scale, site_posterior
+from ..infer.guide import normal_site_parts, require_fitted_posteriors, site_loc_scale, site_posterior
 from ..infer.tempering import kl_weight_of
 from ..nn.module import current_priors, site_owners
 from ..priors import is_real_support, prior_in_force, prior_std, strip_independent
@@ -42,6 +42,7 @@ __all__ = [
     "check_posterior",
     "summary",
     "parameter_summary",
+    "normal_sites",
 ]
 
 
@@ -96,13 +97,29 @@ def layer_summary(model: Callable, guide, tails: bool = True) -> dict[str, dict[
     >>> entry["kl"], entry["std_ratio_geomean"]
     (0.0, 1.0)
     """
-    require_fitted_posteriors(guide, "this diagnostic")
+    require_fitted_posteriors(guide, "this diagnostic", some=True)
     owners, priors_now = site_owners(model), current_priors(model)
     parts: dict[str, dict[str, Any]] = {}
     with pyro.validation_enabled(False), rng_untouched(seed=0, torch_only=True):  # (nothing to validate: own tensors)
-        for name, site in guide.prototype_trace.iter_stochastic_nodes():
+        for name, site in normal_sites(guide):
             _add_site(parts, guide, name, site, owners, priors_now, tails)
     return _summarize(parts)
+
+
+def normal_sites(guide) -> list[tuple[str, dict]]:
+    """The latent sites (name, prototype-trace entry) to which ``guide`` gives a Normal posterior, in the model's
+    order: all of a :class:`~pyro_bbb.MeanFieldGuide`'s or ``AutoNormal``'s; an ``AutoGuideList``'s point-estimate
+    sites (an ``AutoDelta`` part's) are left out.
+
+    Examples
+    --------
+    >>> guide = MeanFieldGuide(BayesianLinear(2, 1))
+    >>> _ = guide(torch.zeros(1, 2))
+    >>> [name for name, _ in normal_sites(guide)]
+    ['weight', 'bias']
+    """
+    parts = normal_site_parts(guide)
+    return [(name, site) for name, site in guide.prototype_trace.iter_stochastic_nodes() if name in parts]
 
 
 #: The sums over a Bayesian layer's real-valued weights, in this order (``ratio``: posterior std / prior std)
@@ -319,12 +336,12 @@ def summary(model: Callable, guide):
     """
     import pandas as pd
 
-    require_fitted_posteriors(guide, "this diagnostic")
+    require_fitted_posteriors(guide, "this diagnostic", some=True)
     rows = {}
     layers = layer_summary(model, guide)
     owners = site_owners(model)
     groups: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-    for name, site in guide.prototype_trace.iter_stochastic_nodes():
+    for name, site in normal_sites(guide):
         if is_real_support(site["fn"].support):
             groups.setdefault(owners.get(name, name), []).append(site_loc_scale(guide, name))
     for layer, entry in layers.items():
@@ -342,7 +359,17 @@ def summary(model: Callable, guide):
     columns = ["num_weights", "mean_abs_mu", "sigma_mean", "sigma_q05", "sigma_q50", "sigma_q95", "prior_sigma",
                "kl", "kl_per_weight", "snr_q05", "snr_q50", "snr_q95"]
     table = pd.DataFrame.from_dict(rows, orient="index").reindex(columns=columns)
-    return _with_kl_weight(table, guide)
+    return _with_point_estimates(_with_kl_weight(table, guide), guide)
+
+
+def _with_point_estimates(table, guide):
+    """``table`` with ``attrs["point_estimates"]``: the latent sites an ``AutoGuideList`` gives a point estimate (no
+    width, no KL), which the table leaves out; absent when there are none."""
+    normal = normal_site_parts(guide)
+    points = [name for name, _ in guide.prototype_trace.iter_stochastic_nodes() if name not in normal]
+    if points:
+        table.attrs["point_estimates"] = points
+    return table
 
 
 def _with_kl_weight(table, guide, column: bool = True):
@@ -375,11 +402,11 @@ def parameter_summary(model: Callable, guide):
     """
     import pandas as pd
 
-    require_fitted_posteriors(guide, "this diagnostic")
+    require_fitted_posteriors(guide, "this diagnostic", some=True)
     z = float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(0.5 + HDI_PROB / 2)))
     low, high = f"hdi_{100 * (1 - HDI_PROB) / 2:g}%", f"hdi_{100 * (1 + HDI_PROB) / 2:g}%"
     frames = []
-    for name, site in guide.prototype_trace.iter_stochastic_nodes():
+    for name, site in normal_sites(guide):
         loc, scale = (t.detach().double() for t in site_loc_scale(guide, name))
         if is_real_support(site["fn"].support):
             stats = {"mean": loc, "sd": scale, low: loc - z * scale, high: loc + z * scale}
@@ -390,4 +417,4 @@ def parameter_summary(model: Callable, guide):
             stats = {"mean": draws.mean(0), "sd": draws.std(0), low: bounds[0], high: bounds[1]}
         index = [f"{name}[{', '.join(map(str, i))}]" if loc.dim() else name for i in np.ndindex(*loc.shape)]
         frames.append(pd.DataFrame({k: v.reshape(-1).cpu().numpy() for k, v in stats.items()}, index=index))
-    return _with_kl_weight(pd.concat(frames), guide, column=False)
+    return _with_point_estimates(_with_kl_weight(pd.concat(frames), guide, column=False), guide)

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import torch
 
-from ..infer.guide import site_loc_scale
+from ..infer.guide import require_fitted_posteriors, site_loc_scale
 from ..infer.tempering import kl_weight_of
 from ..nn.module import site_owners
 from ..prediction.results import ClassificationPrediction, Prediction, RegressionPrediction
 from ..priors import is_real_support
 from . import metrics
-from .diagnostics import layer_summary
+from .diagnostics import layer_summary, normal_sites
 
 __all__ = ["plot_history", "plot_std_ratio", "plot_reliability", "plot_predictive_band", "plot_risk_coverage",
            "plot_ood_scores", "save_figure", "symlog_yaxis"]
@@ -186,10 +186,11 @@ def plot_std_ratio(model: Callable, guide, path: str | Path | None = None, bins:
     >>> len(plot_std_ratio(layer, guide).axes)
     1
     """
+    require_fitted_posteriors(guide, "plot_std_ratio", some=True)
     plt = _pyplot()
     owners = site_owners(model)
     scales: dict[str, list[torch.Tensor]] = {}
-    for name, site in guide.prototype_trace.iter_stochastic_nodes():
+    for name, site in normal_sites(guide):  # (an AutoGuideList's point-estimate sites have no width)
         if name in owners and is_real_support(site["fn"].support):
             scales.setdefault(owners[name], []).append(site_loc_scale(guide, name)[1].reshape(-1).cpu())
     if not scales:

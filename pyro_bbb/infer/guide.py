@@ -29,7 +29,8 @@ from ..nn.module import BayesianModule
 from ..priors import is_real_support
 
 __all__ = [
-    "MeanFieldGuide", "DEFAULT_INIT_SCALE", "has_site_posteriors", "require_site_posteriors",
+    "MeanFieldGuide", "DEFAULT_INIT_SCALE", "has_site_posteriors", "normal_site_parts",
+    "require_site_posteriors",
     "require_fitted_posteriors", "site_loc_scale", "site_param_names", "drawn_posterior", "without_drawn_posterior",
     "site_posterior", "normal_mean", "AdoptedPosteriorWarning", "point_estimate_parts", "is_point_estimate",
 ]
@@ -396,6 +397,31 @@ def has_site_posteriors(guide) -> bool:
     return isinstance(guide, AutoNormal)
 
 
+def normal_site_parts(guide) -> dict[str, Any]:
+    """Each latent site that ``guide`` gives an independent Normal posterior (in unconstrained space), mapped to the
+    guide that holds it: every site of a :class:`MeanFieldGuide` or ``AutoNormal``; in an ``AutoGuideList``, the
+    sites of such parts (an ``AutoDelta`` part's are point estimates, left out); none for any other guide, or one
+    not set up yet. What the per-layer diagnostics read.
+
+    Examples
+    --------
+    >>> from pyro.infer.autoguide import AutoDelta
+    >>> layer = BayesianLinear(2, 1)
+    >>> guide = AutoGuideList(layer)
+    >>> guide.append(AutoDelta(poutine.block(layer, hide=["bias"])))
+    >>> guide.append(MeanFieldGuide(poutine.block(layer, expose=["bias"])))
+    >>> _ = guide(torch.zeros(1, 2))
+    >>> {name: type(part).__name__ for name, part in normal_site_parts(guide).items()}
+    {'bias': 'MeanFieldGuide'}
+    """
+    if isinstance(guide, AutoGuideList):
+        return {name: owner for part in guide for name, owner in normal_site_parts(part).items()}
+    trace = getattr(guide, "prototype_trace", None)
+    if not isinstance(guide, AutoNormal) or trace is None:
+        return {}
+    return {name: guide for name, _ in trace.iter_stochastic_nodes()}
+
+
 def point_estimate_parts(guide) -> list[Any]:
     """The parts of ``guide`` that give their latent sites a point mass (a MAP estimate): an ``AutoDelta``, an
     ``AutoLaplaceApproximation`` (a MAP estimate until its ``laplace_approximation()``), or those inside an
@@ -432,8 +458,9 @@ def is_point_estimate(guide) -> bool:
     return isinstance(guide, AutoDelta | AutoLaplaceApproximation)
 
 
-def require_site_posteriors(guide, what: str) -> None:
-    """Raise a ``ValueError`` naming ``what`` needs per-site Normal posteriors when ``guide`` has none.
+def require_site_posteriors(guide, what: str, some: bool = False) -> None:
+    """Raise a ``ValueError`` naming ``what`` needs per-site Normal posteriors when ``guide`` has none (``some``:
+    when it has none at any site, e.g. an ``AutoGuideList`` whose parts are all point estimates).
 
     Examples
     --------
@@ -443,17 +470,21 @@ def require_site_posteriors(guide, what: str) -> None:
     ...
     ValueError: summary needs a guide with an independent Normal posterior at every weight ...
     """
+    if some and normal_site_parts(guide):
+        return
     if not has_site_posteriors(guide):
+        where = ("at some weights (pyro_bbb.MeanFieldGuide or Pyro's AutoNormal, alone or as a part of an "
+                 "AutoGuideList)" if some else "at every weight (pyro_bbb.MeanFieldGuide or Pyro's AutoNormal)")
         raise ValueError(
-            f"{what} needs a guide with an independent Normal posterior at every weight (pyro_bbb.MeanFieldGuide or "
-            f"Pyro's AutoNormal); {type(guide).__name__} does not have one. fit, predict, save and load work with "
-            "any guide."
+            f"{what} needs a guide with an independent Normal posterior {where}; {type(guide).__name__} does not "
+            "have one. fit, predict, save and load work with any guide."
         )
 
 
-def require_fitted_posteriors(guide, what: str) -> None:
+def require_fitted_posteriors(guide, what: str, some: bool = False) -> None:
     """Raise a clear error when ``what`` cannot read ``guide``'s per-site posteriors: the guide has not seen the
-    model yet (:class:`~pyro_bbb._checks.GuideNotSetUpError`), or has no Normal posterior per site (``ValueError``).
+    model yet (:class:`~pyro_bbb._checks.GuideNotSetUpError`), or has no Normal posterior per site (``ValueError``;
+    ``some``: at no site, :func:`normal_site_parts`).
 
     Examples
     --------
@@ -463,7 +494,7 @@ def require_fitted_posteriors(guide, what: str) -> None:
     pyro_bbb._checks.GuideNotSetUpError: the guide has not seen the model yet (it has not been fitted), and pruning ...
     """
     require_set_up(guide, what)
-    require_site_posteriors(guide, what)
+    require_site_posteriors(guide, what, some)
 
 
 # The one place that answers, for any guide with a Normal posterior per site (MeanFieldGuide, AutoNormal), what a
@@ -488,6 +519,8 @@ def site_loc_scale(guide, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     KeyError: "no latent site named 'fc9.weight'; the guide's sites are ['bias', 'weight']."
     """
     require_set_up(guide, "the posterior of a site")
+    if isinstance(guide, AutoGuideList):
+        return site_loc_scale(_part_holding(guide, name), name)
     require_site_posteriors(guide, "the posterior of a site")
     site = guide.prototype_trace.nodes.get(name)
     if site is None or site["type"] != "sample" or site["is_observed"]:
@@ -496,6 +529,15 @@ def site_loc_scale(guide, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     if isinstance(guide, MeanFieldGuide):
         return guide.loc_and_scale(name)
     return autonormal_loc_and_scale(guide, name)
+
+
+def _part_holding(guide: AutoGuideList, name: str):
+    """The part of ``guide`` that gives site ``name`` a Normal posterior; a ``KeyError`` naming those that do."""
+    parts = normal_site_parts(guide)
+    if name not in parts:
+        raise KeyError(f"site {name!r} has no Normal posterior in this AutoGuideList (a point estimate, or no such "
+                       f"site); the sites with one are {sorted(parts)}.")
+    return parts[name]
 
 
 def drawn_posterior(site: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -551,6 +593,8 @@ def site_posterior(guide, name: str, site: dict) -> dist.Distribution:
     >>> site_posterior(guide, "weight", guide.prototype_trace.nodes["weight"]).event_shape
     torch.Size([1, 2])
     """
+    if isinstance(guide, AutoGuideList):
+        guide = _part_holding(guide, name)
     loc, scale = site_loc_scale(guide, name)
     normal = dist.Normal(loc, scale).to_event(autonormal_event_dim(guide, name))
     return MeanFieldGuide._constrain(normal, site)

@@ -24,6 +24,7 @@ from typing import Any
 import pyro
 import pyro.poutine as poutine
 import torch
+from pyro.infer.autoguide import AutoGuideList
 from pyro.optim import PyroOptim
 from tqdm.auto import tqdm
 from tqdm.notebook import tqdm_notebook
@@ -38,7 +39,7 @@ from ..data.provenance import remember_training_inputs
 from ..evaluate import metrics
 from ..evaluate.diagnostics import layer_summary
 from ..infer.elbo import ELBO
-from ..infer.guide import has_site_posteriors
+from ..infer.guide import has_site_posteriors, normal_site_parts
 from ..infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
 from ..likelihoods import Bernoulli, Categorical, TargetError
 from ..nn.module import buffers_kept, training_mode
@@ -527,14 +528,22 @@ def _learning_rates(lr: float, lr_final: float | None, epochs: int, optimizer) -
 def _check_guide(model, guide) -> bool:
     """Whether the History can have per-layer columns -- decided before any step."""
     _check_guide_saw_the_targets(model, guide)
-    per_layer = has_site_posteriors(guide)  # the per-layer history columns need a Normal posterior per weight
+    per_layer = _has_normal_posteriors(guide)  # the per-layer history columns need a Normal posterior per weight
     if not per_layer:
         warn_at_caller(
             f"{type(guide).__name__} has no Normal posterior per weight: the History records the loss, NLL and KL "
             "but no per-layer KL or posterior std, and summary/check_posterior will not apply (they need "
-            "pyro_bbb.MeanFieldGuide or AutoNormal).",
+            "pyro_bbb.MeanFieldGuide or AutoNormal, alone or as parts of an AutoGuideList).",
         )
     return per_layer
+
+
+def _has_normal_posteriors(guide) -> bool:
+    """Whether ``guide`` gives weights a Normal posterior each: it does so at every site, or it is an
+    ``AutoGuideList`` with such a part (its point-estimate parts are left out of the per-layer columns)."""
+    if isinstance(guide, AutoGuideList):
+        return any(_has_normal_posteriors(part) for part in guide)
+    return has_site_posteriors(guide)
 
 
 def _training_batches(model, data, batch_size, distributed: bool, seed):
@@ -696,7 +705,7 @@ class _EpochRecorder:
         record["loss_per_datum"] = record["loss"] / self.num_data
         record["kl_weight"] = self.elbo.last_terms["kl_weight"]
         record["num_data"] = self.num_data
-        if self.per_layer:
+        if self.per_layer and normal_site_parts(self.guide):  # (a guide list's Normal part may have no sites)
             summary = layer_summary(self.model, self.guide, tails=False)
             record["kl_by_layer"] = {layer: entry["kl"] for layer, entry in summary.items()}
             record["posterior_std"] = {k: e["posterior_std"] for k, e in summary.items() if "posterior_std" in e}

@@ -197,3 +197,49 @@ def test_what_fit_records_after_every_epoch_is_each_layers_kl_and_widths_by_hand
                     "posterior_std": float(scales.mean()), "prior_std": 0.7, "std_ratio": float(scales.mean() / 0.7),
                     "std_ratio_geomean": float((scales / 0.7).log().mean().exp())}
         assert light[layer] == pytest.approx(expected, rel=1e-7)  # (the prior's 0.3 and 0.7 in float32)
+
+
+@pytest.mark.parametrize("normal_part", ["AutoNormal", "MeanFieldGuide"])
+def test_a_guide_list_with_a_point_estimate_body_summarises_its_normal_head(normal_part):
+    """Pyro's way to make part of a net Bayesian: AutoGuideList([AutoDelta(body), AutoNormal(head)]). The diagnostics
+    refused it outright; they now read the head's Normal posteriors (KL against the closed form read off the param
+    store), leave the point-estimate body out and name it; a list of point estimates only is still refused."""
+    import pyro.poutine as poutine
+    from pyro.infer.autoguide import AutoDelta, AutoGuideList, AutoNormal
+
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    head_sites = ["net.2.weight", "net.2.bias"]
+    net = torch.nn.Sequential(BayesianLinear(3, 8), torch.nn.Tanh(), BayesianLinear(8, 2))
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
+    guide = AutoGuideList(bnn)
+    guide.append(AutoDelta(poutine.block(bnn, hide=head_sites)))
+    make = AutoNormal if normal_part == "AutoNormal" else pyro_bbb.MeanFieldGuide
+    guide.append(make(poutine.block(bnn, expose=head_sites), init_scale=0.3))
+    x, y = torch.randn(64, 3), torch.randn(64, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no word that the History lacks per-layer columns)
+        history = pyro_bbb.fit(bnn, guide, (x, y), epochs=2, progress=False, kl_weight=1)
+    store = dict(pyro.get_param_store().named_parameters())
+    expected = 0.0
+    for site, attr in zip(head_sites, ["weight", "bias"]):
+        loc = pyro.param(next(n for n in store if n.endswith(f"locs.{site}"))).detach()
+        scale = pyro.param(next(n for n in store if n.endswith(f"scales.{site}"))).detach()
+        prior = net[2].prior_distribution(attr).base_dist
+        expected += float(kl_divergence(torch.distributions.Normal(loc, scale), prior).sum())
+    layers = diagnostics.layer_summary(bnn, guide)
+    assert list(layers) == ["net.2"] and layers["net.2"]["num_weights"] == 18
+    assert layers["net.2"]["kl"] == pytest.approx(expected, rel=1e-6)
+    assert diagnostics.kl_by_layer(bnn, guide)["net.2"] == pytest.approx(expected, rel=1e-6)
+    assert history.records[-1]["kl_by_layer"]["net.2"] == pytest.approx(expected, rel=1e-6)
+    table = pyro_bbb.summary(bnn, guide)
+    assert list(table.index) == ["net.2"] and table.attrs["point_estimates"] == ["net.0.weight", "net.0.bias"]
+    rows = diagnostics.parameter_summary(bnn, guide)
+    assert len(rows) == 18 and all(index.startswith("net.2.") for index in rows.index)
+    assert diagnostics.check_posterior(bnn, guide)["net.2"]["status"] in {"ok", "on prior"}
+
+    points = AutoGuideList(bnn)
+    points.append(AutoDelta(bnn))
+    points(x, y)
+    with pytest.raises(ValueError, match="Normal posterior at some weights.*part of an AutoGuideList"):
+        pyro_bbb.summary(bnn, points)

@@ -103,3 +103,26 @@ def test_reliability_takes_labels_in_every_form_the_metrics_take(labels):
     heights = [[bar.get_height() for bar in plots.plot_reliability(probs, target).axes[0].patches]
                for target in (y, other)]
     assert heights[0] == heights[1]
+
+
+def test_the_std_ratio_plot_of_a_guide_list_shows_its_normal_part_only():
+    """An AutoGuideList of a point-estimate body and a Normal head: one panel, the head's (the body has no width);
+    a guide with no Normal posterior anywhere is refused by name, not as a model 'without Bayesian layers'."""
+    import pyro
+    import pyro.poutine as poutine
+    from pyro.infer.autoguide import AutoDelta, AutoGuideList, AutoNormal
+
+    pyro.clear_param_store()
+    net = torch.nn.Sequential(BayesianLinear(1, 8), torch.nn.Tanh(), BayesianLinear(8, 1))
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian())
+    guide = AutoGuideList(bnn)
+    guide.append(AutoDelta(poutine.block(bnn, hide=["net.2.weight", "net.2.bias"])))
+    guide.append(AutoNormal(poutine.block(bnn, expose=["net.2.weight", "net.2.bias"])))
+    x, y = torch.randn(40, 1), torch.randn(40)
+    guide(x, y)
+    fig = plots.plot_std_ratio(bnn, guide)
+    assert [ax.get_title().split(":")[0] for ax in fig.axes] == ["net.2"]  # one panel: the head's
+    points = AutoDelta(bnn)
+    points(x, y)
+    with pytest.raises(ValueError, match="plot_std_ratio needs a guide with an independent Normal posterior"):
+        plots.plot_std_ratio(bnn, points)
