@@ -37,7 +37,7 @@ __all__ = [
     "CHECKED_ON", "site_name", "pyro_name", "module_local_params_enabled", "check_mean_field_requirement",
     "autonormal_loc_and_scale", "set_up_autoguide", "autonormal_event_dim", "param_captures", "ParamReader",
     "preset_samples", "sample_priors", "is_deterministic_site", "AutoNormalHooks", "vectorized_model",
-    "active_param_trace",
+    "active_param_trace", "queue_after_backward",
     "is_tracing", "tensor_version", "module_buffer", "foreach_norm", "foreach_copy_", "all_finite",
     "fused_adam_step", "optimizer_has_step_hooks", "recurrent_kernel", "ConvNd", "ConvTransposeNd",
     "without_trace_shapes", "active_messengers", "replayed_for_gradients", "PyroOptimizerState", "module_hooks",
@@ -450,6 +450,23 @@ def tensor_version(tensor: torch.Tensor) -> int:
     True
     """
     return tensor._version
+
+
+def queue_after_backward(callback: Callable[[], None]) -> None:
+    """Run ``callback`` when the backward pass now running has finished (called from a tensor hook inside it): the
+    gradients it accumulates are then in every parameter's ``.grad``.
+
+    Examples
+    --------
+    >>> p = torch.ones(2, requires_grad=True)
+    >>> seen = []
+    >>> loss = (3 * p).sum()
+    >>> _ = loss.register_hook(lambda g: queue_after_backward(lambda: seen.append(p.grad.clone())))
+    >>> loss.backward()
+    >>> seen
+    [tensor([3., 3.])]
+    """
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
 
 
 def module_buffer(module: torch.nn.Module, name: str) -> torch.Tensor:

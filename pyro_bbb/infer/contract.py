@@ -12,7 +12,7 @@ named, with its fix, before any parameter changes. The marks belong to the param
 with them), so two models trained alternately in one process, a guide wrapped in a handler and a checkpoint restored
 into new parameters are each checked against the objective that computed *their* gradients. A mark also remembers the
 gradient it was left on, so the next call can tell that its backward adds onto that gradient (neither applied and
-zeroed, nor replaced, in between: :func:`kept_gradient_runs`) and record the run as ``summed``.
+zeroed, nor replaced, in between: :class:`KeptGradients`, :func:`watch_backward`) and record the run as ``summed``.
 
 Examples
 --------
@@ -38,45 +38,46 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .._internals import tensor_version
+from .._internals import queue_after_backward, tensor_version
 
-__all__ = ["ObjectiveRun", "mark_objective_run", "kept_gradient_runs", "take_objective_run"]
+__all__ = ["ObjectiveRun", "KeptGradients", "mark_objective_run", "watch_backward", "take_objective_run"]
 
 # unconstrained parameter (by identity, weakly) -> _Mark: the run that last computed its gradient and was not yet
-# applied, with the gradient tensor as that run left it
+# applied, with the gradient tensor as that run's backward left it
 _marks = WeakIdKeyDictionary()
 
 
 @dataclass(frozen=True)
 class _Mark:
     run: ObjectiveRun
-    grad: weakref.ref | None
+    grad: weakref.ref | None  # None: no gradient, or one its backward is still computing (pending)
     version: int
+    pending: bool = False
 
     @staticmethod
-    def on(param: torch.Tensor, run: ObjectiveRun) -> _Mark:
+    def on(param: torch.Tensor, run: ObjectiveRun, pending: bool = False) -> _Mark:
         grad = param.grad
-        if grad is None:
-            return _Mark(run, None, -1)
+        if grad is None or pending:
+            return _Mark(run, None, -1, pending)
         return _Mark(run, weakref.ref(grad), tensor_version(grad))
 
     def gradient_kept(self, param: torch.Tensor) -> bool:
-        """Whether ``param``'s gradient is still the tensor this mark was left on, unchanged (not zeroed in place,
+        """Whether ``param``'s gradient is still the tensor this mark's run left, unchanged (not zeroed in place,
         replaced or released)."""
         grad = param.grad
         kept = grad is not None and self.grad is not None and self.grad() is grad
         return kept and tensor_version(grad) == self.version
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class ObjectiveRun:
     """One gradient computation of :class:`pyro_bbb.ELBO`: the training-set size ``num_data`` its minibatch was scaled
     to (``None`` when it could not tell), its KL weight (a schedule; :class:`~pyro_bbb.infer.schedules.Constant` for
     a number), the ``scale`` a handler multiplied the whole loss by (``poutine.scale`` around the model and the guide;
-    ``None`` when they were scaled unalike), and whether its gradients were ``summed`` onto those of an earlier call
-    that were never zeroed (gradient accumulation, or a loop that forgot to zero them). ``take_back`` undoes, newest
-    first, what the calls behind these gradients recorded as a step (:meth:`refused`). Two runs are the same only
-    when they are one object.
+    ``None`` when they were scaled unalike), and whether its backward was ``summed`` onto gradients an earlier run
+    left, neither applied nor zeroed (gradient accumulation, or a loop that forgot to zero them: :meth:`adds_onto`).
+    ``take_back`` undoes, newest first, what the calls behind these gradients recorded as a step (:meth:`refused`).
+    Two runs are the same only when they are one object.
 
     Examples
     --------
@@ -87,8 +88,23 @@ class ObjectiveRun:
     num_data: int | None
     kl_weight: Any
     scale: float | None = 1.0
-    summed: bool = False  # its backward added onto gradients an earlier run left (not applied and zeroed between)
+    summed: bool = False
     take_back: tuple[Callable[[], None], ...] = ()
+
+    def adds_onto(self, earlier: list[ObjectiveRun]) -> None:
+        """Note that this run's backward added onto the gradients of the ``earlier`` runs (none: nothing noted).
+
+        Examples
+        --------
+        >>> first, second = ObjectiveRun(50, 1.0), ObjectiveRun(50, 1.0)
+        >>> second.adds_onto([first])
+        >>> second.summed
+        True
+        """
+        if earlier:
+            self.summed = True
+            actions = [*self.take_back, *(action for run in earlier for action in run.take_back)]
+            self.take_back = tuple(dict.fromkeys(actions))
 
     def refused(self) -> None:
         """Take back what the calls that computed these gradients recorded as a training step (a KL schedule's step,
@@ -106,7 +122,8 @@ class ObjectiveRun:
 
 
 def mark_objective_run(params: Iterable[torch.Tensor], run: ObjectiveRun) -> ObjectiveRun:
-    """Mark each of ``params`` (unconstrained, as Pyro's optimizers get them) as having its gradient from ``run``.
+    """Mark each of ``params`` (unconstrained, as Pyro's optimizers get them) as having its gradient, as it is now,
+    from ``run`` (a loss whose backward is the caller's is marked when that backward runs: :func:`watch_backward`).
 
     Examples
     --------
@@ -119,24 +136,78 @@ def mark_objective_run(params: Iterable[torch.Tensor], run: ObjectiveRun) -> Obj
     return run
 
 
-def kept_gradient_runs() -> dict[int, ObjectiveRun]:
-    """The marked parameters (by id) whose gradient is still the one an objective run left on them, unchanged and not
-    applied, each with that run: a backward now adds onto it. A gradient zeroed in place, replaced (Pyro's
-    ``zero_grads``) or released (``None``) since is not kept.
+class KeptGradients:
+    """The gradients earlier runs left on the parameters that nobody has applied, zeroed, replaced or released since,
+    seen when a gradient computation starts: a backward into them adds onto them (:meth:`runs_under`).
 
     Examples
     --------
     >>> p = torch.zeros(2, requires_grad=True)
     >>> p.sum().backward()
     >>> run = mark_objective_run([p], ObjectiveRun(200, 1.0))
-    >>> kept_gradient_runs()[id(p)] is run
+    >>> KeptGradients().runs_under([p]) == [run]
     True
     >>> p.grad.zero_()  # zeroed: the next backward starts afresh
     tensor([0., 0.])
-    >>> id(p) in kept_gradient_runs()
-    False
+    >>> KeptGradients().runs_under([p])
+    []
     """
-    return {id(param): mark.run for param, mark in list(_marks.items()) if mark.gradient_kept(param)}
+
+    def __init__(self):
+        self._kept = {id(param): (weakref.ref(param), mark) for param, mark in list(_marks.items())
+                      if mark.gradient_kept(param)}
+
+    def runs_under(self, params: Iterable[torch.Tensor]) -> list[ObjectiveRun]:
+        """The runs whose kept gradients are on ``params``."""
+        runs = []
+        for param in params:
+            ref, mark = self._kept.get(id(param), (None, None))
+            if ref is not None and ref() is param:
+                runs.append(mark.run)
+        return list(dict.fromkeys(runs))
+
+
+def watch_backward(loss: torch.Tensor, run: ObjectiveRun, params: list[torch.Tensor]) -> None:
+    """Mark ``params`` as ``run``'s when the caller's backward of ``loss`` (``differentiable_loss``) runs, not before:
+    a loss that is only looked at leaves the marks of the gradients in place. When the backward starts it notes the
+    runs whose gradients it adds onto (kept, unchanged: an earlier run's, or this run's from an earlier backward of
+    the same loss; or another loss's in the same backward), and when it ends it marks the gradients it left.
+
+    Examples
+    --------
+    >>> p = torch.ones(2, requires_grad=True)
+    >>> run = ObjectiveRun(200, 1.0)
+    >>> loss = (3 * p).sum()
+    >>> watch_backward(loss, run, [p])
+    >>> loss.backward(retain_graph=True)
+    >>> run.summed
+    False
+    >>> loss.backward()  # twice: the second adds onto the first
+    >>> run.summed
+    True
+    """
+    refs = [weakref.ref(param) for param in params]
+
+    def at_backward(grad: torch.Tensor) -> torch.Tensor:
+        live = [param for param in (ref() for ref in refs) if param is not None]
+        under = []  # the runs whose gradients this backward adds onto
+        for param in live:
+            mark = _marks.get(param)
+            if mark is not None and (mark.run is not run if mark.pending else mark.gradient_kept(param)):
+                under.append(mark.run)  # (pending: another loss's, in this same backward)
+        run.adds_onto(list(dict.fromkeys(under)))
+        for param in live:
+            _marks[param] = _Mark.on(param, run, pending=True)
+
+        def left() -> None:
+            for param in live:
+                mark = _marks.get(param)
+                if mark is not None and mark.run is run:
+                    _marks[param] = _Mark.on(param, run)
+        queue_after_backward(left)
+        return grad
+
+    loss.register_hook(at_backward)
 
 
 def take_objective_run(params: Iterable[torch.Tensor]) -> ObjectiveRun | None:

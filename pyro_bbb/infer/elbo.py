@@ -48,7 +48,7 @@ from .._plates import DATA_PLATE, data_plate_frame, data_plate_named, data_plate
 from .._rng import rng_untouched
 from .._warnings import warn_at_caller
 from ._replay import ReplayBackend
-from .contract import ObjectiveRun, kept_gradient_runs, mark_objective_run
+from .contract import KeptGradients, ObjectiveRun, mark_objective_run, watch_backward
 from .estimators import check_estimators_reached, started_estimators
 from .scaling import scale_data_plate
 from .schedules import as_schedule, weight_at
@@ -189,6 +189,7 @@ class ELBO(TraceMeanField_ELBO):
         self.pairs, self.backend = PairStates(), ReplayBackend(enabled=replay)
         self.last_terms: dict[str, Any] = {}
         self.last_step_replayed = False
+        self._awaiting_backward = None  # (run, params) of a differentiable_loss whose backward is the caller's
         self.current_call: CallTerms | None = None
 
     @property
@@ -334,8 +335,12 @@ class ELBO(TraceMeanField_ELBO):
             return super().loss(model, guide, *args, **kwargs)  # (a number: no graph, no step, no word from BNN)
 
     def differentiable_loss(self, model, guide, *args, **kwargs):
-        with without_trace_shapes(), self.recording(model, guide, gradients=True):
+        self._awaiting_backward = None
+        with without_trace_shapes(), self.recording(model, guide, gradients=True, backward_ours=False):
             loss = super().differentiable_loss(model, guide, *args, **kwargs)
+        if self._awaiting_backward is not None and getattr(loss, "requires_grad", False):
+            watch_backward(loss, *self._awaiting_backward)  # marked by the caller's backward, if one comes
+        self._awaiting_backward = None
         self.step += 1  # a training step's objective (Pyro's recipe for a torch optimizer): the schedule advances,
         note_trained_weight(guide, self.last_terms["kl_weight"])  # and the guide is trained at this weight
         return loss
@@ -387,9 +392,10 @@ class ELBO(TraceMeanField_ELBO):
         return weight_at(self.kl_weight, self.step)
 
     @contextmanager
-    def recording(self, model, guide, gradients: bool):
-        """One call = one set of terms (and, when it computes gradients, a mark on every parameter it reached, for
-        the optimizer: :mod:`~pyro_bbb.infer.contract`)."""
+    def recording(self, model, guide, gradients: bool, backward_ours: bool = True):
+        """One call = one set of terms (and, when it computes gradients -- by its own backward, or by the caller's
+        when not ``backward_ours`` -- a mark on every parameter it reached, for the optimizer:
+        :mod:`~pyro_bbb.infer.contract`)."""
         pair = self.pairs.select(model, guide)
         self._plate_now = self._given_plate or data_plate_of(model)
         self.current_call = CallTerms(self.current_kl_weight(), trains=gradients and torch.is_grad_enabled())
@@ -399,7 +405,8 @@ class ELBO(TraceMeanField_ELBO):
             # the parameters this call reaches: those of SVI's (or fit's) own capture of the step, else one of ours
             outer = active_param_trace() if gradients else None
             capture = poutine.trace(param_only=True) if gradients and outer is None else nullcontext()
-            kept = kept_gradient_runs() if gradients else {}  # a backward now would add onto these
+            gradients = gradients and torch.is_grad_enabled()  # (under no_grad: no graph, no gradient to mark)
+            kept = KeptGradients() if gradients and backward_ours else None  # a backward now would add onto these
             take_back = self._taking_back(pair, guide) if gradients else None
             with pyro.validation_enabled(False) if skip else nullcontext(), capture:
                 yield
@@ -408,23 +415,31 @@ class ELBO(TraceMeanField_ELBO):
             if gradients:
                 sites = (outer or capture).trace.nodes.values()
                 reached = {id(p): p for p in (site["value"].unconstrained() for site in sites)}
-                earlier = list(dict.fromkeys(kept[i] for i in reached if i in kept))  # runs this one adds onto
+                params = list(reached.values())
                 run = ObjectiveRun(self.last_terms["num_data"] or self.last_terms["batch_size"], self.kl_weight,
-                                   scale=self.current_call.scale, summed=bool(earlier),
-                                   take_back=(take_back, *(a for r in earlier for a in r.take_back)))
-                mark_objective_run(reached.values(), run)
+                                   scale=self.current_call.scale, take_back=(take_back,))
+                if backward_ours:  # its backward has run: onto the gradients kept when it started, if any
+                    run.adds_onto(kept.runs_under(params))
+                    mark_objective_run(params, run)
+                else:  # marked by the caller's backward, if one comes
+                    self._awaiting_backward = (run, params)
         finally:
             self.current_call = None
 
     @staticmethod
     def _taking_back(pair: PairState, guide) -> Callable[[], None]:
         """What undoes the training step a gradient call is about to record (the schedule's step, the guide's trained
-        weight), should the optimizer refuse its gradients."""
+        weight), should the optimizer refuse its gradients. It holds the pair and the guide weakly: the marks it rides
+        on outlive a step whose optimizer takes none (Adam), and must not keep a dead model alive."""
         step, record = pair.step, kl_weight_of(guide)
+        pair_ref, guide_ref = weakref.ref(pair), _reference(guide)
 
         def take_back() -> None:
-            pair.step = step
-            record_kl_weight(guide, record)
+            pair_now, guide_now = pair_ref(), guide_ref()
+            if pair_now is not None:
+                pair_now.step = step
+            if guide_now is not None:
+                record_kl_weight(guide_now, record)
         return take_back
 
     def _checked_vectorized_traces(self, model, guide, unscaled_model, args, kwargs):

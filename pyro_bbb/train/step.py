@@ -201,6 +201,10 @@ class TrainingStep:
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """One step on the batch ``(x, y)``: loss and gradients, clipping, the optimizer; returns the loss."""
         self.steps += 1
+        if self.steps == 1:  # gradients the caller's own calls left (a look at their norms) are not this run's
+            for part in (self.model, self.guide):
+                for param in part.parameters() if isinstance(part, torch.nn.Module) else ():
+                    param.grad = None
         if self.distributed:
             return self._distributed_step(x, y)
         try:

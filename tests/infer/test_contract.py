@@ -149,6 +149,90 @@ def test_gradients_summed_over_two_elbo_calls_are_refused_unless_zeroed_between(
         assert optimizer.steps == 1
 
 
+def _ivon_after_one_step():
+    bnn, guide, x, y = _setup("MeanFieldGuide")
+    optimizer = IVON(guide, num_data=N)
+    elbo = ELBO(num_data=N)
+    SVI(bnn, guide, optimizer, elbo).step(x[:32], y[:32])  # the first call sets the widths
+    return bnn, guide, x, y, optimizer, elbo
+
+
+@pytest.mark.parametrize("loop", ["no_grad logging between", "zeroed before backward", "looked at, no backward"])
+def test_own_loops_whose_gradients_are_one_elbos_train(loop):
+    """Only a backward adds onto gradients: a loss scored under no_grad between the gradients and the step, a loss
+    whose gradients were zeroed after it was computed but before its backward (torch's order), and a differentiable
+    loss only looked at are not sums."""
+    bnn, guide, x, y, optimizer, elbo = _ivon_after_one_step()
+    params = store_params()
+    for _ in range(2):
+        if loop == "no_grad logging between":
+            elbo.loss_and_grads(bnn, guide, x[:32], y[:32])
+            with torch.no_grad():
+                elbo.differentiable_loss(bnn, guide, x[32:64], y[32:64])
+        elif loop == "zeroed before backward":
+            elbo.loss_and_grads(bnn, guide, x[:32], y[:32])  # (e.g. a look at the gradients' norm, first)
+            loss = elbo.differentiable_loss(bnn, guide, x[:32], y[:32])
+            zero_grads(params)
+            loss.backward()
+        else:
+            elbo.loss_and_grads(bnn, guide, x[:32], y[:32])
+            elbo.differentiable_loss(bnn, guide, x[32:64], y[32:64])
+        optimizer(params)
+    assert optimizer.steps == 2
+
+
+@pytest.mark.parametrize("how", ["two backwards", "two losses, one backward", "loss_and_grads then backward"])
+def test_differentiable_losses_summed_by_the_callers_backward_are_refused(how):
+    """differentiable_loss(...).backward() twice without zeroing, two losses added and one backward, or a backward
+    onto loss_and_grads' gradients: IVON would read the sum of two ELBO gradients."""
+    bnn, guide, x, y, optimizer, elbo = _ivon_after_one_step()
+    params = store_params()
+    if how == "two backwards":
+        elbo.differentiable_loss(bnn, guide, x[:32], y[:32]).backward()
+        elbo.differentiable_loss(bnn, guide, x[32:64], y[32:64]).backward()
+    elif how == "two losses, one backward":
+        (elbo.differentiable_loss(bnn, guide, x[:32], y[:32])
+         + elbo.differentiable_loss(bnn, guide, x[32:64], y[32:64])).backward()
+    else:
+        elbo.loss_and_grads(bnn, guide, x[:32], y[:32])
+        elbo.differentiable_loss(bnn, guide, x[32:64], y[32:64]).backward()
+    before = _params()
+    with pytest.raises(ValueError, match="summed over more than one"):
+        optimizer(params)
+    for name, value in before.items():
+        torch.testing.assert_close(_params()[name], value, rtol=0, atol=0)
+    elbo.differentiable_loss(bnn, guide, x[:32], y[:32]).backward()  # one, on released gradients: trains
+    optimizer(params)
+    assert optimizer.steps == 1
+
+
+def test_fit_with_ivon_after_a_look_at_the_gradients_trains():
+    """Gradients the user's own ELBO call left before fit (a look at their norm) are not fit's: its first step
+    releases them, and IVON trains."""
+    bnn, guide, x, y = _setup("MeanFieldGuide")
+    ELBO(num_data=N).loss_and_grads(bnn, guide, x[:32], y[:32])
+    optimizer = IVON(guide, num_data=N)
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=1, batch_size=32, kl_weight=1, optimizer=optimizer, progress=False)
+    assert optimizer.steps == 6
+
+
+def test_marks_do_not_keep_a_trained_model_alive():
+    """The marks on the parameters (and what takes a refused step back) hold the model and guide weakly: with Adam,
+    which takes no mark off, a deleted model and guide were kept alive for good, with their data."""
+    import gc
+    import weakref
+
+    alive = []
+    for _ in range(2):
+        bnn, guide, x, y = _setup("MeanFieldGuide")
+        SVI(bnn, guide, pyro.optim.Adam({"lr": 1e-2}), ELBO(num_data=N)).step(x[:32], y[:32])
+        alive += [weakref.ref(bnn), weakref.ref(guide)]
+        del bnn, guide
+    pyro.clear_param_store()
+    gc.collect()
+    assert [ref() for ref in alive] == [None] * 4
+
+
 def test_a_refused_step_is_not_counted_as_trained():
     """The ELBO counts a gradient call as a training step (the KL schedule's step, the weight the guide is noted as
     trained at, which summary, evidence and save report); a step the optimizer refuses takes both back."""
