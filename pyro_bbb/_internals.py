@@ -37,7 +37,7 @@ __all__ = [
     "CHECKED_ON", "site_name", "pyro_name", "module_local_params_enabled", "check_mean_field_requirement",
     "autonormal_loc_and_scale", "set_up_autoguide", "autonormal_event_dim", "param_captures", "ParamReader",
     "preset_samples", "sample_priors", "is_deterministic_site", "AutoNormalHooks", "vectorized_model",
-    "active_param_trace", "queue_after_backward",
+    "active_param_trace", "queue_after_backward", "current_backward_id",
     "is_tracing", "tensor_version", "module_buffer", "foreach_norm", "foreach_copy_", "all_finite",
     "fused_adam_step", "optimizer_has_step_hooks", "recurrent_kernel", "ConvNd", "ConvTransposeNd",
     "without_trace_shapes", "active_messengers", "replayed_for_gradients", "PyroOptimizerState", "module_hooks",
@@ -467,6 +467,17 @@ def queue_after_backward(callback: Callable[[], None]) -> None:
     [tensor([3., 3.])]
     """
     torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+def current_backward_id() -> int:
+    """An id of the backward pass now running (a new one for every pass; -1 outside one).
+
+    Examples
+    --------
+    >>> current_backward_id()
+    -1
+    """
+    return torch._C._current_graph_task_id()
 
 
 def module_buffer(module: torch.nn.Module, name: str) -> torch.Tensor:

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .._internals import queue_after_backward, tensor_version
+from .._internals import current_backward_id, queue_after_backward, tensor_version
 
 __all__ = ["ObjectiveRun", "KeptGradients", "mark_objective_run", "watch_backward", "take_objective_run"]
 
@@ -50,15 +50,15 @@ _marks = WeakIdKeyDictionary()
 @dataclass(frozen=True)
 class _Mark:
     run: ObjectiveRun
-    grad: weakref.ref | None  # None: no gradient, or one its backward is still computing (pending)
+    grad: weakref.ref | None  # None: no gradient, or one a backward is still computing (pending)
     version: int
-    pending: bool = False
+    pending_in: int | None = None  # the backward (its id) still computing this run's gradient
 
     @staticmethod
-    def on(param: torch.Tensor, run: ObjectiveRun, pending: bool = False) -> _Mark:
+    def on(param: torch.Tensor, run: ObjectiveRun) -> _Mark:
         grad = param.grad
-        if grad is None or pending:
-            return _Mark(run, None, -1, pending)
+        if grad is None:
+            return _Mark(run, None, -1)
         return _Mark(run, weakref.ref(grad), tensor_version(grad))
 
     def gradient_kept(self, param: torch.Tensor) -> bool:
@@ -67,6 +67,17 @@ class _Mark:
         grad = param.grad
         kept = grad is not None and self.grad is not None and self.grad() is grad
         return kept and tensor_version(grad) == self.version
+
+
+def _gradient_state(param: torch.Tensor) -> tuple[weakref.ref | None, int]:
+    grad = param.grad
+    return (None, -1) if grad is None else (weakref.ref(grad), tensor_version(grad))
+
+
+def _unchanged(param: torch.Tensor, state: tuple[weakref.ref | None, int]) -> bool:
+    ref, version = state
+    grad = param.grad
+    return grad is None if ref is None else ref() is grad and tensor_version(grad) == version
 
 
 @dataclass(eq=False)
@@ -169,9 +180,10 @@ class KeptGradients:
 
 def watch_backward(loss: torch.Tensor, run: ObjectiveRun, params: list[torch.Tensor]) -> None:
     """Mark ``params`` as ``run``'s when the caller's backward of ``loss`` (``differentiable_loss``) runs, not before:
-    a loss that is only looked at leaves the marks of the gradients in place. When the backward starts it notes the
-    runs whose gradients it adds onto (kept, unchanged: an earlier run's, or this run's from an earlier backward of
-    the same loss; or another loss's in the same backward), and when it ends it marks the gradients it left.
+    a loss only looked at leaves the marks as they were, and so does ``torch.autograd.grad`` (which writes no
+    ``.grad``) where an earlier run's gradient is kept there. The backward is ``summed`` onto the runs whose kept
+    gradients it added to (an earlier run's, or this run's from an earlier backward of the same loss), and onto
+    another loss's in the same backward; one that raised part-way leaves nothing that the next one counts.
 
     Examples
     --------
@@ -189,21 +201,33 @@ def watch_backward(loss: torch.Tensor, run: ObjectiveRun, params: list[torch.Ten
     refs = [weakref.ref(param) for param in params]
 
     def at_backward(grad: torch.Tensor) -> torch.Tensor:
-        live = [param for param in (ref() for ref in refs) if param is not None]
-        under = []  # the runs whose gradients this backward adds onto
-        for param in live:
+        backward = current_backward_id()
+        entries = []  # per parameter: its mark, whether that mark's gradient was kept, the gradient now
+        for param in (ref() for ref in refs):
+            if param is None:
+                continue
             mark = _marks.get(param)
-            if mark is not None and (mark.run is not run if mark.pending else mark.gradient_kept(param)):
-                under.append(mark.run)  # (pending: another loss's, in this same backward)
-        run.adds_onto(list(dict.fromkeys(under)))
-        for param in live:
-            _marks[param] = _Mark.on(param, run, pending=True)
+            if mark is not None and mark.pending_in == backward and mark.run is not run:  # another loss, this pass
+                run.adds_onto([mark.run])
+                mark.run.adds_onto([run])
+            kept = mark is not None and mark.pending_in is None and mark.gradient_kept(param)
+            entries.append((weakref.ref(param), mark, kept, _gradient_state(param)))
+            _marks[param] = _Mark(run, None, -1, pending_in=backward)
 
         def left() -> None:
-            for param in live:
-                mark = _marks.get(param)
-                if mark is not None and mark.run is run:
-                    _marks[param] = _Mark.on(param, run)
+            under = []
+            for ref, mark, kept, state in entries:
+                param = ref()
+                now = None if param is None else _marks.get(param)
+                if now is None or now.run is not run:
+                    continue
+                written = not _unchanged(param, state)
+                if written and kept:  # added onto the kept gradient of an earlier run
+                    under.append(mark.run)
+                # not written (torch.autograd.grad) onto a kept gradient: .grad is still the earlier run's; else this
+                # run's (written, or returned for the caller to set, as a functional loop does)
+                _marks[param] = mark if kept and not written else _Mark.on(param, run)
+            run.adds_onto(list(dict.fromkeys(under)))
         queue_after_backward(left)
         return grad
 

@@ -181,6 +181,37 @@ def test_own_loops_whose_gradients_are_one_elbos_train(loop):
     assert optimizer.steps == 2
 
 
+@pytest.mark.parametrize("loop", ["backward raised, then retried", "autograd.grad of a validation loss",
+                                  "functional: autograd.grad, then .grad set"])
+def test_backwards_that_write_no_gradient_leave_one_elbos_gradients(loop):
+    """A backward that raised part-way (a NaN check in a hook) leaves nothing the next backward counts; a validation
+    loss differentiated by torch.autograd.grad (which writes no .grad) between the gradients and the step leaves them
+    the training run's, even at another N; a functional loop that sets .grad from autograd.grad is the run's."""
+    bnn, guide, x, y, optimizer, elbo = _ivon_after_one_step()
+    params = store_params()
+    if loop == "backward raised, then retried":
+        def nan_check(grad):
+            raise FloatingPointError("NaN gradient: skip the batch")
+
+        loss = elbo.differentiable_loss(bnn, guide, x[:32], y[:32])
+        loss.register_hook(nan_check)
+        with pytest.raises(FloatingPointError):
+            loss.backward()
+        for p in params:
+            p.grad = None
+        elbo.differentiable_loss(bnn, guide, x[32:64], y[32:64]).backward()
+    elif loop == "autograd.grad of a validation loss":
+        elbo.loss_and_grads(bnn, guide, x[:32], y[:32])
+        validation = ELBO(num_data=50).differentiable_loss(bnn, guide, x[150:], y[150:])
+        torch.autograd.grad(validation, params, allow_unused=True)
+    else:
+        loss = elbo.differentiable_loss(bnn, guide, x[:32], y[:32])
+        for p, grad in zip(params, torch.autograd.grad(loss, params)):
+            p.grad = grad
+    optimizer(params)
+    assert optimizer.steps == 1
+
+
 @pytest.mark.parametrize("how", ["two backwards", "two losses, one backward", "loss_and_grads then backward"])
 def test_differentiable_losses_summed_by_the_callers_backward_are_refused(how):
     """differentiable_loss(...).backward() twice without zeroing, two losses added and one backward, or a backward
