@@ -29,7 +29,14 @@ import torch
 from .._kl import constant_normal, elementwise_kl, normal_kl_of, total_kl
 from .._rng import rng_untouched
 from .._warnings import warn_at_caller
-from ..infer.guide import normal_site_parts, require_fitted_posteriors, site_loc_scale, site_posterior
+from ..infer.guide import (
+    never_trained,
+    normal_site_parts,
+    point_estimate_parts,
+    require_fitted_posteriors,
+    site_loc_scale,
+    site_posterior,
+)
 from ..infer.tempering import kl_weight_of
 from ..nn.module import current_priors, site_owners
 from ..priors import is_real_support, prior_in_force, prior_std, strip_independent
@@ -265,7 +272,7 @@ def check_posterior(
     ('collapsed', 'PosteriorWarning')
     """
     summary = layer_summary(model, guide)
-    if getattr(guide, "is_untrained", False):  # a MeanFieldGuide no step has changed: nothing to diagnose yet
+    if never_trained(guide):  # a MeanFieldGuide (or a guide list's) no step has changed: nothing to diagnose yet
         for entry in summary.values():
             entry["status"] = "not trained"
         warn_at_caller(
@@ -363,12 +370,16 @@ def summary(model: Callable, guide):
 
 
 def _with_point_estimates(table, guide):
-    """``table`` with ``attrs["point_estimates"]``: the latent sites an ``AutoGuideList`` gives a point estimate (no
-    width, no KL), which the table leaves out; absent when there are none."""
+    """``table`` with the latent sites of an ``AutoGuideList`` that it leaves out: ``attrs["point_estimates"]``,
+    those of its point-estimate parts (no width, no KL), and ``attrs["not_summarised"]``, those of parts whose
+    posterior is not a Normal per site (``AutoDiagonalNormal``, a hand-written guide); each absent when empty."""
     normal = normal_site_parts(guide)
-    points = [name for name, _ in guide.prototype_trace.iter_stochastic_nodes() if name not in normal]
-    if points:
-        table.attrs["point_estimates"] = points
+    points = {name for part in point_estimate_parts(guide) for name, _ in part.prototype_trace.iter_stochastic_nodes()}
+    left_out = [name for name, _ in guide.prototype_trace.iter_stochastic_nodes() if name not in normal]
+    for key, names in (("point_estimates", [n for n in left_out if n in points]),
+                       ("not_summarised", [n for n in left_out if n not in points])):
+        if names:
+            table.attrs[key] = names
     return table
 
 

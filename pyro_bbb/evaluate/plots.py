@@ -194,7 +194,9 @@ def plot_std_ratio(model: Callable, guide, path: str | Path | None = None, bins:
         if name in owners and is_real_support(site["fn"].support):
             scales.setdefault(owners[name], []).append(site_loc_scale(guide, name)[1].reshape(-1).cpu())
     if not scales:
-        raise ValueError("the model has no Bayesian layers to plot.")
+        raise ValueError("the model has no Bayesian layers to plot." if not owners else
+                         "the guide gives none of the model's Bayesian layers' weights a Normal posterior per site "
+                         "(an AutoGuideList's AutoNormal or MeanFieldGuide parts cover other sites): nothing to plot.")
     kl = layer_summary(model, guide)
     fig, axes = plt.subplots(1, len(scales), figsize=(4 * len(scales), 3.2), squeeze=False)
     for ax, (layer, values) in zip(axes[0], scales.items()):

@@ -23,13 +23,14 @@ from .._internals import (
     module_local_params_enabled,
     pyro_name,
     site_name,
+    unwrap_handlers,
 )
 from .._warnings import warn_at_caller
 from ..nn.module import BayesianModule
 from ..priors import is_real_support
 
 __all__ = [
-    "MeanFieldGuide", "DEFAULT_INIT_SCALE", "has_site_posteriors", "normal_site_parts",
+    "MeanFieldGuide", "DEFAULT_INIT_SCALE", "has_site_posteriors", "normal_site_parts", "never_trained",
     "require_site_posteriors",
     "require_fitted_posteriors", "site_loc_scale", "site_param_names", "drawn_posterior", "without_drawn_posterior",
     "site_posterior", "normal_mean", "AdoptedPosteriorWarning", "point_estimate_parts", "is_point_estimate",
@@ -144,8 +145,9 @@ class MeanFieldGuide(AutoNormalHooks):
         *,
         create_plates: Callable | None = None,
     ):
+        inner = unwrap_handlers(model)  # (a module inside poutine.block(...), as an AutoGuideList's part is built)
         if init_loc_fn is None:
-            init_loc_fn = _InitFromModules(model)
+            init_loc_fn = _InitFromModules(inner)
         elif not callable(init_loc_fn):
             raise ValueError(f"`init_loc_fn` must be a Pyro init strategy (a callable), got {init_loc_fn!r}.")
         widths_from_prior = isinstance(init_scale, str)
@@ -156,7 +158,7 @@ class MeanFieldGuide(AutoNormalHooks):
         super().__init__(model, init_loc_fn=init_loc_fn, init_scale=float(init_scale), create_plates=create_plates)
         self.__dict__["_widths_from_prior"] = widths_from_prior
         # kept out of the module tree (no parameters of the model in the guide's state), for the layers' init scales
-        self.__dict__["_module"] = model if isinstance(model, torch.nn.Module) else None
+        self.__dict__["_module"] = inner if isinstance(inner, torch.nn.Module) else None
 
     def after_set_up(self) -> None:
         """Set the layers' initial posterior widths and refuse parameters an earlier, different model left."""
@@ -422,6 +424,23 @@ def normal_site_parts(guide) -> dict[str, Any]:
     return {name: guide for name, _ in trace.iter_stochastic_nodes()}
 
 
+def never_trained(guide) -> bool:
+    """Whether ``guide``'s Normal posteriors are still what set-up gave them: a :class:`MeanFieldGuide` no step has
+    changed, or an ``AutoGuideList`` whose every ``MeanFieldGuide`` part is (``False`` for guides that do not say).
+
+    Examples
+    --------
+    >>> guide = MeanFieldGuide(BayesianLinear(2, 1))
+    >>> _ = guide(torch.zeros(1, 2))
+    >>> never_trained(guide)
+    True
+    """
+    if isinstance(guide, AutoGuideList):
+        parts = {id(part): part for part in normal_site_parts(guide).values()}.values()
+        return bool(parts) and all(never_trained(part) for part in parts)
+    return bool(getattr(guide, "is_untrained", False))
+
+
 def point_estimate_parts(guide) -> list[Any]:
     """The parts of ``guide`` that give their latent sites a point mass (a MAP estimate): an ``AutoDelta``, an
     ``AutoLaplaceApproximation`` (a MAP estimate until its ``laplace_approximation()``), or those inside an
@@ -475,9 +494,11 @@ def require_site_posteriors(guide, what: str, some: bool = False) -> None:
     if not has_site_posteriors(guide):
         where = ("at some weights (pyro_bbb.MeanFieldGuide or Pyro's AutoNormal, alone or as a part of an "
                  "AutoGuideList)" if some else "at every weight (pyro_bbb.MeanFieldGuide or Pyro's AutoNormal)")
+        which = ("an AutoGuideList is not read here, whatever its parts" if isinstance(guide, AutoGuideList)
+                 and not some else f"{type(guide).__name__} does not have one")
         raise ValueError(
-            f"{what} needs a guide with an independent Normal posterior {where}; {type(guide).__name__} does not "
-            "have one. fit, predict, save and load work with any guide."
+            f"{what} needs a guide with an independent Normal posterior {where}; {which}. fit, predict, save and "
+            "load work with any guide."
         )
 
 

@@ -43,6 +43,7 @@ from .._plates import data_plate_frame, data_plate_named, data_plate_of
 from .._rng import rng_untouched
 from .._warnings import warn_at_caller
 from ..data.batches import loader_batches
+from ..infer.guide import never_trained
 from ..nn.module import training_mode
 from .messengers import ObservationPlaceholderMessenger, SubsampleCoverMessenger
 from .results import Prediction, prediction_for
@@ -334,7 +335,7 @@ def predict_with_draws(
         _check_predict_args(guide, part, num_samples, batch_size, sample_batch_size)
     chunks = [chunk for part in parts for chunk in (split_rows(part, batch_size) if batch_size else [part])]
     set_up = is_set_up(guide)
-    if not set_up or getattr(guide, "is_untrained", False):
+    if not set_up or never_trained(guide):
         warn_at_caller(
             f"{caller}: the guide was never trained{'' if set_up else ' (it has not seen the model yet)'}, so these "
             f"are the predictions of its initial posterior ({type(guide).__name__}'s starting means and widths), not "

@@ -39,7 +39,7 @@ from ..data.provenance import remember_training_inputs
 from ..evaluate import metrics
 from ..evaluate.diagnostics import layer_summary
 from ..infer.elbo import ELBO
-from ..infer.guide import has_site_posteriors, normal_site_parts
+from ..infer.guide import has_site_posteriors, normal_site_parts, point_estimate_parts
 from ..infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
 from ..likelihoods import Bernoulli, Categorical, TargetError
 from ..nn.module import buffers_kept, training_mode
@@ -540,10 +540,27 @@ def _check_guide(model, guide) -> bool:
 
 def _has_normal_posteriors(guide) -> bool:
     """Whether ``guide`` gives weights a Normal posterior each: it does so at every site, or it is an
-    ``AutoGuideList`` with such a part (its point-estimate parts are left out of the per-layer columns)."""
-    if isinstance(guide, AutoGuideList):
-        return any(_has_normal_posteriors(part) for part in guide)
-    return has_site_posteriors(guide)
+    ``AutoGuideList`` with such a part (its other parts are left out of the per-layer columns: said, unless they are
+    point estimates)."""
+    if not isinstance(guide, AutoGuideList):
+        return has_site_posteriors(guide)
+    parts = _leaf_parts(guide)
+    if not any(has_site_posteriors(part) for part in parts):
+        return False
+    points = point_estimate_parts(guide)
+    unread = sorted({type(part).__name__ for part in parts
+                     if not has_site_posteriors(part) and not any(part is point for point in points)})
+    if unread:
+        warn_at_caller(
+            f"the History's per-layer columns, summary and check_posterior read this AutoGuideList's AutoNormal and "
+            f"MeanFieldGuide parts only: the sites of its {', '.join(unread)} part(s) have a posterior these do not "
+            "read, and are left out (summary names them in attrs['not_summarised'])."
+        )
+    return True
+
+
+def _leaf_parts(guide) -> list:
+    return [leaf for part in guide for leaf in (_leaf_parts(part) if isinstance(part, AutoGuideList) else [part])]
 
 
 def _training_batches(model, data, batch_size, distributed: bool, seed):
@@ -705,7 +722,13 @@ class _EpochRecorder:
         record["loss_per_datum"] = record["loss"] / self.num_data
         record["kl_weight"] = self.elbo.last_terms["kl_weight"]
         record["num_data"] = self.num_data
-        if self.per_layer and normal_site_parts(self.guide):  # (a guide list's Normal part may have no sites)
+        if self.per_layer and not normal_site_parts(self.guide):  # a guide list's Normal parts reached no site
+            self.per_layer = False
+            warn_at_caller(
+                "the AutoGuideList's AutoNormal/MeanFieldGuide parts hold no latent site (check the names given to "
+                "poutine.block's expose= or hide=): the History has no per-layer columns."
+            )
+        if self.per_layer:
             summary = layer_summary(self.model, self.guide, tails=False)
             record["kl_by_layer"] = {layer: entry["kl"] for layer, entry in summary.items()}
             record["posterior_std"] = {k: e["posterior_std"] for k, e in summary.items() if "posterior_std" in e}

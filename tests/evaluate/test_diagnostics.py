@@ -243,3 +243,36 @@ def test_a_guide_list_with_a_point_estimate_body_summarises_its_normal_head(norm
     points(x, y)
     with pytest.raises(ValueError, match="Normal posterior at some weights.*part of an AutoGuideList"):
         pyro_bbb.summary(bnn, points)
+
+
+def _list_guide(bnn, body, head):
+    import pyro.poutine as poutine
+    from pyro.infer.autoguide import AutoGuideList
+
+    head_sites = ["net.2.weight", "net.2.bias"]
+    guide = AutoGuideList(bnn)
+    guide.append(body(poutine.block(bnn, hide=head_sites)))
+    guide.append(head(poutine.block(bnn, expose=head_sites)))
+    return guide
+
+
+def test_a_guide_lists_parts_the_diagnostics_do_not_read_are_named_and_an_untrained_list_is_said_to_be():
+    """A body with a joint posterior (AutoDiagonalNormal) is not a point estimate: summary names its sites as not
+    summarised and fit says the per-layer columns leave them out; a list whose MeanFieldGuide head never trained is
+    'not trained' for check_posterior, not 'collapsed'."""
+    from pyro.infer.autoguide import AutoDiagonalNormal
+
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    bnn = pyro_bbb.BNN(torch.nn.Sequential(BayesianLinear(3, 8), torch.nn.Tanh(), BayesianLinear(8, 1)),
+                       likelihoods.Gaussian(scale=0.5))
+    x, y = torch.randn(32, 3), torch.randn(32, 1)
+    guide = _list_guide(bnn, AutoDiagonalNormal, lambda model: pyro_bbb.MeanFieldGuide(model, init_scale=1e-4))
+    guide(x, y)
+    with pytest.warns(diagnostics.PosteriorWarning, match="never trained"):
+        report = diagnostics.check_posterior(bnn, guide)
+    assert report["net.2"]["status"] == "not trained"
+    with pytest.warns(UserWarning, match=r"AutoDiagonalNormal part\(s\) have a posterior these do not read"):
+        pyro_bbb.fit(bnn, guide, (x, y), epochs=1, progress=False, kl_weight=1)
+    table = pyro_bbb.summary(bnn, guide)
+    assert table.attrs["not_summarised"] == ["net.0.weight", "net.0.bias"] and "point_estimates" not in table.attrs

@@ -6,7 +6,7 @@ import torch
 from pyro.nn import PyroModule
 
 import pyro_bbb
-from pyro_bbb import ELBO, MeanFieldGuide, priors
+from pyro_bbb import ELBO, MeanFieldGuide, likelihoods, priors
 from pyro_bbb._checks import GuideNotSetUpError
 from pyro_bbb.infer import DEFAULT_INIT_SCALE
 from pyro_bbb.nn import BayesianLinear
@@ -247,3 +247,18 @@ def test_autonormal_keywords_and_accessors():
         torch.testing.assert_close(ours.median()[name], value)
     for name, value in reference.quantiles([0.1, 0.5, 0.9]).items():
         torch.testing.assert_close(ours.quantiles([0.1, 0.5, 0.9])[name], value)
+
+
+def test_a_part_built_on_a_blocked_model_starts_from_its_layers_init_and_prior_widths():
+    """MeanFieldGuide(poutine.block(bnn, expose=...)), as an AutoGuideList's part is built, read neither the layers'
+    initial weights nor init_scale="prior": the module inside the handler was not seen, and the head started at the
+    prior median with width 1e-4."""
+    pyro.clear_param_store()
+    net = torch.nn.Sequential(BayesianLinear(3, 8), torch.nn.Tanh(), BayesianLinear(8, 2))
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
+    part = MeanFieldGuide(poutine.block(bnn, expose=["net.2.weight"]), init_scale="prior")
+    part(torch.randn(4, 3), torch.randn(4, 2))
+    loc, scale = part.loc_and_scale("net.2.weight")
+    torch.testing.assert_close(loc.detach(), net[2].weight_init)
+    prior_std = net[2].prior_distribution("weight").base_dist.scale
+    torch.testing.assert_close(scale.detach(), prior_std.expand_as(scale))

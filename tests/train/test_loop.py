@@ -806,3 +806,21 @@ def test_validation_data_leaves_the_training_run_as_it_was(kl_weight):
     assert without.keys() == with_validation.keys()
     for name in without:
         assert torch.equal(without[name], with_validation[name]), name
+
+
+def test_a_guide_list_whose_normal_part_reaches_no_site_is_said_to_give_no_per_layer_columns():
+    """A misspelt expose= leaves the Normal part without sites: the History says it has no per-layer columns."""
+    import warnings
+
+    from pyro.infer import autoguide
+
+    x, y = small_data()
+    model = regression_model()
+    guide = autoguide.AutoGuideList(model)
+    guide.append(autoguide.AutoNormal(pyro.poutine.block(model, expose=["net.0.weights"])))  # (sic)
+    guide.append(autoguide.AutoDelta(pyro.poutine.block(model, hide=["net.0.weights"])))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = fit(model, guide, (x, y), epochs=2, batch_size=16, seed=0)
+    assert "kl_by_layer" not in history.keys()
+    assert sum("hold no latent site" in str(w.message) for w in caught) == 1
