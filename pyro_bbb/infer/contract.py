@@ -166,7 +166,7 @@ class KeptGradients:
 
     def __init__(self):
         self._kept = {id(param): (weakref.ref(param), mark) for param, mark in list(_marks.items())
-                      if mark.gradient_kept(param)}
+                      if mark.gradient_kept(param)} if len(_marks) else {}  # (IVON takes every mark it applies)
 
     def runs_under(self, params: Iterable[torch.Tensor]) -> list[ObjectiveRun]:
         """The runs whose kept gradients are on ``params``."""
