@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -63,10 +63,10 @@ class _Mark:
 
     def gradient_kept(self, param: torch.Tensor) -> bool:
         """Whether ``param``'s gradient is still the tensor this mark's run left, unchanged (not zeroed in place,
-        replaced or released)."""
+        replaced or released) and not all zeros (``grad.data.zero_()`` leaves torch's version count as it was)."""
         grad = param.grad
         kept = grad is not None and self.grad is not None and self.grad() is grad
-        return kept and tensor_version(grad) == self.version
+        return kept and tensor_version(grad) == self.version and bool(grad.any())
 
 
 def _gradient_state(param: torch.Tensor) -> tuple[weakref.ref | None, int]:
@@ -87,7 +87,9 @@ class ObjectiveRun:
     a number), the ``scale`` a handler multiplied the whole loss by (``poutine.scale`` around the model and the guide;
     ``None`` when they were scaled unalike), and whether its backward was ``summed`` onto gradients an earlier run
     left, neither applied nor zeroed (gradient accumulation, or a loop that forgot to zero them: :meth:`adds_onto`).
-    ``take_back`` undoes, newest first, what the calls behind these gradients recorded as a step (:meth:`refused`).
+    ``take_back`` undoes what the calls behind these gradients recorded as a step (:meth:`refused`): per thing
+    recorded (a schedule's step, a guide's trained weight; the key), the value before the oldest of those calls, as
+    ``(order, action)`` -- bounded however many calls a never-zeroed gradient sums.
     Two runs are the same only when they are one object.
 
     Examples
@@ -100,7 +102,7 @@ class ObjectiveRun:
     kl_weight: Any
     scale: float | None = 1.0
     summed: bool = False
-    take_back: tuple[Callable[[], None], ...] = ()
+    take_back: dict[Any, tuple[int, Callable[[], None]]] = field(default_factory=dict)
 
     def adds_onto(self, earlier: list[ObjectiveRun]) -> None:
         """Note that this run's backward added onto the gradients of the ``earlier`` runs (none: nothing noted).
@@ -114,8 +116,10 @@ class ObjectiveRun:
         """
         if earlier:
             self.summed = True
-            actions = [*self.take_back, *(action for run in earlier for action in run.take_back)]
-            self.take_back = tuple(dict.fromkeys(actions))
+            for run in earlier:  # per key, the oldest call's value is the one before them all
+                for key, (order, action) in run.take_back.items():
+                    if key not in self.take_back or order < self.take_back[key][0]:
+                        self.take_back[key] = (order, action)
 
     def refused(self) -> None:
         """Take back what the calls that computed these gradients recorded as a training step (a KL schedule's step,
@@ -124,11 +128,11 @@ class ObjectiveRun:
         Examples
         --------
         >>> steps = [3]
-        >>> ObjectiveRun(50, 1.0, take_back=(lambda: steps.__setitem__(0, 2),)).refused()
+        >>> ObjectiveRun(50, 1.0, take_back={"step": (0, lambda: steps.__setitem__(0, 2))}).refused()
         >>> steps
         [2]
         """
-        for action in self.take_back:
+        for _, action in self.take_back.values():
             action()
 
 
@@ -225,8 +229,12 @@ def watch_backward(loss: torch.Tensor, run: ObjectiveRun, params: list[torch.Ten
                 if written and kept:  # added onto the kept gradient of an earlier run
                     under.append(mark.run)
                 # not written (torch.autograd.grad) onto a kept gradient: .grad is still the earlier run's; else this
-                # run's (written, or returned for the caller to set, as a functional loop does)
-                _marks[param] = mark if kept and not written else _Mark.on(param, run)
+                # run's (written; or returned for the caller to set, as a functional loop does: the gradient there
+                # now, e.g. zeros, is not one this run left)
+                if kept and not written:
+                    _marks[param] = mark
+                else:
+                    _marks[param] = _Mark.on(param, run) if written else _Mark(run, None, -1)
             run.adds_onto(list(dict.fromkeys(under)))
         queue_after_backward(left)
         return grad

@@ -19,6 +19,7 @@ Examples
 
 from __future__ import annotations
 
+import itertools
 import math
 import weakref
 from collections.abc import Callable
@@ -417,7 +418,7 @@ class ELBO(TraceMeanField_ELBO):
                 reached = {id(p): p for p in (site["value"].unconstrained() for site in sites)}
                 params = list(reached.values())
                 run = ObjectiveRun(self.last_terms["num_data"] or self.last_terms["batch_size"], self.kl_weight,
-                                   scale=self.current_call.scale, take_back=(take_back,))
+                                   scale=self.current_call.scale, take_back=take_back)
                 if backward_ours:  # its backward has run: onto the gradients kept when it started, if any
                     run.adds_onto(kept.runs_under(params))
                     mark_objective_run(params, run)
@@ -427,20 +428,24 @@ class ELBO(TraceMeanField_ELBO):
             self.current_call = None
 
     @staticmethod
-    def _taking_back(pair: PairState, guide) -> Callable[[], None]:
-        """What undoes the training step a gradient call is about to record (the schedule's step, the guide's trained
-        weight), should the optimizer refuse its gradients. It holds the pair and the guide weakly: the marks it rides
-        on outlive a step whose optimizer takes none (Adam), and must not keep a dead model alive."""
+    def _taking_back(pair: PairState, guide) -> dict[Any, tuple[int, Callable[[], None]]]:
+        """What undoes the training step a gradient call is about to record, should the optimizer refuse its
+        gradients: the schedule's step and the guide's trained weight as they are now (keyed by what they restore,
+        ordered by the call: see :class:`~pyro_bbb.infer.contract.ObjectiveRun`). It holds the pair and the guide
+        weakly: the marks it rides on outlive a step whose optimizer takes none (Adam), and must not keep a dead
+        model alive."""
         step, record = pair.step, kl_weight_of(guide)
         pair_ref, guide_ref = weakref.ref(pair), _reference(guide)
+        order = next(_CALLS)
 
-        def take_back() -> None:
-            pair_now, guide_now = pair_ref(), guide_ref()
-            if pair_now is not None:
+        def step_back() -> None:
+            if (pair_now := pair_ref()) is not None:
                 pair_now.step = step
-            if guide_now is not None:
+
+        def record_back() -> None:
+            if (guide_now := guide_ref()) is not None:
                 record_kl_weight(guide_now, record)
-        return take_back
+        return {("step", id(pair)): (order, step_back), ("record", id(guide_ref())): (order, record_back)}
 
     def _checked_vectorized_traces(self, model, guide, unscaled_model, args, kwargs):
         """The particle traces where the vectorized particles are not known to be right: the first call compares
@@ -534,6 +539,9 @@ class PairStates:
             state = self._states[key] = PairState(model, guide)
         self.current = state
         return state
+
+
+_CALLS = itertools.count()  # the order of gradient calls, for what a refused step takes back
 
 
 def pair_identity(model, guide) -> tuple:

@@ -171,6 +171,13 @@ class BayesianLightningModule(pl.LightningModule):
         if isinstance(self.pyro_optimizer, IVON):
             self.pyro_optimizer.check_training(self.guide, self.elbo, clip_norm=self.trainer.gradient_clip_val,
                                                clipping_option="Trainer(gradient_clip_val)")
+            if self.trainer.accumulate_grad_batches != 1:
+                raise ValueError(
+                    f"Trainer(accumulate_grad_batches={self.trainer.accumulate_grad_batches}) sums the gradients of "
+                    "several batches, and IVON reads the likelihood's curvature off the gradient of one ELBO "
+                    "estimate: drop accumulate_grad_batches (a larger batch_size in the DataLoader does what it "
+                    "would), or train with pyro_bbb.optim.Adam."
+                )
         return _PyroOptimizerStep(self.parameters(), self.pyro_optimizer)
 
 

@@ -20,7 +20,7 @@ from pyro.optim import PyroOptim
 
 from .._checks import is_set_up
 from .._inputs import num_rows
-from .._internals import PyroOptimizerState, all_finite, foreach_copy_, set_up_autoguide
+from .._internals import PyroOptimizerState, all_finite, foreach_copy_, set_up_autoguide, unwrap_handlers
 from .._plates import data_plate_of
 from ..infer.contract import ObjectiveRun, mark_objective_run
 from ..infer.elbo import ELBO
@@ -202,7 +202,9 @@ class TrainingStep:
         """One step on the batch ``(x, y)``: loss and gradients, clipping, the optimizer; returns the loss."""
         self.steps += 1
         if self.steps == 1:  # gradients the caller's own calls left (a look at their norms) are not this run's
-            for part in (self.model, self.guide):
+            for _, param in pyro.get_param_store().named_parameters():  # (a pyro.module body's too)
+                param.grad = None
+            for part in (unwrap_handlers(self.model), unwrap_handlers(self.guide)):
                 for param in part.parameters() if isinstance(part, torch.nn.Module) else ():
                     param.grad = None
         if self.distributed:

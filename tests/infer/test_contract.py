@@ -212,6 +212,50 @@ def test_backwards_that_write_no_gradient_leave_one_elbos_gradients(loop):
     assert optimizer.steps == 1
 
 
+@pytest.mark.parametrize("loop", ["zeros kept, input gradients first", "zeroed through .data"])
+def test_zero_gradients_kept_in_place_are_not_a_sum(loop):
+    """Gradients held as zero tensors, with an input-gradient pass (torch.autograd.grad w.r.t. x, FGSM-style) before
+    the training backward, and gradients zeroed through .data (which torch's version count does not see): one
+    ELBO's gradient each step."""
+    bnn, guide, x, y, optimizer, elbo = _ivon_after_one_step()
+    params = store_params()
+    for _ in range(2):
+        if loop == "zeros kept, input gradients first":
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            xa = x[:32].clone().requires_grad_()
+            torch.autograd.grad(elbo.differentiable_loss(bnn, guide, xa, y[:32]), [xa])
+        else:
+            elbo.loss_and_grads(bnn, guide, x[:32], y[:32])  # a look at the gradients
+            for p in params:
+                p.grad.data.zero_()
+        elbo.differentiable_loss(bnn, guide, x[32:64], y[32:64]).backward()
+        optimizer(params)
+    assert optimizer.steps == 2
+
+
+def test_what_a_refused_step_takes_back_stays_bounded_when_a_gradient_is_never_zeroed():
+    """A deterministic body that the user's torch optimizer does not train: its gradient is never zeroed, so each
+    run adds onto the last. What a refusal would take back stays one entry per thing recorded, not one per step."""
+    from pyro_bbb.infer import contract
+
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), BayesianLinear(4, 1))
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
+    guide = MeanFieldGuide(bnn)
+    x, y = torch.randn(32, 3), torch.randn(32, 1)
+    guide(x, y)
+    elbo = ELBO(num_data=N)
+    optimizer = torch.optim.Adam(guide.parameters(), lr=1e-3)
+    for _ in range(50):
+        optimizer.zero_grad()
+        elbo.differentiable_loss(bnn, guide, x, y).backward()
+        optimizer.step()
+    body = contract._marks[net[0].weight]
+    assert body.run.summed and len(body.run.take_back) == 2  # the ELBO's step and the guide's record
+
+
 @pytest.mark.parametrize("how", ["two backwards", "two losses, one backward", "loss_and_grads then backward"])
 def test_differentiable_losses_summed_by_the_callers_backward_are_refused(how):
     """differentiable_loss(...).backward() twice without zeroing, two losses added and one backward, or a backward
@@ -237,13 +281,21 @@ def test_differentiable_losses_summed_by_the_callers_backward_are_refused(how):
     assert optimizer.steps == 1
 
 
-def test_fit_with_ivon_after_a_look_at_the_gradients_trains():
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_fit_with_ivon_after_a_look_at_the_gradients_trains(wrapped):
     """Gradients the user's own ELBO call left before fit (a look at their norm) are not fit's: its first step
-    releases them, and IVON trains."""
-    bnn, guide, x, y = _setup("MeanFieldGuide")
-    ELBO(num_data=N).loss_and_grads(bnn, guide, x[:32], y[:32])
+    releases them, and IVON trains, also for a model wrapped in a handler (not a module itself) whose deterministic
+    body's gradients are no guide's."""
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    bnn = pyro_bbb.BNN(torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), BayesianLinear(8, 1)),
+                       likelihoods.Gaussian(scale=0.5))
+    guide = MeanFieldGuide(bnn)
+    x, y = torch.randn(N, 3), torch.randn(N, 1)
+    model = poutine.scale(bnn, 1.0) if wrapped else bnn
+    ELBO(num_data=N).loss_and_grads(model, guide, x[:32], y[:32])
     optimizer = IVON(guide, num_data=N)
-    pyro_bbb.fit(bnn, guide, (x, y), epochs=1, batch_size=32, kl_weight=1, optimizer=optimizer, progress=False)
+    pyro_bbb.fit(model, guide, (x, y), epochs=1, batch_size=32, kl_weight=1, optimizer=optimizer, progress=False)
     assert optimizer.steps == 6
 
 

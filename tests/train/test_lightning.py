@@ -125,6 +125,8 @@ def test_lightning_refuses_what_ivon_cannot_read_before_any_step():
     module = BayesianLightningModule(bnn, guide, num_data=64, optimizer=IVON(guide, num_data=64))
     with pytest.raises(ValueError, match=r"Trainer\(gradient_clip_val\)=1.0"):
         _trainer(gradient_clip_val=1.0).fit(module, DataLoader(TensorDataset(x, y), batch_size=16))
+    with pytest.raises(ValueError, match=r"Trainer\(accumulate_grad_batches=2\) sums the gradients"):
+        _trainer(accumulate_grad_batches=2).fit(module, DataLoader(TensorDataset(x, y), batch_size=16))
     for name, value in guide.state_dict().items():
         torch.testing.assert_close(value, before[name], rtol=0, atol=0)
 
