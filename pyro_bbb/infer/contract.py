@@ -56,28 +56,27 @@ class _Mark:
 
     @staticmethod
     def on(param: torch.Tensor, run: ObjectiveRun) -> _Mark:
-        grad = param.grad
-        if grad is None:
-            return _Mark(run, None, -1)
-        return _Mark(run, weakref.ref(grad), tensor_version(grad))
+        return _Mark(run, *_gradient_state(param))
 
     def gradient_kept(self, param: torch.Tensor) -> bool:
         """Whether ``param``'s gradient is still the tensor this mark's run left, unchanged (not zeroed in place,
         replaced or released) and not all zeros (``grad.data.zero_()`` leaves torch's version count as it was)."""
         grad = param.grad
-        kept = grad is not None and self.grad is not None and self.grad() is grad
-        return kept and tensor_version(grad) == self.version and bool(grad.any())
+        return grad is not None and self.grad is not None and _unchanged(param, (self.grad, self.version)) \
+            and bool(grad.any())
 
 
 def _gradient_state(param: torch.Tensor) -> tuple[weakref.ref | None, int]:
+    """``param``'s gradient as it is now: the tensor (weakly) and torch's count of its in-place changes."""
     grad = param.grad
     return (None, -1) if grad is None else (weakref.ref(grad), tensor_version(grad))
 
 
 def _unchanged(param: torch.Tensor, state: tuple[weakref.ref | None, int]) -> bool:
+    """Whether ``param``'s gradient is still as :func:`_gradient_state` saw it (``None`` then: still ``None``)."""
     ref, version = state
     grad = param.grad
-    return grad is None if ref is None else ref() is grad and tensor_version(grad) == version
+    return grad is None if ref is None else grad is not None and ref() is grad and tensor_version(grad) == version
 
 
 @dataclass(eq=False)

@@ -445,7 +445,7 @@ class ELBO(TraceMeanField_ELBO):
         def record_back() -> None:
             if (guide_now := guide_ref()) is not None:
                 record_kl_weight(guide_now, record)
-        return {("step", id(pair)): (order, step_back), ("record", id(guide_ref())): (order, record_back)}
+        return {("step", id(pair)): (order, step_back), ("record", id(guide)): (order, record_back)}
 
     def _checked_vectorized_traces(self, model, guide, unscaled_model, args, kwargs):
         """The particle traces where the vectorized particles are not known to be right: the first call compares
