@@ -316,6 +316,31 @@ def test_marks_do_not_keep_a_trained_model_alive():
     assert [ref() for ref in alive] == [None] * 4
 
 
+def test_a_mark_goes_with_its_parameter_and_is_not_read_off_a_new_one_at_its_address():
+    """The marks are held by identity, weakly: a deleted parameter's entry goes with it, and a parameter that a
+    dead one's id is reused for (CPython reuses addresses) carries no mark until a gradient computation leaves one."""
+    import gc
+    import weakref
+
+    from pyro_bbb.infer import contract
+
+    first = torch.zeros(3, requires_grad=True)
+    first.grad = torch.ones(3)
+    run = mark_objective_run([first], ObjectiveRun(N, 1.0))
+    before = len(contract._marks)
+    assert contract._marks.get(first).run is run
+    del first
+    gc.collect()
+    assert len(contract._marks) == before - 1
+    second = torch.zeros(3, requires_grad=True)
+    contract._marks._entries[id(second)] = (weakref.ref(torch.zeros(1)), "a dead parameter's mark")  # an id reused
+    gc.collect()
+    assert contract._marks.get(second) is None and take_objective_run([second]) is None
+    second.grad = torch.ones(3)
+    assert mark_objective_run([second], run) is run and contract._marks[second].run is run
+    assert take_objective_run([second]) is run and contract._marks.get(second) is None
+
+
 def test_a_refused_step_is_not_counted_as_trained():
     """The ELBO counts a gradient call as a training step (the KL schedule's step, the weight the guide is noted as
     trained at, which summary, evidence and save report); a step the optimizer refuses takes both back."""
