@@ -114,15 +114,14 @@ def normal_kl_sum(mu: torch.Tensor, s: torch.Tensor, p) -> torch.Tensor | None:
     return normal_kl_of(mu, s, *constants)
 
 
-def normal_kl_of(mu: torch.Tensor, s: torch.Tensor, m: float, t: float | torch.Tensor,
-                 log_s_sum: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`normal_kl_sum` given the prior's ``(m, t)`` (and ``sum log s``, when the caller has it already)."""
+def normal_kl_of(mu: torch.Tensor, s: torch.Tensor, m: float, t: float | torch.Tensor) -> torch.Tensor:
+    """:func:`normal_kl_sum` given the prior's ``(m, t)``."""
     n = mu.numel()
     squares = torch.linalg.vector_norm(s).square() + torch.linalg.vector_norm(mu).square()
     if m != 0.0:  # sum (mu - m)^2 = |mu|^2 - 2 m sum(mu) + n m^2, without an elementwise pass
         squares = squares - 2 * m * mu.sum() + n * m * m
     log_t = t.log() if isinstance(t, torch.Tensor) else math.log(t)
-    return squares * (0.5 / (t * t)) - (s.log().sum() if log_s_sum is None else log_s_sum) + n * (log_t - 0.5)
+    return squares * (0.5 / (t * t)) - s.log().sum() + n * (log_t - 0.5)
 
 
 def constant_normal(p) -> tuple[float, float] | None:

@@ -26,7 +26,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 
-from .._kl import constant_normal, elementwise_kl, normal_kl_of, total_kl
+from .._kl import constant_normal, elementwise_kl, total_kl
 from .._rng import rng_untouched
 from .._warnings import warn_at_caller
 from ..infer.guide import (
@@ -141,14 +141,11 @@ def _add_site(parts: dict[str, dict[str, Any]], guide, name: str, site: dict, ow
     real = name in owners and is_real_support(site["fn"].support)
     constants = constant_normal(prior) if real and not tails else None
     if constants is not None:  # (fit's record after every epoch) sums of closed forms, no per-weight tensor
-        loc, scale = (t.detach().double() for t in site_loc_scale(guide, name))
+        loc, scale = (t.detach() for t in site_loc_scale(guide, name))
         if prior.shape() == loc.shape:
             part = _part(parts, owners[name])
             part["num_weights"] += loc.numel()
-            # KL(N(mu, s) || N(m, t)) summed, sum s, sum log s: the rest of the sums follow from (n, m, t)
-            log_sum = scale.log().sum()
-            kl = normal_kl_of(loc, scale, *constants, log_s_sum=log_sum)
-            part["pending"].append((torch.stack([kl, scale.sum(), log_sum]), loc.numel(), constants[1]))
+            part["pending"].append((loc, scale, *constants))  # summed with every other such site in _summarize
             return
     q = site_posterior(guide, name, site)
     if real:  # each weight's KL in float64: a width near 0 (a pruned weight's 1e-37) squares to 0 in float32 (inf)
@@ -175,7 +172,8 @@ def _add_site(parts: dict[str, dict[str, Any]], guide, name: str, site: dict, ow
 
 def _part(parts: dict[str, dict[str, Any]], layer: str) -> dict[str, Any]:
     """Layer ``layer``'s part: its KL, its number of weights, the sums of :data:`_SUMS` over its real-valued weights
-    (``None`` before the first), the fast path's sums still to be read (tensors) and each weight's KL (``tails``)."""
+    (``None`` before the first), the fast path's sites still to be summed (``(loc, scale, m, t)``, by
+    :func:`_site_sums`) and each weight's KL (``tails``)."""
     return parts.setdefault(layer, {"kl": 0.0, "num_weights": 0, "sums": None, "pending": [], "kls": []})
 
 
@@ -185,12 +183,13 @@ def _add_sums(part: dict[str, Any], sums: list[float]) -> None:
 
 
 def _summarize(parts: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Each layer's entry of :func:`layer_summary` from its part (the fast path's sums read in one transfer)."""
+    """Each layer's entry of :func:`layer_summary` from its part (the fast path's sites summed together)."""
     pending = [(part, *rest) for part in parts.values() for rest in part["pending"]]
-    if pending:
-        values = torch.stack([sums.to("cpu") for _, sums, _, _ in pending]).tolist()
-        for (part, _, n, t), (kl, std, log_std) in zip(pending, values):
-            _add_sums(part, [n, kl, std, n * t, std / t, log_std - n * math.log(t)])
+    for (part, loc, _, m, t), (std, log_std, squares, loc_sum) in zip(pending, _site_sums(pending)):
+        n = loc.numel()
+        # KL(N(mu, s) || N(m, t)) summed over the weights, from sums: sum (mu - m)^2 = sum mu^2 - 2 m sum mu + n m^2
+        kl = (squares - 2 * m * loc_sum + n * m * m) / (2 * t * t) - log_std + n * (math.log(t) - 0.5)
+        _add_sums(part, [n, kl, std, n * t, std / t, log_std - n * math.log(t)])
     summary = {}
     for layer, part in parts.items():
         entry = {"kl": part["kl"], "num_weights": part["num_weights"]}
@@ -203,6 +202,40 @@ def _summarize(parts: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
             entry["std_ratio"], entry["std_ratio_geomean"] = means["ratio"], math.exp(means["log_ratio"])
         summary[layer] = entry
     return summary
+
+
+#: At most this many weights are joined into one array by :func:`_site_sums` (a larger site is summed alone): the
+#: joined array holds six float64 numbers per weight, and a large network's weights must not need that at once
+_JOINED_WEIGHTS = 1 << 20
+
+
+def _site_sums(pending: list[tuple]) -> list[list[float]]:
+    """``[sum s, sum log s, sum s^2 + sum mu^2, sum mu]`` of each pending site's ``(loc mu, scale s)``, in float64
+    (a width near 0 squares to 0 in float32). Sites of one device, up to :data:`_JOINED_WEIGHTS` weights, are joined
+    into one (4, weights) array and summed along its slices: a few operations for any number of sites, where fit reads
+    this after every epoch and a small net's epoch is a few steps."""
+    chunks: list[list[int]] = []
+    open_chunks: dict[torch.device, tuple[list[int], int]] = {}  # per device: the chunk being filled, its weights
+    for i, (_, loc, *_) in enumerate(pending):
+        chunk, size = open_chunks.get(loc.device, ([], 0))
+        if not chunk or size + loc.numel() > _JOINED_WEIGHTS:
+            chunk, size = [], 0
+            chunks.append(chunk)
+        chunk.append(i)
+        open_chunks[loc.device] = (chunk, size + loc.numel())
+    sums: list[list[float] | None] = [None] * len(pending)
+    for chunk in chunks:
+        locs = torch.cat([pending[i][1].reshape(-1) for i in chunk]).double()
+        scales = torch.cat([pending[i][2].reshape(-1) for i in chunk]).double()
+        if len(chunk) == 1:  # (no joined array)
+            per_site = torch.stack([scales.sum(), scales.log().sum(), scales.square().sum() + locs.square().sum(),
+                                    locs.sum()])[None]
+        else:
+            rows = torch.stack([scales, scales.log(), torch.addcmul(scales * scales, locs, locs), locs])
+            per_site = torch.stack([part.sum(1) for part in rows.split([pending[i][1].numel() for i in chunk], 1)])
+        for i, values in zip(chunk, per_site.tolist()):
+            sums[i] = values
+    return sums
 
 
 def kl_by_layer(model: Callable, guide) -> dict[str, float]:

@@ -182,7 +182,35 @@ def test_layer_summary_of_pruned_weights_is_finite_and_the_same_by_both_routes()
         assert light[layer] == pytest.approx({k: v for k, v in entry.items() if k != "kl_q99"}, rel=1e-6)
 
 
-def test_what_fit_records_after_every_epoch_is_each_layers_kl_and_widths_by_hand():
+def test_what_fit_records_after_every_epoch_reads_layers_of_two_dtypes():
+    """The summed route joins every site's weights into one float64 array: a float64 layer beside a float32 one."""
+    from pyro.nn import PyroModule
+
+    class TwoPrecisions(PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.wide = BayesianLinear(3, 4, prior=priors.Normal(0.0, 0.5), dtype=torch.float64)
+            self.head = BayesianLinear(4, 2, prior=priors.Normal(0.2, 1.5))
+
+        def forward(self, x):
+            return self.head(self.wide(x).float())
+
+    net = TwoPrecisions()
+    guide = pyro_bbb.MeanFieldGuide(net, init_scale=0.3)
+    guide(torch.randn(5, 3, dtype=torch.float64))
+    light = diagnostics.layer_summary(net, guide, tails=False)
+    for layer, (m, t) in {"wide": (0.0, 0.5), "head": (0.2, 1.5)}.items():
+        posteriors = [q for name, q in guide.site_posteriors().items() if name.startswith(layer + ".")]
+        prior = torch.distributions.Normal(torch.tensor(m, dtype=torch.float64), t)
+        kl = sum(float(kl_divergence(torch.distributions.Normal(q.loc.double(), q.scale.double()), prior).sum())
+                 for q in posteriors)
+        assert light[layer]["kl"] == pytest.approx(kl, rel=1e-6)
+        assert light[layer]["posterior_std"] == pytest.approx(0.3, rel=1e-6)
+
+
+@pytest.mark.parametrize("joined", [1 << 20, 16], ids=["sites joined", "a site alone"])
+def test_what_fit_records_after_every_epoch_is_each_layers_kl_and_widths_by_hand(joined, monkeypatch):
+    monkeypatch.setattr(diagnostics, "_JOINED_WEIGHTS", joined)  # 16: the 15 weights alone, then 5 + 5 + 1 joined
     bnn, guide, _, _ = fitted_3_5_1(priors.Normal(0.3, 0.7), init_scale=0.2)
     with torch.no_grad():
         pyro.param("MeanFieldGuide.locs.net.0.weight").add_(torch.linspace(-1.0, 1.0, 15).reshape(5, 3))
