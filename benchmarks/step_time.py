@@ -151,6 +151,7 @@ def bayesian_model(widths):
 
 def plain_pyro(widths, batch, num_data):
     model = bayesian_model(widths)
+    model.num_data = num_data  # the likelihood scaled by N / B through the model's data plate (Pyro's ELBO has no N)
     guide = AutoNormal(model, init_scale=1e-4)
     svi = SVI(model, guide, pyro.optim.Adam({"lr": 1e-3}), TraceMeanField_ELBO())
     return svi.step
