@@ -11,6 +11,7 @@ True
 from __future__ import annotations
 
 import math
+import operator
 
 import pyro
 import pyro.poutine as poutine
@@ -143,6 +144,7 @@ class TrainingStep:
         self.model, self.guide, self.optimizer = model, guide, optimizer
         self.clip_norm, self.estimator, self.distributed = clip_norm, estimator_context, distributed
         self.snapshot: dict[torch.Tensor, torch.Tensor] = {}
+        self._last_copy: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])  # a step's parameters, their copies
         self.initial: dict[torch.Tensor, torch.Tensor] = {}  # each parameter as this fit first saw it
         # and the model's buffers (batch norm's running statistics) as they are now
         self.initial_buffers = [(b, b.detach().clone()) for b in model.buffers()] \
@@ -263,7 +265,12 @@ class TrainingStep:
 
     @torch.no_grad()
     def _remember(self, params: list[torch.Tensor]) -> None:
-        """Copy the parameters that just gave a finite loss (one foreach copy once every parameter is known)."""
+        """Copy the parameters that just gave a finite loss (one foreach copy once every parameter is known; the
+        same parameters as the step before, as nearly every step has, are not looked up again)."""
+        last, copies = self._last_copy
+        if last and len(params) == len(last) and all(map(operator.is_, params, last)):
+            foreach_copy_(copies, params)
+            return
         known = [p for p in params if p in self.snapshot]  # tensors hash by identity
         if known:
             foreach_copy_([self.snapshot[p] for p in known], known)
@@ -271,6 +278,7 @@ class TrainingStep:
             if p not in self.snapshot:
                 self.snapshot[p] = p.detach().clone()
                 self.initial[p] = self.snapshot[p].clone()
+        self._last_copy = (list(params), [self.snapshot[p] for p in params])
 
     @torch.no_grad()
     def restore_initial(self) -> None:
