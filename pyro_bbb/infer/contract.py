@@ -97,19 +97,19 @@ class _MarkTable:
 class _Mark(NamedTuple):
     run: ObjectiveRun
     grad: weakref.ref | None  # None: no gradient, or one a backward is still computing (pending)
-    version: int
     pending_in: int | None = None  # the backward (its id) still computing this run's gradient
 
     @staticmethod
     def on(param: torch.Tensor, run: ObjectiveRun) -> _Mark:
-        return _Mark(run, *_gradient_state(param))
+        return _Mark(run, None if param.grad is None else weakref.ref(param.grad))
 
     def gradient_kept(self, param: torch.Tensor) -> bool:
-        """Whether ``param``'s gradient is still the tensor this mark's run left, unchanged (not zeroed in place,
-        replaced or released) and not all zeros (``grad.data.zero_()`` leaves torch's version count as it was)."""
+        """Whether ``param``'s gradient is still the tensor this mark's run left (not replaced or released) and not
+        all zeros (not zeroed, in place or through ``.data``): a backward now adds onto it. Changed in place otherwise
+        -- clipped or unscaled between accumulated backwards, another loss's backward added -- it still holds this
+        run's gradient, and is kept."""
         grad = param.grad
-        return grad is not None and self.grad is not None and _unchanged(param, (self.grad, self.version)) \
-            and bool(grad.any())
+        return grad is not None and self.grad is not None and self.grad() is grad and bool(grad.any())
 
 
 # unconstrained parameter -> the run that last computed its gradient and was not yet applied, with the gradient
@@ -267,7 +267,7 @@ def watch_backward(loss: torch.Tensor, run: ObjectiveRun, params: list[torch.Ten
                 mark.run.adds_onto([run])
             kept = mark is not None and mark.pending_in is None and mark.gradient_kept(param)
             entries.append((weakref.ref(param), mark, kept, _gradient_state(param)))
-            _marks[param] = _Mark(run, None, -1, pending_in=backward)
+            _marks[param] = _Mark(run, None, pending_in=backward)
 
         def left() -> None:
             under = []
@@ -285,7 +285,7 @@ def watch_backward(loss: torch.Tensor, run: ObjectiveRun, params: list[torch.Ten
                 if kept and not written:
                     _marks[param] = mark
                 else:
-                    _marks[param] = _Mark.on(param, run) if written else _Mark(run, None, -1)
+                    _marks[param] = _Mark.on(param, run) if written else _Mark(run, None)
             run.adds_onto(list(dict.fromkeys(under)))
         queue_after_backward(left)
         return grad
