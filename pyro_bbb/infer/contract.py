@@ -103,13 +103,25 @@ class _Mark(NamedTuple):
     def on(param: torch.Tensor, run: ObjectiveRun) -> _Mark:
         return _Mark(run, None if param.grad is None else weakref.ref(param.grad))
 
-    def gradient_kept(self, param: torch.Tensor) -> bool:
-        """Whether ``param``'s gradient is still the tensor this mark's run left (not replaced or released) and not
-        all zeros (not zeroed, in place or through ``.data``): a backward now adds onto it. Changed in place otherwise
-        -- clipped or unscaled between accumulated backwards, another loss's backward added -- it still holds this
-        run's gradient, and is kept."""
-        grad = param.grad
-        return grad is not None and self.grad is not None and self.grad() is grad and bool(grad.any())
+
+def _gradients_kept(marked: list[tuple[torch.Tensor, _Mark | None]]) -> list[bool]:
+    """For each ``(param, mark)``: whether ``param``'s gradient is still the tensor the mark's (finished) run left
+    (not replaced or released) and not all zeros (not zeroed, in place or through ``.data``): a backward now adds
+    onto it. Changed in place otherwise -- clipped or unscaled between accumulated backwards -- it still holds that
+    run's gradient, and is kept. The "not all zeros" reads take one device sync per device, not one per parameter (a
+    loop that zeroes in place keeps the same tensors)."""
+    same = [mark is not None and mark.pending_in is None and mark.grad is not None and param.grad is not None
+            and mark.grad() is param.grad for param, mark in marked]
+    by_device: dict[torch.device, list[int]] = {}
+    for i, (param, _) in enumerate(marked):
+        if same[i]:
+            by_device.setdefault(param.grad.device, []).append(i)
+    kept = [False] * len(marked)
+    for indices in by_device.values():
+        nonzero = torch.stack([marked[i][0].grad.any() for i in indices]).tolist()
+        for i, value in zip(indices, nonzero):
+            kept[i] = value
+    return kept
 
 
 # unconstrained parameter -> the run that last computed its gradient and was not yet applied, with the gradient
@@ -220,8 +232,9 @@ class KeptGradients:
 
     def __init__(self):
         # (none to scan where IVON took every mark it applied; a released gradient is not read further)
-        self._kept = {id(param): (weakref.ref(param), mark) for param, mark in _marks.items()
-                      if param.grad is not None and mark.gradient_kept(param)} if len(_marks) else {}
+        marked = [(param, mark) for param, mark in _marks.items() if param.grad is not None] if len(_marks) else []
+        self._kept = {id(param): (weakref.ref(param), mark)
+                      for (param, mark), kept in zip(marked, _gradients_kept(marked)) if kept}
 
     def runs_under(self, params: Iterable[torch.Tensor]) -> list[ObjectiveRun]:
         """The runs whose kept gradients are on ``params``."""
@@ -257,15 +270,12 @@ def watch_backward(loss: torch.Tensor, run: ObjectiveRun, params: list[torch.Ten
 
     def at_backward(grad: torch.Tensor) -> torch.Tensor:
         backward = current_backward_id()
+        marked = [(param, _marks.get(param)) for param in (ref() for ref in refs) if param is not None]
         entries = []  # per parameter: its mark, whether that mark's gradient was kept, the gradient now
-        for param in (ref() for ref in refs):
-            if param is None:
-                continue
-            mark = _marks.get(param)
+        for (param, mark), kept in zip(marked, _gradients_kept(marked)):
             if mark is not None and mark.pending_in == backward and mark.run is not run:  # another loss, this pass
                 run.adds_onto([mark.run])
                 mark.run.adds_onto([run])
-            kept = mark is not None and mark.pending_in is None and mark.gradient_kept(param)
             entries.append((weakref.ref(param), mark, kept, _gradient_state(param)))
             _marks[param] = _Mark(run, None, pending_in=backward)
 

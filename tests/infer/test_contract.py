@@ -157,6 +157,39 @@ def test_gradients_summed_over_two_elbo_calls_are_refused_unless_zeroed_between(
         assert optimizer.steps == 1
 
 
+def test_gradients_zeroed_in_place_are_read_without_a_device_sync_per_parameter():
+    """A loop that zeroes in place (torch's zero_grad(set_to_none=False)) keeps the same gradient tensors, so the check
+    reads whether each is all zeros: in one transfer per device, not one scalar read per parameter (each a host sync
+    on a GPU, once per parameter per step)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class ScalarReads(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                ScalarReads.count += 1
+            return func(*args, **(kwargs or {}))
+
+    bnn, guide, x, y = _setup("MeanFieldGuide")
+    elbo = ELBO(num_data=N)
+    params = store_params()
+    reads = {}
+    for zeroing in ("released", "zeroed in place"):
+        elbo.loss_and_grads(bnn, guide, x[:32], y[:32])
+        for p in params:
+            if zeroing == "released":
+                p.grad = None
+            else:
+                p.grad.zero_()
+        ScalarReads.count = 0
+        with ScalarReads():
+            elbo.loss_and_grads(bnn, guide, x[32:64], y[32:64])
+        reads[zeroing] = ScalarReads.count
+        zero_grads(params)
+    assert len(params) == 8 and reads["zeroed in place"] == reads["released"]
+
+
 def _ivon_after_one_step():
     bnn, guide, x, y = _setup("MeanFieldGuide")
     optimizer = IVON(guide, num_data=N)
