@@ -63,8 +63,8 @@ def has_trainable_parameters(d) -> bool:
 
 
 def _is_constant(t: torch.Tensor) -> bool:
-    """A tensor expanded from one number (every stride 0)."""
-    return all(stride == 0 for stride in t.stride()) or t.numel() == 1
+    """A tensor expanded from one number (every stride 0); not an empty one (no number to read)."""
+    return t.numel() > 0 and (all(stride == 0 for stride in t.stride()) or t.numel() == 1)
 
 
 #: Per prior distribution (layers cache theirs): the versions of its loc and scale, and ``(m, t)`` as Python numbers

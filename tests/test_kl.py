@@ -149,3 +149,13 @@ def test_a_constrained_latent_under_pyros_autoguides_counts_its_jacobian_as_trac
         assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-5)
         for ours, pyros in zip(*grads):
             torch.testing.assert_close(ours, pyros, rtol=1e-5, atol=1e-5)
+
+
+def test_an_empty_prior_has_no_constants_to_read():
+    """A prior over no weights (an expanded Normal of shape (0, 3)) has no number to read: the closed forms' fast path
+    stands aside (it raised IndexError) and the general one sums nothing."""
+    from pyro_bbb._kl import constant_normal
+
+    empty = dist.Normal(0.0, 0.5).expand([0, 3]).to_event(2)
+    assert constant_normal(empty) is None
+    assert constant_normal(dist.Normal(0.0, 0.5).expand([2, 3]).to_event(2)) == (0.0, 0.5)

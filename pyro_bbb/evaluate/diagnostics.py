@@ -107,9 +107,13 @@ def layer_summary(model: Callable, guide, tails: bool = True) -> dict[str, dict[
     require_fitted_posteriors(guide, "this diagnostic", some=True)
     owners, priors_now = site_owners(model), current_priors(model)
     parts: dict[str, dict[str, Any]] = {}
+    pending: list[tuple] = []  # the summed route's sites not yet summed: (part, loc, scale, m, t)
     with pyro.validation_enabled(False), rng_untouched(seed=0, torch_only=True):  # (nothing to validate: own tensors)
         for name, site in normal_sites(guide):
-            _add_site(parts, guide, name, site, owners, priors_now, tails)
+            _add_site(parts, pending, guide, name, site, owners, priors_now, tails)
+            if sum(loc.numel() for _, loc, *_ in pending) >= _JOINED_WEIGHTS:
+                _add_pending(pending)  # (a bounded number of widths held at once)
+        _add_pending(pending)
     return _summarize(parts)
 
 
@@ -133,8 +137,8 @@ def normal_sites(guide) -> list[tuple[str, dict]]:
 _SUMS = ("count", "kl", "std", "prior_std", "ratio", "log_ratio")
 
 
-def _add_site(parts: dict[str, dict[str, Any]], guide, name: str, site: dict, owners: dict, priors_now: dict,
-              tails: bool) -> None:
+def _add_site(parts: dict[str, dict[str, Any]], pending: list[tuple], guide, name: str, site: dict, owners: dict,
+              priors_now: dict, tails: bool) -> None:
     """Site ``name``'s KL into its layer's part; for a Bayesian layer's real-valued site, the sums of :data:`_SUMS`
     over its weights (and, with ``tails``, each weight's KL)."""
     prior = priors_now.get(name, site["fn"])  # the prior as it is now (a learned one at its current scale)
@@ -145,7 +149,7 @@ def _add_site(parts: dict[str, dict[str, Any]], guide, name: str, site: dict, ow
         if prior.shape() == loc.shape:
             part = _part(parts, owners[name])
             part["num_weights"] += loc.numel()
-            part["pending"].append((loc, scale, *constants))  # summed with every other such site in _summarize
+            pending.append((part, loc, scale, *constants))  # summed with other such sites by _add_pending
             return
     q = site_posterior(guide, name, site)
     if real:  # each weight's KL in float64: a width near 0 (a pruned weight's 1e-37) squares to 0 in float32 (inf)
@@ -172,9 +176,8 @@ def _add_site(parts: dict[str, dict[str, Any]], guide, name: str, site: dict, ow
 
 def _part(parts: dict[str, dict[str, Any]], layer: str) -> dict[str, Any]:
     """Layer ``layer``'s part: its KL, its number of weights, the sums of :data:`_SUMS` over its real-valued weights
-    (``None`` before the first), the fast path's sites still to be summed (``(loc, scale, m, t)``, by
-    :func:`_site_sums`) and each weight's KL (``tails``)."""
-    return parts.setdefault(layer, {"kl": 0.0, "num_weights": 0, "sums": None, "pending": [], "kls": []})
+    (``None`` before the first) and each weight's KL (``tails``)."""
+    return parts.setdefault(layer, {"kl": 0.0, "num_weights": 0, "sums": None, "kls": []})
 
 
 def _add_sums(part: dict[str, Any], sums: list[float]) -> None:
@@ -183,17 +186,11 @@ def _add_sums(part: dict[str, Any], sums: list[float]) -> None:
 
 
 def _summarize(parts: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Each layer's entry of :func:`layer_summary` from its part (the fast path's sites summed together)."""
-    pending = [(part, *rest) for part in parts.values() for rest in part["pending"]]
-    for (part, loc, _, m, t), (std, log_std, squares, loc_sum) in zip(pending, _site_sums(pending)):
-        n = loc.numel()
-        # KL(N(mu, s) || N(m, t)) summed over the weights, from sums: sum (mu - m)^2 = sum mu^2 - 2 m sum mu + n m^2
-        kl = (squares - 2 * m * loc_sum + n * m * m) / (2 * t * t) - log_std + n * (math.log(t) - 0.5)
-        _add_sums(part, [n, kl, std, n * t, std / t, log_std - n * math.log(t)])
+    """Each layer's entry of :func:`layer_summary` from its part."""
     summary = {}
     for layer, part in parts.items():
         entry = {"kl": part["kl"], "num_weights": part["num_weights"]}
-        entry["kl_per_weight"] = entry["kl"] / entry["num_weights"]
+        entry["kl_per_weight"] = entry["kl"] / entry["num_weights"] if entry["num_weights"] else 0.0
         if part["kls"]:
             entry["kl_q99"] = float(torch.quantile(torch.cat(part["kls"]), 0.99))
         if part["sums"] is not None:
@@ -202,6 +199,16 @@ def _summarize(parts: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
             entry["std_ratio"], entry["std_ratio_geomean"] = means["ratio"], math.exp(means["log_ratio"])
         summary[layer] = entry
     return summary
+
+
+def _add_pending(pending: list[tuple]) -> None:
+    """Add the summed route's pending sites (``(part, loc, scale, m, t)``) to their parts' sums, and empty the list."""
+    for (part, loc, _, m, t), (std, log_std, squares, loc_sum) in zip(pending, _site_sums(pending)):
+        n = loc.numel()
+        # KL(N(mu, s) || N(m, t)) summed over the weights, from sums: sum (mu - m)^2 = sum mu^2 - 2 m sum mu + n m^2
+        kl = (squares - 2 * m * loc_sum + n * m * m) / (2 * t * t) - log_std + n * (math.log(t) - 0.5)
+        _add_sums(part, [n, kl, std, n * t, std / t, log_std - n * math.log(t)])
+    pending.clear()
 
 
 #: At most this many weights are joined into one array by :func:`_site_sums` (a larger site is summed alone): the

@@ -182,6 +182,23 @@ def test_layer_summary_of_pruned_weights_is_finite_and_the_same_by_both_routes()
         assert light[layer] == pytest.approx({k: v for k, v in entry.items() if k != "kl_q99"}, rel=1e-6)
 
 
+def test_the_summed_route_holds_a_bounded_number_of_widths_at_once(monkeypatch):
+    """Each site's width is a new tensor (the param store's transform): the summed route sums its pending sites once
+    they reach _JOINED_WEIGHTS weights, instead of holding every site's until the end (a large network's widths all
+    at once, beside training's own memory)."""
+    calls = []
+    sums = diagnostics._site_sums
+    monkeypatch.setattr(diagnostics, "_JOINED_WEIGHTS", 8)
+    monkeypatch.setattr(diagnostics, "_site_sums", lambda pending: calls.append(
+        [loc.numel() for _, loc, *_ in pending]) or sums(pending))
+    bnn, guide, _, _ = fitted_3_5_1(priors.Normal(0.0, 0.7))
+    light = diagnostics.layer_summary(bnn, guide, tails=False)
+    assert [size for call in calls for size in call] == [15, 5, 5, 1]  # every site, once
+    assert max(sum(call) for call in calls) <= 8 - 1 + 15  # under the bound, then at most one more site
+    for layer, entry in diagnostics.layer_summary(bnn, guide).items():
+        assert light[layer] == pytest.approx({k: v for k, v in entry.items() if k != "kl_q99"}, rel=1e-6)
+
+
 def test_what_fit_records_after_every_epoch_reads_layers_of_two_dtypes():
     """The summed route joins every site's weights into one float64 array: a float64 layer beside a float32 one."""
     from pyro.nn import PyroModule
