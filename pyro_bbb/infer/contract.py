@@ -41,11 +41,12 @@ from .._internals import current_backward_id, queue_after_backward, tensor_versi
 
 __all__ = ["ObjectiveRun", "KeptGradients", "mark_objective_run", "watch_backward", "take_objective_run"]
 
+
 class _MarkTable:
     """Unconstrained parameter (by identity, weakly: an entry goes with its parameter) -> :class:`_Mark`. Every
-    gradient computation re-marks every parameter it reached, so replacing a parameter's mark costs a dictionary
-    write (torch's ``WeakIdKeyDictionary`` makes a new weak reference each time: about 5 us per parameter per step,
-    a few percent of a small network's step)."""
+    gradient computation re-marks every parameter it reached, so replacing a parameter's mark is one dictionary
+    write, with the weak reference made once per parameter (torch's ``WeakIdKeyDictionary`` makes one at every
+    write)."""
 
     def __init__(self):
         self._entries: dict[int, tuple[weakref.ref, _Mark]] = {}  # id(param) -> (weak reference to it, mark)
