@@ -106,16 +106,15 @@ class _Mark(NamedTuple):
 
 
 def _gradients_kept(marked: list[tuple[torch.Tensor, _Mark | None]]) -> list[bool]:
-    """For each ``(param, mark)``: whether ``param``'s gradient is still the tensor the mark's (finished) run left
-    (not replaced or released) and not all zeros (not zeroed, in place or through ``.data``): a backward now adds
-    onto it. Changed in place otherwise -- clipped or unscaled between accumulated backwards -- it still holds that
-    run's gradient, and is kept. The "not all zeros" reads take one device sync per device, not one per parameter (a
-    loop that zeroes in place keeps the same tensors)."""
-    same = [mark is not None and mark.pending_in is None and mark.grad is not None and param.grad is not None
-            and mark.grad() is param.grad for param, mark in marked]
+    """For each ``(param, mark)``: whether a backward now adds onto gradients the mark's (finished) run left, neither
+    applied (an optimizer that reads the marks takes them) nor zeroed since: ``param`` has a gradient and it is not
+    all zeros (zeroed in place, through ``.data``, or replaced by zeros as Pyro's ``zero_grads`` does). Whether it is
+    the tensor that run left or another put in its place does not matter: clipped or unscaled between accumulated
+    backwards, in place or out of place (``p.grad = p.grad / k``), it still holds that run's gradient. The "not all
+    zeros" reads take one device sync per device, not one per parameter."""
     by_device: dict[torch.device, list[int]] = {}
-    for i, (param, _) in enumerate(marked):
-        if same[i]:
+    for i, (param, mark) in enumerate(marked):
+        if mark is not None and mark.pending_in is None and param.grad is not None:
             by_device.setdefault(param.grad.device, []).append(i)
     kept = [False] * len(marked)
     for indices in by_device.values():
@@ -123,6 +122,11 @@ def _gradients_kept(marked: list[tuple[torch.Tensor, _Mark | None]]) -> list[boo
         for i, value in zip(indices, nonzero):
             kept[i] = value
     return kept
+
+
+def _left_by(param: torch.Tensor, mark: _Mark | None) -> bool:
+    """Whether ``param``'s gradient is the tensor ``mark``'s run left there."""
+    return mark is not None and mark.grad is not None and param.grad is not None and mark.grad() is param.grad
 
 
 # unconstrained parameter -> the run that last computed its gradient and was not yet applied, with the gradient
@@ -290,10 +294,10 @@ def watch_backward(loss: torch.Tensor, run: ObjectiveRun, params: list[torch.Ten
                 written = not _unchanged(param, state)
                 if written and kept:  # added onto the kept gradient of an earlier run
                     under.append(mark.run)
-                # not written (torch.autograd.grad) onto a kept gradient: .grad is still the earlier run's; else this
-                # run's (written; or returned for the caller to set, as a functional loop does: the gradient there
-                # now, e.g. zeros, is not one this run left)
-                if kept and not written:
+                # not written (torch.autograd.grad) onto a kept gradient the earlier run left: .grad is still that
+                # run's; else this run's (written; or returned for the caller to set, as a functional loop does: the
+                # gradient there now, e.g. zeros or the earlier step's, is not one this run left)
+                if kept and not written and _left_by(param, mark):
                     _marks[param] = mark
                 else:
                     _marks[param] = _Mark.on(param, run) if written else _Mark(run, None)

@@ -119,13 +119,14 @@ def test_each_gradient_computation_marks_the_parameters_it_reached_with_the_obje
     assert take_objective_run(params) is None
 
 
-@pytest.mark.parametrize("between", ["nothing", "clipped in place", "unscaled in place", "zero_grads", "zero_",
-                                     "set to None"])
+@pytest.mark.parametrize("between", ["nothing", "clipped in place", "unscaled in place", "unscaled out of place",
+                                     "clamped out of place", "zero_grads", "zero_", "set to None"])
 def test_gradients_summed_over_two_elbo_calls_are_refused_unless_zeroed_between(between):
     """Gradient accumulation (two ``loss_and_grads`` calls, then one step) hands IVON the sum of two ELBO gradients:
     twice the curvature it reads. Refused with nothing changed, unless the gradients were zeroed between the calls;
-    clipped or unscaled in place between them (torch counts an in-place change, as it counts zeroing), the second
-    backward still adds onto the first's gradients."""
+    clipped or unscaled between them, in place (torch counts an in-place change, as it counts zeroing) or by a new
+    tensor in the gradient's place (``p.grad = p.grad / 1024``), the second backward still adds onto the first's
+    gradients."""
     bnn, guide, x, y = _setup("MeanFieldGuide")
     optimizer = IVON(guide, num_data=N)
     elbo = ELBO(num_data=N)
@@ -145,9 +146,15 @@ def test_gradients_summed_over_two_elbo_calls_are_refused_unless_zeroed_between(
     elif between == "unscaled in place":
         for p in params:
             p.grad.div_(1024.0)
+    elif between == "unscaled out of place":
+        for p in params:
+            p.grad = p.grad / 1024.0
+    elif between == "clamped out of place":
+        for p in params:
+            p.grad = p.grad.clamp(-1e-3, 1e-3)
     elbo.loss_and_grads(bnn, guide, x[32:64], y[32:64])
     before = _params()
-    if between in ("nothing", "clipped in place", "unscaled in place"):
+    if between not in ("zero_grads", "zero_", "set to None"):
         with pytest.raises(ValueError, match="summed over more than one pyro_bbb.ELBO call.*zero_grads"):
             optimizer(params)
         for name, value in before.items():
@@ -297,7 +304,8 @@ def test_what_a_refused_step_takes_back_stays_bounded_when_a_gradient_is_never_z
     assert body.run.summed and len(body.run.take_back) == 2  # the ELBO's step and the guide's record
 
 
-@pytest.mark.parametrize("how", ["two backwards", "two backwards, clipped between", "two losses, one backward",
+@pytest.mark.parametrize("how", ["two backwards", "two backwards, clipped between",
+                                 "two backwards, unscaled out of place between", "two losses, one backward",
                                  "loss_and_grads then backward"])
 def test_differentiable_losses_summed_by_the_callers_backward_are_refused(how):
     """differentiable_loss(...).backward() twice without zeroing, two losses added and one backward, or a backward
@@ -310,6 +318,11 @@ def test_differentiable_losses_summed_by_the_callers_backward_are_refused(how):
     elif how == "two backwards, clipped between":
         elbo.differentiable_loss(bnn, guide, x[:32], y[:32]).backward()
         torch.nn.utils.clip_grad_norm_(params, 1e-3)
+        elbo.differentiable_loss(bnn, guide, x[32:64], y[32:64]).backward()
+    elif how == "two backwards, unscaled out of place between":
+        elbo.differentiable_loss(bnn, guide, x[:32], y[:32]).backward()
+        for p in params:
+            p.grad = p.grad / 1024.0
         elbo.differentiable_loss(bnn, guide, x[32:64], y[32:64]).backward()
     elif how == "two losses, one backward":
         (elbo.differentiable_loss(bnn, guide, x[:32], y[:32])
