@@ -17,7 +17,13 @@ import code_blocks  # noqa: E402
 PAGES = ["README.md", "docs/concepts.md", "docs/guide.md", "docs/index.md", "docs/benchmarks.md"]
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if code_blocks.python_blocks(ROOT / p)])
+#: Pages whose blocks train for minutes (the guide: a 300-epoch digits fit and three 1000-epoch fits, a third of the
+#: fast suite's time on its own): run by the slow target, which CI runs too.
+LONG_PAGES = {"docs/guide.md"}
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, marks=[pytest.mark.slow] if p in LONG_PAGES else [])
+                                  for p in PAGES if code_blocks.python_blocks(ROOT / p)])
 def test_every_python_block_of_the_page_runs_as_pasted(page, tmp_path):
     result = code_blocks.run_page(ROOT / page, tmp_path)
     assert result.returncode == 0, f"{page}:\n{result.stderr[-3000:]}"
