@@ -11,8 +11,9 @@ gradients it already applied) means another objective computed it, and a run wit
 named, with its fix, before any parameter changes. The marks belong to the parameters (held by identity, dropped
 with them), so two models trained alternately in one process, a guide wrapped in a handler and a checkpoint restored
 into new parameters are each checked against the objective that computed *their* gradients. A mark also remembers the
-gradient it was left on, so the next call can tell that its backward adds onto that gradient (neither applied and
-zeroed, nor replaced, in between: :class:`KeptGradients`, :func:`watch_backward`) and record the run as ``summed``.
+gradient it was left on, so the next call can tell that its backward adds onto that gradient (neither applied nor
+zeroed in between, whether clipped or replaced by a rescaled copy: :class:`KeptGradients`, :func:`watch_backward`)
+and mark that parameter's gradient as summed (:func:`gradients_summed`), the run as ``summed``.
 
 Examples
 --------
@@ -39,7 +40,8 @@ import torch
 
 from .._internals import current_backward_id, queue_after_backward, tensor_version
 
-__all__ = ["ObjectiveRun", "KeptGradients", "mark_objective_run", "watch_backward", "take_objective_run"]
+__all__ = ["ObjectiveRun", "KeptGradients", "mark_objective_run", "watch_backward", "gradients_summed",
+           "take_objective_run"]
 
 
 class _MarkTable:
@@ -99,10 +101,11 @@ class _Mark(NamedTuple):
     run: ObjectiveRun
     grad: weakref.ref | None  # None: no gradient, or one a backward is still computing (pending)
     pending_in: int | None = None  # the backward (its id) still computing this run's gradient
+    summed: bool = False  # the run's backward added onto this parameter's gradient from another ELBO call
 
     @staticmethod
-    def on(param: torch.Tensor, run: ObjectiveRun) -> _Mark:
-        return _Mark(run, None if param.grad is None else weakref.ref(param.grad))
+    def on(param: torch.Tensor, run: ObjectiveRun, summed: bool = False) -> _Mark:
+        return _Mark(run, None if param.grad is None else weakref.ref(param.grad), summed=summed)
 
 
 def _gradients_kept(marked: list[tuple[torch.Tensor, _Mark | None]]) -> list[bool]:
@@ -122,11 +125,6 @@ def _gradients_kept(marked: list[tuple[torch.Tensor, _Mark | None]]) -> list[boo
         for i, value in zip(indices, nonzero):
             kept[i] = value
     return kept
-
-
-def _left_by(param: torch.Tensor, mark: _Mark | None) -> bool:
-    """Whether ``param``'s gradient is the tensor ``mark``'s run left there."""
-    return mark is not None and mark.grad is not None and param.grad is not None and mark.grad() is param.grad
 
 
 # unconstrained parameter -> the run that last computed its gradient and was not yet applied, with the gradient
@@ -153,7 +151,8 @@ class ObjectiveRun:
     to (``None`` when it could not tell), its KL weight (a schedule; :class:`~pyro_bbb.infer.schedules.Constant` for
     a number), the ``scale`` a handler multiplied the whole loss by (``poutine.scale`` around the model and the guide;
     ``None`` when they were scaled unalike), and whether its backward was ``summed`` onto gradients an earlier run
-    left, neither applied nor zeroed (gradient accumulation, or a loop that forgot to zero them: :meth:`adds_onto`).
+    left, neither applied nor zeroed (gradient accumulation, or a loop that forgot to zero them: :meth:`adds_onto`),
+    on any of the parameters it reached (:func:`gradients_summed` tells for given ones).
     ``take_back`` undoes what the calls behind these gradients recorded as a step (:meth:`refused`): per thing
     recorded (a schedule's step, a guide's trained weight; the key), the value before the oldest of those calls, as
     ``(order, action)`` -- bounded however many calls a never-zeroed gradient sums.
@@ -203,9 +202,11 @@ class ObjectiveRun:
             action()
 
 
-def mark_objective_run(params: Iterable[torch.Tensor], run: ObjectiveRun) -> ObjectiveRun:
+def mark_objective_run(params: Iterable[torch.Tensor], run: ObjectiveRun,
+                       onto: KeptGradients | None = None) -> ObjectiveRun:
     """Mark each of ``params`` (unconstrained, as Pyro's optimizers get them) as having its gradient, as it is now,
-    from ``run`` (a loss whose backward is the caller's is marked when that backward runs: :func:`watch_backward`).
+    from ``run``, summed where the run's backward added onto ``onto``'s kept gradients (a loss whose backward is the
+    caller's is marked when that backward runs: :func:`watch_backward`).
 
     Examples
     --------
@@ -214,13 +215,13 @@ def mark_objective_run(params: Iterable[torch.Tensor], run: ObjectiveRun) -> Obj
     200
     """
     for param in params:
-        _marks[param] = _Mark.on(param, run)
+        _marks[param] = _Mark.on(param, run, summed=onto is not None and onto.holds(param))
     return run
 
 
 class KeptGradients:
-    """The gradients earlier runs left on the parameters that nobody has applied, zeroed, replaced or released since,
-    seen when a gradient computation starts: a backward into them adds onto them (:meth:`runs_under`).
+    """The gradients earlier runs left on the parameters that nobody has applied, zeroed or released since, seen
+    when a gradient computation starts: a backward into them adds onto them (:meth:`holds`, :meth:`runs_under`).
 
     Examples
     --------
@@ -241,14 +242,14 @@ class KeptGradients:
         self._kept = {id(param): (weakref.ref(param), mark)
                       for (param, mark), kept in zip(marked, _gradients_kept(marked)) if kept}
 
+    def holds(self, param: torch.Tensor) -> bool:
+        """Whether ``param``'s gradient is one an earlier run left and kept."""
+        ref, _ = self._kept.get(id(param), (None, None))
+        return ref is not None and ref() is param
+
     def runs_under(self, params: Iterable[torch.Tensor]) -> list[ObjectiveRun]:
         """The runs whose kept gradients are on ``params``."""
-        runs = []
-        for param in params:
-            ref, mark = self._kept.get(id(param), (None, None))
-            if ref is not None and ref() is param:
-                runs.append(mark.run)
-        return list(dict.fromkeys(runs))
+        return list(dict.fromkeys(self._kept[id(param)][1].run for param in params if self.holds(param)))
 
 
 def watch_backward(loss: torch.Tensor, run: ObjectiveRun, params: list[torch.Tensor]) -> None:
@@ -256,7 +257,8 @@ def watch_backward(loss: torch.Tensor, run: ObjectiveRun, params: list[torch.Ten
     a loss only looked at leaves the marks as they were, and so does ``torch.autograd.grad`` (which writes no
     ``.grad``) where an earlier run's gradient is kept there. The backward is ``summed`` onto the runs whose kept
     gradients it added to (an earlier run's, or this run's from an earlier backward of the same loss), and onto
-    another loss's in the same backward; one that raised part-way leaves nothing that the next one counts.
+    another loss's in the same backward, and so are those parameters' gradients (:func:`gradients_summed`); one that
+    raised part-way leaves nothing that the next one counts.
 
     Examples
     --------
@@ -276,17 +278,19 @@ def watch_backward(loss: torch.Tensor, run: ObjectiveRun, params: list[torch.Ten
     def at_backward(grad: torch.Tensor) -> torch.Tensor:
         backward = current_backward_id()
         marked = [(param, _marks.get(param)) for param in (ref() for ref in refs) if param is not None]
-        entries = []  # per parameter: its mark, whether that mark's gradient was kept, the gradient now
+        entries = []  # per parameter: its mark, whether that mark's gradient was kept, whether another loss of this
+        # backward reaches it too, the gradient now
         for (param, mark), kept in zip(marked, _gradients_kept(marked)):
-            if mark is not None and mark.pending_in == backward and mark.run is not run:  # another loss, this pass
+            shared = mark is not None and mark.pending_in == backward and mark.run is not run  # another loss, this pass
+            if shared:
                 run.adds_onto([mark.run])
                 mark.run.adds_onto([run])
-            entries.append((weakref.ref(param), mark, kept, _gradient_state(param)))
+            entries.append((weakref.ref(param), mark, kept, shared, _gradient_state(param)))
             _marks[param] = _Mark(run, None, pending_in=backward)
 
         def left() -> None:
             under = []
-            for ref, mark, kept, state in entries:
+            for ref, mark, kept, shared, state in entries:
                 param = ref()
                 now = None if param is None else _marks.get(param)
                 if now is None or now.run is not run:
@@ -294,18 +298,40 @@ def watch_backward(loss: torch.Tensor, run: ObjectiveRun, params: list[torch.Ten
                 written = not _unchanged(param, state)
                 if written and kept:  # added onto the kept gradient of an earlier run
                     under.append(mark.run)
-                # not written (torch.autograd.grad) onto a kept gradient the earlier run left: .grad is still that
-                # run's; else this run's (written; or returned for the caller to set, as a functional loop does: the
-                # gradient there now, e.g. zeros or the earlier step's, is not one this run left)
-                if kept and not written and _left_by(param, mark):
+                # not written (torch.autograd.grad) onto a kept gradient an earlier backward left (clipped or
+                # rescaled since, perhaps): .grad is still that run's; else this run's (written; or returned for the
+                # caller to set, as a functional loop does: the gradient there now, e.g. the earlier step's, which
+                # the caller set, is not one this run left)
+                if kept and not written and mark.grad is not None:
                     _marks[param] = mark
                 else:
-                    _marks[param] = _Mark.on(param, run) if written else _Mark(run, None)
+                    _marks[param] = _Mark.on(param, run, summed=kept or shared) if written else _Mark(run, None)
             run.adds_onto(list(dict.fromkeys(under)))
         queue_after_backward(left)
         return grad
 
     loss.register_hook(at_backward)
+
+
+def gradients_summed(params: Iterable[torch.Tensor]) -> bool:
+    """Whether the gradient of one of ``params`` is summed over more than one gradient call of the ELBO: a backward
+    added onto what an earlier call left there, neither applied nor zeroed (:class:`ObjectiveRun`'s ``summed`` says
+    it of any parameter the run reached: a deterministic body's, say, that its own optimizer trains with a penalty).
+
+    Examples
+    --------
+    >>> p = torch.ones(2, requires_grad=True)
+    >>> loss = (3 * p).sum()
+    >>> watch_backward(loss, ObjectiveRun(200, 1.0), [p])
+    >>> loss.backward(retain_graph=True)
+    >>> gradients_summed([p])
+    False
+    >>> loss.backward()  # twice: the second adds onto the first
+    >>> gradients_summed([p])
+    True
+    """
+    return any(mark is not None and mark.summed and param.grad is not None
+               for param, mark in ((param, _marks.get(param)) for param in params))
 
 
 def take_objective_run(params: Iterable[torch.Tensor]) -> ObjectiveRun | None:

@@ -421,7 +421,7 @@ class ELBO(TraceMeanField_ELBO):
                                    scale=self.current_call.scale, take_back=take_back)
                 if backward_ours:  # its backward has run: onto the gradients kept when it started, if any
                     run.adds_onto(kept.runs_under(params))
-                    mark_objective_run(params, run)
+                    mark_objective_run(params, run, onto=kept)
                 else:  # marked by the caller's backward, if one comes
                     self._awaiting_backward = (run, params)
         finally:

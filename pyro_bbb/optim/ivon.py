@@ -45,7 +45,7 @@ from torch.distributions import transform_to
 from .._checks import check_count, check_nonnegative, check_positive
 from .._internals import tensor_version, unwrap_handlers
 from ..distributions import EmpiricalBayesNormalDistribution
-from ..infer.contract import ObjectiveRun, take_objective_run
+from ..infer.contract import ObjectiveRun, gradients_summed, take_objective_run
 from ..infer.guide import has_site_posteriors, site_param_names
 from ..infer.schedules import Constant
 from ..nn.module import current_priors
@@ -248,9 +248,10 @@ class IVON(PyroOptim):
     # -- one step ----------------------------------------------------------------------------------------------------
     def __call__(self, params: Iterable[torch.Tensor], *args: Any, **kwargs: Any) -> None:
         params = list(dict.fromkeys(params))
+        summed = gradients_summed(params)
         run = take_objective_run(params)
         try:
-            self._check_objective(run)
+            self._check_objective(run, summed)
         except ValueError:
             for p in params:  # nothing moves, and the next step's gradients do not add to these
                 p.grad = None
@@ -382,11 +383,11 @@ class IVON(PyroOptim):
             self.site_state[site] = {"momentum": torch.zeros_like(hess), "hess": hess}
 
     # -- where it can train ------------------------------------------------------------------------------------------
-    def _check_objective(self, run: ObjectiveRun | None) -> None:
-        """A clear error, before this step changes anything, unless the gradients (of ``run``) are those of
-        ``pyro_bbb.ELBO(num_data=self.num_data)`` at KL weight ``num_data / ess``, computed since they were last
-        applied (the mark the ELBO leaves on them: :mod:`pyro_bbb.infer.contract`): in a plain ``SVI`` loop as under
-        ``fit`` or Lightning."""
+    def _check_objective(self, run: ObjectiveRun | None, summed: bool) -> None:
+        """A clear error, before this step changes anything, unless the gradients (of ``run``; ``summed`` over more
+        than one of its calls) are those of ``pyro_bbb.ELBO(num_data=self.num_data)`` at KL weight
+        ``num_data / ess``, computed once since they were last applied (the mark the ELBO leaves on them:
+        :mod:`pyro_bbb.infer.contract`): in a plain ``SVI`` loop as under ``fit`` or Lightning."""
         if run is None:
             raise ValueError(
                 f"IVON got gradients that pyro_bbb.ELBO did not compute (e.g. pyro.infer.Trace_ELBO or "
@@ -395,7 +396,7 @@ class IVON(PyroOptim):
                 f"{self.num_data}) as the objective, e.g. SVI(model, guide, optimizer, "
                 f"pyro_bbb.ELBO(num_data={self.num_data})). Nothing was changed."
             )
-        if run.summed:
+        if summed:
             raise ValueError(
                 "IVON got gradients summed over more than one pyro_bbb.ELBO call: a backward added onto gradients an "
                 "earlier call (or step) left, neither applied nor zeroed in between (gradient accumulation, or a loop "

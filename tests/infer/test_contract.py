@@ -230,6 +230,7 @@ def test_own_loops_whose_gradients_are_one_elbos_train(loop):
 
 
 @pytest.mark.parametrize("loop", ["backward raised, then retried", "autograd.grad of a validation loss",
+                                  "autograd.grad of a validation loss, gradients clamped out of place before",
                                   "functional: autograd.grad, then .grad set"])
 def test_backwards_that_write_no_gradient_leave_one_elbos_gradients(loop):
     """A backward that raised part-way (a NaN check in a hook) leaves nothing the next backward counts; a validation
@@ -248,8 +249,11 @@ def test_backwards_that_write_no_gradient_leave_one_elbos_gradients(loop):
         for p in params:
             p.grad = None
         elbo.differentiable_loss(bnn, guide, x[32:64], y[32:64]).backward()
-    elif loop == "autograd.grad of a validation loss":
+    elif loop.startswith("autograd.grad of a validation loss"):
         elbo.loss_and_grads(bnn, guide, x[:32], y[:32])
+        if loop.endswith("clamped out of place before"):  # still the training run's gradients, clamped
+            for p in params:
+                p.grad = p.grad.clamp(-10.0, 10.0)
         validation = ELBO(num_data=50).differentiable_loss(bnn, guide, x[150:], y[150:])
         torch.autograd.grad(validation, params, allow_unused=True)
     else:
@@ -280,6 +284,34 @@ def test_zero_gradients_kept_in_place_are_not_a_sum(loop):
         elbo.differentiable_loss(bnn, guide, x[32:64], y[32:64]).backward()
         optimizer(params)
     assert optimizer.steps == 2
+
+
+@pytest.mark.parametrize("zeroing", ["set_to_none=True", "set_to_none=False"])
+def test_an_auxiliary_loss_on_a_torch_trained_body_leaves_ivons_own_gradients_one_elbos(zeroing):
+    """A deterministic body trained by a torch optimizer with a penalty of its own (its own backward, before the
+    ELBO's): the body's gradients are a sum, but IVON updates the guide's parameters alone, whose gradients come from
+    one ELBO call: accepted. The sum IVON must refuse is one on its own parameters."""
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), BayesianLinear(8, 1))
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
+    guide = MeanFieldGuide(bnn)
+    x, y = torch.randn(N, 3), torch.randn(N, 1)
+    guide(x[:32], y[:32])
+    ivon, elbo = IVON(guide, num_data=N), ELBO(num_data=N)
+    body = torch.optim.Adam(net[0].parameters(), lr=1e-3)
+    for i in range(3):
+        body.zero_grad(set_to_none=zeroing == "set_to_none=True")
+        (1e-3 * sum(p.square().sum() for p in net[0].parameters())).backward()
+        elbo.differentiable_loss(bnn, guide, x[32 * i:32 * (i + 1)], y[32 * i:32 * (i + 1)]).backward()
+        ivon(list(guide.parameters()))
+        body.step()
+    assert ivon.steps == 2  # (the first call sets the widths)
+    # and the guide's own gradients summed over two ELBO calls are still refused
+    elbo.differentiable_loss(bnn, guide, x[:32], y[:32]).backward()
+    elbo.differentiable_loss(bnn, guide, x[32:64], y[32:64]).backward()
+    with pytest.raises(ValueError, match="summed over more than one"):
+        ivon(list(guide.parameters()))
 
 
 def test_what_a_refused_step_takes_back_stays_bounded_when_a_gradient_is_never_zeroed():
