@@ -51,6 +51,9 @@ def test_fit_temperature_refuses_the_training_data_and_takes_a_held_out_split():
         fit_temperature(bnn, guide, (x[:90], y[:90]))
     with pytest.raises(ValueError, match="trained on"):
         fit_temperature(bnn, guide, (x[10:40].clone(), y[10:40]))  # the same rows in another tensor
+    for held in (x[:90].numpy(), x[:90].double()):  # or as numpy, or in float64 (fit cast its rows to float32)
+        with pytest.raises(ValueError, match="trained on"):
+            fit_temperature(bnn, guide, (held, y[:90]))
     before = {k: v.clone() for k, v in guide.state_dict().items()}
     scaling = fit_temperature(bnn, guide, (x[80:], y[80:]))  # partly seen: a held-out split with some overlap
     assert 1e-3 < scaling.temperature < 1e3
@@ -61,6 +64,11 @@ def test_fit_temperature_refuses_the_training_data_and_takes_a_held_out_split():
     pyro_bbb.fit(bnn, guide, loader, epochs=3, progress=False, seed=0)
     with pytest.raises(ValueError, match="trained on"):  # a DataLoader's rows, where they can be read, are known too
         fit_temperature(bnn, guide, (x[:90], y[:90]))
+    pyro.clear_param_store()
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    pyro_bbb.fit(bnn, guide, (x[:90].double().numpy(), y[:90]), epochs=3, batch_size=30, progress=False, seed=0)
+    with pytest.raises(ValueError, match="trained on"):  # float64 numpy rows in fit, the same rows again here
+        fit_temperature(bnn, guide, (x[:90].double().numpy(), y[:90]))
     pyro.clear_param_store()
     regression = pyro_bbb.BNN(BayesianLinear(4, 1), likelihoods.Gaussian())
     with pytest.raises(TypeError, match="classifier"):
