@@ -39,7 +39,8 @@ class KLWeightChoice:
     chosen_by : str
         ``"validation"`` (``fit`` compared candidates on a split carved from the training data), ``"user"`` (a
         number or schedule was passed) or ``"fallback"`` (selection was asked for but could not run: ``reason`` says
-        why, and the weight is 1, or ``num_data / ess`` with :class:`~pyro_bbb.optim.IVON`).
+        why, and the weight is 1, ``num_data / ess`` with :class:`~pyro_bbb.optim.IVON`, or the weight of the last
+        fit of a guide that was already trained on the rows).
     validation_nll : dict, optional
         Candidate weight -> negative log predictive density per validation datum, when chosen by validation.
     validation_nll_se : dict, optional
@@ -47,7 +48,7 @@ class KLWeightChoice:
     num_validation : int, optional
         Rows of the carved validation split.
     reason : str
-        Why selection fell back to weight 1 (empty otherwise).
+        Why selection could not run (empty otherwise).
     warm_start_epochs : int
         Epochs of the MAP warm start (the posterior means trained as a deterministic net) before the candidates were
         compared; 0 without one.

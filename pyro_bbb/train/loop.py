@@ -35,7 +35,7 @@ from .._internals import without_trace_shapes
 from .._rng import rng_untouched
 from .._warnings import warn_at_caller
 from ..data.batches import Batches, DataError, check_batch, likelihood_of, loader_rows, model_device
-from ..data.provenance import remember_training_inputs
+from ..data.provenance import fraction_seen_in_training, remember_training_inputs
 from ..evaluate import metrics
 from ..evaluate.diagnostics import layer_summary
 from ..infer.elbo import ELBO
@@ -219,6 +219,9 @@ def fit(
         choice = KLWeightChoice(kl_weight=kl_weight, chosen_by="fallback", reason=fallback) if fallback else None
         if fallback and not isinstance(optimizer, IVON) and rank == 0:  # (IVON's weight is the user's own ess)
             _warn_fallback(fallback, put_back=False)
+        if not fallback:
+            choice = _continued(guide, batches)
+            kl_weight = choice.kl_weight if choice is not None else kl_weight
     step = TrainingStep(model, guide, optimizer, num_data=batches.num_data, kl_weight=kl_weight, **options)
     likelihood = likelihood_of(model)
     _check_early_stopping(early_stopping, validation_data is not None,
@@ -228,9 +231,7 @@ def fit(
 
     if distributed:
         step.set_up_everywhere(batches)
-    loader = getattr(batches, "loader", None)  # (the inputs of a DataLoader whose rows can be read, else unknown)
-    inputs = getattr(batches, "x", None) if loader is None else (loader_rows(loader) or [None])[0]
-    remember_training_inputs(guide, inputs)
+    remember_training_inputs(guide, _training_inputs(batches))
     start, record_before = None, kl_weight_of(guide)
     if selection is not None and choice is None:
         try:  # the path's steps record the candidates' weights on the guide; an exit that puts the parameters back
@@ -339,6 +340,34 @@ def _why_selection_cannot_run(batches, distributed: bool, optimizer, selection: 
     if isinstance(optimizer, IVON):
         return "IVON trains at the KL weight its ess sets (num_data / ess)"
     return ""
+
+
+def _training_inputs(batches) -> Any:
+    """The inputs of the training rows: the tensors', or those of a DataLoader whose rows can be read (else
+    ``None``: unknown)."""
+    loader = getattr(batches, "loader", None)
+    return getattr(batches, "x", None) if loader is None else (loader_rows(loader) or [None])[0]
+
+
+def _continued(guide, batches) -> KLWeightChoice | None:
+    """The weight a guide already trained on these rows, or on rows it cannot tell from them, trains on at (its last
+    training's, else 1), said in a warning: the rows a selection would hold out are (or may be) rows it has seen,
+    whose scores flatter every candidate near the weight it was trained at. ``None`` where it can choose: a guide
+    never trained, or one that an earlier fit trained on other rows only."""
+    seen = fraction_seen_in_training(guide, _training_inputs(batches))
+    earlier = kl_weight_of(guide)
+    if seen == 0 or (seen is None and earlier is None):
+        return None
+    weight = earlier.kl_weight if earlier is not None else 1.0
+    reason = (f"the guide was already trained on {seen:.0%} of these rows" if seen is not None else
+              "the guide was already trained (by an earlier fit, a loaded checkpoint or pyro_bbb.ELBO) on rows that "
+              "cannot be told apart from these")
+    reason += ", so the rows a selection holds out would score it on data it has seen"
+    at = "its last training's" if earlier is not None else "1, the Bayes posterior"
+    warn_at_caller(f"fit(kl_weight='auto') did not choose the KL weight: {reason}. Training on at KL weight "
+                   f"{weight:g} ({at}); pass kl_weight={weight:g} to say so and silence this, or start from a fresh "
+                   "guide to choose again.")
+    return KLWeightChoice(kl_weight=weight, chosen_by="fallback", reason=reason)
 
 
 def _rows_to_split(batches, batch_size):

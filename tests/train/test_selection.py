@@ -8,13 +8,15 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro.infer import SVI
 from pyro.infer.autoguide import AutoNormal
 from pyro.nn import PyroModule, PyroSample
+from pyro.optim import Adam
 from torch.utils.data import DataLoader, TensorDataset
 
 import pyro_bbb
 from pyro_bbb import likelihoods
-from pyro_bbb.infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
+from pyro_bbb.infer.tempering import KLWeightChoice, kl_weight_of
 from pyro_bbb.nn import BayesianLinear
 from pyro_bbb.optim import IVON
 from pyro_bbb.train.selection import SelectKLWeight, choose_weight, validation_split, validation_splits
@@ -150,6 +152,58 @@ def test_fit_chooses_a_weight_on_a_held_out_split_and_then_trains_on_all_the_dat
     assert kl_weight_of(guide) is choice
     assert "chosen by validation" in repr(history) and history.to_dict()["kl_weight_choice"]["kl_weight"] == \
         choice.kl_weight
+
+
+def test_a_second_fit_on_rows_the_guide_was_trained_on_trains_on_at_its_weight_and_says_why(monkeypatch, tmp_path):
+    """A guide that an earlier fit trained on these rows has seen every row a selection would hold out: the scores
+    would flatter the candidates near its weight. fit trains on at the weight of its last training, with a warning
+    naming the fix; so does a guide whose rows are not known (loaded, or trained by a loop of one's own); rows that an
+    earlier fit did not train on are chosen on as usual."""
+    x, y = classification_data()
+    bnn = classifier()
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    first = pyro_bbb.fit(bnn, guide, (x[:120], y[:120]), epochs=2, batch_size=64, progress=False, seed=0,
+                         kl_weight=0.1)
+    assert first.kl_weight_choice.kl_weight == 0.1
+    sizes = []
+    original = pyro_bbb.ELBO.loss_and_grads
+
+    def spy(self, *args, **kwargs):
+        sizes.append(self.num_data)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(pyro_bbb.ELBO, "loss_and_grads", spy)
+    with pytest.warns(UserWarning, match=r"already trained on 50% of these rows.*KL weight 0\.1 \(its last "
+                                         r"training's\).*kl_weight=0\.1.*fresh guide"):
+        second = pyro_bbb.fit(bnn, guide, (x, y), epochs=2, batch_size=64, progress=False, seed=0)
+    choice = second.kl_weight_choice
+    assert choice.chosen_by == "fallback" and choice.kl_weight == 0.1 and "already trained on" in choice.reason
+    assert sizes == [240] * 8  # no path: the final fit alone, on all the rows
+    assert {r["kl_weight"] for r in second.records} == {0.1} and kl_weight_of(guide) is choice
+    # loaded from a checkpoint, or trained by a loop of one's own: which rows it saw is not known
+    path = tmp_path / "trained.pt"
+    pyro_bbb.save(path, bnn, guide)
+    pyro.clear_param_store()
+    bnn_c = classifier()
+    loaded = pyro_bbb.MeanFieldGuide(bnn_c)
+    pyro_bbb.load(path, bnn_c, loaded)
+    with pytest.warns(UserWarning, match=r"a loaded checkpoint .* cannot be told apart .* KL weight 0\.1"):
+        assert pyro_bbb.fit(bnn_c, loaded, (x, y), epochs=1, batch_size=64, progress=False,
+                            seed=0).kl_weight_choice.kl_weight == 0.1
+    pyro.clear_param_store()
+    bnn_d = classifier()
+    own = pyro_bbb.MeanFieldGuide(bnn_d)
+    SVI(bnn_d, own, Adam({"lr": 1e-3}), pyro_bbb.ELBO(num_data=240, kl_weight=0.5)).step(x[:64], y[:64])
+    with pytest.warns(UserWarning, match=r"pyro_bbb\.ELBO\) on rows that cannot be told apart .* KL weight 0\.5"):
+        pyro_bbb.fit(bnn_d, own, (x, y), epochs=1, batch_size=64, progress=False, seed=0)
+    with warnings.catch_warnings():  # rows it has never seen: chosen on
+        warnings.simplefilter("error")
+        pyro.clear_param_store()
+        bnn_b = classifier()
+        fresh = pyro_bbb.MeanFieldGuide(bnn_b)
+        pyro_bbb.fit(bnn_b, fresh, (x[:120], y[:120]), epochs=1, batch_size=64, progress=False, seed=0, kl_weight=1)
+        assert pyro_bbb.fit(bnn_b, fresh, (x[120:], y[120:]), epochs=1, batch_size=64, progress=False,
+                            seed=0).kl_weight_choice.chosen_by == "validation"
 
 
 def test_the_same_seed_gives_the_same_choice_and_the_same_parameters():
@@ -647,9 +701,9 @@ def test_fit_with_folds_runs_the_path_once_per_split_and_compares_on_every_held_
 def test_a_fit_stopped_while_choosing_keeps_the_weight_record_it_found(monkeypatch, stop):
     """The path's training steps record each candidate's weight; a stop that puts the parameters back (Ctrl-C, an
     error from the choice) put back the record too (it said 0.01 for a guide trained at 0.5)."""
-    (x, y), model, guide, before = set_up_regression()
-    found = KLWeightChoice(kl_weight=0.5)
-    record_kl_weight(guide, found)
+    (x, y), model, guide, _ = set_up_regression()
+    pyro_bbb.fit(model, guide, (x + 10.0, y), epochs=1, progress=False, kl_weight=0.5)  # on other rows: it chooses
+    found, before = kl_weight_of(guide), params()
 
     def stopping(*args, **kwargs):
         raise stop()
