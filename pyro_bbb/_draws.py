@@ -30,11 +30,44 @@ import torch
 
 __all__ = [
     "fold_draws", "folded_draws", "fold_rows", "unfold_rows", "draws_leading", "unfold_affine_input",
-    "fold_affine_output", "batch_rows", "known_batch_rows", "example_draw_shape",
+    "fold_affine_output", "batch_rows", "known_batch_rows", "example_draw_shape", "output_batch",
+    "known_output_batch",
 ]
 
 _FOLDED: ContextVar[int | None] = ContextVar("pyro_bbb_folded_draws", default=None)
 _ROWS: ContextVar[int | None] = ContextVar("pyro_bbb_batch_rows", default=None)
+_OUTPUT_BATCH: ContextVar[tuple[int, ...] | None] = ContextVar("pyro_bbb_output_batch", default=None)
+
+
+@contextmanager
+def output_batch(shape: tuple[int, ...] | None) -> Iterator[None]:
+    """While a likelihood reads a network's output: the dimensions that output starts with, ``(*draw shape, rows)``
+    (``None``: not known), so that an output with nothing after its rows -- ``(batch,)`` logits, which S weight
+    draws make ``(S, batch)`` -- is told apart from ``(batch, 1)`` (:func:`known_output_batch`).
+
+    Examples
+    --------
+    >>> with output_batch((4, 32)):
+    ...     known_output_batch()
+    (4, 32)
+    """
+    token = _OUTPUT_BATCH.set(None if shape is None else tuple(int(n) for n in shape))
+    try:
+        yield
+    finally:
+        _OUTPUT_BATCH.reset(token)
+
+
+def known_output_batch() -> tuple[int, ...] | None:
+    """The dimensions the output a likelihood reads here starts with (:func:`output_batch`), or ``None`` when not
+    known (a likelihood called outside :class:`pyro_bbb.BNN`).
+
+    Examples
+    --------
+    >>> known_output_batch() is None
+    True
+    """
+    return _OUTPUT_BATCH.get()
 
 
 @contextmanager

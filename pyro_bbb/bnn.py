@@ -12,7 +12,7 @@ from pyro.nn.module import to_pyro_module_
 from pyro.poutine.runtime import get_plates
 
 from ._checks import check_count
-from ._draws import batch_rows, fold_draws
+from ._draws import batch_rows, fold_draws, output_batch
 from ._inputs import Inputs, map_inputs, num_rows
 from ._internals import replayed_for_gradients
 from ._plates import DATA_PLATE, active_data_plate_scalers, data_plate_named
@@ -175,9 +175,10 @@ class BNN(PyroModule):
     def forward(self, x: Inputs, y: torch.Tensor | None = None) -> torch.Tensor:
         output = self._checked_output(x, y)
         num_data = None if y is None else self._declared_num_data(num_rows(x))
-        if num_data is None:  # the likelihood's own signature, as a custom likelihood may have written it
-            return self.likelihood(output, y, data_plate=self.data_plate)
-        return self.likelihood(output, y, data_plate=self.data_plate, num_data=num_data)
+        with output_batch(self._output_batch(x)):
+            if num_data is None:  # the likelihood's own signature, as a custom likelihood may have written it
+                return self.likelihood(output, y, data_plate=self.data_plate)
+            return self.likelihood(output, y, data_plate=self.data_plate, num_data=num_data)
 
     def _declared_num_data(self, rows: int) -> int | None:
         """The size to declare the data plate with for a batch of ``rows`` targets: the model's N, unless
@@ -217,7 +218,13 @@ class BNN(PyroModule):
         >>> fn.batch_shape, y.shape
         (torch.Size([5]), torch.Size([5]))
         """
-        return self.likelihood.observation(self._checked_output(x, y), y)
+        output = self._checked_output(x, y)
+        with output_batch(self._output_batch(x)):
+            return self.likelihood.observation(output, y)
+
+    def _output_batch(self, x: Inputs) -> tuple[int, ...]:
+        """The dimensions the net's output starts with, before its own per-row shape: ``(*draw shape, rows)``."""
+        return (*_draw_shape(self.data_plate), num_rows(x))
 
     def _checked_output(self, x: Inputs, y: torch.Tensor | None) -> torch.Tensor:
         """The net's output for ``x`` (under the data plate's name), once ``x`` and ``y`` agree on their rows."""

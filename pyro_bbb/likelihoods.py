@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from pyro.nn import PyroModule, PyroSample
 
+from ._draws import known_output_batch
 from ._inputs import as_tensor, targets_like
 from ._plates import DATA_PLATE
 from .distributions import ExpectedNormal
@@ -388,7 +389,9 @@ class Bernoulli(Likelihood):
     """
 
     def distribution(self, output: torch.Tensor) -> dist.Distribution:
-        return dist.Bernoulli(logits=output if output.dim() == 1 else self._squeeze_single_output(output))
+        # (batch,) logits: nothing after the rows, also when weight draws lead, (S, batch), inside pyro_bbb.BNN
+        rows_only = output.dim() == 1 or tuple(output.shape) == known_output_batch()
+        return dist.Bernoulli(logits=output if rows_only else self._squeeze_single_output(output))
 
     def check_targets(self, y):
         y = super().check_targets(y)

@@ -1,4 +1,5 @@
 import math
+import warnings
 
 import pyro
 import pyro.poutine as poutine
@@ -165,8 +166,26 @@ def test_bernoulli_takes_batch_shaped_logits_as_bce_with_logits_does():
     logits = (x @ bnn.net[0].weight_init.T + bnn.net[0].bias_init).squeeze(-1)
     reference = F.binary_cross_entropy_with_logits(logits, y, reduction="sum")
     assert elbo.last_terms["nll"] == pytest.approx(float(reference), rel=1e-5)
-    pyro_bbb.fit(bnn, guide, (x, y), epochs=2, progress=False)
-    assert pyro_bbb.predict(bnn, guide, x, num_samples=4).probs.shape == (20,)
+    def seeded_predict(model, guide, inputs):
+        pyro.set_rng_seed(3)
+        return pyro_bbb.predict(model, guide, inputs, num_samples=4, vectorize=True)
+
+    with warnings.catch_warnings():  # the weight draws run together, as for (batch, 1) logits: no fallback
+        warnings.simplefilter("error")
+        pyro_bbb.fit(bnn, guide, (x, y), epochs=2, progress=False, kl_weight=1)
+        squeezed = seeded_predict(bnn, guide, x)
+    assert squeezed.probs.shape == (20,)
+    # the same weights with (batch, 1) logits: the same draws, the same predictions
+    column = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Bernoulli())
+    column_guide = pyro_bbb.MeanFieldGuide(column)
+    with torch.no_grad():
+        column_guide(x, y)
+        for name, value in guide.state_dict().items():
+            column_guide.state_dict()[name.replace("net.0.", "net.")].copy_(value)
+    torch.testing.assert_close(seeded_predict(column, column_guide, x).probs, squeezed.probs)
+    for rows in (1, 2):  # (S, 1) and (S, 2) logits of one and two rows: rows under draws, not (batch, 1)
+        torch.testing.assert_close(seeded_predict(bnn, guide, x[:rows]).draw_probs,
+                                   seeded_predict(column, column_guide, x[:rows]).draw_probs)
 
 
 @pytest.mark.parametrize("likelihood, outputs", [(likelihoods.Categorical(), 3), (likelihoods.Bernoulli(), 1)])

@@ -462,8 +462,10 @@ class ELBO(TraceMeanField_ELBO):
             warn_at_caller(
                 "pyro_bbb.ELBO(vectorize_particles=True): particle 0 of the vectorized model differs from the same "
                 "weight draw run alone (the model's code reads the particle dimension as its batch); running the "
-                f"{self.num_particles} particles one at a time instead. Build the model with pyro_bbb.BNN, whose "
-                "network sees ordinary batches, or index from the right (out[..., -1, :]).")
+                f"{self.num_particles} particles one at a time instead. Build the model with pyro_bbb.BNN of "
+                "pyro_bbb.nn's layers, whose network sees ordinary batches and whose layers apply every draw at once "
+                "(a PyroModule with PyroSample weights of its own gets them with extra leading dimensions), or index "
+                "from the right (out[..., -1, :]).")
         for _ in range(self.num_particles):
             yield self._get_trace(model, guide, args, kwargs)
 

@@ -403,9 +403,11 @@ def _predict(model, guide, chunks, num_samples, vectorize, sample_batch_size, da
             results = None
             warn_at_caller(
                 f"{caller}: {mismatch}; falling back to one call per draw, which is slower but right. Inside "
-                "pyro_bbb.BNN the network sees ordinary batches; a hand-written model's deterministic code must "
-                "accept extra leading (draw) dimensions to be vectorized (e.g. index from the right: out[..., -1, :], "
-                "nn.Flatten(start_dim=-3)).",
+                "pyro_bbb.BNN the network sees ordinary batches and pyro_bbb's layers apply every draw at once, but "
+                "a layer whose weights are PyroSample sites of its own (PyroModule[nn.Linear]) gets them with extra "
+                "leading (draw) dimensions: use pyro_bbb.nn's layers (bayesianize the deterministic net). A "
+                "hand-written model's deterministic code must accept such dimensions to be vectorized (e.g. index "
+                "from the right: out[..., -1, :], nn.Flatten(start_dim=-3)).",
             )
     if results is None:
         results = [_run_covering(model, draws, shapes, chunk, obs, data_plate, nesting, None, num_samples)

@@ -160,6 +160,25 @@ def test_falls_back_to_a_loop_with_a_warning_when_the_model_cannot_be_vectorized
         pyro_bbb.predict(model, guide, x, num_samples=4, vectorize=True)
 
 
+def test_a_pyrosample_layer_inside_a_bnn_falls_back_with_a_warning_that_names_it():
+    """A Pyro-tutorial layer (PyroModule[nn.Linear] with PyroSample weights) inside BNN gets its draws as extra
+    leading dimensions, which torch's linear rejects: the fallback's warning names such layers and the fix, not only
+    a hand-written model's code."""
+    from pyro.nn import PyroSample
+
+    pyro.clear_param_store()
+    layer = PyroModule[torch.nn.Linear](2, 1)
+    layer.weight = PyroSample(dist.Normal(0.0, 1.0).expand([1, 2]).to_event(2))
+    layer.bias = PyroSample(dist.Normal(0.0, 1.0).expand([1]).to_event(1))
+    bnn = pyro_bbb.BNN(layer, likelihoods.Gaussian(scale=1.0))
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    x = torch.randn(6, 2)
+    with torch.no_grad():
+        guide(x, torch.randn(6))
+    with pytest.warns(UserWarning, match=r"one call per draw.*PyroSample sites of its own.*pyro_bbb\.nn's layers"):
+        assert pyro_bbb.predict(bnn, guide, x, num_samples=3).mean.shape == (6,)
+
+
 def test_hand_written_model_reading_draws_as_batch_falls_back_to_the_right_answer():
     model = BatchCentred()
     x = torch.randn(20, 3)
