@@ -48,6 +48,19 @@ def set_up_regression():
     return (x, y), model, guide, params()
 
 
+def training_sizes(monkeypatch) -> list:
+    """The N of every ELBO gradient call from here on, in order."""
+    sizes = []
+    original = pyro_bbb.ELBO.loss_and_grads
+
+    def spy(self, *args, **kwargs):
+        sizes.append(self.num_data)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(pyro_bbb.ELBO, "loss_and_grads", spy)
+    return sizes
+
+
 def assert_params_unchanged(before):
     for name, value in params().items():
         torch.testing.assert_close(value, before[name], rtol=0, atol=0)
@@ -129,14 +142,7 @@ def test_fit_chooses_a_weight_on_a_held_out_split_and_then_trains_on_all_the_dat
     x, y = classification_data()
     bnn = classifier()
     guide = pyro_bbb.MeanFieldGuide(bnn)
-    sizes = []
-    original = pyro_bbb.ELBO.loss_and_grads
-
-    def spy(self, *args, **kwargs):
-        sizes.append(self.num_data)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(pyro_bbb.ELBO, "loss_and_grads", spy)
+    sizes = training_sizes(monkeypatch)
     history = pyro_bbb.fit(bnn, guide, (x, y), epochs=8, batch_size=64, lr=1e-2, progress=False, seed=0)
     choice = history.kl_weight_choice
     assert choice.chosen_by == "validation" and choice.num_validation == 24  # 10% of the rows, every class's share
@@ -165,14 +171,7 @@ def test_a_second_fit_on_rows_the_guide_was_trained_on_trains_on_at_its_weight_a
     first = pyro_bbb.fit(bnn, guide, (x[:120], y[:120]), epochs=2, batch_size=64, progress=False, seed=0,
                          kl_weight=0.1)
     assert first.kl_weight_choice.kl_weight == 0.1
-    sizes = []
-    original = pyro_bbb.ELBO.loss_and_grads
-
-    def spy(self, *args, **kwargs):
-        sizes.append(self.num_data)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(pyro_bbb.ELBO, "loss_and_grads", spy)
+    sizes = training_sizes(monkeypatch)
     with pytest.warns(UserWarning, match=r"already trained on 50% of these rows.*KL weight 0\.1 \(its last "
                                          r"training's\).*kl_weight=0\.1.*fresh guide"):
         second = pyro_bbb.fit(bnn, guide, (x, y), epochs=2, batch_size=64, progress=False, seed=0)
