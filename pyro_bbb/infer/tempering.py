@@ -48,7 +48,8 @@ class KLWeightChoice:
     num_validation : int, optional
         Rows of the carved validation split.
     reason : str
-        Why selection could not run (empty otherwise).
+        Why selection could not run, or (chosen by validation) why a later fit trained on at this weight instead of
+        choosing again (empty otherwise).
     warm_start_epochs : int
         Epochs of the MAP warm start (the posterior means trained as a deterministic net) before the candidates were
         compared; 0 without one.
@@ -113,7 +114,7 @@ class KLWeightChoice:
                     digits += 1
                 scores += f"; weight 1 {gap:.{digits}f} SE behind"
             warm = f" after a {self.warm_start_epochs}-epoch MAP warm start" if self.warm_start_epochs else ""
-            how = f", chosen by validation NLL ({scores}){warm}"
+            how = f", chosen by validation NLL ({scores}){warm}" + (f"; {self.reason}" if self.reason else "")
         kind = "tempered" if self.tempered else "the Bayes posterior"
         if self.point_estimate:  # no posterior to temper: the weight scales the prior's log density
             kind = "a MAP point estimate" + (f", prior weighted by {self.kl_weight:g}" if self.tempered else "")

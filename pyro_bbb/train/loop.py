@@ -19,6 +19,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyro
@@ -153,8 +154,10 @@ def fit(
         ``distributed=True`` or too few rows, ``"auto"`` warns and trains at weight 1; with
         :class:`~pyro_bbb.optim.IVON` at the weight its ``ess`` sets (``num_data / ess``);
         ``history.kl_weight_choice.reason`` says why; so does a path that fails on the split but not on all the
-        data (a model whose data plate must see every row). An error a step on all the data raises too is raised
-        at once, with the parameters as they were.
+        data (a model whose data plate must see every row). A guide trained before, at a weight chosen by
+        validation or by an earlier ``fit`` on most of these rows, trains on at that weight with a warning (a
+        selection would score it on rows it has seen); ``SelectKLWeight()`` chooses again. An error a step on all
+        the data raises too is raised at once, with the parameters as they were.
     num_particles : int
         Weight draws per step.
     clip_norm : float, optional
@@ -204,6 +207,7 @@ def fit(
     _check_settings(epochs, batch_size, num_particles, num_validation_samples, lr, clip_norm, optimizer)
     callbacks = _checked_callbacks(callbacks)
     selection = _selection_asked(kl_weight)
+    by_default = isinstance(kl_weight, str)  # "auto": a guide trained before trains on (_continued)
     lr_at = _learning_rates(lr, lr_final, epochs, optimizer)
     per_layer = _check_guide(model, guide)
     batches, rank = _training_batches(model, data, batch_size, distributed, seed)
@@ -219,7 +223,7 @@ def fit(
         choice = KLWeightChoice(kl_weight=kl_weight, chosen_by="fallback", reason=fallback) if fallback else None
         if fallback and not isinstance(optimizer, IVON) and rank == 0:  # (IVON's weight is the user's own ess)
             _warn_fallback(fallback, put_back=False)
-        if not fallback:
+        if not fallback and by_default:
             choice = _continued(guide, batches)
             kl_weight = choice.kl_weight if choice is not None else kl_weight
     step = TrainingStep(model, guide, optimizer, num_data=batches.num_data, kl_weight=kl_weight, **options)
@@ -231,7 +235,6 @@ def fit(
 
     if distributed:
         step.set_up_everywhere(batches)
-    remember_training_inputs(guide, _training_inputs(batches))
     start, record_before = None, kl_weight_of(guide)
     if selection is not None and choice is None:
         try:  # the path's steps record the candidates' weights on the guide; an exit that puts the parameters back
@@ -278,6 +281,7 @@ def fit(
     finally:  # lr_final's schedule is this fit's: the optimizer keeps the rate it was given, for the next fit
         if lr_given is not None:
             optimizer.set_learning_rate(lr_given)
+    remember_training_inputs(guide, _training_inputs(batches))  # (a fit that put the parameters back trained none)
     if choice is None:  # a number or a schedule: the weight of the epoch the parameters are from (the last one, or
         # the one early stopping put back); before any step, a number's own
         given = float(kl_weight) if isinstance(kl_weight, int | float) else 1.0
@@ -349,25 +353,36 @@ def _training_inputs(batches) -> Any:
     return getattr(batches, "x", None) if loader is None else (loader_rows(loader) or [None])[0]
 
 
+#: The share of the rows a guide was trained on (by ``fit``) from which ``"auto"`` trains on (:func:`_continued`)
+_MOSTLY_SEEN = 0.5
+
+
 def _continued(guide, batches) -> KLWeightChoice | None:
-    """The weight a guide already trained on these rows, or on rows it cannot tell from them, trains on at (its last
-    training's, else 1), said in a warning: the rows a selection would hold out are (or may be) rows it has seen,
-    whose scores flatter every candidate near the weight it was trained at. ``None`` where it can choose: a guide
-    never trained, or one that an earlier fit trained on other rows only."""
-    seen = fraction_seen_in_training(guide, _training_inputs(batches))
+    """How ``fit``'s default ``"auto"`` trains a guide that was already trained at a weight it recorded (a positive
+    one) and that would be scored on rows it has seen: its earlier weight was chosen by validation (an earlier
+    ``"auto"``, or a checkpoint of one: fitting again trains longer), or an earlier ``fit`` trained it on most of
+    these rows. It trains on at that weight (the earlier choice kept, saying so), with a warning naming the fix.
+    ``None``: it chooses (a guide never trained, or trained on other rows by a loop or at a weight of one's own)."""
     earlier = kl_weight_of(guide)
-    if seen == 0 or (seen is None and earlier is None):
+    if earlier is None or not earlier.kl_weight > 0:
         return None
-    weight = earlier.kl_weight if earlier is not None else 1.0
-    reason = (f"the guide was already trained on {seen:.0%} of these rows" if seen is not None else
-              "the guide was already trained (by an earlier fit, a loaded checkpoint or pyro_bbb.ELBO) on rows that "
-              "cannot be told apart from these")
-    reason += ", so the rows a selection holds out would score it on data it has seen"
-    at = "its last training's" if earlier is not None else "1, the Bayes posterior"
-    warn_at_caller(f"fit(kl_weight='auto') did not choose the KL weight: {reason}. Training on at KL weight "
-                   f"{weight:g} ({at}); pass kl_weight={weight:g} to say so and silence this, or start from a fresh "
-                   "guide to choose again.")
-    return KLWeightChoice(kl_weight=weight, chosen_by="fallback", reason=reason)
+    seen = fraction_seen_in_training(guide, _training_inputs(batches))
+    if earlier.chosen_by == "validation":
+        why = "its KL weight was chosen by validation before (an earlier fit, or its checkpoint)"
+    elif seen is not None and seen >= _MOSTLY_SEEN:
+        why = f"an earlier fit trained it on {seen:.0%} of these rows"
+    else:
+        return None
+    weight = earlier.kl_weight
+    warn_at_caller(f"fit(kl_weight='auto') did not choose the KL weight again: {why}, and a selection now would score "
+                   f"the candidates on rows it has seen. Training on at KL weight {weight:g}, the one it was trained "
+                   f"at; pass kl_weight={weight:g} to say so and silence this, or "
+                   "kl_weight=pyro_bbb.train.SelectKLWeight() to choose again (best from a fresh guide).")
+    if earlier.chosen_by == "validation":
+        return replace(earlier, reason="trained on at it by a later fit (a new selection would score it on rows it "
+                                       "has seen)")
+    return KLWeightChoice(kl_weight=weight, chosen_by="fallback",
+                          reason=f"{why}, so a selection would score the candidates on rows it has seen")
 
 
 def _rows_to_split(batches, batch_size):

@@ -250,10 +250,10 @@ def test_bad_labels_are_rejected_before_any_parameter_changes(labels, match, rec
     guide = pyro_bbb.MeanFieldGuide(model)
     x = torch.randn(60, 2)
     y = torch.randint(0, 3, (60,))
-    fit(model, guide, (x[:30], y[:30]))
+    fit(model, guide, (x[:30], y[:30]), kl_weight=1)
     before = params()
     recwarn.clear()
-    with pytest.raises(ValueError, match=match):  # (rows it was not trained on: the selection runs)
+    with pytest.raises(ValueError, match=match):  # (rows it was not trained on, at a weight given: it chooses)
         fit(model, guide, (x[30:], labels(y[30:])))
     assert all(torch.equal(before[k], v) for k, v in params().items())
     assert not [w for w in recwarn if "did not choose" in str(w.message)]  # the data's error, not a fallback

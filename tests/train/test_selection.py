@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import pyro_bbb
 from pyro_bbb import likelihoods
+from pyro_bbb.infer.schedules import LinearWarmup
 from pyro_bbb.infer.tempering import KLWeightChoice, kl_weight_of
 from pyro_bbb.nn import BayesianLinear
 from pyro_bbb.optim import IVON
@@ -160,49 +161,77 @@ def test_fit_chooses_a_weight_on_a_held_out_split_and_then_trains_on_all_the_dat
         choice.kl_weight
 
 
-def test_a_second_fit_on_rows_the_guide_was_trained_on_trains_on_at_its_weight_and_says_why(monkeypatch, tmp_path):
-    """A guide that an earlier fit trained on these rows has seen every row a selection would hold out: the scores
-    would flatter the candidates near its weight. fit trains on at the weight of its last training, with a warning
-    naming the fix; so does a guide whose rows are not known (loaded, or trained by a loop of one's own); rows that an
-    earlier fit did not train on are chosen on as usual."""
+def test_a_guide_trained_before_on_these_rows_trains_on_at_its_weight_and_says_why(monkeypatch, tmp_path):
+    """fit's default "auto" on a guide whose weight was chosen by validation (fitting again trains longer; also after
+    save/load), or that an earlier fit trained on most of these rows: a selection would score the candidates on rows
+    it has seen, so it trains on at that weight with a warning naming the fix. An explicit SelectKLWeight() chooses
+    again."""
     x, y = classification_data()
     bnn = classifier()
     guide = pyro_bbb.MeanFieldGuide(bnn)
-    first = pyro_bbb.fit(bnn, guide, (x[:120], y[:120]), epochs=2, batch_size=64, progress=False, seed=0,
-                         kl_weight=0.1)
-    assert first.kl_weight_choice.kl_weight == 0.1
+    chosen = pyro_bbb.fit(bnn, guide, (x, y), epochs=2, batch_size=64, progress=False, seed=0).kl_weight_choice
+    assert chosen.chosen_by == "validation"
     sizes = training_sizes(monkeypatch)
-    with pytest.warns(UserWarning, match=r"already trained on 50% of these rows.*KL weight 0\.1 \(its last "
-                                         r"training's\).*kl_weight=0\.1.*fresh guide"):
-        second = pyro_bbb.fit(bnn, guide, (x, y), epochs=2, batch_size=64, progress=False, seed=0)
-    choice = second.kl_weight_choice
-    assert choice.chosen_by == "fallback" and choice.kl_weight == 0.1 and "already trained on" in choice.reason
+    with pytest.warns(UserWarning, match=r"did not choose the KL weight again: its KL weight was chosen by validation "
+                                         r"before.*kl_weight=pyro_bbb\.train\.SelectKLWeight\(\)"):
+        again = pyro_bbb.fit(bnn, guide, (x, y), epochs=2, batch_size=64, progress=False, seed=0).kl_weight_choice
     assert sizes == [240] * 8  # no path: the final fit alone, on all the rows
-    assert {r["kl_weight"] for r in second.records} == {0.1} and kl_weight_of(guide) is choice
-    # loaded from a checkpoint, or trained by a loop of one's own: which rows it saw is not known
+    assert again.kl_weight == chosen.kl_weight and again.validation_nll == chosen.validation_nll
+    assert "trained on at it by a later fit" in again.describe() and kl_weight_of(guide) is again
     path = tmp_path / "trained.pt"
     pyro_bbb.save(path, bnn, guide)
     pyro.clear_param_store()
-    bnn_c = classifier()
-    loaded = pyro_bbb.MeanFieldGuide(bnn_c)
-    pyro_bbb.load(path, bnn_c, loaded)
-    with pytest.warns(UserWarning, match=r"a loaded checkpoint .* cannot be told apart .* KL weight 0\.1"):
-        assert pyro_bbb.fit(bnn_c, loaded, (x, y), epochs=1, batch_size=64, progress=False,
-                            seed=0).kl_weight_choice.kl_weight == 0.1
-    pyro.clear_param_store()
-    bnn_d = classifier()
-    own = pyro_bbb.MeanFieldGuide(bnn_d)
-    SVI(bnn_d, own, Adam({"lr": 1e-3}), pyro_bbb.ELBO(num_data=240, kl_weight=0.5)).step(x[:64], y[:64])
-    with pytest.warns(UserWarning, match=r"pyro_bbb\.ELBO\) on rows that cannot be told apart .* KL weight 0\.5"):
-        pyro_bbb.fit(bnn_d, own, (x, y), epochs=1, batch_size=64, progress=False, seed=0)
-    with warnings.catch_warnings():  # rows it has never seen: chosen on
+    bnn_b = classifier()
+    loaded = pyro_bbb.MeanFieldGuide(bnn_b)
+    pyro_bbb.load(path, bnn_b, loaded)
+    with pytest.warns(UserWarning, match="chosen by validation before"):  # the checkpoint's rows are not known
+        assert pyro_bbb.fit(bnn_b, loaded, (x, y), epochs=1, batch_size=64, progress=False,
+                            seed=0).kl_weight_choice.kl_weight == chosen.kl_weight
+    sizes.clear()
+    with warnings.catch_warnings():  # asked for explicitly: chosen again
         warnings.simplefilter("error")
-        pyro.clear_param_store()
-        bnn_b = classifier()
-        fresh = pyro_bbb.MeanFieldGuide(bnn_b)
-        pyro_bbb.fit(bnn_b, fresh, (x[:120], y[:120]), epochs=1, batch_size=64, progress=False, seed=0, kl_weight=1)
-        assert pyro_bbb.fit(bnn_b, fresh, (x[120:], y[120:]), epochs=1, batch_size=64, progress=False,
-                            seed=0).kl_weight_choice.chosen_by == "validation"
+        explicit = pyro_bbb.fit(bnn_b, loaded, (x, y), epochs=1, batch_size=64, progress=False, seed=0,
+                                kl_weight=SelectKLWeight()).kl_weight_choice
+    assert explicit.chosen_by == "validation" and not explicit.reason and 216 in sizes
+
+    # an earlier fit at a weight of one's own, on half of these rows
+    pyro.clear_param_store()
+    bnn_c = classifier()
+    own = pyro_bbb.MeanFieldGuide(bnn_c)
+    pyro_bbb.fit(bnn_c, own, (x[:120], y[:120]), epochs=2, batch_size=64, progress=False, seed=0, kl_weight=0.1)
+    sizes.clear()
+    with pytest.warns(UserWarning, match=r"an earlier fit trained it on 50% of these rows.*KL weight 0\.1"):
+        half = pyro_bbb.fit(bnn_c, own, (x, y), epochs=2, batch_size=64, progress=False, seed=0).kl_weight_choice
+    assert (half.chosen_by, half.kl_weight, sizes) == ("fallback", 0.1, [240] * 8)
+
+
+@pytest.mark.parametrize("before", ["a fit on other rows", "a fit put back by its callback's error",
+                                    "a loop of one's own", "a KL warm-up's first step"])
+def test_a_guide_not_trained_on_these_rows_chooses(before):
+    """Rows an earlier fit did not train on, a fit that put the parameters back (it trained nothing), a user's own
+    loop at a weight of theirs (its rows unknown), a warm-up's first step (weight 0): "auto" chooses as for a new
+    guide."""
+    x, y = classification_data()
+    bnn = classifier()
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    if before == "a fit on other rows":
+        pyro_bbb.fit(bnn, guide, (x[:120], y[:120]), epochs=1, batch_size=64, progress=False, kl_weight=1)
+    elif before == "a fit put back by its callback's error":
+        def failing(epoch, history):
+            raise ValueError("my callback failed")
+
+        with pytest.raises(ValueError, match="my callback failed"):
+            pyro_bbb.fit(bnn, guide, (x, y), epochs=1, batch_size=64, progress=False, kl_weight=0.1,
+                         callbacks=[failing])
+    else:
+        weight = 0.5 if before == "a loop of one's own" else LinearWarmup(100)
+        SVI(bnn, guide, Adam({"lr": 1e-3}), pyro_bbb.ELBO(num_data=240, kl_weight=weight)).step(x[:64], y[:64])
+    rows = slice(120, None) if before == "a fit on other rows" else slice(None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        choice = pyro_bbb.fit(bnn, guide, (x[rows], y[rows]), epochs=1, batch_size=64, progress=False,
+                              seed=0).kl_weight_choice
+    assert choice.chosen_by == "validation"
 
 
 def test_the_same_seed_gives_the_same_choice_and_the_same_parameters():
