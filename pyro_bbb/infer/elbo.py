@@ -450,18 +450,25 @@ class ELBO(TraceMeanField_ELBO):
     def _checked_vectorized_traces(self, model, guide, unscaled_model, args, kwargs):
         """The particle traces where the vectorized particles are not known to be right: the first call compares
         particle 0 with its draw run alone (:func:`particle_matches_alone`); where they differ (the model's code reads
-        the particle dimension as its batch) a warning, and the particles one at a time from then on."""
+        the particle dimension as its batch), or the vectorized model raises (a layer that takes no draw dimensions),
+        a warning, and the particles one at a time from then on."""
         pair = self.pairs.current
         if pair.vectorized_ok is None:
-            traces = next(super()._get_traces(model, guide, args, kwargs))
-            pair.vectorized_ok = particle_matches_alone(vectorized_model(self, unscaled_model), unscaled_model,
-                                                        traces[1], self.max_plate_nesting, args, kwargs)
+            try:
+                traces = next(super()._get_traces(model, guide, args, kwargs))
+            except (RuntimeError, ValueError, IndexError) as error:  # e.g. torch's linear on a weight with draws
+                first_line = str(error).strip().split("\n")[0][:200]  # (without Pyro's table of trace shapes)
+                traces, what = None, f"the vectorized model raised {type(error).__name__}: {first_line}"
+            else:
+                what = ("particle 0 of the vectorized model differs from the same weight draw run alone (the model's "
+                        "code reads the particle dimension as its batch)")
+            pair.vectorized_ok = traces is not None and particle_matches_alone(
+                vectorized_model(self, unscaled_model), unscaled_model, traces[1], self.max_plate_nesting, args, kwargs)
             if pair.vectorized_ok:
                 yield traces
                 return
             warn_at_caller(
-                "pyro_bbb.ELBO(vectorize_particles=True): particle 0 of the vectorized model differs from the same "
-                "weight draw run alone (the model's code reads the particle dimension as its batch); running the "
+                f"pyro_bbb.ELBO(vectorize_particles=True): {what}; running the "
                 f"{self.num_particles} particles one at a time instead. Build the model with pyro_bbb.BNN of "
                 "pyro_bbb.nn's layers, whose network sees ordinary batches and whose layers apply every draw at once "
                 "(a PyroModule with PyroSample weights of its own gets them with extra leading dimensions), or index "

@@ -416,6 +416,37 @@ def test_vectorized_particles_of_a_model_that_draws_its_minibatch_are_not_mistak
     assert torch.equal(torch.rand(3), after_checked_step)
 
 
+def test_vectorized_particles_of_a_pyro_tutorial_model_that_raises_run_one_at_a_time_with_a_warning():
+    """Pyro's regression tutorial (PyroModule[nn.Linear] with PyroSample weights): torch's linear rejects the particles'
+    extra dimensions, so the vectorized pass raises; the ELBO says so and runs the particles one at a time, giving
+    the sequential ELBO's loss (before: torch's raw error from the first step)."""
+    pyro.clear_param_store()
+
+    class BayesianRegression(pyro.nn.PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.linear = pyro.nn.PyroModule[torch.nn.Linear](3, 1)
+            self.linear.weight = pyro.nn.PyroSample(dist.Normal(0.0, 1.0).expand([1, 3]).to_event(2))
+            self.linear.bias = pyro.nn.PyroSample(dist.Normal(0.0, 10.0).expand([1]).to_event(1))
+
+        def forward(self, x, y=None):
+            mean = self.linear(x).squeeze(-1)
+            with pyro.plate("data", x.shape[0]):
+                return pyro.sample("obs", dist.Normal(mean, 0.5), obs=y)
+
+    x, y = torch.randn(16, 3), torch.randn(16)
+    model = BayesianRegression()
+    guide = MeanFieldGuide(model)
+    vectorized = ELBO(num_data=64, num_particles=4, vectorize_particles=True)
+    with pytest.warns(UserWarning, match=r"the vectorized model raised RuntimeError.*one at a time"):
+        pyro.set_rng_seed(0)
+        loss = vectorized.loss(model, guide, x, y)
+    assert vectorized.pairs.current.vectorized_ok is False
+    pyro.set_rng_seed(0)
+    assert loss == pytest.approx(ELBO(num_data=64, num_particles=4).loss(model, guide, x, y), rel=1e-4)
+    SVI(model, guide, pyro.optim.Adam({"lr": 1e-2}), vectorized).step(x, y)  # and it trains
+
+
 class _PlateOfTheBatch(pyro.nn.PyroModule):
     """A hand-written model whose data plate is as long as the rows it is given (Pyro's tutorials' way)."""
 
