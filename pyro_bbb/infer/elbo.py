@@ -156,7 +156,8 @@ class ELBO(TraceMeanField_ELBO):
         Name of the plate over data points; by default the model's own (its ``data_plate`` attribute, as a
         :class:`~pyro_bbb.BNN` built with ``data_plate=`` has, else ``"data"``).
     revalidate : bool
-        Pyro's validation runs on a pair's first call only; ``True`` validates every call.
+        Pyro's validation runs on a pair's first call with inputs of each shape only (a batch of another size, or
+        targets of another shape, is validated again); ``True`` validates every call.
     replay : bool
         Let :meth:`loss_and_grads` replay a step's tensor program where that is the same computation (a
         :class:`pyro_bbb.BNN` and :class:`pyro_bbb.MeanFieldGuide`, one particle; ``pyro_bbb.infer._replay`` has
@@ -186,6 +187,7 @@ class ELBO(TraceMeanField_ELBO):
         super().__init__(num_particles=num_particles, vectorize_particles=vectorize_particles, **kwargs)
         self.num_data = num_data
         self.kl_weight, self.revalidate = as_schedule(kl_weight), revalidate
+        self._validation_skipped = False  # (this call's: set by recording)
         self.data_plate = data_plate
         self.pairs, self.backend = PairStates(), ReplayBackend(enabled=replay)
         self.last_terms: dict[str, Any] = {}
@@ -332,12 +334,12 @@ class ELBO(TraceMeanField_ELBO):
         return loss, surrogate_loss
 
     def loss(self, model, guide, *args, **kwargs):
-        with without_trace_shapes(), self.recording(model, guide, gradients=False), torch.no_grad():
+        with without_trace_shapes(), self.recording(model, guide, (args, kwargs), gradients=False), torch.no_grad():
             return super().loss(model, guide, *args, **kwargs)  # (a number: no graph, no step, no word from BNN)
 
     def differentiable_loss(self, model, guide, *args, **kwargs):
         self._awaiting_backward = None
-        with without_trace_shapes(), self.recording(model, guide, gradients=True, backward_ours=False):
+        with without_trace_shapes(), self.recording(model, guide, (args, kwargs), gradients=True, backward_ours=False):
             loss = super().differentiable_loss(model, guide, *args, **kwargs)
         if self._awaiting_backward is not None and getattr(loss, "requires_grad", False):
             watch_backward(loss, *self._awaiting_backward)  # marked by the caller's backward, if one comes
@@ -347,8 +349,8 @@ class ELBO(TraceMeanField_ELBO):
         return loss
 
     def loss_and_grads(self, model, guide, *args, **kwargs):
-        with without_trace_shapes(), self.recording(model, guide, gradients=True):
-            validating = is_validation_enabled() and (self.revalidate or not self.pairs.current.validated)
+        with without_trace_shapes(), self.recording(model, guide, (args, kwargs), gradients=True):
+            validating = is_validation_enabled() and not self._validation_skipped
             replayed = self.backend.terms(model, guide, args, kwargs, self.num_data, self.data_plate, validating)
             self.last_step_replayed = replayed is not None
             if replayed is None:
@@ -393,16 +395,18 @@ class ELBO(TraceMeanField_ELBO):
         return weight_at(self.kl_weight, self.step)
 
     @contextmanager
-    def recording(self, model, guide, gradients: bool, backward_ours: bool = True):
+    def recording(self, model, guide, inputs: tuple, gradients: bool, backward_ours: bool = True):
         """One call = one set of terms (and, when it computes gradients -- by its own backward, or by the caller's
         when not ``backward_ours`` -- a mark on every parameter it reached, for the optimizer:
-        :mod:`~pyro_bbb.infer.contract`)."""
+        :mod:`~pyro_bbb.infer.contract`); Pyro's validation on the pair's first call with ``inputs`` (``(args,
+        kwargs)``) of these shapes."""
         pair = self.pairs.select(model, guide)
         self._plate_now = self._given_plate or data_plate_of(model)
         self.current_call = CallTerms(self.current_kl_weight(), trains=gradients and torch.is_grad_enabled())
         validating = is_validation_enabled()
+        shapes = _shapes_of(inputs) if validating else None
         try:
-            skip = validating and pair.validated and not self.revalidate
+            skip = self._validation_skipped = validating and shapes in pair.validated_shapes and not self.revalidate
             # the parameters this call reaches: those of SVI's (or fit's) own capture of the step, else one of ours
             outer = active_param_trace() if gradients else None
             capture = poutine.trace(param_only=True) if gradients and outer is None else nullcontext()
@@ -413,6 +417,8 @@ class ELBO(TraceMeanField_ELBO):
                 yield
             self.last_terms = self.current_call.finish(self.num_data)
             pair.validated = pair.validated or validating
+            if validating:
+                pair.validated_shapes.add(shapes)
             if gradients:
                 sites = (outer or capture).trace.nodes.values()
                 reached = {id(p): p for p in (site["value"].unconstrained() for site in sites)}
@@ -499,8 +505,21 @@ def _observations_key(trace, frame) -> int:
     return hash((observed.nan_to_num(nan=0.0).numpy().tobytes(), observed.isnan().numpy().tobytes()))
 
 
+def _shapes_of(inputs: Any) -> tuple:
+    """The shapes and dtypes of the tensors in ``inputs`` (nested tuples, lists and dicts; anything else by type):
+    what decides whether a call needs Pyro's validation again."""
+    if isinstance(inputs, torch.Tensor):
+        return (tuple(inputs.shape), inputs.dtype)
+    if isinstance(inputs, tuple | list):
+        return tuple(_shapes_of(item) for item in inputs)
+    if isinstance(inputs, dict):
+        return tuple((key, _shapes_of(value)) for key, value in inputs.items())
+    return (type(inputs).__name__,)
+
+
 class PairState:
-    """One pair's KL schedule ``step``, whether it was ``validated``, ``vectorized_ok`` (``None``: not checked), and
+    """One pair's KL schedule ``step``, whether it was ``validated`` (and for inputs of which ``validated_shapes``),
+    ``vectorized_ok`` (``None``: not checked), and
     what the minibatch watch saw (``watched`` calls, the keys of the observations ``seen``).
 
     Examples
@@ -511,6 +530,7 @@ class PairState:
 
     def __init__(self, model, guide):
         self.step, self.validated, self.vectorized_ok = 0, False, None
+        self.validated_shapes: set[tuple] = set()
         self.watched, self.seen = 0, set()
         parts = pair_identity(model, guide)
         self._refs = tuple(_reference(obj) for obj in parts)

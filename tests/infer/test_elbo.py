@@ -447,6 +447,30 @@ def test_vectorized_particles_of_a_pyro_tutorial_model_that_raises_run_one_at_a_
     SVI(model, guide, pyro.optim.Adam({"lr": 1e-2}), vectorized).step(x, y)  # and it trains
 
 
+def test_a_call_with_inputs_of_a_new_shape_is_validated_again():
+    """Pyro's validation runs on a pair's first call only, for speed; a later call whose targets have another shape
+    ((B, 1) where the plate is (B,): the log-likelihood would broadcast to (B, B), 16 times the data) is validated
+    again, and refused as Pyro's Trace_ELBO refuses it, before any step; a batch of another size is validated once."""
+    pyro.clear_param_store()
+
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("y", dist.Normal(w * x, 0.5), obs=y)
+
+    x, y = torch.randn(64), torch.randn(64)
+    guide = MeanFieldGuide(model)
+    elbo = ELBO(num_data=64)
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 1e-2}), elbo)
+    svi.step(x[:16], y[:16])
+    before = {name: value.detach().clone() for name, value in pyro.get_param_store().items()}
+    with pytest.raises(ValueError, match="shape"):
+        svi.step(x[:16], y[:16, None])
+    assert all(torch.equal(value, before[name]) for name, value in pyro.get_param_store().items())
+    svi.step(x[:8], y[:8])  # another batch size: validated, and fine
+    assert len(elbo.pairs.current.validated_shapes) == 2
+
+
 class _PlateOfTheBatch(pyro.nn.PyroModule):
     """A hand-written model whose data plate is as long as the rows it is given (Pyro's tutorials' way)."""
 
