@@ -462,7 +462,8 @@ class ELBO(TraceMeanField_ELBO):
         if pair.vectorized_ok is None:
             try:
                 traces = next(super()._get_traces(model, guide, args, kwargs))
-            except (RuntimeError, ValueError, IndexError) as error:  # e.g. torch's linear on a weight with draws
+            except (RuntimeError, IndexError) as error:  # torch's shape errors, e.g. its linear on a weight with draws
+                # (a ValueError is a check's: the model's or pyro_bbb's own, raised as it is)
                 first_line = str(error).strip().split("\n")[0][:200]  # (without Pyro's table of trace shapes)
                 traces, what = None, f"the vectorized model raised {type(error).__name__}: {first_line}"
             else:
