@@ -21,6 +21,7 @@ Examples
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -67,7 +68,7 @@ def class_probabilities(prediction: ClassificationPrediction | torch.Tensor,
         probs = prediction
     else:
         raise TypeError(f"{caller} needs a ClassificationPrediction from pyro_bbb.predict or a probability tensor, got "
-                        f"{type(prediction).__name__}.")
+                        f"{_got(prediction)}.")
     if probs.dim() == 2 and probs.shape[-1] == 1:  # a one-class softmax would be 1 everywhere: a sigmoid's column
         probs = probs.squeeze(-1)
     if probs.dim() == 1:
@@ -110,7 +111,7 @@ def log_likelihood(prediction: Prediction | torch.Tensor, y: torch.Tensor,
         per_datum = probs.gather(-1, y[:, None]).squeeze(-1).log().to(prediction.dtype)
     else:
         raise TypeError(f"log_likelihood needs a Prediction from pyro_bbb.predict (or a classifier's class "
-                        f"probabilities), got {type(prediction).__name__}.")
+                        f"probabilities), got {_got(prediction)}.")
     if reduction == "none":
         return per_datum
     if reduction == "sum":
@@ -129,9 +130,27 @@ def rmse(prediction: RegressionPrediction | torch.Tensor, y: torch.Tensor) -> fl
     0.7071067690849304
     """
     _require_regression(prediction, "rmse")
+    if not isinstance(prediction, RegressionPrediction | torch.Tensor):
+        raise TypeError(f"rmse takes a RegressionPrediction from pyro_bbb.predict or a tensor of predictive means, got "
+                        f"{_got(prediction)}.")
     mean = prediction.mean if isinstance(prediction, RegressionPrediction) else prediction
+    targets = torch.as_tensor(y)
+    rows = targets.shape[0] if targets.dim() else 0
+    if isinstance(prediction, torch.Tensor) and mean.dim() >= 2 and mean.shape[0] != rows == mean.shape[1]:
+        raise ValueError(f"rmse reads a tensor as one predictive mean per input, and this one has shape "
+                         f"{tuple(mean.shape)} for {rows} targets: draws first, as predictive samples are? Pass "
+                         "their mean, samples.mean(0), or pyro_bbb.predict's prediction.")
     y = targets_of_shape(y, mean.shape)
     return float((mean - y).pow(2).mean().sqrt())
+
+
+def _got(prediction: Any) -> str:
+    """What a metric was given instead of a prediction, for its error: the type, and the fix for Pyro's own
+    ``Predictive`` output (a dict of sample sites)."""
+    if isinstance(prediction, dict):
+        return ("a dict (of sample sites, as pyro.infer.Predictive returns?): pass pyro_bbb.predict(model, guide, x), "
+                "which every metric takes")
+    return type(prediction).__name__
 
 
 def _require_regression(prediction, metric: str) -> None:
@@ -206,10 +225,12 @@ def interval_coverage(
         lower, upper = prediction.interval(level)
     else:
         try:
-            lower, upper = prediction
+            lower, upper = prediction if isinstance(prediction, tuple | list) else (None, None)
+            if not isinstance(lower, torch.Tensor) or not isinstance(upper, torch.Tensor):
+                raise TypeError
         except (TypeError, ValueError):
             raise TypeError(f"interval_coverage takes a RegressionPrediction from pyro_bbb.predict or a (lower, upper) "
-                            f"pair of tensors, got {type(prediction).__name__}.") from None
+                            f"pair of tensors, got {_got(prediction)}.") from None
     y = targets_of_shape(y, lower.shape)
     return float(((y >= lower) & (y <= upper)).float().mean())
 
@@ -255,6 +276,8 @@ def uncertainty_score(prediction: Prediction | torch.Tensor, score: str | None =
                 "score per input such as its predictive_entropy."
             )
         return prediction.detach().reshape(-1)
+    if not isinstance(prediction, Prediction):
+        raise TypeError(f"expected a Prediction from pyro_bbb.predict or a tensor of scores, got {_got(prediction)}.")
     score = default_score(prediction) if score is None else score
     if score not in SCORES:
         raise ValueError(f"`score` must be one of {SCORES}, got {score!r}.")
@@ -272,7 +295,7 @@ def uncertainty_score(prediction: Prediction | torch.Tensor, score: str | None =
         if score != "std":
             raise ValueError(f'score={score!r} is for a classifier; a regression prediction has score="std".')
         return prediction.std.detach().reshape(prediction.std.shape[0], -1).mean(-1)
-    raise TypeError(f"expected a Prediction from pyro_bbb.predict or a tensor of scores, got "
+    raise TypeError(f"uncertainty scores are for a classifier's or a regression's Prediction, got "
                     f"{type(prediction).__name__}.")
 
 
@@ -356,6 +379,8 @@ def fpr_at_tpr(inside: Prediction | torch.Tensor, outside: Prediction | torch.Te
 
 def _confidence_and_error(prediction, y, score: str | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-input uncertainty and loss: 0/1 error of the most probable class, or squared error of the mean."""
+    if not isinstance(prediction, Prediction):
+        raise TypeError(f"selective prediction needs a Prediction from pyro_bbb.predict, got {_got(prediction)}.")
     if score is None:
         score = default_score(prediction, selective=True)
     uncertainty = uncertainty_score(prediction, score).to(torch.float64)
@@ -365,9 +390,9 @@ def _confidence_and_error(prediction, y, score: str | None) -> tuple[torch.Tenso
     elif isinstance(prediction, RegressionPrediction):
         y = targets_of_shape(y, prediction.mean.shape).to(prediction.mean.device)
         error = (prediction.mean - y).pow(2).reshape(y.shape[0], -1).mean(-1).to(torch.float64)
-    else:
-        raise TypeError(f"selective prediction needs a Prediction from pyro_bbb.predict, got "
-                        f"{type(prediction).__name__}.")
+    else:  # (a Prediction of neither kind: a custom likelihood's)
+        raise TypeError(f"selective prediction needs a classifier's or a regression's Prediction from "
+                        f"pyro_bbb.predict, got {type(prediction).__name__}.")
     return uncertainty, error.detach()
 
 

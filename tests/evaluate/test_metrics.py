@@ -331,3 +331,20 @@ def test_half_precision_probabilities_are_read_as_probabilities():
     y = torch.randint(0, 10, (50,))
     for dtype in (torch.float16, torch.bfloat16):
         metrics.expected_calibration_error(logits.softmax(-1).to(dtype), y)
+
+
+def test_pyros_predictive_output_gets_a_clear_error_naming_pyro_bbb_predict():
+    """pyro.infer.Predictive returns a dict of sample sites: every metric names the fix instead of an
+    AttributeError, a str's missing shape, or a complaint about a score nobody passed; (draws, inputs) samples given
+    to rmse as means name their mean."""
+    samples = {"obs": torch.randn(5, 3)}
+    y = torch.zeros(3)
+    for metric, args in [(metrics.rmse, (samples, y)), (metrics.interval_coverage, (samples, y)),
+                         (metrics.aurc, (samples, y)), (metrics.risk_coverage, (samples, y)),
+                         (metrics.ood_auroc, (samples, samples)), (metrics.ood_aupr, (samples, samples)),
+                         (metrics.log_likelihood, (samples, y)), (metrics.accuracy, (samples, y))]:
+        with pytest.raises(TypeError, match=r"got a dict .*pyro\.infer\.Predictive.*pyro_bbb\.predict\(model, guide"):
+            metric(*args)
+    with pytest.raises(ValueError, match=r"shape \(5, 3\) for 3 targets.*samples\.mean\(0\)"):
+        metrics.rmse(samples["obs"], y)
+    assert metrics.rmse(samples["obs"].mean(0), y) == pytest.approx(float(samples["obs"].mean(0).pow(2).mean().sqrt()))
