@@ -31,6 +31,7 @@ import pyro
 import pyro.poutine as poutine
 import torch
 from pyro.infer import TraceMeanField_ELBO
+from pyro.infer.autoguide import AutoGuide
 from pyro.infer.util import is_validation_enabled, torch_item
 from pyro.poutine.util import prune_subsample_sites, site_is_subsample
 from pyro.util import check_model_guide_match, warn_if_nan
@@ -188,6 +189,7 @@ class ELBO(TraceMeanField_ELBO):
         self.num_data = num_data
         self.kl_weight, self.revalidate = as_schedule(kl_weight), revalidate
         self._validation_skipped = False  # (this call's: set by recording)
+        self._guide_by_position = False  # (this call's guide is an autoguide: set by recording)
         self.data_plate = data_plate
         self.pairs, self.backend = PairStates(), ReplayBackend(enabled=replay)
         self.last_terms: dict[str, Any] = {}
@@ -312,6 +314,8 @@ class ELBO(TraceMeanField_ELBO):
             if model_site["is_observed"]:
                 nll = nll - log_prob_sum(model_site, self.max_plate_nesting if validate else None)
                 continue
+            if validate:
+                self._check_not_per_position(name, model_site)
             kl_by_site[name], normal, drawn = latent_site_kl(name, model_site, guide_trace, validate)
             if normal is not None:
                 closed_form[name] = normal  # (its KL computed with the others in _account)
@@ -320,6 +324,24 @@ class ELBO(TraceMeanField_ELBO):
             if guide_site["type"] == "sample" and name not in model_trace.nodes and name not in drawn_through:
                 kl_by_site[name] = log_prob_sum(guide_site)
         return self.account(nll, kl_by_site, closed_form)
+
+    def _check_not_per_position(self, name: str, site: dict) -> None:
+        """A clear error, before any step, for a latent site inside a data plate of the batch's own rows, that this ELBO
+        scales to ``num_data``, under an autoguide: the guide would learn one value per batch position, not per datum,
+        every minibatch's rows sharing them (a weight read inside ``with pyro.plate``; a local latent needs a plate
+        subsampled by row indices)."""
+        frame = data_plate_frame(site, self.data_plate)
+        if (frame is None or frame.full_size != frame.size or self.num_data in (None, frame.size)
+                or not self._guide_by_position):
+            return
+        raise ValueError(
+            f"pyro_bbb.ELBO(num_data={self.num_data}): the latent site {name!r} is sampled inside the data plate "
+            f"{self.data_plate!r} of this batch's {frame.size} rows, so the autoguide would learn one value per "
+            "batch position, not per datum, every minibatch's rows sharing them. Read a weight before the data "
+            "plate (self.weight outside `with pyro.plate(...)`); a local latent per datum needs the plate subsampled "
+            f"by row indices, pyro.plate({self.data_plate!r}, N, subsample=idx), and a guide built with "
+            "create_plates. Nothing was changed."
+        )
 
     def account(self, nll, kl_by_site: dict[str, torch.Tensor | None], closed_form: dict[str, tuple]):
         """``(loss, surrogate loss)`` from a particle's scaled NLL and KL by site (``closed_form``'s sites, ``(loc,
@@ -402,6 +424,7 @@ class ELBO(TraceMeanField_ELBO):
         kwargs)``) of these shapes."""
         pair = self.pairs.select(model, guide)
         self._plate_now = self._given_plate or data_plate_of(model)
+        self._guide_by_position = isinstance(guide, AutoGuide)  # (its values are parameters, not computed from x)
         self.current_call = CallTerms(self.current_kl_weight(), trains=gradients and torch.is_grad_enabled())
         validating = is_validation_enabled()
         shapes = _shapes_of(inputs) if validating else None

@@ -471,6 +471,37 @@ def test_a_call_with_inputs_of_a_new_shape_is_validated_again():
     assert len(elbo.pairs.current.validated_shapes) == 2
 
 
+@pytest.mark.parametrize("read", ["inside the plate", "before the plate", "inside, on all the rows"])
+def test_a_weight_read_inside_the_data_plate_of_a_minibatch_is_refused_before_any_step(read):
+    """A PyroSample weight first read inside ``with pyro.plate("data", B)`` is a latent per batch position: on
+    minibatches scaled to N the autoguide learned B per-position copies, and predict failed later with a broadcast
+    error. Refused at the first step with the fix; read before the plate, or on all the rows at once, it trains."""
+    pyro.clear_param_store()
+
+    class Model(pyro.nn.PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.w = pyro.nn.PyroSample(dist.Normal(0.0, 1.0))
+
+        def forward(self, x, y=None):
+            w = self.w if read == "before the plate" else None
+            with pyro.plate("data", x.shape[0]):
+                w = self.w if w is None else w
+                return pyro.sample("y", dist.Normal(w * x, 0.5), obs=y)
+
+    x, y = torch.randn(64), torch.randn(64)
+    model = Model()
+    guide = MeanFieldGuide(model)
+    rows = 64 if read == "inside, on all the rows" else 16
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 1e-2}), ELBO(num_data=64))
+    if read == "inside the plate":
+        with pytest.raises(ValueError, match=r"'w' is sampled inside the data plate 'data' of this batch's 16 rows.*"
+                                             r"outside `with pyro\.plate"):
+            svi.step(x[:rows], y[:rows])
+    else:
+        svi.step(x[:rows], y[:rows])
+
+
 class _PlateOfTheBatch(pyro.nn.PyroModule):
     """A hand-written model whose data plate is as long as the rows it is given (Pyro's tutorials' way)."""
 
