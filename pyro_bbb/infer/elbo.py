@@ -31,7 +31,7 @@ import pyro
 import pyro.poutine as poutine
 import torch
 from pyro.infer import TraceMeanField_ELBO
-from pyro.infer.autoguide import AutoGuide
+from pyro.infer.autoguide import AutoGuide, AutoGuideList
 from pyro.infer.util import is_validation_enabled, torch_item
 from pyro.poutine.util import prune_subsample_sites, site_is_subsample
 from pyro.util import check_model_guide_match, warn_if_nan
@@ -424,7 +424,8 @@ class ELBO(TraceMeanField_ELBO):
         kwargs)``) of these shapes."""
         pair = self.pairs.select(model, guide)
         self._plate_now = self._given_plate or data_plate_of(model)
-        self._guide_by_position = isinstance(guide, AutoGuide)  # (its values are parameters, not computed from x)
+        # an autoguide's values are parameters, not computed from the inputs (a list may hold an amortized part)
+        self._guide_by_position = isinstance(guide, AutoGuide) and not isinstance(guide, AutoGuideList)
         self.current_call = CallTerms(self.current_kl_weight(), trains=gradients and torch.is_grad_enabled())
         validating = is_validation_enabled()
         shapes = _shapes_of(inputs) if validating else None
