@@ -312,6 +312,8 @@ class ELBO(TraceMeanField_ELBO):
             if model_site["type"] != "sample":
                 continue
             if model_site["is_observed"]:
+                if validate:
+                    self._check_scaled_once(name, model_site)
                 nll = nll - log_prob_sum(model_site, self.max_plate_nesting if validate else None)
                 continue
             if validate:
@@ -324,6 +326,21 @@ class ELBO(TraceMeanField_ELBO):
             if guide_site["type"] == "sample" and name not in model_trace.nodes and name not in drawn_through:
                 kl_by_site[name] = log_prob_sum(guide_site)
         return self.account(nll, kl_by_site, closed_form)
+
+    def _check_scaled_once(self, name: str, site: dict) -> None:
+        """A warning for an observation in the data plate scaled by ``(N / B)^2``: by this ELBO, which scales the
+        minibatch to ``num_data``, and again by the model (the ``poutine.scale(scale=N / B)`` of Pyro's older
+        minibatch recipe)."""
+        frame = data_plate_frame(site, self.data_plate)
+        if frame is None or not self.num_data or frame.size in (0, self.num_data):
+            return
+        once, scale = self.num_data / frame.size, torch.as_tensor(site["scale"])
+        if scale.numel() == 1 and math.isclose(float(scale), once * once, rel_tol=1e-6):
+            warn_at_caller(
+                f"pyro_bbb.ELBO(num_data={self.num_data}): the observation {name!r} is scaled by (N / B)^2 = "
+                f"{once * once:g}: this ELBO scales the batch of {frame.size} rows to N={self.num_data} itself, and "
+                f"the model scales it by N / B = {once:g} again (poutine.scale, Pyro's older minibatch recipe). "
+                "Drop the model's own scale, or train with Pyro's Trace_ELBO.")
 
     def _check_not_per_position(self, name: str, site: dict) -> None:
         """A clear error, before any step, for a latent site inside a data plate of the batch's own rows, that this ELBO

@@ -502,6 +502,29 @@ def test_a_weight_read_inside_the_data_plate_of_a_minibatch_is_refused_before_an
         svi.step(x[:rows], y[:rows])
 
 
+@pytest.mark.parametrize("plate", ["the batch's", "subsampled"])
+def test_a_model_that_scales_its_minibatch_itself_is_warned_of_the_double_scale(plate):
+    """Pyro's older minibatch recipe scales the likelihood by N / B in the model; this ELBO scales the batch to N
+    itself, so the likelihood would count (N / B)^2 times: a warning naming both. Without the model's scale, none."""
+    import warnings
+
+    pyro.clear_param_store()
+    x, y = torch.randn(64), torch.randn(64)
+
+    def model(x, y=None, scaled=True):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        size = dict(size=64, subsample=torch.arange(len(x))) if plate == "subsampled" else dict(size=len(x))
+        with pyro.plate("data", **size), poutine.scale(scale=64 / len(x) if scaled else 1.0):
+            pyro.sample("y", dist.Normal(w * x, 0.5), obs=y)
+
+    guide = MeanFieldGuide(model)
+    with pytest.warns(UserWarning, match=r"'y' is scaled by \(N / B\)\^2 = 16.*N / B = 4 again"):
+        ELBO(num_data=64).loss(model, guide, x[:16], y[:16])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ELBO(num_data=64).loss(model, guide, x[:16], y[:16], scaled=False)
+
+
 class _PlateOfTheBatch(pyro.nn.PyroModule):
     """A hand-written model whose data plate is as long as the rows it is given (Pyro's tutorials' way)."""
 
