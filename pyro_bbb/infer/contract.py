@@ -214,8 +214,9 @@ def mark_objective_run(params: Iterable[torch.Tensor], run: ObjectiveRun,
     >>> mark_objective_run([p], ObjectiveRun(200, 1.0)).num_data
     200
     """
+    holds = onto.holds if onto else None  # (none kept, as nearly always: nothing to look up)
     for param in params:
-        _marks[param] = _Mark.on(param, run, summed=onto is not None and onto.holds(param))
+        _marks[param] = _Mark.on(param, run, summed=holds is not None and holds(param))
     return run
 
 
@@ -242,6 +243,9 @@ class KeptGradients:
         self._kept = {id(param): (weakref.ref(param), mark)
                       for (param, mark), kept in zip(marked, _gradients_kept(marked)) if kept}
 
+    def __bool__(self) -> bool:
+        return bool(self._kept)
+
     def holds(self, param: torch.Tensor) -> bool:
         """Whether ``param``'s gradient is one an earlier run left and kept."""
         ref, _ = self._kept.get(id(param), (None, None))
@@ -249,6 +253,8 @@ class KeptGradients:
 
     def runs_under(self, params: Iterable[torch.Tensor]) -> list[ObjectiveRun]:
         """The runs whose kept gradients are on ``params``."""
+        if not self._kept:
+            return []
         return list(dict.fromkeys(self._kept[id(param)][1].run for param in params if self.holds(param)))
 
 
