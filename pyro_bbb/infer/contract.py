@@ -10,10 +10,11 @@ parameter with a gradient and no mark (Pyro's ``Trace_ELBO`` or ``TraceMeanField
 gradients it already applied) means another objective computed it, and a run with the wrong ``N`` or KL weight is
 named, with its fix, before any parameter changes. The marks belong to the parameters (held by identity, dropped
 with them), so two models trained alternately in one process, a guide wrapped in a handler and a checkpoint restored
-into new parameters are each checked against the objective that computed *their* gradients. A mark also remembers the
-gradient it was left on, so the next call can tell that its backward adds onto that gradient (neither applied nor
-zeroed in between, whether clipped or replaced by a rescaled copy: :class:`KeptGradients`, :func:`watch_backward`)
-and mark that parameter's gradient as summed (:func:`gradients_summed`), the run as ``summed``.
+into new parameters are each checked against the objective that computed *their* gradients. A mark that is still
+on a parameter with a nonzero gradient tells the next call that its backward adds onto that run's gradient (neither
+applied nor zeroed in between, whether clipped or replaced by a rescaled copy: :class:`KeptGradients`,
+:func:`watch_backward`): it marks that parameter's gradient as summed (:func:`gradients_summed`), the run as
+``summed``.
 
 Examples
 --------
@@ -99,13 +100,13 @@ class _MarkTable:
 
 class _Mark(NamedTuple):
     run: ObjectiveRun
-    grad: weakref.ref | None  # None: no gradient, or one a backward is still computing (pending)
+    wrote: bool  # its backward wrote the gradient there (False: none, pending, or returned by torch.autograd.grad)
     pending_in: int | None = None  # the backward (its id) still computing this run's gradient
     summed: bool = False  # the run's backward added onto this parameter's gradient from another ELBO call
 
     @staticmethod
     def on(param: torch.Tensor, run: ObjectiveRun, summed: bool = False) -> _Mark:
-        return _Mark(run, None if param.grad is None else weakref.ref(param.grad), summed=summed)
+        return _Mark(run, param.grad is not None, summed=summed)
 
 
 def _gradients_kept(marked: list[tuple[torch.Tensor, _Mark | None]]) -> list[bool]:
@@ -292,7 +293,7 @@ def watch_backward(loss: torch.Tensor, run: ObjectiveRun, params: list[torch.Ten
                 run.adds_onto([mark.run])
                 mark.run.adds_onto([run])
             entries.append((weakref.ref(param), mark, kept, shared, _gradient_state(param)))
-            _marks[param] = _Mark(run, None, pending_in=backward)
+            _marks[param] = _Mark(run, False, pending_in=backward)
 
         def left() -> None:
             under = []
@@ -308,10 +309,10 @@ def watch_backward(loss: torch.Tensor, run: ObjectiveRun, params: list[torch.Ten
                 # rescaled since, perhaps): .grad is still that run's; else this run's (written; or returned for the
                 # caller to set, as a functional loop does: the gradient there now, e.g. the earlier step's, which
                 # the caller set, is not one this run left)
-                if kept and not written and mark.grad is not None:
+                if kept and not written and mark.wrote:
                     _marks[param] = mark
                 else:
-                    _marks[param] = _Mark.on(param, run, summed=kept or shared) if written else _Mark(run, None)
+                    _marks[param] = _Mark.on(param, run, summed=kept or shared) if written else _Mark(run, False)
             run.adds_onto(list(dict.fromkeys(under)))
         queue_after_backward(left)
         return grad
