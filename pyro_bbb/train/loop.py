@@ -215,6 +215,9 @@ def fit(
     optimizer = optimizer or JointAdam(lr=lr)
     options = {"num_particles": num_particles, "estimator": estimator, "clip_norm": clip_norm,
                "distributed": distributed}
+    likelihood = likelihood_of(model)
+    _check_early_stopping(early_stopping, validation_data is not None,
+                          None if likelihood is None else isinstance(likelihood, Categorical | Bernoulli))
     choice = None
     if selection is not None:
         fallback = _why_selection_cannot_run(batches, distributed, optimizer, selection)
@@ -227,9 +230,6 @@ def fit(
             choice = _continued(guide, batches)
             kl_weight = choice.kl_weight if choice is not None else kl_weight
     step = TrainingStep(model, guide, optimizer, num_data=batches.num_data, kl_weight=kl_weight, **options)
-    likelihood = likelihood_of(model)
-    _check_early_stopping(early_stopping, validation_data is not None,
-                          None if likelihood is None else isinstance(likelihood, Categorical | Bernoulli))
     if seed is not None:
         pyro.set_rng_seed(seed)
 
@@ -366,13 +366,13 @@ def _continued(guide, batches) -> KLWeightChoice | None:
     earlier = kl_weight_of(guide)
     if earlier is None or not earlier.kl_weight > 0:
         return None
-    seen = fraction_seen_in_training(guide, _training_inputs(batches))
     if earlier.chosen_by == "validation":
         why = "its KL weight was chosen by validation before (an earlier fit, or its checkpoint)"
-    elif seen is not None and seen >= _MOSTLY_SEEN:
+    else:  # (the rows are fingerprinted only here: a record chosen by validation decides alone)
+        seen = fraction_seen_in_training(guide, _training_inputs(batches))
+        if seen is None or seen < _MOSTLY_SEEN:
+            return None
         why = f"an earlier fit trained it on {seen:.0%} of these rows"
-    else:
-        return None
     weight = earlier.kl_weight
     warn_at_caller(f"fit(kl_weight='auto') did not choose the KL weight again: {why}, and a selection now would score "
                    f"the candidates on rows it has seen. Training on at KL weight {weight:g}, the one it was trained "

@@ -205,6 +205,24 @@ def test_a_guide_trained_before_on_these_rows_trains_on_at_its_weight_and_says_w
     assert (half.chosen_by, half.kl_weight, sizes) == ("fallback", 0.1, [240] * 8)
 
 
+def test_a_second_auto_fit_checks_its_arguments_before_it_warns_and_fingerprints_no_rows_it_need_not(monkeypatch):
+    """A weight chosen by validation decides alone (the rows are not hashed, O(N) on a large set); a bad
+    ``early_stopping`` is refused before the "did not choose again" warning, which would otherwise precede the error."""
+    import pyro_bbb.train.loop as loop
+
+    x, y = classification_data()
+    bnn = classifier()
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=1, batch_size=64, progress=False, seed=0)
+    monkeypatch.setattr(loop, "fraction_seen_in_training", lambda *a: pytest.fail("fingerprinted the rows"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(TypeError, match="early_stopping must be a pyro_bbb.EarlyStopping"):
+            pyro_bbb.fit(bnn, guide, (x, y), epochs=1, batch_size=64, progress=False, early_stopping=20)
+    with pytest.warns(UserWarning, match="chosen by validation before"):
+        pyro_bbb.fit(bnn, guide, (x, y), epochs=1, batch_size=64, progress=False, seed=0)
+
+
 @pytest.mark.parametrize("before", ["a fit on other rows", "a fit put back by its callback's error",
                                     "a loop of one's own", "a KL warm-up's first step"])
 def test_a_guide_not_trained_on_these_rows_chooses(before):
