@@ -173,9 +173,9 @@ class BNN(PyroModule):
         self._num_data = check_count("num_data", value, optional=True)  # (an int: numpy integers too)
 
     def forward(self, x: Inputs, y: torch.Tensor | None = None) -> torch.Tensor:
-        output = self._checked_output(x, y)
-        num_data = None if y is None else self._declared_num_data(num_rows(x))
-        with output_batch(self._output_batch(x)):
+        output, lead = self._checked_output(x, y)
+        num_data = None if y is None else self._declared_num_data(lead[-1])
+        with output_batch(lead):
             if num_data is None:  # the likelihood's own signature, as a custom likelihood may have written it
                 return self.likelihood(output, y, data_plate=self.data_plate)
             return self.likelihood(output, y, data_plate=self.data_plate, num_data=num_data)
@@ -218,16 +218,13 @@ class BNN(PyroModule):
         >>> fn.batch_shape, y.shape
         (torch.Size([5]), torch.Size([5]))
         """
-        output = self._checked_output(x, y)
-        with output_batch(self._output_batch(x)):
+        output, lead = self._checked_output(x, y)
+        with output_batch(lead):
             return self.likelihood.observation(output, y)
 
-    def _output_batch(self, x: Inputs) -> tuple[int, ...]:
-        """The dimensions the net's output starts with, before its own per-row shape: ``(*draw shape, rows)``."""
-        return (*_draw_shape(self.data_plate), num_rows(x))
-
-    def _checked_output(self, x: Inputs, y: torch.Tensor | None) -> torch.Tensor:
-        """The net's output for ``x`` (under the data plate's name), once ``x`` and ``y`` agree on their rows."""
+    def _checked_output(self, x: Inputs, y: torch.Tensor | None) -> tuple[torch.Tensor, tuple[int, ...]]:
+        """The net's output for ``x`` (under the data plate's name), once ``x`` and ``y`` agree on their rows, and
+        the dimensions it starts with before its own per-row shape: ``(*draw shape, rows)``."""
         for name, value in (("x", x), ("y", y)):
             if type(value).__module__ == "numpy":  # fit, predict and the metrics convert; a Pyro loop calls us as is
                 raise TypeError(
@@ -241,17 +238,17 @@ class BNN(PyroModule):
                 f"x has {rows} rows but y has {y.shape[0] if y.dim() else 0}; every input needs exactly one target."
             )
         with data_plate_named(self.data_plate):
-            return self._run_net(x)
+            draw_shape = _draw_shape(self.data_plate)
+            return self._run_net(x, rows, draw_shape), (*draw_shape, rows)
 
-    def _run_net(self, x: Inputs) -> torch.Tensor:
-        """The net on an ordinary batch: S weight draws (from the sample plates around this call) are folded into
-        ``S * B`` rows, and the output is unfolded to ``(*draw_shape, B, ...)`` for the likelihood."""
-        draw_shape = _draw_shape(self.data_plate)
+    def _run_net(self, x: Inputs, rows: int, draw_shape: tuple[int, ...]) -> torch.Tensor:
+        """The net on an ordinary batch of ``rows`` rows: the weight draws of the sample plates around this call
+        (``draw_shape``) are folded into ``S * rows`` rows, and the output is unfolded to ``(*draw_shape, rows, ...)``
+        for the likelihood."""
         num_draws = math.prod(draw_shape)
         if not draw_shape:
-            with batch_rows(_rows_if_any(x)):
+            with batch_rows(rows):
                 return self.output_adapter(call_net(self.net, x))
-        rows = num_rows(x)
 
         def fold(t: torch.Tensor) -> torch.Tensor:
             return t.unsqueeze(0).expand(num_draws, *t.shape).reshape(num_draws * rows, *t.shape[1:])
@@ -265,15 +262,6 @@ class BNN(PyroModule):
                 "row (the batch dimension first)."
             )
         return output.reshape(*draw_shape, rows, *output.shape[1:])
-
-
-def _rows_if_any(x: Inputs) -> int | None:
-    """The rows of ``x`` (a tensor's or tuple's first dimension), or ``None`` where it has none (the net is left to
-    say what it makes of such inputs)."""
-    try:
-        return num_rows(x)
-    except ValueError:
-        return None
 
 
 def _draw_shape(data_plate: str) -> tuple[int, ...]:
