@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from .._checks import check_count
-from .._inputs import class_labels, targets_of_shape
+from .._inputs import as_tensor, class_labels, targets_of_shape
 from ..prediction.results import ClassificationPrediction, Prediction, RegressionPrediction
 
 __all__ = [
@@ -134,14 +134,13 @@ def rmse(prediction: RegressionPrediction | torch.Tensor, y: torch.Tensor) -> fl
         raise TypeError(f"rmse takes a RegressionPrediction from pyro_bbb.predict or a tensor of predictive means, got "
                         f"{_got(prediction)}.")
     mean = prediction.mean if isinstance(prediction, RegressionPrediction) else prediction
-    targets = torch.as_tensor(y)
+    targets = as_tensor(y, "y")  # (a clear error for a list, before the hint below reads it)
     rows = targets.shape[0] if targets.dim() else 0
     if isinstance(prediction, torch.Tensor) and mean.dim() >= 2 and mean.shape[0] != rows == mean.shape[1]:
         raise ValueError(f"rmse reads a tensor as one predictive mean per input, and this one has shape "
                          f"{tuple(mean.shape)} for {rows} targets: draws first, as predictive samples are? Pass "
                          "their mean, samples.mean(0), or pyro_bbb.predict's prediction.")
-    y = targets_of_shape(y, mean.shape)
-    return float((mean - y).pow(2).mean().sqrt())
+    return float((mean - targets_of_shape(targets, mean.shape)).pow(2).mean().sqrt())
 
 
 def _got(prediction: Any) -> str:
@@ -223,14 +222,12 @@ def interval_coverage(
     _require_regression(prediction, "interval_coverage")
     if isinstance(prediction, RegressionPrediction):
         lower, upper = prediction.interval(level)
+    elif (isinstance(prediction, tuple | list) and len(prediction) == 2
+          and all(isinstance(bound, torch.Tensor) for bound in prediction)):
+        lower, upper = prediction
     else:
-        try:
-            lower, upper = prediction if isinstance(prediction, tuple | list) else (None, None)
-            if not isinstance(lower, torch.Tensor) or not isinstance(upper, torch.Tensor):
-                raise TypeError
-        except (TypeError, ValueError):
-            raise TypeError(f"interval_coverage takes a RegressionPrediction from pyro_bbb.predict or a (lower, upper) "
-                            f"pair of tensors, got {_got(prediction)}.") from None
+        raise TypeError(f"interval_coverage takes a RegressionPrediction from pyro_bbb.predict or a (lower, upper) "
+                        f"pair of tensors, got {_got(prediction)}.")
     y = targets_of_shape(y, lower.shape)
     return float(((y >= lower) & (y <= upper)).float().mean())
 

@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pyro.distributions as dist
 import pytest
 import torch
@@ -348,3 +349,17 @@ def test_pyros_predictive_output_gets_a_clear_error_naming_pyro_bbb_predict():
     with pytest.raises(ValueError, match=r"shape \(5, 3\) for 3 targets.*samples\.mean\(0\)"):
         metrics.rmse(samples["obs"], y)
     assert metrics.rmse(samples["obs"].mean(0), y) == pytest.approx(float(samples["obs"].mean(0).pow(2).mean().sqrt()))
+
+
+def test_regression_metrics_name_targets_and_pairs_they_cannot_read():
+    """Targets given as a list, and a pair that is not two tensors, get the error that names them (not torch's
+    "too many dimensions 'str'" from reading the targets for a hint first)."""
+    mean = torch.zeros(3)
+    for y in (["a", "b", "c"], [0.0, 1.0, 2.0]):
+        with pytest.raises(TypeError, match="y must be a torch.Tensor or a numpy array, got list"):
+            metrics.rmse(mean, y)
+    assert metrics.rmse(mean, np.ones(3)) == pytest.approx(1.0)
+    for pair in ((mean,), (mean, mean, mean), (mean, 1.0), "ab", [mean, mean.numpy()]):
+        with pytest.raises(TypeError, match=r"interval_coverage takes .* a \(lower, upper\) pair of tensors"):
+            metrics.interval_coverage(pair, mean)
+    assert metrics.interval_coverage([mean - 1, mean + 1], torch.tensor([0.5, 2.0, -0.5])) == pytest.approx(2 / 3)
