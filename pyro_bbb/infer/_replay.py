@@ -251,8 +251,12 @@ def _replay_terms(plan: ReplayPlan, captures: list, estimators: list, x, y, num_
         raise ReplayMismatch("the model did not read every weight site")
     batch = fn.batch_shape[-1] if fn.batch_shape else 1
     scale = 1.0
-    if num_data is not None:
-        scale = scale * DataPlateScaleMessenger.batch_scale(num_data, batch, data_plate)
+    # the ELBO's N, else the model's own (BNN(num_data=N) declares its data plate with it: N / B, as the full path)
+    scaled_to = num_data if num_data is not None else plan.model_num_data
+    if scaled_to is not None:
+        if num_data is None and batch > scaled_to:
+            raise ReplayMismatch("a batch larger than the model's num_data")  # (the full path: BNN's own error)
+        scale = scale * DataPlateScaleMessenger.batch_scale(scaled_to, batch, data_plate)
     # the terms in the order the full path computes them (the autograd graph, and so the gradients, alike)
     nll = 0.0 - scale_and_mask(fn.log_prob(y), scale, None).sum()
     closed_form = {}

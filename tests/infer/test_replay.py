@@ -339,6 +339,48 @@ def test_a_models_num_data_set_between_steps_scales_the_next_step():
     assert float(scaled) == pytest.approx(float(reference.last_terms["nll"]), rel=0.05)
 
 
+@pytest.mark.parametrize("validate", [False, True])
+def test_a_models_own_num_data_scales_replayed_minibatches_after_a_full_batch_step(validate):
+    """BNN(num_data=N) trained by pyro_bbb.ELBO() (no N of its own: the model's applies): a plan recorded on a
+    full batch (B = N, scale 1) must scale a later minibatch by N / B, as the full path does, not by 1 -- bit for bit
+    the same loss and gradients as without replay."""
+    import pyro_bbb
+    from pyro_bbb import likelihoods
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(30, 2, generator=g), torch.randn(30, generator=g)
+    runs = {}
+    for replay in (True, False):
+        pyro.clear_param_store()
+        torch.manual_seed(0)
+        bnn = pyro_bbb.BNN(BayesianLinear(2, 1), likelihoods.Gaussian(scale=0.5), num_data=30)
+        guide = MeanFieldGuide(bnn, init_scale=0.1)
+        elbo = ELBO(replay=replay)
+        losses, grads, replayed = [], [], []
+        with pyro.validation_enabled(validate):
+            for step, rows in enumerate([30, 10, 30, 10, 10]):
+                pyro.set_rng_seed(step)
+                losses.append(elbo.loss_and_grads(bnn, guide, x[:rows], y[:rows]))
+                replayed.append(elbo.last_step_replayed)
+                params = dict(pyro.get_param_store().named_parameters())
+                grads.append({name: p.grad.clone() for name, p in params.items()})
+                for p in params.values():
+                    p.grad = None
+        runs[replay] = losses, grads, replayed
+    (fast, fast_grads, replayed), (full, full_grads, _) = runs[True], runs[False]
+    assert any(replayed[1:])  # (the case itself: a minibatch step after a plan recorded on the full batch)
+    assert fast == full
+    for a, b in zip(fast_grads, full_grads):
+        assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+    elbo = ELBO()  # a batch larger than the model's N after a plan: the full path's error, not a replayed number
+    with pyro.validation_enabled(False):
+        elbo.loss_and_grads(bnn, guide, x, y)
+        elbo.loss_and_grads(bnn, guide, x, y)
+        assert elbo.last_step_replayed
+        with pytest.raises(ValueError, match="larger than the model's num_data=30"):
+            elbo.loss_and_grads(bnn, guide, torch.randn(40, 2), torch.randn(40))
+
+
 def test_a_layer_replaced_between_steps_brings_its_own_prior():
     """A layer replaced by one of the same shapes and site names but another prior: the replayed step kept the old
     layer's prior (its KL 9.8 where the new prior's is 86.0). The step after the change runs the full path, and the
