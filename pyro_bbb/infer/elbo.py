@@ -148,8 +148,8 @@ class ELBO(TraceMeanField_ELBO):
     kl_weight : float or callable
         Weight of the KL, or a schedule ``step -> weight`` (:mod:`pyro_bbb.infer.schedules`) whose :attr:`step`
         advances once per :meth:`loss_and_grads` or :meth:`differentiable_loss` (a training step, whose weight
-        is recorded on the guide: :mod:`~pyro_bbb.infer.tempering`; not per :meth:`loss`), for each (model, guide)
-        pair apart.
+        is recorded on the guide: :mod:`~pyro_bbb.infer.tempering`; not per :meth:`loss`, nor per
+        ``differentiable_loss`` under ``torch.no_grad()``), for each (model, guide) pair apart.
     num_particles, vectorize_particles, **kwargs :
         As in :class:`pyro.infer.TraceMeanField_ELBO` (a vectorized model that reads the particle dimension as its
         batch is found at the first call and run one particle at a time, with a warning).
@@ -383,8 +383,9 @@ class ELBO(TraceMeanField_ELBO):
         if self._awaiting_backward is not None and getattr(loss, "requires_grad", False):
             watch_backward(loss, *self._awaiting_backward)  # marked by the caller's backward, if one comes
         self._awaiting_backward = None
-        self.step += 1  # a training step's objective (Pyro's recipe for a torch optimizer): the schedule advances,
-        note_trained_weight(guide, self.last_terms["kl_weight"])  # and the guide is trained at this weight
+        if torch.is_grad_enabled():  # a training step's objective (Pyro's recipe for a torch optimizer): the schedule
+            self.step += 1  # advances, and the guide is trained at this weight (under no_grad, a validation loss:
+            note_trained_weight(guide, self.last_terms["kl_weight"])  # nothing trains)
         return loss
 
     def loss_and_grads(self, model, guide, *args, **kwargs):
@@ -410,7 +411,7 @@ class ELBO(TraceMeanField_ELBO):
     @property
     def step(self) -> int:
         """The KL schedule's step for the latest (model, guide) pair: its ``loss_and_grads`` and
-        ``differentiable_loss`` calls so far.
+        ``differentiable_loss`` calls so far (those with gradients enabled).
 
         Examples
         --------

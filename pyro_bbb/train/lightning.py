@@ -28,7 +28,6 @@ Examples
 from __future__ import annotations
 
 from collections.abc import Callable
-from numbers import Real
 from typing import Any
 
 import torch
@@ -38,7 +37,6 @@ from .._checks import is_set_up
 from .._inputs import num_rows
 from .._internals import set_up_autoguide
 from ..infer.elbo import ELBO
-from ..infer.tempering import note_trained_weight
 from ..optim import IVON
 from ..optim import Adam as JointAdam
 from .distributed import raise_if_any_rank_failed
@@ -113,9 +111,7 @@ class BayesianLightningModule(pl.LightningModule):
         # steps
         self.pyro_step = TrainingStep(model, guide, optimizer or JointAdam(lr=lr), num_data=num_data,
                                       kl_weight=kl_weight, num_particles=num_particles, estimator=estimator)
-        self.lr = lr
-        if isinstance(kl_weight, Real):  # what every view of the posterior reports (a schedule: see on_train_end)
-            note_trained_weight(guide, float(kl_weight))
+        self.lr = lr  # (each training step records its KL weight on the guide: pyro_bbb.ELBO's differentiable_loss)
         if not is_set_up(guide):
             if example_batch is None:
                 raise ValueError(
@@ -144,12 +140,6 @@ class BayesianLightningModule(pl.LightningModule):
         self.log_dict({"nll": terms["nll"], "kl": terms["kl"], "kl_weight": terms["kl_weight"]},
                       on_step=True, on_epoch=True, batch_size=num_rows(x), sync_dist=True)
         return loss
-
-    def on_train_end(self) -> None:
-        """Record the KL weight the last step trained at (a schedule's weight at the end) where the posterior is shown
-        (``summary``, ``evidence``, ArviZ export, ``save``), as ``fit`` does."""
-        if self.elbo.step > 0:
-            note_trained_weight(self.guide, float(self.elbo.last_terms["kl_weight"]))
 
     @property
     def elbo(self) -> ELBO:

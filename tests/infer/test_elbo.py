@@ -11,6 +11,7 @@ from pyro.infer import SVI, TraceMeanField_ELBO
 
 from pyro_bbb import ELBO, MeanFieldGuide, priors
 from pyro_bbb.infer.schedules import LinearWarmup
+from pyro_bbb.infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
 
 from ..helpers import MLP, Regression, guide_for, minibatches, regression_data
 
@@ -173,14 +174,21 @@ def test_schedule_steps_once_per_differentiable_loss_in_a_torch_optimizer_loop()
     elbo = ELBO(num_data=20, kl_weight=LinearWarmup(4))
     optimizer = torch.optim.Adam(guide.parameters(), lr=0.01)
     weights = []
-    for _ in range(6):
+    for step in range(6):
         optimizer.zero_grad()
         elbo.differentiable_loss(model, guide, x, y).backward()
         optimizer.step()
         weights.append(elbo.last_terms["kl_weight"])
+        with torch.no_grad():  # a validation loss, as a torch loop computes one: not a step, nothing trained
+            elbo.differentiable_loss(model, guide, x[:5], y[:5])
+        assert elbo.step == step + 1 and kl_weight_of(guide).kl_weight == weights[-1]
     assert weights == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0] and elbo.step == 6
     elbo.loss(model, guide, x, y)  # evaluating is not a step
     assert elbo.step == 6
+    record_kl_weight(guide, KLWeightChoice(kl_weight=0.1))  # nor does a no-grad loss at another weight re-record it
+    with torch.no_grad():
+        ELBO(num_data=20).differentiable_loss(model, guide, x, y)
+    assert kl_weight_of(guide).kl_weight == 0.1
 
 
 def test_schedule_steps_with_a_model_and_guide_made_anew_at_each_call():

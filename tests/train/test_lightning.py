@@ -180,6 +180,30 @@ def test_lightning_records_the_kl_weight_it_trained_at_where_the_posterior_is_sh
     assert set(pyro_bbb.summary(bnn, guide)["kl_weight"]) == {last}
 
 
+def test_lightning_records_only_the_steps_it_trains():
+    """Constructing the module trains nothing: a guide trained at 0.01 keeps that record until a step; a validation
+    loss under no_grad (a subclass's validation_step) neither advances the schedule nor records its weight."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from pyro_bbb.infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
+    from pyro_bbb.train.lightning import BayesianLightningModule
+
+    x, y, bnn, guide = _ivon_setup()
+    record_kl_weight(guide, KLWeightChoice(kl_weight=0.01))
+    BayesianLightningModule(bnn, guide, num_data=64, kl_weight=1.0)
+    assert kl_weight_of(guide).kl_weight == 0.01
+
+    class Validated(BayesianLightningModule):
+        def validation_step(self, batch, batch_idx):
+            return self.pyro_step.differentiable_loss(*batch)
+
+    module = Validated(bnn, guide, num_data=64, kl_weight=pyro_bbb.infer.schedules.LinearWarmup(100))
+    loader = DataLoader(TensorDataset(x, y), batch_size=16)
+    _trainer(max_epochs=1).fit(module, loader, loader)
+    assert module.elbo.step == 4  # the four training steps; not the validation batches
+    assert kl_weight_of(guide).kl_weight == pyro_bbb.infer.schedules.LinearWarmup(100)(3)
+
+
 def test_lightning_accepts_ivon_at_the_weight_its_ess_sets_and_refuses_another():
     from pyro_bbb.optim import IVON
     from pyro_bbb.train.lightning import BayesianLightningModule
