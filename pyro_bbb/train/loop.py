@@ -278,6 +278,12 @@ def fit(
             step.restore_initial()
         record_kl_weight(guide, record_before)  # (the ELBO recorded the weights it trained at)
         raise
+    except BaseException:  # the parameters as the steps left them (a diverged run: the last finite state)
+        if step.updates == 0 and (start is None or choice.chosen_by == "fallback"):  # (a fallback put them back)
+            record_kl_weight(guide, record_before)  # as at the start of fit: nothing it trained is kept
+        else:  # trained on these rows, what the next fit and fit_temperature must know
+            remember_training_inputs(guide, _training_inputs(batches))
+        raise
     finally:  # lr_final's schedule is this fit's: the optimizer keeps the rate it was given, for the next fit
         if lr_given is not None:
             optimizer.set_learning_rate(lr_given)

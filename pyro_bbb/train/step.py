@@ -152,6 +152,8 @@ class TrainingStep:
         self.last_finite_loss: float | None = None
         self.global_loss = math.nan
         self.steps = 0
+        #: optimizer updates the parameters now carry (a diverged step puts them back to fewer: :meth:`_diverged`)
+        self.updates, self._updates_remembered = 0, 0
         self._error: BaseException | None = None
         # the optimizer's state, to give back with the parameters on a bad batch
         self.initial_optimizer_state = OptimizerSnapshot(optimizer)
@@ -260,6 +262,7 @@ class TrainingStep:
         if self.clip_norm is not None:
             torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], self.clip_norm, foreach=True)
         self.optimizer(params)
+        self.updates += 1
         zero_grads(params)
         return loss
 
@@ -267,6 +270,7 @@ class TrainingStep:
     def _remember(self, params: list[torch.Tensor]) -> None:
         """Copy the parameters that just gave a finite loss (one foreach copy once every parameter is known; the
         same parameters as the step before, as nearly every step has, are not looked up again)."""
+        self._updates_remembered = self.updates
         last, copies = self._last_copy
         if last and len(params) == len(last) and all(map(operator.is_, params, last)):
             foreach_copy_(copies, params)
@@ -294,8 +298,11 @@ class TrainingStep:
         with torch.no_grad():
             for param, value in self.snapshot.items():
                 param.copy_(value)
+        self.updates = self._updates_remembered
+        restored = ("no step had a finite loss, and no parameter was changed" if self.last_finite_loss is None else
+                    f"the last finite loss was {self.last_finite_loss}, and the parameters were restored to the state "
+                    "that gave it")
         raise TrainingDivergedError(
-            f"{what} became NaN or infinite at step {self.steps} ({detail}); the last finite loss was "
-            f"{self.last_finite_loss}, and the parameters were restored to the state that gave it. Lower the "
-            "learning rate, set clip_norm (e.g. 5.0), standardise x and y, or check the data for extreme values."
+            f"{what} became NaN or infinite at step {self.steps} ({detail}); {restored}. Lower the learning rate, set "
+            "clip_norm (e.g. 5.0), standardise x and y, or check the data for extreme values."
         )

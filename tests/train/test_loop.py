@@ -1,3 +1,4 @@
+import contextlib
 import json
 import math
 import re
@@ -218,6 +219,37 @@ def test_nan_loss_stops_and_restores_the_last_finite_parameters():
     assert restored.keys() == reference.keys()
     for name in reference:
         torch.testing.assert_close(restored[name], reference[name], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kl_weight", [1.0, "auto"])
+def test_a_fit_that_diverges_leaves_the_record_of_the_parameters_it_leaves(kl_weight):
+    """A fit whose first step diverges changes no parameter, so it changes no record either: a guide trained at 0.01
+    was reported as "the Bayes posterior" (weight 1, the diverged fit's own). One that diverges after some updates
+    keeps them (the last finite state): their weight is recorded and their rows remembered."""
+    from pyro_bbb.data.provenance import fraction_seen_in_training
+
+    x, y = small_data()
+    model = poisoned_model(at=10**6)
+    guide = pyro_bbb.MeanFieldGuide(model)
+    fit(model, guide, (x, y), epochs=2, kl_weight=0.01, seed=0)
+    before = params()
+    poison = model.net[1]
+    other_x = x + 10.0  # rows the guide has not seen: "auto" would choose on them
+    if kl_weight != "auto":
+        poison.at = poison.calls + 1  # NaN from the next call: the first step diverges
+    extreme = torch.full_like(y, 1e20)  # ("auto": the selection's path diverges, and falls back to weight 1)
+    with pytest.warns(UserWarning, match="path .* failed") if kl_weight == "auto" else contextlib.nullcontext():
+        with pytest.raises(pyro_bbb.TrainingDivergedError, match="step 1 .*no parameter was changed"):
+            fit(model, guide, (other_x, extreme if kl_weight == "auto" else y), epochs=2, batch_size=10,
+                kl_weight=kl_weight, seed=0)
+    poison.at = 10**6
+    assert kl_weight_of(guide).kl_weight == 0.01 and fraction_seen_in_training(guide, other_x) == 0.0
+    after = params()
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    poison.at = poison.calls + 4  # steps 1-3 finite, step 4 NaN: the parameters after 2 updates at weight 1 kept
+    with pytest.raises(pyro_bbb.TrainingDivergedError, match="step 4 .*last finite loss was"):
+        fit(model, guide, (other_x, y), epochs=2, batch_size=10, kl_weight=1.0, seed=0)
+    assert kl_weight_of(guide).kl_weight == 1.0 and fraction_seen_in_training(guide, other_x) == 1.0
 
 
 @pytest.mark.parametrize(
