@@ -117,8 +117,11 @@ class History:
         if getattr(choice, "chosen_by", None) == "validation":  # every candidate's validation NLL, as summary shows
             scores = ", ".join(f"{w:g}: {nll:.3g}" for w, nll in sorted(choice.validation_nll.items()))
             chosen = f" chosen by validation NLL ({scores})"
+        # the weight of the parameters fit left (early stopping's restored epoch, under a schedule): the record's
+        weight = r["kl_weight"] if choice is None else choice.kl_weight
+        best = "" if self.best_epoch in (None, len(self)) else f", best epoch {self.best_epoch}"
         return (f"History(epochs={len(self)}, loss_per_datum={r['loss_per_datum']:.4g}, nll={r['nll']:.4g}, "
-                f"kl={r['kl']:.4g}, kl_weight={r['kl_weight']:.3g}{chosen})")
+                f"kl={r['kl']:.4g}, kl_weight={weight:.3g}{chosen}{best})")
 
     def plot(self, path: str | Path | None = None):
         """Loss, KL per layer, KL weight and posterior/prior std per layer against the epoch (see

@@ -254,10 +254,10 @@ def fit(
         except BaseException:
             record_kl_weight(guide, record_before)
             raise
-        if choice.reason == _INTERRUPTED:
+        if choice.reason == _INTERRUPTED:  # nothing trained: the guide's record (if any) is still its posterior's
             record_kl_weight(guide, record_before)
             history = History()
-            history.interrupted, history.kl_weight_choice = True, choice
+            history.interrupted, history.kl_weight_choice = True, record_before or choice
             return history
         step = TrainingStep(model, guide, optimizer, num_data=batches.num_data, kl_weight=choice.kl_weight,
                             **options)

@@ -755,8 +755,9 @@ def test_a_fit_stopped_while_choosing_keeps_the_weight_record_it_found(monkeypat
         raise stop()
 
     monkeypatch.setattr("pyro_bbb.train.loop.predict", stopping)  # scoring the first candidate, after its steps
-    if stop is KeyboardInterrupt:
-        assert pyro_bbb.fit(model, guide, (x, y), epochs=8, batch_size=16, progress=False, seed=0).interrupted
+    if stop is KeyboardInterrupt:  # its History says what the guide is (it said "KL weight 1 ... interrupted")
+        history = pyro_bbb.fit(model, guide, (x, y), epochs=8, batch_size=16, progress=False, seed=0)
+        assert history.interrupted and history.kl_weight_choice is found
     else:
         with pytest.raises(MemoryError):
             pyro_bbb.fit(model, guide, (x, y), epochs=8, batch_size=16, progress=False, seed=0)

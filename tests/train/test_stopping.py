@@ -95,6 +95,23 @@ def test_all_epochs_run_still_return_the_best_and_restore_best_false_keeps_the_l
         assert_params_equal(params(), seen[history.best_epoch if restore_best else 8])
 
 
+def test_the_historys_repr_shows_the_kl_weight_of_the_epoch_it_restored():
+    """Under a warm-up, the restored best epoch's weight (the guide's record), not the last epoch's."""
+    from pyro_bbb.infer.schedules import LinearWarmup
+    from pyro_bbb.infer.tempering import kl_weight_of
+
+    x, y = data()
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    history = pyro_bbb.fit(model, guide, (x[:60], y[:60]), epochs=8, batch_size=16, lr=3e-2, seed=1, progress=False,
+                           validation_data=(x[60:], -y[60:]), early_stopping=EarlyStopping(patience=100),
+                           kl_weight=LinearWarmup(30))
+    best = history.best_epoch
+    assert best < 8 and history["kl_weight"][best - 1] < history["kl_weight"][-1]
+    assert kl_weight_of(guide).kl_weight == history["kl_weight"][best - 1]
+    assert f"kl_weight={history['kl_weight'][best - 1]:.3g}, best epoch {best})" in repr(history)
+
+
 def test_monitoring_the_training_loss_needs_no_validation_data():
     x, y = data()
     model = regression_model()
