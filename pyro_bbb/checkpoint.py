@@ -293,7 +293,11 @@ def load(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None):
                     f"{type(optimizer).__name__}; pass an optimizer of the class that was saved."
                 )
         choice = checkpoint.get("kl_weight_choice")
-        choice = None if choice is None else KLWeightChoice.from_dict(choice)  # (a bad record: ValueError)
+        try:
+            choice = None if choice is None else KLWeightChoice.from_dict(choice)
+        except ValueError as error:
+            raise ValueError(f"{_where(path)} is a damaged pyro_bbb checkpoint: {str(error).rstrip('.')}. Save it "
+                             "again with pyro_bbb.save.") from None
         if optimizer is not None:  # first: a state it refuses leaves the model and guide as they were
             optimizer.set_state(saved_optimizer["state"])
     except BaseException:  # (a model that cannot run the example rows raises torch's own errors)

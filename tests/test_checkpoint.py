@@ -170,7 +170,8 @@ def _saved(tmp_path):
     return tmp_path / "m.pt"
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "no_settings", "nan", "num_data"])
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "no_settings", "nan", "num_data", "kl_weight_nan",
+                                    "kl_weight_negative", "kl_weight_unpaired", "kl_weight_chosen_by"])
 def test_damaged_checkpoints_are_one_clear_error_naming_the_file(tmp_path, damage):
     path = _saved(tmp_path)
     if damage == "truncate":
@@ -183,13 +184,18 @@ def test_damaged_checkpoints_are_one_clear_error_naming_the_file(tmp_path, damag
             del checkpoint["settings"]
         elif damage == "num_data":
             checkpoint["settings"]["num_data"] = -3
+        elif damage.startswith("kl_weight"):  # a record that loaded, shown as "KL weight -3 ... tempered"
+            checkpoint["kl_weight_choice"] = {
+                "kl_weight_nan": {"kl_weight": math.nan}, "kl_weight_negative": {"kl_weight": -3.0},
+                "kl_weight_unpaired": {"kl_weight": 0.5, "chosen_by": "validation", "validation_nll": [[1.0]]},
+                "kl_weight_chosen_by": {"kl_weight": 0.5, "chosen_by": "martians"}}[damage]
         else:
             next(iter(checkpoint["guide_state"].values())).fill_(math.nan)
         torch.save(checkpoint, path)
     pyro.clear_param_store()
     model = build()
     guide = pyro_bbb.MeanFieldGuide(model)
-    with pytest.raises(ValueError, match=r"m\.pt"):
+    with pytest.raises(ValueError, match=r"m\.pt" + (".*damaged.*KL weight" if damage.startswith("kl") else "")):
         pyro_bbb.load(path, model, guide)
     assert len(pyro.get_param_store()) == 0  # nothing was set up or loaded
 

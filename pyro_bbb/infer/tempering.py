@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass, field, replace
+from numbers import Real
 from typing import Any
 
 from .guide import is_point_estimate
@@ -26,6 +27,8 @@ from .guide import is_point_estimate
 __all__ = ["KLWeightChoice", "record_kl_weight", "note_trained_weight", "kl_weight_of"]
 
 _records: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: How a weight came to be (:attr:`KLWeightChoice.chosen_by`)
+_HOW_CHOSEN = ("validation", "user", "fallback")
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,13 @@ class KLWeightChoice:
     reason: str = ""
     warm_start_epochs: int = 0
     point_estimate: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.kl_weight, bool) or not isinstance(self.kl_weight, Real) or not (
+                math.isfinite(self.kl_weight) and self.kl_weight >= 0):
+            raise ValueError(f"a KL weight must be a finite number >= 0, got {self.kl_weight!r}.")
+        if self.chosen_by not in _HOW_CHOSEN:
+            raise ValueError(f"chosen_by must be one of {', '.join(map(repr, _HOW_CHOSEN))}, got {self.chosen_by!r}.")
 
     @property
     def tempered(self) -> bool:
@@ -145,12 +155,16 @@ class KLWeightChoice:
         """
         if not isinstance(entry, dict) or "kl_weight" not in entry:
             raise ValueError(f"a KL weight record needs a 'kl_weight' entry, got {entry!r}.")
-        return cls(kl_weight=float(entry["kl_weight"]), chosen_by=str(entry.get("chosen_by", "user")),
-                   validation_nll={float(w): float(v) for w, v in entry.get("validation_nll", [])},
-                   validation_nll_se={float(w): float(v) for w, v in entry.get("validation_nll_se", [])},
-                   num_validation=entry.get("num_validation"), reason=str(entry.get("reason", "")),
-                   warm_start_epochs=int(entry.get("warm_start_epochs", 0)),
-                   point_estimate=bool(entry.get("point_estimate", False)))
+        try:
+            num_validation = entry.get("num_validation")
+            return cls(kl_weight=float(entry["kl_weight"]), chosen_by=str(entry.get("chosen_by", "user")),
+                       validation_nll={float(w): float(v) for w, v in entry.get("validation_nll", [])},
+                       validation_nll_se={float(w): float(v) for w, v in entry.get("validation_nll_se", [])},
+                       num_validation=None if num_validation is None else int(num_validation),
+                       reason=str(entry.get("reason", "")), warm_start_epochs=int(entry.get("warm_start_epochs", 0)),
+                       point_estimate=bool(entry.get("point_estimate", False)))
+        except (TypeError, ValueError) as error:  # (a number that is not one, a pair that is not two)
+            raise ValueError(f"a malformed KL weight record: {error}") from None
 
 
 def record_kl_weight(guide: Any, choice: KLWeightChoice | None) -> None:

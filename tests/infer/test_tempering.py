@@ -41,6 +41,16 @@ def test_a_bad_record_is_a_clear_error():
         KLWeightChoice.from_dict({"weight": 0.1})
     with pytest.raises(TypeError, match="KLWeightChoice"):
         record_kl_weight(pyro_bbb.MeanFieldGuide(BayesianLinear(2, 1)), 0.1)
+    for weight in (float("nan"), float("inf"), -0.5, True, "0.1"):  # (a record "KL weight -0.5 ... tempered")
+        with pytest.raises(ValueError, match="a KL weight must be a finite number >= 0"):
+            KLWeightChoice(kl_weight=weight)
+    with pytest.raises(ValueError, match="chosen_by must be one of 'validation', 'user', 'fallback'"):
+        KLWeightChoice(kl_weight=0.1, chosen_by="by hand")
+    for entry in ({"kl_weight": 0.1, "validation_nll": [[1.0]]}, {"kl_weight": "x"},
+                  {"kl_weight": 0.1, "num_validation": "many"}):
+        with pytest.raises(ValueError, match="a malformed KL weight record"):
+            KLWeightChoice.from_dict(entry)
+    assert KLWeightChoice(kl_weight=0).kl_weight == 0  # a warm-up's first weight
 
 
 def test_each_guide_has_its_own_record():
