@@ -187,6 +187,10 @@ def test_a_guide_trained_before_on_these_rows_trains_on_at_its_weight_and_says_w
     with pytest.warns(UserWarning, match="chosen by validation before"):  # the checkpoint's rows are not known
         assert pyro_bbb.fit(bnn_b, loaded, (x, y), epochs=1, batch_size=64, progress=False,
                             seed=0).kl_weight_choice.kl_weight == chosen.kl_weight
+    with pytest.warns(UserWarning, match="chosen by validation before") as caught:  # also from a DataLoader that
+        unread = DataLoader([(xi, yi) for xi, yi in zip(x, y)], batch_size=64)  # cannot be split (it fell back to 1)
+        history = pyro_bbb.fit(bnn_b, loaded, unread, epochs=1, progress=False, seed=0)
+    assert history.kl_weight_choice.kl_weight == chosen.kl_weight and len(caught) == 1  # (no "pass tensors" word)
     sizes.clear()
     with warnings.catch_warnings():  # asked for explicitly: chosen again
         warnings.simplefilter("error")
