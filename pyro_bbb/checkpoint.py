@@ -3,8 +3,9 @@
 The file holds only tensors, numbers and strings, and is read with ``torch.load(..., weights_only=True)``: a
 checkpoint from a stranger cannot run code. It stores the guide's variational parameters, the model's
 deterministic parameters and buffers, one example input (to rebuild the guide's sites), the settings needed to
-predict and to resume training (likelihood, data plate, a :class:`pyro_bbb.BNN`'s ``num_data``), and the KL weight
-the posterior was trained at (:mod:`pyro_bbb.infer.tempering`).
+predict and to resume training (likelihood, data plate, a :class:`pyro_bbb.BNN`'s ``num_data``), the KL weight
+the posterior was trained at (:mod:`pyro_bbb.infer.tempering`) and fingerprints of the rows ``fit`` trained it on
+(:mod:`pyro_bbb.data.provenance`: what ``fit``'s ``"auto"`` and ``fit_temperature`` ask when it is loaded).
 
 Examples
 --------
@@ -37,6 +38,7 @@ from ._inputs import Inputs, cast_inputs, input_tensors, inputs_to, map_inputs
 from ._plates import data_plate_of
 from ._rng import rng_untouched
 from ._version import __version__
+from .data.provenance import restore_training_fingerprints, training_fingerprints
 from .infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
 from .nn.module import training_mode
 
@@ -159,6 +161,9 @@ def save(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None) -> N
     choice = kl_weight_of(guide)
     if choice is not None:  # the KL weight it was trained at: a tempered posterior stays one when loaded
         checkpoint["kl_weight_choice"] = choice.to_dict()
+    rows = training_fingerprints(guide)
+    if rows is not None:  # which rows it was trained on: fit's "auto" and fit_temperature read them when loaded
+        checkpoint["training_rows"] = rows
     torch.save(checkpoint, path)
 
 
@@ -218,6 +223,9 @@ def _read(path: str | os.PathLike | IO[bytes], device: torch.device) -> dict[str
             value is None or input_tensors(value)
         except (TypeError, ValueError):
             raise ValueError(f"{where} is a damaged pyro_bbb checkpoint: example_inputs are not tensors.") from None
+    rows = checkpoint.get("training_rows")
+    if rows is not None and not (isinstance(rows, torch.Tensor) and rows.dtype == torch.int64 and rows.dim() == 1):
+        raise ValueError(f"{where} is a damaged pyro_bbb checkpoint: training_rows is not a 1-d int64 tensor.")
     for part in ("model_state", "guide_state", "param_store"):
         for name, value in checkpoint[part].items():
             if not isinstance(value, torch.Tensor):
@@ -312,6 +320,7 @@ def load(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None):
         for name, value in checkpoint["param_store"].items():
             store[name].copy_(value)
     record_kl_weight(guide, choice)  # (none in the checkpoint: nothing known of how it was trained)
+    restore_training_fingerprints(guide, checkpoint.get("training_rows"))  # (nor, without them, of its rows)
     if num_data is not None:
         model.num_data = num_data
     return guide

@@ -161,6 +161,35 @@ def test_save_after_a_param_store_load_writes_the_store_s_posterior(tmp_path):
     torch.testing.assert_close(guide2.site_posteriors()["net.0.weight"].loc, trained)
 
 
+def test_the_rows_a_guide_was_trained_on_are_saved_with_it(tmp_path):
+    """Loaded, a guide fit trained at a weight of the user's on these rows trains on at it ("auto" chose again on rows
+    it had seen), and fit_temperature refuses them; a checkpoint without them leaves nothing known."""
+    import warnings
+
+    from pyro_bbb.data.provenance import fraction_seen_in_training, remember_training_inputs
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(60, 3, generator=g), torch.randn(60, generator=g)
+    model = build()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    pyro_bbb.fit(model, guide, (x, y), epochs=1, kl_weight=0.1, progress=False, seed=0)
+    pyro_bbb.save(tmp_path / "m.pt", model, guide)
+    pyro.clear_param_store()
+    model2 = build()
+    guide2 = pyro_bbb.MeanFieldGuide(model2)
+    remember_training_inputs(guide2, x + 5.0)  # forgotten: the checkpoint's rows replace them
+    pyro_bbb.load(tmp_path / "m.pt", model2, guide2)
+    assert fraction_seen_in_training(guide2, x) == 1.0 and fraction_seen_in_training(guide2, x + 5.0) == 0.0
+    with pytest.warns(UserWarning, match="an earlier fit trained it on 100% of these rows"):
+        history = pyro_bbb.fit(model2, guide2, (x, y), epochs=1, progress=False, seed=0)
+    assert history.kl_weight_choice.kl_weight == 0.1
+    path = _saved(tmp_path)  # (a guide no fit trained: no rows)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pyro_bbb.load(path, model2, guide2)
+    assert fraction_seen_in_training(guide2, x) is None
+
+
 def _saved(tmp_path):
     x, y = torch.randn(10, 3), torch.randn(10)
     model = build()
@@ -171,7 +200,8 @@ def _saved(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "no_settings", "nan", "num_data", "kl_weight_nan",
-                                    "kl_weight_negative", "kl_weight_unpaired", "kl_weight_chosen_by"])
+                                    "kl_weight_negative", "kl_weight_unpaired", "kl_weight_chosen_by",
+                                    "training_rows"])
 def test_damaged_checkpoints_are_one_clear_error_naming_the_file(tmp_path, damage):
     path = _saved(tmp_path)
     if damage == "truncate":
@@ -184,6 +214,8 @@ def test_damaged_checkpoints_are_one_clear_error_naming_the_file(tmp_path, damag
             del checkpoint["settings"]
         elif damage == "num_data":
             checkpoint["settings"]["num_data"] = -3
+        elif damage == "training_rows":
+            checkpoint["training_rows"] = torch.zeros(3)
         elif damage.startswith("kl_weight"):  # a record that loaded, shown as "KL weight -3 ... tempered"
             checkpoint["kl_weight_choice"] = {
                 "kl_weight_nan": {"kl_weight": math.nan}, "kl_weight_negative": {"kl_weight": -3.0},

@@ -4,8 +4,11 @@ them.
 
 Only tensor (or numpy) inputs are fingerprinted, and those of a DataLoader whose rows can be read
 (:func:`~pyro_bbb.data.batches.loader_rows`); other DataLoaders, and a tuple or dict of inputs, are not: nothing is
-known about them. A fingerprint is the hash of a row's bytes in float32 (a floating row; an integer row in int64),
+known about them. A fingerprint is a hash of a row's bytes in float32 (a floating row; an integer row in int64),
 so equal rows match whatever holds them: a numpy array, a float64 copy of rows ``fit`` cast to the model's float32.
+The hash is the same in every process (BLAKE2b, 8 bytes), so :func:`pyro_bbb.save` keeps the fingerprints with the
+posterior (:func:`training_fingerprints`) and :func:`pyro_bbb.load` gives them back
+(:func:`restore_training_fingerprints`).
 
 Examples
 --------
@@ -17,13 +20,15 @@ Examples
 
 from __future__ import annotations
 
+import hashlib
 import weakref
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["remember_training_inputs", "fraction_seen_in_training"]
+__all__ = ["remember_training_inputs", "fraction_seen_in_training", "training_fingerprints",
+           "restore_training_fingerprints"]
 
 _seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -39,9 +44,11 @@ def _as_rows(x: Any) -> torch.Tensor | None:
 
 
 def _fingerprints(x: torch.Tensor) -> list[int]:
-    """One hash per row of ``x`` (from :func:`_as_rows`), of its bytes."""
+    """One hash per row of ``x`` (from :func:`_as_rows`), of its bytes: a signed 64-bit number, the same in every
+    process (Python's own ``hash`` of bytes is salted per process)."""
     rows = x.contiguous().reshape(x.shape[0], -1).numpy()
-    return [hash(row.tobytes()) for row in rows]
+    return [int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little", signed=True)
+            for row in rows]
 
 
 def remember_training_inputs(guide: Any, x: Any) -> None:
@@ -77,3 +84,43 @@ def fraction_seen_in_training(guide: Any, x: Any) -> float | None:
     if seen is None or rows is None:
         return None
     return sum(fingerprint in seen for fingerprint in _fingerprints(rows)) / rows.shape[0]
+
+
+def training_fingerprints(guide: Any) -> torch.Tensor | None:
+    """The fingerprints of the rows ``guide`` was trained on, sorted, as an ``int64`` tensor (``None``: nothing
+    known), for a checkpoint read with ``weights_only=True``.
+
+    Examples
+    --------
+    >>> guide = object.__new__(pyro_bbb.MeanFieldGuide)
+    >>> remember_training_inputs(guide, torch.zeros(3, 2))  # three equal rows: one fingerprint
+    >>> training_fingerprints(guide).shape
+    torch.Size([1])
+    """
+    try:
+        seen = _seen.get(guide)
+    except TypeError:
+        return None
+    return None if seen is None else torch.tensor(sorted(seen), dtype=torch.int64)
+
+
+def restore_training_fingerprints(guide: Any, fingerprints: torch.Tensor | None) -> None:
+    """Make ``fingerprints`` (from :func:`training_fingerprints`) the rows ``guide`` was trained on, in place of
+    any it had; ``None`` forgets them (a checkpoint that holds none).
+
+    Examples
+    --------
+    >>> guide, x = object.__new__(pyro_bbb.MeanFieldGuide), torch.arange(6.0).reshape(3, 2)
+    >>> remember_training_inputs(guide, x)
+    >>> other = object.__new__(pyro_bbb.MeanFieldGuide)
+    >>> restore_training_fingerprints(other, training_fingerprints(guide))
+    >>> fraction_seen_in_training(other, x)
+    1.0
+    """
+    try:
+        if fingerprints is None:
+            _seen.pop(guide, None)
+        else:
+            _seen[guide] = set(fingerprints.tolist())
+    except TypeError:  # a guide that cannot be weakly referenced is not recorded
+        pass
