@@ -4,8 +4,9 @@ The file holds only tensors, numbers and strings, and is read with ``torch.load(
 checkpoint from a stranger cannot run code. It stores the guide's variational parameters, the model's
 deterministic parameters and buffers, one example input (to rebuild the guide's sites), the settings needed to
 predict and to resume training (likelihood, data plate, a :class:`pyro_bbb.BNN`'s ``num_data``), the KL weight
-the posterior was trained at (:mod:`pyro_bbb.infer.tempering`) and fingerprints of the rows ``fit`` trained it on
-(:mod:`pyro_bbb.data.provenance`: what ``fit``'s ``"auto"`` and ``fit_temperature`` ask when it is loaded).
+the posterior was trained at (:mod:`pyro_bbb.infer.tempering`) and, with ``save(..., training_rows=True)``,
+fingerprints of the rows ``fit`` trained it on (:mod:`pyro_bbb.data.provenance`: what ``fit``'s ``"auto"`` and
+``fit_temperature`` ask when it is loaded).
 
 Examples
 --------
@@ -114,7 +115,7 @@ def _used_params(model, guide, inputs) -> dict[str, torch.Tensor]:
     return {name: site["value"].unconstrained() for name, site in params.trace.nodes.items()}
 
 
-def save(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None) -> None:
+def save(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None, training_rows: bool = False) -> None:
     """Write ``model``'s deterministic state and ``guide``'s posterior to ``path``.
 
     Everything the model and guide read from Pyro's param store is written too -- a feature net registered with
@@ -133,6 +134,11 @@ def save(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None) -> N
     optimizer : pyro_bbb.optim.Adam or IVON, optional
         Its state (moments by parameter name) is written too, so that ``load(..., optimizer=...)`` and ``fit(...,
         optimizer=...)`` resume the run where it stopped instead of restarting the moments.
+    training_rows : bool
+        Also write fingerprints of the rows ``fit`` trained the guide on (8 bytes a row), so that the loaded guide
+        knows them: ``fit``'s ``"auto"`` then trains on at its weight on those rows instead of scoring candidates on
+        them, and ``fit_temperature`` refuses them. Off by default: whoever holds the file can then test whether a
+        given row was in the training data.
 
     Examples
     --------
@@ -161,7 +167,7 @@ def save(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None) -> N
     choice = kl_weight_of(guide)
     if choice is not None:  # the KL weight it was trained at: a tempered posterior stays one when loaded
         checkpoint["kl_weight_choice"] = choice.to_dict()
-    rows = training_fingerprints(guide)
+    rows = training_fingerprints(guide) if training_rows else None
     if rows is not None:  # which rows it was trained on: fit's "auto" and fit_temperature read them when loaded
         checkpoint["training_rows"] = rows
     torch.save(checkpoint, path)

@@ -162,8 +162,9 @@ def test_save_after_a_param_store_load_writes_the_store_s_posterior(tmp_path):
 
 
 def test_the_rows_a_guide_was_trained_on_are_saved_with_it(tmp_path):
-    """Loaded, a guide fit trained at a weight of the user's on these rows trains on at it ("auto" chose again on rows
-    it had seen), and fit_temperature refuses them; a checkpoint without them leaves nothing known."""
+    """save(..., training_rows=True): loaded, a guide fit trained at a weight of the user's on these rows trains on
+    at it ("auto" chose again on rows it had seen); a checkpoint without them (the default: they are a membership
+    test) leaves nothing known."""
     import warnings
 
     from pyro_bbb.data.provenance import fraction_seen_in_training, remember_training_inputs
@@ -173,20 +174,21 @@ def test_the_rows_a_guide_was_trained_on_are_saved_with_it(tmp_path):
     model = build()
     guide = pyro_bbb.MeanFieldGuide(model)
     pyro_bbb.fit(model, guide, (x, y), epochs=1, kl_weight=0.1, progress=False, seed=0)
+    pyro_bbb.save(tmp_path / "rows.pt", model, guide, training_rows=True)
     pyro_bbb.save(tmp_path / "m.pt", model, guide)
+    assert "training_rows" not in torch.load(tmp_path / "m.pt", weights_only=True)
     pyro.clear_param_store()
     model2 = build()
     guide2 = pyro_bbb.MeanFieldGuide(model2)
     remember_training_inputs(guide2, x + 5.0)  # forgotten: the checkpoint's rows replace them
-    pyro_bbb.load(tmp_path / "m.pt", model2, guide2)
+    pyro_bbb.load(tmp_path / "rows.pt", model2, guide2)
     assert fraction_seen_in_training(guide2, x) == 1.0 and fraction_seen_in_training(guide2, x + 5.0) == 0.0
     with pytest.warns(UserWarning, match="an earlier fit trained it on 100% of these rows"):
         history = pyro_bbb.fit(model2, guide2, (x, y), epochs=1, progress=False, seed=0)
     assert history.kl_weight_choice.kl_weight == 0.1
-    path = _saved(tmp_path)  # (a guide no fit trained: no rows)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pyro_bbb.load(path, model2, guide2)
+        pyro_bbb.load(tmp_path / "m.pt", model2, guide2)
     assert fraction_seen_in_training(guide2, x) is None
 
 

@@ -6,8 +6,8 @@ Only tensor (or numpy) inputs are fingerprinted, and those of a DataLoader whose
 (:func:`~pyro_bbb.data.batches.loader_rows`); other DataLoaders, and a tuple or dict of inputs, are not: nothing is
 known about them. A fingerprint is a hash of a row's bytes in float32 (a floating row; an integer row in int64),
 so equal rows match whatever holds them: a numpy array, a float64 copy of rows ``fit`` cast to the model's float32.
-The hash is the same in every process (BLAKE2b, 8 bytes), so :func:`pyro_bbb.save` keeps the fingerprints with the
-posterior (:func:`training_fingerprints`) and :func:`pyro_bbb.load` gives them back
+The hash is the same in every process (BLAKE2b, 8 bytes), so ``pyro_bbb.save(..., training_rows=True)`` can keep
+the fingerprints with the posterior (:func:`training_fingerprints`) and :func:`pyro_bbb.load` give them back
 (:func:`restore_training_fingerprints`).
 
 Examples

@@ -106,9 +106,10 @@ class ReplayBackend:
 
     def terms(self, model, guide, args: tuple, kwargs: dict, num_data: int | None, data_plate: str,
               validating: bool) -> tuple | None:
-        """A replayed step's ``(nll, kl_by_site, closed_form, batch_size)``, the terms the ELBO's own path adds up
-        for one particle; ``None`` when the full path must run (no plan, validation due, a call off the plan; a model
-        that changed also drops the plan).
+        """A replayed step's ``(nll, kl_by_site, closed_form, batch_size, declared)``, the terms the ELBO's own path
+        adds up for one particle (``declared``: the data plate's size as the model declares it, or ``None``);
+        ``None`` when the full path must run (no plan, validation due, a call off the plan; a model that changed also
+        drops the plan).
 
         Examples
         --------
@@ -223,11 +224,12 @@ def _replay_captures(plan: ReplayPlan, model, guide, args: tuple, kwargs: dict) 
 
 
 def _replay_terms(plan: ReplayPlan, captures: list, estimators: list, x, y, num_data: int | None,
-                 data_plate: str) -> tuple[torch.Tensor, dict, dict, int]:
+                 data_plate: str) -> tuple[torch.Tensor, dict, dict, int, int | None]:
     """One step's terms as the ELBO's own path computes them, from the same draws in the same order, without the
     handlers but the estimator's (told each site's posterior as the guide's draw would): ``(scaled negative
     log-likelihood, KL by site (``None`` for the closed-form sites), closed-form sites' ``(loc, scale, t)``, batch
-    size)``. Raises :class:`ReplayMismatch` when the model no longer matches the plan."""
+    size, the data plate's size as the model declares it (its own ``num_data`` when the ELBO has none; else
+    ``None``))``. Raises :class:`ReplayMismatch` when the model no longer matches the plan."""
     priors_now = {name: _prior_now(prior_of) for name, prior_of, _ in plan.sites}  # before any draw
     draws, posteriors, kl_by_site = {}, {}, {}
     for i, (name, _, weight) in enumerate(plan.sites):
@@ -252,7 +254,8 @@ def _replay_terms(plan: ReplayPlan, captures: list, estimators: list, x, y, num_
     batch = fn.batch_shape[-1] if fn.batch_shape else 1
     scale = 1.0
     # the ELBO's N, else the model's own (BNN(num_data=N) declares its data plate with it: N / B, as the full path)
-    scaled_to = num_data if num_data is not None else plan.model_num_data
+    declared = plan.model_num_data if num_data is None else None
+    scaled_to = num_data if num_data is not None else declared
     if scaled_to is not None:
         if num_data is None and batch > scaled_to:
             raise ReplayMismatch("a batch larger than the model's num_data")  # (the full path: BNN's own error)
@@ -270,7 +273,7 @@ def _replay_terms(plan: ReplayPlan, captures: list, estimators: list, x, y, num_
         if isinstance(fn, tuple):  # another prior: the guide's Normal, as the full path sees it
             fn = plan.guide.posterior_at(name, *fn)
         kl_by_site[name] = site_kl(_site(fn, draws[name]), _site(prior, draws[name]))
-    return nll, kl_by_site, closed_form, batch
+    return nll, kl_by_site, closed_form, batch, declared
 
 
 def _prior_now(prior_of) -> Any:

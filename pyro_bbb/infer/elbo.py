@@ -397,8 +397,8 @@ class ELBO(TraceMeanField_ELBO):
                 loss = super().loss_and_grads(model, guide, *args, **kwargs)
                 self.backend.after_full_step(model, guide, self.num_data, self.data_plate, self.num_particles)
             else:
-                nll, kl_by_site, closed_form, batch_size = replayed
-                self.current_call.frame = Frame(batch_size, None)
+                nll, kl_by_site, closed_form, batch_size, declared = replayed
+                self.current_call.frame = Frame(batch_size, declared)  # (the plate as the model declares it)
                 loss, surrogate_loss = self.account(nll, kl_by_site, closed_form)
                 if getattr(surrogate_loss, "requires_grad", False):
                     (surrogate_loss / self.num_particles).backward(retain_graph=self.retain_graph)

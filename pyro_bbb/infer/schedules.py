@@ -2,8 +2,9 @@
 
 Pass one as ``pyro_bbb.ELBO(num_data=N, kl_weight=schedule)``; the ELBO's step counter advances once per
 ``loss_and_grads`` (that is, once per ``SVI.step``) or ``differentiable_loss`` (a torch optimizer's step), not per
-``loss``. A weight of 1 is the true ELBO; smaller weights during a
-warm-up let the network fit the data before the KL pulls the posterior towards the prior.
+``loss`` nor per ``differentiable_loss`` under ``torch.no_grad()`` (a validation loss). A weight of 1 is the true
+ELBO; smaller weights during a warm-up let the network fit the data before the KL pulls the posterior towards the
+prior.
 
 Examples
 --------

@@ -77,9 +77,15 @@ class KLWeightChoice:
     point_estimate: bool = False
 
     def __post_init__(self):
-        if isinstance(self.kl_weight, bool) or not isinstance(self.kl_weight, Real) or not (
-                math.isfinite(self.kl_weight) and self.kl_weight >= 0):
+        weight = self.kl_weight
+        if not isinstance(weight, Real) and hasattr(weight, "item"):  # a one-element tensor (a schedule's weight)
+            try:
+                weight = weight.item()
+            except (ValueError, RuntimeError):  # (more than one element)
+                pass
+        if isinstance(weight, bool) or not isinstance(weight, Real) or not (math.isfinite(weight) and weight >= 0):
             raise ValueError(f"a KL weight must be a finite number >= 0, got {self.kl_weight!r}.")
+        object.__setattr__(self, "kl_weight", float(weight))  # (frozen)
         if self.chosen_by not in _HOW_CHOSEN:
             raise ValueError(f"chosen_by must be one of {', '.join(map(repr, _HOW_CHOSEN))}, got {self.chosen_by!r}.")
 
@@ -196,8 +202,8 @@ def record_kl_weight(guide: Any, choice: KLWeightChoice | None) -> None:
 
 
 def note_trained_weight(guide: Any, weight: float) -> None:
-    """Record that ``guide`` is being trained at ``weight`` (``pyro_bbb.ELBO``'s training steps and the Lightning
-    module call it), keeping a record at the same weight (``fit``'s, with its candidates' scores).
+    """Record that ``guide`` is being trained at ``weight`` (``pyro_bbb.ELBO``'s training steps call it, the
+    Lightning module's among them), keeping a record at the same weight (``fit``'s, with its candidates' scores).
 
     Examples
     --------

@@ -45,8 +45,9 @@ class History:
         #: True when fit was stopped by Ctrl-C (after finishing the step it was in); the last record is then the
         #: partial epoch, marked ``"interrupted": True``.
         self.interrupted = False
-        #: With ``fit(early_stopping=...)``: the epoch whose parameters fit returned with, and the epoch after which
-        #: it stopped for want of improvement (``None`` when it ran all epochs).
+        #: With ``fit(early_stopping=...)``: the epoch whose monitored value was best (whose parameters fit returned
+        #: with, under ``restore_best=True``), and the epoch after which it stopped for want of improvement (``None``
+        #: when it ran all epochs).
         self.best_epoch: int | None = None
         self.stopped_epoch: int | None = None
         #: The KL weight the posterior was trained at and how it was chosen (a
@@ -117,11 +118,11 @@ class History:
         if getattr(choice, "chosen_by", None) == "validation":  # every candidate's validation NLL, as summary shows
             scores = ", ".join(f"{w:g}: {nll:.3g}" for w, nll in sorted(choice.validation_nll.items()))
             chosen = f" chosen by validation NLL ({scores})"
-        # the weight of the parameters fit left (early stopping's restored epoch, under a schedule): the record's
-        weight = r["kl_weight"] if choice is None else choice.kl_weight
-        best = "" if self.best_epoch in (None, len(self)) else f", best epoch {self.best_epoch}"
+        best = ""  # (early stopping's best epoch: under a schedule, its weight is not the last epoch's)
+        if self.best_epoch not in (None, len(self)):
+            best = f", best epoch {self.best_epoch} at kl_weight={self.records[self.best_epoch - 1]['kl_weight']:.3g}"
         return (f"History(epochs={len(self)}, loss_per_datum={r['loss_per_datum']:.4g}, nll={r['nll']:.4g}, "
-                f"kl={r['kl']:.4g}, kl_weight={weight:.3g}{chosen}{best})")
+                f"kl={r['kl']:.4g}, kl_weight={r['kl_weight']:.3g}{chosen}{best})")
 
     def plot(self, path: str | Path | None = None):
         """Loss, KL per layer, KL weight and posterior/prior std per layer against the epoch (see

@@ -111,7 +111,8 @@ class BayesianLightningModule(pl.LightningModule):
         # steps
         self.pyro_step = TrainingStep(model, guide, optimizer or JointAdam(lr=lr), num_data=num_data,
                                       kl_weight=kl_weight, num_particles=num_particles, estimator=estimator)
-        self.lr = lr  # (each training step records its KL weight on the guide: pyro_bbb.ELBO's differentiable_loss)
+        self.lr = lr
+        # (each training step records its KL weight on the guide, in pyro_bbb.ELBO's differentiable_loss)
         if not is_set_up(guide):
             if example_batch is None:
                 raise ValueError(

@@ -156,7 +156,8 @@ def fit(
         ``history.kl_weight_choice.reason`` says why; so does a path that fails on the split but not on all the
         data (a model whose data plate must see every row). A guide trained before, at a weight chosen by
         validation or by an earlier ``fit`` on most of these rows, trains on at that weight with a warning (a
-        selection would score it on rows it has seen); ``SelectKLWeight()`` chooses again. An error a step on all
+        selection would score it on rows it has seen; also from a DataLoader it could not split, not distributed);
+        ``SelectKLWeight()`` chooses again. An error a step on all
         the data raises too is raised at once, with the parameters as they were.
     num_particles : int
         Weight draws per step.
@@ -224,8 +225,9 @@ def fit(
         # IVON's own effective sample size sets the weight it can train at: N / ess (1 by default)
         kl_weight = optimizer.num_data / optimizer.ess if isinstance(optimizer, IVON) else 1.0
         choice = KLWeightChoice(kl_weight=kl_weight, chosen_by="fallback", reason=fallback) if fallback else None
-        if by_default and not isinstance(optimizer, IVON):  # a guide trained before trains on, whether or not a
-            continued = _continued(guide, batches, rows_known=not distributed)  # selection could run (a DataLoader)
+        # a guide trained before trains on, whether or not a selection could run (a DataLoader); not distributed,
+        if by_default and not isinstance(optimizer, IVON) and not distributed:  # where each process has its own
+            continued = _continued(guide, batches)  # record (rows, a loaded checkpoint), and all must train alike
             if continued is not None:
                 choice, kl_weight, fallback = continued, continued.kl_weight, ""
         if fallback and not isinstance(optimizer, IVON) and rank == 0:  # (IVON's weight is the user's own ess)
@@ -364,20 +366,19 @@ def _training_inputs(batches) -> Any:
 _MOSTLY_SEEN = 0.5
 
 
-def _continued(guide, batches, rows_known: bool = True) -> KLWeightChoice | None:
+def _continued(guide, batches) -> KLWeightChoice | None:
     """How ``fit``'s default ``"auto"`` trains a guide that was already trained at a weight it recorded (a positive
     one) and that would be scored on rows it has seen: its earlier weight was chosen by validation (an earlier
     ``"auto"``, or a checkpoint of one: fitting again trains longer), or an earlier ``fit`` trained it on most of
     these rows. It trains on at that weight (the earlier choice kept, saying so), with a warning naming the fix.
-    ``None``: it chooses (a guide never trained, or trained on other rows by a loop or at a weight of one's own).
-    Without ``rows_known`` (distributed: each process sees its own shard) only a weight chosen by validation counts."""
+    ``None``: it chooses (a guide never trained, or trained on other rows by a loop or at a weight of one's own)."""
     earlier = kl_weight_of(guide)
     if earlier is None or not earlier.kl_weight > 0:
         return None
     if earlier.chosen_by == "validation":
         why = "its KL weight was chosen by validation before (an earlier fit, or its checkpoint)"
     else:  # (the rows are fingerprinted only here: a record chosen by validation decides alone)
-        seen = fraction_seen_in_training(guide, _training_inputs(batches)) if rows_known else None
+        seen = fraction_seen_in_training(guide, _training_inputs(batches))
         if seen is None or seen < _MOSTLY_SEEN:
             return None
         why = f"an earlier fit trained it on {seen:.0%} of these rows"

@@ -191,7 +191,8 @@ class TrainingStep:
 
     def differentiable_loss(self, x, y) -> torch.Tensor:
         """The objective on a batch under the estimator, as a tensor to differentiate (for a loop that runs backward
-        and the optimizer itself, e.g. Lightning); the KL schedule advances one step (in the ELBO's call)."""
+        and the optimizer itself, e.g. Lightning); the KL schedule advances one step (in the ELBO's call; not under
+        ``torch.no_grad()``, a validation loss)."""
         with self.estimator():
             return self.elbo.differentiable_loss(self.model, self.guide, x, y)
 
@@ -299,7 +300,7 @@ class TrainingStep:
             for param, value in self.snapshot.items():
                 param.copy_(value)
         self.updates = self._updates_remembered
-        restored = ("no step had a finite loss, and no parameter was changed" if self.last_finite_loss is None else
+        restored = ("no step had a finite loss, so none was applied" if self.last_finite_loss is None else
                     f"the last finite loss was {self.last_finite_loss}, and the parameters were restored to the state "
                     "that gave it")
         raise TrainingDivergedError(

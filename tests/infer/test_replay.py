@@ -361,6 +361,7 @@ def test_a_models_own_num_data_scales_replayed_minibatches_after_a_full_batch_st
             for step, rows in enumerate([30, 10, 30, 10, 10]):
                 pyro.set_rng_seed(step)
                 losses.append(elbo.loss_and_grads(bnn, guide, x[:rows], y[:rows]))
+                losses.append(elbo.last_terms)  # N as the model declares it (the contract's N: IVON reads it)
                 replayed.append(elbo.last_step_replayed)
                 params = dict(pyro.get_param_store().named_parameters())
                 grads.append({name: p.grad.clone() for name, p in params.items()})
@@ -369,7 +370,7 @@ def test_a_models_own_num_data_scales_replayed_minibatches_after_a_full_batch_st
         runs[replay] = losses, grads, replayed
     (fast, fast_grads, replayed), (full, full_grads, _) = runs[True], runs[False]
     assert any(replayed[1:])  # (the case itself: a minibatch step after a plan recorded on the full batch)
-    assert fast == full
+    assert fast == full and fast[3]["num_data"] == 30
     for a, b in zip(fast_grads, full_grads):
         assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
     elbo = ELBO()  # a batch larger than the model's N after a plan: the full path's error, not a replayed number

@@ -1,5 +1,6 @@
 """The record of the KL weight a posterior was trained at."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -51,6 +52,10 @@ def test_a_bad_record_is_a_clear_error():
         with pytest.raises(ValueError, match="a malformed KL weight record"):
             KLWeightChoice.from_dict(entry)
     assert KLWeightChoice(kl_weight=0).kl_weight == 0  # a warm-up's first weight
+    for weight in (torch.tensor(0.5), torch.tensor([0.5]), np.float32(0.5), 1):  # (a schedule's weight), stored as
+        assert type(KLWeightChoice(kl_weight=weight).kl_weight) is float  # a float
+    with pytest.raises(ValueError, match="a KL weight must be"):
+        KLWeightChoice(kl_weight=torch.tensor([0.5, 0.1]))
 
 
 def test_each_guide_has_its_own_record():

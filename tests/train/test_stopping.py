@@ -96,7 +96,8 @@ def test_all_epochs_run_still_return_the_best_and_restore_best_false_keeps_the_l
 
 
 def test_the_historys_repr_shows_the_kl_weight_of_the_epoch_it_restored():
-    """Under a warm-up, the restored best epoch's weight (the guide's record), not the last epoch's."""
+    """Under a warm-up, the restored best epoch's weight (the guide's record) beside its number: the last epoch's
+    alone was not the weight of the parameters fit returned."""
     from pyro_bbb.infer.schedules import LinearWarmup
     from pyro_bbb.infer.tempering import kl_weight_of
 
@@ -109,7 +110,8 @@ def test_the_historys_repr_shows_the_kl_weight_of_the_epoch_it_restored():
     best = history.best_epoch
     assert best < 8 and history["kl_weight"][best - 1] < history["kl_weight"][-1]
     assert kl_weight_of(guide).kl_weight == history["kl_weight"][best - 1]
-    assert f"kl_weight={history['kl_weight'][best - 1]:.3g}, best epoch {best})" in repr(history)
+    assert repr(history).endswith(f"kl_weight={history['kl_weight'][-1]:.3g}, best epoch {best} at "
+                                  f"kl_weight={history['kl_weight'][best - 1]:.3g})")
 
 
 def test_monitoring_the_training_loss_needs_no_validation_data():
