@@ -106,6 +106,11 @@ class CallTerms:
         if any(v.dtype != values[0].dtype or v.device != values[0].device for v in values):
             values = [v.to(values[0].device, torch.float64) for v in values]
         floats = torch.stack(values).tolist()  # a float32 value is exact as a Python float
+        # a handler's factor on the whole loss (poutine.scale on model and guide, e.g. 1 / N): the terms as the
+        # objective defines them, the loss as the step returns it
+        factor = self.scale if self.scale is not None else 1.0
+        if factor != 1.0:
+            floats = [value / factor for value in floats]
         frame = self.frame  # the data plate as the model declared it: the batch, and a subsampled plate's N
         batch_size = None if frame is None else frame.size
         declared = None if frame is None or (frame.full_size or frame.size) == frame.size else frame.full_size
@@ -119,7 +124,8 @@ class CallTerms:
             "kl_weight": self.kl_weight,
             "num_data": num_data,
             "batch_size": batch_size,
-            "loss_per_datum": loss / (num_data or batch_size or 1),
+            "loss_scale": self.scale,
+            "loss_per_datum": loss / factor / (num_data or batch_size or 1),
         }
 
 
@@ -170,7 +176,10 @@ class ELBO(TraceMeanField_ELBO):
         Whether the last :meth:`loss_and_grads` call was replayed.
     last_terms : dict
         After each call: ``nll`` (scaled to the full data), ``kl`` (unweighted), ``kl_by_site``, ``kl_weight``,
-        ``num_data``, ``batch_size``, ``loss`` and ``loss_per_datum`` (means over particles).
+        ``num_data``, ``batch_size``, ``loss`` and ``loss_per_datum`` (means over particles), and ``loss_scale``:
+        the factor a handler put on the whole loss (``poutine.scale`` of the model and guide; 1 without one,
+        ``None`` where they were scaled unalike), which ``loss`` carries (as the step returns it) and the other
+        terms do not.
 
     Examples
     --------

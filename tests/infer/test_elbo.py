@@ -103,6 +103,27 @@ def test_without_num_data_nothing_is_scaled():
 
 
 @pytest.mark.slow
+def test_a_handlers_factor_on_the_whole_loss_is_reported_once():
+    """poutine.scale(model, 1 / N) with poutine.scale(guide, 1 / N) (a per-datum loss): ``loss`` is the scaled one the
+    step returns; the NLL, the KL and the loss per datum are the objective's own (the KL came out 1 / N of itself,
+    and the loss per datum was divided by N twice)."""
+    x, y = regression_data(40)
+    model = Regression()
+    guide = guide_for(model, x, y, init_scale=0.2)
+    terms = {}
+    for factor in (1.0, 1 / 200):
+        elbo = ELBO(num_data=200)
+        pyro.set_rng_seed(3)
+        loss = elbo.loss(poutine.scale(model, factor), poutine.scale(guide, factor), x, y)
+        terms[factor] = loss, dict(elbo.last_terms)
+    (plain, plain_terms), (scaled, scaled_terms) = terms[1.0], terms[1 / 200]
+    assert scaled == pytest.approx(plain / 200, rel=1e-5) and scaled_terms["loss"] == pytest.approx(scaled)
+    for name in ("nll", "kl", "loss_per_datum"):
+        assert scaled_terms[name] == pytest.approx(plain_terms[name], rel=1e-5), name
+    assert scaled_terms["kl_by_site"] == pytest.approx(plain_terms["kl_by_site"], rel=1e-5)
+    assert (plain_terms["loss_scale"], scaled_terms["loss_scale"]) == (1.0, pytest.approx(1 / 200))
+
+
 def test_scale_mixture_prior_trains():
     g = torch.Generator().manual_seed(0)
     x = torch.rand(128, 2, generator=g) * 4 - 2

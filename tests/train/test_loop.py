@@ -239,7 +239,7 @@ def test_a_fit_that_diverges_leaves_the_record_of_the_parameters_it_leaves(kl_we
         poison.at = poison.calls + 1  # NaN from the next call: the first step diverges
     extreme = torch.full_like(y, 1e20)  # ("auto": the selection's path diverges, and falls back to weight 1)
     with pytest.warns(UserWarning, match="path .* failed") if kl_weight == "auto" else contextlib.nullcontext():
-        with pytest.raises(pyro_bbb.TrainingDivergedError, match="step 1 .*no step had a finite loss, so none was applied"):
+        with pytest.raises(pyro_bbb.TrainingDivergedError, match="step 1 .*no step had a finite loss"):
             fit(model, guide, (other_x, extreme if kl_weight == "auto" else y), epochs=2, batch_size=10,
                 kl_weight=kl_weight, seed=0)
     poison.at = 10**6
