@@ -189,8 +189,8 @@ def expected_calibration_error(
     confidence, predicted = probs.max(-1)
     correct = (predicted == y).to(probs.dtype)
     bins = (confidence * num_bins).long().clamp(max=num_bins - 1)
-    count = torch.zeros(num_bins, dtype=probs.dtype).index_add_(0, bins, torch.ones_like(confidence))
-    gap = torch.zeros(num_bins, dtype=probs.dtype).index_add_(0, bins, correct - confidence)
+    count = confidence.new_zeros(num_bins).index_add_(0, bins, torch.ones_like(confidence))  # (on its device)
+    gap = confidence.new_zeros(num_bins).index_add_(0, bins, correct - confidence)
     return float(gap.abs().sum() / confidence.shape[0]) if count.sum() else 0.0
 
 

@@ -363,3 +363,29 @@ def test_regression_metrics_name_targets_and_pairs_they_cannot_read():
         with pytest.raises(TypeError, match=r"interval_coverage takes .* a \(lower, upper\) pair of tensors"):
             metrics.interval_coverage(pair, mean)
     assert metrics.interval_coverage([mean - 1, mean + 1], torch.tensor([0.5, 2.0, -0.5])) == pytest.approx(2 / 3)
+
+
+def test_every_metric_computes_on_the_device_of_its_inputs():
+    """Nothing is made on torch's default device: under another default (here "meta", standing in for CUDA data
+    with a CPU default or the reverse), each metric gives its number on CPU inputs (expected_calibration_error's
+    bins were made on the default device: a device mismatch on CUDA predictions)."""
+    import inspect
+
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(40, 3, generator=g), -1)
+    inputs = [(probs, torch.randint(0, 3, (40,), generator=g)), (torch.randn(40, generator=g), torch.randn(40)),
+              (probs[:, 0], probs[:, 1])]
+    checked = []
+    for name, metric in inspect.getmembers(metrics, inspect.isfunction):
+        if name.startswith("_") or metric.__module__ != metrics.__name__:
+            continue
+        for args in inputs:
+            try:
+                expected = metric(*args)
+            except (TypeError, ValueError):  # (not this metric's kind of input)
+                continue
+            with torch.device("meta"):
+                assert str(metric(*args)) == str(expected), name
+            checked.append(name)
+            break
+    assert {"expected_calibration_error", "adaptive_calibration_error", "rmse", "ood_auroc"} <= set(checked)
