@@ -35,6 +35,7 @@ from .._inputs import model_dtype
 from .._internals import active_messengers
 from .._plates import data_plate_of
 from .._rng import rng_untouched
+from .._warnings import warn_at_caller
 from ..data.batches import Batches, likelihood_of, model_device
 from ..infer.elbo import ELBO
 from ..infer.estimators import PosteriorReader
@@ -251,6 +252,11 @@ def compare_evidence(candidates: Mapping[str, tuple[Callable, Callable]], data, 
     dict
         ``name -> Evidence``, ordered from the largest ELBO to the smallest.
 
+    Warns
+    -----
+    UserWarning
+        The candidates were trained at different KL weights: their KL-weight-1 ELBOs do not compare the models.
+
     Raises
     ------
     ValueError
@@ -278,6 +284,15 @@ def compare_evidence(candidates: Mapping[str, tuple[Callable, Callable]], data, 
         raise ValueError("compare_evidence needs at least one (model, guide) candidate.")
     _check_own_parameters(candidates, data)
     results = {name: evidence(model, guide, data, **options) for name, (model, guide) in candidates.items()}
+    weights = {name: 1.0 if result.trained_kl_weight is None else result.trained_kl_weight
+               for name, result in results.items()}
+    if len({round(weight, 12) for weight in weights.values()}) > 1:
+        shown = ", ".join(f"{name!r}: {weight:g}" for name, weight in weights.items())
+        warn_at_caller(
+            f"compare_evidence ranks candidates trained at different KL weights ({shown}): each ELBO is the "
+            "KL-weight-1 bound on its evidence, which a tempered guide did not maximise, so the ranking favours the "
+            "ones trained at weight 1 whatever their models. Train every candidate at one weight "
+            "(fit(..., kl_weight=1)) to compare the models.")
     return dict(sorted(results.items(), key=lambda item: -item[1].elbo))
 
 

@@ -208,9 +208,17 @@ def test_compare_ranks_by_the_elbo_and_refuses_candidates_that_share_one_posteri
             guide = MeanFieldGuide(bnn)
             pyro_bbb.fit(bnn, guide, (x, y), epochs=100, lr=1e-2, progress=False, seed=0, kl_weight=1)
             trained[name] = (bnn, guide)
-        ranked = compare_evidence(trained, (x, y), num_draws=50)
-    assert list(ranked) == ["noise 0.5 (the truth)", "noise 3"]
-    assert ranked["noise 0.5 (the truth)"].elbo > ranked["noise 3"].elbo + 10
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (one weight: nothing to say)
+            ranked = compare_evidence(trained, (x, y), num_draws=50)
+        assert list(ranked) == ["noise 0.5 (the truth)", "noise 3"]
+        assert ranked["noise 0.5 (the truth)"].elbo > ranked["noise 3"].elbo + 10
+        bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=NOISE))  # the truth, at weight 0.01
+        guide = MeanFieldGuide(bnn)
+        pyro_bbb.fit(bnn, guide, (x, y), epochs=5, lr=1e-2, progress=False, seed=0, kl_weight=0.01)
+        with pytest.warns(UserWarning, match=r"different KL weights \('noise 0.5 \(the truth\)': 1, 'noise 3': 1, "
+                                             r"'tempered': 0.01\).*kl_weight=1"):
+            compare_evidence({**trained, "tempered": (bnn, guide)}, (x, y), num_draws=5)
 
     pyro.clear_param_store()
     shared = {}
