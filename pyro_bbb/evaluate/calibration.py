@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 from .._inputs import class_labels
+from .._warnings import warn_at_caller
 from ..data.provenance import fraction_seen_in_training
 from ..prediction.predictive import predict_with_draws
 from ..prediction.results import ClassificationPrediction
@@ -60,7 +61,8 @@ class TemperatureScaling:
     def fit(self, prediction: ClassificationPrediction | torch.Tensor, y: torch.Tensor,
             max_iter: int = 100) -> TemperatureScaling:
         """Choose the temperature minimising the validation NLL of ``prediction`` (L-BFGS over ``log T``); returns
-        ``self``.
+        ``self``. Warns when there is no such temperature (the NLL falls as ``T`` goes to 0 or grows: validation rows
+        all classified correctly, or nearly all wrong).
 
         Examples
         --------
@@ -82,6 +84,18 @@ class TemperatureScaling:
 
         optimizer.step(closure)
         self.temperature = float(log_t.detach().exp().clamp(1e-3, 1e3))
+        with torch.no_grad():  # an optimum inside: the NLL is no lower at half or twice the temperature
+            nll = {t: float(torch.nn.functional.cross_entropy(log_probs / t, y))
+                   for t in (self.temperature / 2, self.temperature, self.temperature * 2)}
+        lower = min(nll, key=nll.get)
+        separable = bool((log_probs.argmax(-1) == y).all())  # (its infimum at T -> 0, wherever L-BFGS stopped)
+        if separable or nll[lower] < nll[self.temperature] * (1 - 1e-6):
+            which = ("all classified correctly, so the NLL falls as T goes to 0" if separable or
+                     lower < self.temperature else "classified so badly that the NLL falls as T grows")
+            warn_at_caller(
+                f"temperature scaling found no temperature that minimises the validation NLL: the {y.numel()} "
+                f"validation rows are {which} (stopped at T = {self.temperature:.3g}, meaningless). Hold out more "
+                "rows (e.g. 10-20% of the data) for the temperature.")
         return self
 
     def __call__(self, prediction: ClassificationPrediction | torch.Tensor) -> torch.Tensor:

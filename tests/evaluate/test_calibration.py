@@ -27,6 +27,22 @@ def test_the_fitted_temperature_is_the_one_the_labels_were_drawn_with(true_tempe
     assert nll(scaling.temperature) <= min(nll(scaling.temperature * 0.9), nll(scaling.temperature * 1.1))
 
 
+def test_a_split_that_defines_no_temperature_is_said_so():
+    """Validation rows all classified correctly (the NLL falls as T -> 0: L-BFGS stopped at T = 0.044, turning 0.73
+    into 0.9999999998) or nearly all wrong (T -> the clamp, 1000): a warning, not a silent number; an ordinary split
+    none."""
+    import warnings
+
+    p = torch.tensor([[0.7, 0.3], [0.2, 0.8], [0.6, 0.4], [0.1, 0.9], [0.55, 0.45]])
+    with pytest.warns(UserWarning, match="the 5 validation rows are all classified correctly.*Hold out more rows"):
+        TemperatureScaling().fit(p, torch.tensor([0, 1, 0, 1, 0]))
+    with pytest.warns(UserWarning, match="classified so badly that the NLL falls as T grows"):
+        TemperatureScaling().fit(p, torch.tensor([1, 0, 1, 0, 1]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TemperatureScaling().fit(p, torch.tensor([0, 1, 1, 1, 0]))
+
+
 def test_binary_probabilities_and_bad_input():
     p = torch.tensor([0.9, 0.8, 0.95, 0.1, 0.2])
     y = torch.tensor([1, 0, 1, 0, 1])
