@@ -487,18 +487,46 @@ def strip_independent(d: torch.distributions.Distribution) -> torch.distribution
     return d
 
 
+#: A Normal's interquartile range in standard deviations (2 * 0.6745)
+_NORMAL_IQR = 1.3489795003921634
+
+
 def prior_std(p: torch.distributions.Distribution, draws: int = 256) -> torch.Tensor:
-    """A distribution's standard deviation: exact where known, else from ``draws`` samples.
+    """A distribution's standard deviation: exact where known, else from ``draws`` samples. Where it has none that
+    is finite (a Cauchy, a Student-t with ``df <= 2``), the standard deviation of the Normal with its interquartile
+    range: what the posterior's width is compared with, and starts at with ``init_scale="prior"``.
 
     Examples
     --------
     >>> float(prior_std(dist.Normal(0.0, 2.0)))
     2.0
+    >>> round(float(prior_std(dist.Cauchy(0.0, 1.0))), 4)   # quartiles at -1 and 1
+    1.4826
     """
     try:
-        return p.stddev
+        std = p.stddev
     except NotImplementedError:
         return p.sample((draws,)).std(0)
+    if bool(torch.isfinite(std).all()):
+        return std
+    quartiles = torch.tensor([0.25, 0.75], dtype=std.dtype, device=std.device)
+    try:
+        low, high = p.icdf(quartiles.reshape(2, *([1] * std.dim())))
+        iqr = high - low
+    except NotImplementedError:
+        iqr = _iqr_from_draws(p, quartiles, 64 * draws)
+    return torch.where(torch.isfinite(std), std, iqr / _NORMAL_IQR)
+
+
+def _iqr_from_draws(p: torch.distributions.Distribution, quartiles: torch.Tensor, draws: int) -> torch.Tensor:
+    """The interquartile range of a distribution without an ``icdf``: a Student-t's from draws of the standard t at
+    each of its distinct degrees of freedom (a layer's prior repeats one), scaled; another's from ``draws`` draws."""
+    if isinstance(p, torch.distributions.StudentT):
+        dfs, which = p.df.unique(return_inverse=True)
+        low, high = torch.distributions.StudentT(dfs).sample((draws,)).quantile(quartiles, dim=0)
+        return (high - low)[which] * p.scale
+    low, high = p.sample((draws,)).quantile(quartiles, dim=0)
+    return high - low
 
 
 def initial_width(p: torch.distributions.Distribution) -> torch.Tensor:

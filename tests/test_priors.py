@@ -88,6 +88,29 @@ def test_plain_distribution_is_accepted():
         shaped.distribution((2,), 3)
 
 
+def test_a_heavy_tailed_priors_width_is_the_normal_one_of_its_quartiles():
+    """A Cauchy or a Student-t with df <= 2 has no finite std: check_posterior reported every layer "collapsed"
+    (std ratio 0) and init_scale="prior" started every posterior at an infinite width."""
+    from pyro_bbb.priors import prior_std
+
+    iqr = 2 * stats.norm.ppf(0.75)
+    assert float(prior_std(dist.Cauchy(0.0, 2.0))) == pytest.approx(2 * 2 / iqr, rel=1e-6)  # exact: its icdf
+    torch.manual_seed(0)
+    for df in (1.0, 2.0):  # from draws of the standard t (scipy's quartiles as the reference)
+        width = prior_std(dist.StudentT(df, 0.0, 0.5).expand((30, 40)))
+        assert width.shape == (30, 40) and torch.all(width == width[0, 0])
+        assert float(width[0, 0]) == pytest.approx(0.5 * 2 * stats.t.ppf(0.75, df) / iqr, rel=0.05)
+    assert float(prior_std(dist.StudentT(5.0, 0.0, 1.0))) == pytest.approx(math.sqrt(5 / 3))  # a finite std: as is
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1, prior=dist.Cauchy(0.0, 1.0)), pyro_bbb.likelihoods.Gaussian(scale=0.5))
+    guide = pyro_bbb.MeanFieldGuide(bnn, init_scale="prior")
+    guide(torch.randn(4, 3), torch.randn(4))
+    assert torch.allclose(guide.site_posteriors()["net.weight"].scale, torch.tensor(2 / iqr, dtype=torch.float32))
+    assert pyro_bbb.summary(bnn, guide).loc["net", "prior_sigma"] == pytest.approx(2 / iqr, rel=1e-6)
+    with pytest.warns(UserWarning, match="never trained"):
+        layer = pyro_bbb.evaluate.diagnostics.check_posterior(bnn, guide)["net"]
+    assert layer["std_ratio_geomean"] == pytest.approx(1.0, rel=1e-5)  # (it was 0: "collapsed")
+
+
 def test_bad_priors_are_rejected():
     with pytest.raises(ValueError, match="real support"):
         BayesianLinear(3, 2, prior=dist.Gamma(1.0, 1.0))
