@@ -46,27 +46,35 @@ def _clean(name: str) -> str:
 
 
 def _site_dims(model: Callable, shapes: dict[str, torch.Size]) -> dict[str, list[str]]:
-    """Readable dimension names: ``fc1.weight`` -> ``fc1_out, fc1_in`` (convolutions add ``fc1_k0, ...``). A layer
-    whose weights disagree on a size (a recurrent layer's input-to-hidden and hidden-to-hidden weights) names them
-    per site instead: ``rnn_weight_ih_l0_out, rnn_weight_ih_l0_in``."""
-    layers = {site: "layer" if owner == "(root)" else _clean(owner) for site, owner in site_owners(model).items()}
+    """Readable dimension names: ``fc1.weight`` -> ``fc1_out, fc1_in`` (convolutions add ``fc1_k0, ...``; a
+    transposed convolution's weight is ``fc1_in, fc1_out, ...``). A layer whose weights disagree on a size (a
+    recurrent layer's input-to-hidden and hidden-to-hidden weights) names them per site instead:
+    ``rnn_weight_ih_l0_out, rnn_weight_ih_l0_in``."""
+    owners = site_owners(model)
+    layers = {site: "layer" if owner == "(root)" else _clean(owner) for site, owner in owners.items()}
+    modules = dict(model.named_modules()) if isinstance(model, torch.nn.Module) else {}
+    transposed = {site for site, owner in owners.items()  # (in, out, *kernel): torch's ConvTranspose and ours
+                  if getattr(modules.get("" if owner == "(root)" else owner), "transposed", False)}
 
-    def named(prefix: str, shape: torch.Size) -> list[str]:
-        return ([f"{prefix}_out", f"{prefix}_in"] + [f"{prefix}_k{i}" for i in range(len(shape) - 2)])[: len(shape)]
+    def named(prefix: str, shape: torch.Size, site: str) -> list[str]:
+        channels = [f"{prefix}_in", f"{prefix}_out"] if site in transposed else [f"{prefix}_out", f"{prefix}_in"]
+        if len(shape) == 1:  # (a bias: one per output)
+            channels = [f"{prefix}_out"]
+        return (channels + [f"{prefix}_k{i}" for i in range(len(shape) - 2)])[: len(shape)]
 
     sizes: dict[str, int] = {}
     disagreeing = set()
     for site, shape in shapes.items():
         layer = layers.get(site)
         if layer is not None and len(shape) >= 1:
-            for name, size in zip(named(layer, shape), shape):
+            for name, size in zip(named(layer, shape, site), shape):
                 if sizes.setdefault(name, size) != size:
                     disagreeing.add(layer)
     dims = {}
     for site, shape in shapes.items():
         layer = layers.get(site)
         if layer is not None and len(shape) >= 1:
-            dims[site] = named(_clean(site) if layer in disagreeing else layer, shape)
+            dims[site] = named(_clean(site) if layer in disagreeing else layer, shape, site)
         else:
             dims[site] = [f"{_clean(site)}_{i}" for i in range(len(shape))]
     return dims

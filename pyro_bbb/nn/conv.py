@@ -169,6 +169,8 @@ class BayesianConv3d(_BayesianConvNd):
 class _BayesianConvTransposeNd(_ConvLayer):
     """Shared implementation of the N-d Bayesian transposed convolutions (see :class:`BayesianConvTranspose2d`)."""
 
+    #: Its weight is ``(in_channels, out_channels / groups, *kernel)``, as torch's twin's (and its ``transposed``)
+    transposed = True
     _twin_class: type[ConvTransposeNd]
     _spatial_dims: int
 

@@ -90,6 +90,29 @@ def test_classification_and_conv_dims():
     assert idata.log_likelihood["y"].shape == (1, 20, 10)
 
 
+def test_a_transposed_convolutions_weight_is_named_in_then_out():
+    """Its weight is (in_channels, out_channels, kernel): dimension 0 was named out (the bias's dimension, of
+    another size), with in = out both were one dimension. Ours and torch's with PyroSample weights alike."""
+    from pyro.nn import PyroModule, PyroSample
+
+    from pyro_bbb.nn import BayesianConvTranspose1d
+
+    torch_twin = PyroModule[torch.nn.ConvTranspose1d](2, 5, 3)
+    torch_twin.weight = PyroSample(pyro.distributions.Normal(0.0, 1.0).expand([2, 5, 3]).to_event(3))
+    for layer in (BayesianConvTranspose1d(2, 5, 3), torch_twin):
+        pyro.clear_param_store()
+        net = PyroModule[torch.nn.Sequential](layer, torch.nn.Flatten(), BayesianLinear(30, 1))
+        bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(0.5))
+        x, y = torch.randn(6, 2, 4), torch.randn(6)
+        guide = pyro_bbb.MeanFieldGuide(bnn)
+        guide(x, y)
+        posterior = pyro_bbb.evaluate.to_inference_data(bnn, guide, x, y, num_samples=4).posterior
+        assert dict(posterior["net.0.weight"].sizes) == {"chain": 1, "draw": 4, "net_0_in": 2, "net_0_out": 5,
+                                                         "net_0_k0": 3}
+        if "net.0.bias" in posterior:
+            assert dict(posterior["net.0.bias"].sizes) == {"chain": 1, "draw": 4, "net_0_out": 5}
+
+
 def test_plain_pyro_model_sites_and_size_warning(monkeypatch):
     model = Regression(in_features=3)
     x, y = torch.randn(8, 3), torch.randn(8)
