@@ -1,3 +1,5 @@
+import math
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -55,6 +57,17 @@ def test_risk_coverage_and_ood_score_plots(tmp_path):
     assert (tmp_path / "ood.png").stat().st_size > 1000
     fig = plots.plot_ood_scores(inside, outside, score="mutual_information")
     assert "AUROC" in fig.axes[0].get_title()
+
+
+def test_ood_scores_that_are_all_equal_still_draw_their_bars():
+    """Every score equal (a fixed noise's std): the bins had zero width, an empty plot saved with numpy's warnings."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = plots.plot_ood_scores(torch.full((10,), 0.7), torch.full((5,), 0.7), score="score")
+    heights = [bar.get_height() for bar in fig.axes[0].patches]
+    assert sum(h > 0 for h in heights) == 2 and all(math.isfinite(h) for h in heights)
 
 
 def test_risk_coverage_and_ood_score_plots_of_a_regression_read_its_std_unasked():
