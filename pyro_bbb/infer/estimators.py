@@ -194,22 +194,29 @@ class PosteriorReader(Messenger):
         self._used.add(site)
         return self._posteriors[site]
 
-    def _pyro_bayesian_affine(self, msg: dict[str, Any]) -> None:
-        input, weight, bias = msg["args"]
-        kwargs = msg["kwargs"]
+    def _check_first_use(self, weight: torch.Tensor, kwargs: dict[str, Any]) -> None:
+        """A clear error when a weight draw is perturbed a second time in one model run (a layer called twice, or a
+        recurrent cell on a batch of another shape): each perturbation draws its own noise for one shared weight
+        draw, a wrong expectation."""
         draw = kwargs.get("draw")
         draw = weight if draw is None else draw  # (the site's draw itself, not a view made of it for folded draws)
         met = self._layer_draws.get(id(draw))
         if met is not None and met() is draw:  # one draw (a layer called twice in a run), not a freed one's id
             raise ValueError(
                 f"{self.estimator}: the layer of weight site {kwargs['weight_site']!r} is called twice in one model "
-                "run; each call would get its own perturbation of what is one shared weight draw (a wrong "
-                "expectation). Call each Bayesian layer once per run (a second layer for a second use), or train "
-                "without the handler (estimator='reparam')."
+                "run (or, a recurrent cell, on a batch of another shape than at its first call); each call would get "
+                "its own perturbation of what is one shared weight draw (a wrong expectation). Call each Bayesian "
+                "layer once per run (a second layer for a second use; a cell on the whole batch at every step, "
+                "masking the sequences that ended), or train without the handler (estimator='reparam')."
             )
         if len(self._layer_draws) > 4096:  # a handler kept across many runs outside pyro_bbb.ELBO: forget dead draws
             self._layer_draws = {k: ref for k, ref in self._layer_draws.items() if ref() is not None}
         self._layer_draws[id(draw)] = weakref.ref(draw)
+
+    def _pyro_bayesian_affine(self, msg: dict[str, Any]) -> None:
+        input, weight, bias = msg["args"]
+        kwargs = msg["kwargs"]
+        self._check_first_use(weight, kwargs)
         msg["value"] = self._estimate(input, weight, bias, kwargs["apply"], kwargs["feature_dims"],
                                       kwargs["weight_site"], kwargs["bias_site"], kwargs.get("examples"))
         msg["done"] = True
@@ -294,6 +301,7 @@ class FlipoutMessenger(PosteriorReader):
         kwargs = msg["kwargs"]
         if kwargs["feature_dims"] != 1:
             raise NotImplementedError("flipout maps are implemented for linear (recurrent) weights only.")
+        self._check_first_use(weight, kwargs)  # (a second map: its own signs for the same draw)
         apply = kwargs["apply"]
         loc, _ = self._posterior(kwargs["weight_site"])
         bias_loc = bias_delta = None
@@ -345,10 +353,16 @@ class LocalReparameterizationMessenger(PosteriorReader):
         loc, scale = weight_posterior
         bias_loc, bias_var = (None, None) if bias_posterior is None else (bias_posterior[0], bias_posterior[1] ** 2)
         mean = apply(input, loc, bias_loc)
-        variance = apply(input.pow(2), scale.pow(2), bias_var)
+        if mean.dtype in (torch.float16, torch.bfloat16):  # half precision (a model's, or autocast's): the variance
+            with torch.autocast(input.device.type, enabled=False):  # in float32, where float16 made a posterior std
+                variance = apply(input.float().pow(2), scale.float().pow(2),  # under 2.4e-4 zero and its tiny
+                                 None if bias_var is None else bias_var.float())  # floored the std at 7.8e-3
+        else:
+            variance = apply(input.pow(2), scale.pow(2), bias_var)
         lead = _lead(mean.shape[:-feature_dims], weight, feature_dims)
         noise = torch.randn(lead + mean.shape[-feature_dims:], dtype=mean.dtype, device=mean.device)
-        return torch.addcmul(mean, variance.clamp_min(torch.finfo(variance.dtype).tiny).sqrt(), noise)
+        std = variance.clamp_min(torch.finfo(variance.dtype).tiny).sqrt().to(mean.dtype)
+        return torch.addcmul(mean, std, noise)
 
 
 def flipout(fn: Callable | None = None) -> FlipoutMessenger | Callable:

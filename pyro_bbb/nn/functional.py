@@ -270,6 +270,7 @@ def _affine_map(
     time_dims: int = 0,
     weight_site: str | None = None,
     bias_site: str | None = None,
+    draw: torch.Tensor | None = None,
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     return AffineMap(weight, bias, apply=apply, param_dims=feature_dims + 1, time_dims=time_dims)
 
@@ -278,5 +279,5 @@ def _affine_map(
 #: bias)`` that the layer then applies to the whole sequence (inputs with ``time_dims`` extra per-example
 #: dimensions) or at every time step, without re-entering Pyro. Effectful (type ``"bayesian_affine_map"``) so that
 #: :func:`pyro_bbb.flipout` can return a map whose random signs are drawn once per example (``example_shape``) and
-#: shared by all time steps.
+#: shared by all time steps (``draw``: the weight site's draw itself, as for :data:`bayesian_affine`).
 bayesian_affine_map = effectful(_affine_map, type="bayesian_affine_map")

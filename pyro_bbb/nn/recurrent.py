@@ -133,6 +133,7 @@ class _Recurrent(BayesianModule):
             weight_name, bias_name = f"weight_{kind}{suffix}", f"bias_{kind}{suffix}"
             has_bias = bias_name in self._bayesian
             weight, bias = getattr(self, weight_name), getattr(self, bias_name) if has_bias else None
+            draw = weight  # (the site's draw itself: an estimator tells a second use of it apart)
             num_draws = folded_draws()
             if num_draws is not None:  # the draws as (S, 1, *param), lined up with the unfolded (S, B, ...) input
                 weight, bias = draws_leading(weight, 2, num_draws), draws_leading(bias, 1, num_draws)
@@ -141,7 +142,7 @@ class _Recurrent(BayesianModule):
             maps.append(bayesian_affine_map(
                 weight, bias,
                 apply=batched_linear, feature_dims=1, example_shape=tuple(example_shape), time_dims=time_dims,
-                weight_site=site_name(prefix, weight_name),
+                draw=draw, weight_site=site_name(prefix, weight_name),
                 bias_site=site_name(prefix, bias_name) if has_bias else None,
             ))
         return maps

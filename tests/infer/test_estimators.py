@@ -927,3 +927,20 @@ def test_a_hand_written_model_whose_layer_rows_are_not_the_examples_is_named(est
             svi = SVI(model, pyro_bbb.MeanFieldGuide(model), pyro.optim.Adam({"lr": 0.01}), elbo)
             with ESTIMATORS[estimator]():
                 svi.step(*data)
+
+
+def test_local_reparameterization_in_half_precision_keeps_a_small_posterior_width():
+    """A float16 model at the default init_scale (1e-4): float16's smallest normal number floored the output std at
+    7.8e-3 (30 times the draws' spread), and a variance under 6e-8 underflows to 0; the variance is now in float32."""
+    torch.manual_seed(0)
+    layer = BayesianLinear(8, 1).half()
+    x = torch.randn(4000, 8).half()
+    guide = pyro_bbb.MeanFieldGuide(layer, init_scale=1e-4)
+    guide(x[:2])
+    spread = {}
+    for name, handler in (("reparam", None), ("local", pyro_bbb.local_reparameterization)):
+        with (handler() if handler else poutine.messenger.Messenger()), pyro.plate("draws", 50, dim=-2):
+            out = poutine.replay(layer, trace=poutine.trace(guide).get_trace(x))(x)
+        spread[name] = float(out.float().std(0).median())  # each input's output spread over the draws
+    assert 1e-5 < spread["local"] < 1e-3
+    assert spread["local"] == pytest.approx(spread["reparam"], rel=0.5)

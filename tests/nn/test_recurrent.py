@@ -119,6 +119,51 @@ def test_flipout_signs_are_shared_across_time_and_unbiased():
     torch.testing.assert_close(var_f, var_r, rtol=0.15, atol=1e-4)  # same marginal spread
 
 
+class _Siamese(nn.Module):
+    """One encoder over two sequences per example (a layer called twice in one run)."""
+
+    def __init__(self, encoder):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, x):
+        return (self.encoder(x[:, 0])[0][:, -1] - self.encoder(x[:, 1])[0][:, -1]).sum(-1, keepdim=True)
+
+
+class _ShrinkingCell(nn.Module):
+    """A cell stepped over the sequences still running (sorted by length): its batch shrinks."""
+
+    def __init__(self, cell):
+        super().__init__()
+        self.cell = cell
+
+    def forward(self, x):
+        h = torch.zeros(x.shape[0], 3)
+        for t, running in enumerate((4, 4, 2)):
+            state = self.cell(x[:running, t], h[:running])
+            h = torch.cat([state[0] if isinstance(state, tuple) else state, h[running:]])
+        return h.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("net", [_Siamese(BayesianLSTM(2, 3, batch_first=True)),
+                                 _Siamese(BayesianGRU(2, 3, batch_first=True)), _ShrinkingCell(BayesianGRUCell(2, 3)),
+                                 _ShrinkingCell(BayesianLSTMCell(2, 3))], ids=["lstm", "gru", "gru-cell", "lstm-cell"])
+def test_flipout_refuses_a_recurrent_weight_perturbed_twice_in_one_run(net):
+    """A recurrent layer called twice (a siamese encoder) or a cell on a shrinking batch got fresh signs for one
+    weight draw at each call: E[out^2] 0.45 against 0.034 under reparam, in silence. A linear layer called twice
+    was already refused."""
+    pyro.clear_param_store()
+    x = torch.randn(4, 2, 5, 2) if isinstance(net, _Siamese) else torch.randn(4, 3, 2)
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.1))
+    guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=0.5)
+    y = torch.randn(4, 1)
+    guide(x, y)
+    pyro_bbb.ELBO(num_data=100).loss(bnn, guide, x, y)  # (without the handler: each call is the same draw)
+    with pytest.raises(ValueError, match=r"called twice in one model run \(or, a recurrent cell, on a batch of "
+                                         r"another shape"), pyro_bbb.flipout():
+        pyro_bbb.ELBO(num_data=100).loss(bnn, guide, x, y)
+
+
 def test_local_reparameterization_refuses_recurrent_weights():
     layer = BayesianLSTM(2, 3)
     x = torch.randn(5, 4, 2)
