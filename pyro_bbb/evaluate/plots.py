@@ -303,10 +303,11 @@ def plot_ood_scores(inside: Prediction | torch.Tensor, outside: Prediction | tor
     scores_in = metrics.uncertainty_score(inside, score).cpu()
     scores_out = metrics.uncertainty_score(outside, score).cpu()
     both = torch.cat([scores_in, scores_out]).double()
-    low, high = float(both.min()), float(both.max())
-    spread = max(high - low, 1e-6 * max(1.0, abs(high)))  # (every score equal: one narrow bin around it, not none)
-    edges = torch.linspace(low - spread / 2 if high == low else low, low + spread / 2 if high == low else high + 1e-12,
-                           bins + 1, dtype=torch.float64)
+    low, high = float(both.min()), float(both.max()) + 1e-12
+    if high - low <= 1e-12:  # every score equal: a narrow span around it, not bins of no width
+        half = 5e-7 * max(1.0, abs(low))
+        low, high = low - half, high + half
+    edges = torch.linspace(low, high, bins + 1, dtype=torch.float64)
     ax.hist(scores_in, bins=edges, alpha=0.6, density=True, label="in distribution")
     ax.hist(scores_out, bins=edges, alpha=0.6, density=True, label="out of distribution")
     auroc, fpr = metrics.ood_auroc(scores_in, scores_out), metrics.fpr_at_tpr(scores_in, scores_out)
