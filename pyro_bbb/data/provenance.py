@@ -51,6 +51,14 @@ def _fingerprints(x: torch.Tensor) -> list[int]:
             for row in rows]
 
 
+def _seen_by(guide: Any) -> set[int] | None:
+    """The fingerprints recorded for ``guide`` (``None``: none, or a guide that cannot be weakly referenced)."""
+    try:
+        return _seen.get(guide)
+    except TypeError:
+        return None
+
+
 def remember_training_inputs(guide: Any, x: Any) -> None:
     """Record the rows of ``x`` (a tensor or numpy array; anything else is not recorded) as training inputs of
     ``guide``, besides those of earlier fits.
@@ -76,10 +84,7 @@ def fraction_seen_in_training(guide: Any, x: Any) -> float | None:
     >>> fraction_seen_in_training(object.__new__(pyro_bbb.MeanFieldGuide), torch.zeros(2, 3)) is None
     True
     """
-    try:
-        seen = _seen.get(guide)
-    except TypeError:
-        return None
+    seen = _seen_by(guide)
     rows = _as_rows(x)
     if seen is None or rows is None:
         return None
@@ -97,10 +102,7 @@ def training_fingerprints(guide: Any) -> torch.Tensor | None:
     >>> training_fingerprints(guide).shape
     torch.Size([1])
     """
-    try:
-        seen = _seen.get(guide)
-    except TypeError:
-        return None
+    seen = _seen_by(guide)
     return None if seen is None else torch.tensor(sorted(seen), dtype=torch.int64)
 
 
