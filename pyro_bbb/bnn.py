@@ -237,6 +237,11 @@ class BNN(PyroModule):
             raise ValueError(
                 f"x has {rows} rows but y has {y.shape[0] if y.dim() else 0}; every input needs exactly one target."
             )
+        if y is not None and rows == 0:
+            raise ValueError(
+                "x and y have 0 rows: an empty batch has no likelihood to scale up to the training set. Skip empty "
+                "batches in your loop (a filter that selected no rows, an empty last batch)."
+            )
         with data_plate_named(self.data_plate):
             draw_shape = _draw_shape(self.data_plate)
             return self._run_net(x, rows, draw_shape), (*draw_shape, rows)

@@ -60,6 +60,20 @@ def test_rejects_bad_arguments():
         bnn(torch.randn(3, 3), torch.randn(4))
 
 
+@pytest.mark.parametrize("elbo", [pyro_bbb.ELBO, pyro.infer.Trace_ELBO])
+def test_an_empty_batch_in_a_pyro_loop_is_refused_by_name_and_changes_nothing(elbo):
+    """Pyro's plate divided N by a subsample of 0 rows: a bare ZeroDivisionError."""
+    x, y = torch.randn(30, 3), torch.randn(30)
+    bnn = pyro_bbb.BNN(mixed_net(), likelihoods.Gaussian(scale=0.5), num_data=30)
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    svi = SVI(bnn, guide, pyro.optim.Adam({"lr": 0.05}), elbo())
+    svi.step(x[:5], y[:5])
+    before = {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
+    with pytest.raises(ValueError, match="0 rows: an empty batch"):
+        svi.step(x[:0], y[:0])
+    assert all(torch.equal(before[k], v) for k, v in pyro.get_param_store().items())
+
+
 def test_custom_data_plate_name():
     bnn = pyro_bbb.BNN(mixed_net(), likelihoods.Gaussian(scale=1.0), data_plate="obs")
     tr = poutine.trace(bnn).get_trace(torch.randn(4, 3), torch.randn(4))
