@@ -10,6 +10,7 @@ from pyro.infer import Trace_ELBO
 from scipy import integrate, stats
 
 from pyro_bbb import ELBO, priors
+from pyro_bbb._kl import normal_kl_floor
 from pyro_bbb.nn import BayesianLinear
 
 from .helpers import guide_for
@@ -159,3 +160,32 @@ def test_an_empty_prior_has_no_constants_to_read():
     empty = dist.Normal(0.0, 0.5).expand([0, 3]).to_event(2)
     assert constant_normal(empty) is None
     assert constant_normal(dist.Normal(0.0, 0.5).expand([2, 3]).to_event(2)) == (0.0, 0.5)
+
+
+def test_the_kl_floor_is_the_least_kl_a_normal_has_against_the_prior_by_quadrature_and_closed_form():
+    """The default scale mixture: min over widths of KL(N(0, s) || p) by scipy's quadrature (the least of two local
+    minima, at the slab's width and at the spike's); a Laplace: -log(2 pi e s^2)/2 + log 2 + s sqrt(2 / pi) at its
+    least, s = sqrt(pi / 2); a Normal: 0."""
+    prior = priors.ScaleMixtureNormal()
+
+    def log_normal(w, s):
+        return -0.5 * (w / s) ** 2 - math.log(s * math.sqrt(2 * math.pi))
+
+    def kl(s):
+        def integrand(w):
+            a = math.log(prior.pi) + log_normal(w, prior.sigma1)
+            b = math.log(1 - prior.pi) + log_normal(w, prior.sigma2)
+            log_p = max(a, b) + math.log1p(math.exp(-abs(a - b)))
+            return math.exp(log_normal(w, s)) * (log_normal(w, s) - log_p)
+
+        return integrate.quad(integrand, -12 * s, 12 * s, points=[0.0], limit=200)[0]
+
+    exact = min(kl(s) for s in torch.logspace(-4, 0.6, 400).tolist())
+    assert 0.6 < exact < 0.7
+    assert normal_kl_floor(prior.distribution((30, 20), fan_in=20)) == pytest.approx(exact, abs=0.01)
+    assert normal_kl_floor(prior.distribution((3,), fan_in=20)) == pytest.approx(exact, abs=0.01)  # fewer weights
+    s = math.sqrt(math.pi / 2)
+    laplace = -0.5 * math.log(2 * math.pi * math.e * s**2) + math.log(2.0) + s * math.sqrt(2 / math.pi)
+    assert normal_kl_floor(dist.Laplace(0.5, 1.0).expand([4, 4]).to_event(2)) == pytest.approx(laplace, abs=0.005)
+    assert normal_kl_floor(dist.Normal(0.0, 2.0).expand([4])) == 0.0
+    assert normal_kl_floor(dist.Laplace(torch.randn(4), 1.0)) == 0.0  # elements differ: the KL itself is read

@@ -26,7 +26,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 
-from .._kl import constant_normal, elementwise_kl, total_kl
+from .._kl import constant_normal, elementwise_kl, normal_kl_floor, total_kl
 from .._rng import rng_untouched
 from .._warnings import warn_at_caller
 from ..infer.guide import (
@@ -86,14 +86,15 @@ def layer_summary(model: Callable, guide, tails: bool = True) -> dict[str, dict[
     """Per layer: the KL and how the posterior's width compares with the prior's.
 
     Keys of each layer's entry: ``kl`` (nats), ``num_weights``, ``kl_per_weight``; and for Bayesian layers
-    ``kl_q99`` (99th percentile of the per-weight KL: what the best-informed weights carry), ``posterior_std``
-    (mean), ``prior_std`` (mean), ``std_ratio`` (mean of posterior std / prior std) and ``std_ratio_geomean`` (its
-    geometric mean, which a few very wide or very narrow weights do not dominate: what :func:`check_posterior`
-    judges collapse by). ``tails=False`` leaves out ``kl_q99`` (the percentile sorts every weight's KL: a third of the
-    summary's time; what :func:`pyro_bbb.fit` records after every epoch does not need it). Latent sites outside Bayesian
-    layers (e.g. a learned noise scale) are their own "layer" and report only the KL. KLs are closed-form where
-    registered, else 256-draw Monte Carlo estimates (the same draws every call; the caller's random streams are left
-    as they were, so reading the posterior never changes what training draws next).
+    ``kl_q99`` (99th percentile of the per-weight KL above the least any Normal posterior has against the prior,
+    about 0.66 nats for the default scale mixture, 0 for a Normal prior: what the best-informed weights carry),
+    ``posterior_std`` (mean), ``prior_std`` (mean), ``std_ratio`` (mean of posterior std / prior std) and
+    ``std_ratio_geomean`` (its geometric mean, which a few very wide or very narrow weights do not dominate: what
+    :func:`check_posterior` judges collapse by). ``tails=False`` leaves out ``kl_q99`` (the percentile sorts every
+    weight's KL: a third of the summary's time; what :func:`pyro_bbb.fit` records after every epoch does not need
+    it). Latent sites outside Bayesian layers (e.g. a learned noise scale) are their own "layer" and report only the
+    KL. KLs are closed-form where registered, else 256-draw Monte Carlo estimates (the same draws every call; the
+    caller's random streams are left as they were, so reading the posterior never changes what training draws next).
 
     Examples
     --------
@@ -170,8 +171,8 @@ def _add_site(parts: dict[str, dict[str, Any]], pending: list[tuple], guide, nam
     ratio = scale / prior_scale
     sums = torch.stack([kl.sum(), scale.sum(), prior_scale.sum(), ratio.sum(), ratio.log().sum()]).tolist()
     _add_sums(part, [kl.numel(), *sums])
-    if tails:
-        part["kls"].append(kl)
+    if tails:  # (what the data put there: above the least a Normal posterior can have against this prior)
+        part["kls"].append(kl - normal_kl_floor(p))
 
 
 def _part(parts: dict[str, dict[str, Any]], layer: str) -> dict[str, Any]:
@@ -283,10 +284,11 @@ def check_posterior(
     """Warn (:class:`PosteriorWarning`) about layers whose posterior sits on the prior or has collapsed.
 
     * **On the prior**: even the best-informed weights carry almost no information; the 99th percentile of the
-      per-weight KL is below ``prior_kl`` nats. The data barely moves the layer: the KL is over-weighted
-      (``kl_weight`` too large, or the likelihood divided by the data size by hand), the learning rate is too low,
-      or training stopped early. (In a good fit many weights sit on the prior, which is why pruning works, but
-      the informative ones carry nats each.)
+      per-weight KL is below ``prior_kl`` nats (counted above the least a Normal posterior can have against a prior
+      that is not Normal: about 0.66 nats for the default scale mixture). The data barely moves the layer: the KL
+      is over-weighted (``kl_weight`` too large, or the likelihood divided by the data size by hand), the learning
+      rate is too low, or training stopped early. (In a good fit many weights sit on the prior, which is why pruning
+      works, but the informative ones carry nats each.)
     * **Collapsed**: the geometric mean of posterior std / prior std is below ``collapsed_std_ratio``. The net is
       a point estimate: the KL is under-weighted (``kl_weight`` too small, or ``num_data`` much too large).
 

@@ -108,6 +108,21 @@ def test_check_posterior_needs_a_fitted_guide():
         diagnostics.check_posterior(bnn, pyro_bbb.MeanFieldGuide(bnn))
 
 
+def test_a_posterior_at_the_scale_mixtures_nearest_normal_sits_on_its_prior():
+    """No Normal comes within 0.66 nats of the default mixture: counted from 0, "on prior" could never fire."""
+    layer = BayesianLinear(20, 30, prior=priors.ScaleMixtureNormal())
+    guide = pyro_bbb.MeanFieldGuide(layer, init_scale=1.0, init_loc_fn=lambda site: torch.zeros(site["fn"].shape()))
+    svi = pyro.infer.SVI(layer, guide, pyro.optim.SGD({"lr": 1e-12}), pyro_bbb.ELBO(num_data=4))
+    svi.step(torch.randn(4, 20))  # (trained: a step taken, too small to move) every weight at N(0, 1): the slab
+    with pytest.warns(diagnostics.PosteriorWarning, match="sits on its prior"):
+        report = diagnostics.check_posterior(layer, guide)
+    assert report["(root)"]["status"] == "on prior" and report["(root)"]["kl_q99"] < 0.1
+    assert report["(root)"]["kl_per_weight"] == pytest.approx(0.665, abs=0.02)  # (the KL itself is unchanged)
+    with torch.no_grad():  # the data moved a few weights: 2 nats each above the floor
+        pyro.get_param_store()["MeanFieldGuide.locs.weight"].unconstrained()[:2] = 2.0
+    assert diagnostics.check_posterior(layer, guide)["(root)"]["status"] == "ok"
+
+
 def statuses(kl_weight, epochs):
     bnn, guide, _, _ = digits_fit(kl_weight, epochs)
     with warnings.catch_warnings(record=True) as caught:
