@@ -147,7 +147,9 @@ def to_inference_data(
     * ``posterior``: the weight sites (``sites``, default all), dims named after the layer (``fc1_out``,
       ``fc1_in``);
     * ``posterior_predictive``: one predictive draw of the targets per weight draw;
-    * ``log_likelihood`` (with ``y``): ``log p(y_i | x_i, w_s)`` per datum, unscaled, for ``az.loo`` / ``az.waic``;
+    * ``log_likelihood`` (with ``y``): ``log p(y_i | x_i, w_s)`` per datum, unscaled, for ``az.loo`` / ``az.waic``
+      (a net with several outputs per row: their sum, so LOO leaves out whole rows; ``az.plot_loo_pit`` needs one
+      value per output and so works on one-output models only);
     * the ``posterior`` group's attributes ``kl_weight``, ``kl_weight_chosen_by``, ``tempered_posterior`` and
       ``kl_weight_note`` when the guide was trained by :func:`pyro_bbb.fit` (see :mod:`pyro_bbb.infer.tempering`):
       a posterior trained at a KL weight other than 1 is a tempered one, not the Bayes posterior;

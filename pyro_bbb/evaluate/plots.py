@@ -326,8 +326,11 @@ def plot_predictive_band(
     truth: Callable[[torch.Tensor], torch.Tensor] | None = None,
     level: float = 0.9,
     path: str | Path | None = None,
+    output: int | None = None,
 ):
     """1-D regression: predictive mean, the ``level`` predictive interval and the ±2 sd epistemic band.
+
+    A net with several outputs per row draws one of them: ``output=j`` (and ``y_train``'s column ``j``).
 
     Examples
     --------
@@ -335,15 +338,23 @@ def plot_predictive_band(
     >>> grid = torch.linspace(-1, 1, 20).unsqueeze(-1)
     >>> pred = RegressionPrediction(dist.Normal(torch.randn(30, 20), 0.1), torch.zeros(30, 20))
     >>> fig = plot_predictive_band(pred, grid, truth=torch.sin)
+    >>> two = RegressionPrediction(dist.Normal(torch.randn(30, 20, 2), 0.1).to_event(1), torch.zeros(30, 20, 2))
+    >>> fig = plot_predictive_band(two, grid, output=1)   # the second output
     """
     plt = _pyplot()
     if x.dim() > 2 or (x.dim() == 2 and x.shape[-1] != 1):
         raise ValueError(f"plot_predictive_band draws 1-D inputs, got x of shape {tuple(x.shape)}.")
+    if len(x.reshape(-1)) != len(prediction):
+        raise ValueError(f"x has {len(x.reshape(-1))} rows but the prediction has {len(prediction)}: pass the "
+                         "inputs the prediction was made for.")
+    columns = _one_output(prediction, output)
     g = x.reshape(-1).cpu()
     order = g.argsort()
     g = g[order]
-    mean, epistemic = prediction.mean.cpu()[order], prediction.epistemic_std.cpu()[order]
-    lower, upper = (t.cpu()[order] for t in prediction.interval(level))
+    mean, epistemic = columns(prediction.mean).cpu()[order], columns(prediction.epistemic_std).cpu()[order]
+    lower, upper = (columns(t).cpu()[order] for t in prediction.interval(level))
+    if y_train is not None and output is not None and y_train.dim() > 1:
+        y_train = y_train[:, output]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.fill_between(g, lower, upper, alpha=0.2, color="C0", label=f"{level:.0%} predictive interval")
     ax.fill_between(g, mean - 2 * epistemic, mean + 2 * epistemic, alpha=0.4, color="C0", label="±2 sd epistemic")
@@ -355,3 +366,16 @@ def plot_predictive_band(
     ax.set(xlabel="x", ylabel="y")
     ax.legend(fontsize=SMALL_FONT, loc="lower left")
     return _finish(fig, path)
+
+
+def _one_output(prediction: RegressionPrediction, output: int | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What takes a per-row summary of ``prediction`` (shape ``(rows, *outputs)``) to the one output drawn."""
+    outputs = tuple(prediction.mean.shape[1:])
+    if output is None:
+        if outputs not in {(), (1,)}:
+            raise ValueError(f"the prediction has outputs of shape {outputs} per row; plot_predictive_band draws one: "
+                             f"pass output=j for column j (0 to {outputs[0] - 1}).")
+        return lambda t: t.reshape(len(t))
+    if len(outputs) != 1 or not -outputs[0] <= output < outputs[0]:
+        raise ValueError(f"output={output} names no column of a prediction with outputs of shape {outputs} per row.")
+    return lambda t: t[:, output]

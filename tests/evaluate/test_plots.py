@@ -44,6 +44,22 @@ def test_reliability_and_band(tmp_path):
         plots.plot_predictive_band(band, torch.randn(30, 2))
 
 
+def test_the_band_of_a_net_with_two_outputs_draws_the_one_named_and_refuses_to_guess():
+    """A multi-output prediction raised "'y1' is not 1-dimensional" from matplotlib; an x of the wrong length too."""
+    grid = torch.linspace(-2, 2, 30).unsqueeze(-1)
+    loc = torch.stack([torch.zeros(10, 30), torch.sin(grid.reshape(-1)).expand(10, 30)], -1)
+    two = RegressionPrediction(dist.Normal(loc, 0.2).to_event(1), torch.zeros(10, 30, 2))
+    with pytest.raises(ValueError, match=r"outputs of shape \(2,\) per row.*pass output=j"):
+        plots.plot_predictive_band(two, grid)
+    with pytest.raises(ValueError, match="x has 5 rows but the prediction has 30"):
+        plots.plot_predictive_band(two, grid[:5], output=0)
+    with pytest.raises(ValueError, match="output=2 names no column"):
+        plots.plot_predictive_band(two, grid, output=2)
+    fig = plots.plot_predictive_band(two, grid, output=1, x_train=grid, y_train=torch.zeros(30, 2))
+    drawn = fig.axes[0].lines[0].get_ydata()  # the predictive mean: the second output's sine
+    assert torch.allclose(torch.as_tensor(drawn, dtype=torch.float32), torch.sin(grid.reshape(-1)), atol=1e-6)
+
+
 def test_risk_coverage_and_ood_score_plots(tmp_path):
     g = torch.Generator().manual_seed(0)
     sure = torch.softmax(torch.randn(4, 50, 3, generator=g) * 3, -1)
