@@ -40,7 +40,8 @@ def _as_rows(x: Any) -> torch.Tensor | None:
     if not isinstance(x, torch.Tensor) or x.dim() < 1 or not x.shape[0]:
         return None
     canonical = torch.float32 if x.is_floating_point() else torch.int64 if not x.is_complex() else x.dtype
-    return x.detach().to("cpu", canonical)
+    rows = x.detach().to("cpu", canonical)
+    return rows + 0 if rows.is_floating_point() or rows.is_complex() else rows  # (-0.0 + 0 is 0.0: equal rows alike)
 
 
 def _fingerprints(x: torch.Tensor) -> list[int]:

@@ -44,3 +44,11 @@ def test_fingerprints_match_equal_rows_whatever_holds_them_and_restore_in_place_
     assert fraction_seen_in_training(other, x[:3]) == 1.0 and fraction_seen_in_training(other, x[3:]) == 0.0
     restore_training_fingerprints(other, None)
     assert fraction_seen_in_training(other, x) is None
+
+
+def test_a_row_with_negative_zero_is_the_row_with_zero():
+    """-0.0 == 0.0, but their bytes differ: a standardized feature that rounds to -0.0 was a row never seen."""
+    guide = object.__new__(pyro_bbb.MeanFieldGuide)
+    remember_training_inputs(guide, torch.tensor([[0.0, 1.0], [2.0, 0.0]]))
+    assert fraction_seen_in_training(guide, torch.tensor([[-0.0, 1.0], [2.0, -0.0]])) == 1.0
+    assert fraction_seen_in_training(guide, np.array([[-0.0, 1.0]])) == 1.0
