@@ -112,8 +112,9 @@ def example_draw_shape(input_shape: tuple[int, ...], feature_dims: int,
     time steps: the dimensions between the row and the features, which share the example's weights -- or one per
     weight draw for all rows when the first dimension is not the batch's rows (a net that reshaped or transposed
     them: one shared perturbation is exact, a wrong one per row is not), also when a position dimension is as long
-    as the batch (``T == B``: the rows might be positions). ``None`` when each row is one example with no positions
-    (every leading element its own example, as before).
+    as the rows (``T == B``: the rows might be positions, which no check of the row count against the batch can tell
+    -- :func:`batch_rows`'s or, in a hand-written model, the data plate's). ``None`` when each row is one example
+    with no positions (every leading element its own example, as before).
 
     Examples
     --------
@@ -123,6 +124,8 @@ def example_draw_shape(input_shape: tuple[int, ...], feature_dims: int,
     (torch.Size([3, 2, 1]), torch.Size([3, 2, 8]))
     >>> example_draw_shape((5, 3), 1, None) is None                  # one row per example
     True
+    >>> example_draw_shape((8, 8, 3), 1, None)                       # (T, B) or (B, T) at T == B: one draw for all
+    (torch.Size([1, 1]), torch.Size([8, 8]))
     """
     if len(input_shape) <= feature_dims:
         return None
@@ -132,8 +135,8 @@ def example_draw_shape(input_shape: tuple[int, ...], feature_dims: int,
     per_row = expected is None or rows == expected * draws
     if per_row and math.prod(positions) == 1:  # one row per example (a (B, 1, F) input too)
         return None
-    if per_row and expected is not None and expected * draws in positions:
-        per_row = False  # as many positions as rows: (T, B, F) of a sequence-first net at T == B is not per row
+    if per_row and rows in positions:  # as many positions as rows, the batch known or not (a hand-written model):
+        per_row = False  # (T, B, F) of a sequence-first net at T == B is not per row, and (B, B, F) might not be
     count = math.prod(positions)
     if num_draws is None:
         examples = (rows if per_row else 1,) + (1,) * len(positions)

@@ -52,6 +52,9 @@ class PosteriorReader(Messenger):
 
     estimator = ""
     draws_per_row = True  # its draws go one per example (the rows of a layer's input): checked against the batch
+    #: what it does with each output element, and why that is wrong for outputs that share one weight draw: set
+    #: where it cannot be exact for a layer whose rows hold several positions of one example (:meth:`check_positions`)
+    positions_refusal: tuple[str, str] | None = None
 
     def __init__(self):
         super().__init__()
@@ -168,6 +171,33 @@ class PosteriorReader(Messenger):
                 )
                 return
 
+    def check_positions(self, input: torch.Tensor, weight_site: str | None,
+                        examples: tuple[torch.Size, torch.Size] | None) -> None:
+        """A clear error when this estimator cannot be exact (:attr:`positions_refusal`) for a layer whose input's
+        rows hold several positions of one example, or are not the batch's rows: ``examples`` (where per-example
+        draws go, from :func:`pyro_bbb._draws.example_draw_shape`) is then not ``None``. Those outputs share one
+        weight draw.
+
+        Examples
+        --------
+        >>> tokens = torch.zeros(2, 8, 3)                       # 2 examples of 8 tokens
+        >>> examples = example_draw_shape(tuple(tokens.shape), 1, None)
+        >>> FlipoutMessenger().check_positions(tokens, "fc.weight", examples)      # Flipout shares a draw: exact
+        >>> LocalReparameterizationMessenger().check_positions(tokens, "fc.weight", examples)
+        Traceback (most recent call last):
+        ...
+        ValueError: local reparameterization draws each output element on its own, but the layer of weight site ...
+        """
+        if examples is None or self.positions_refusal is None:
+            return
+        does, consequence = self.positions_refusal
+        raise ValueError(
+            f"{self.estimator} {does}, but the layer of weight site {weight_site!r} got an input of shape "
+            f"{tuple(input.shape)} whose rows hold several positions of one example (tokens, steps), or are not the "
+            f"batch's rows (a reshaped or transposed batch): those outputs share one weight draw, {consequence}. "
+            "Train with estimator='flipout' (exact here) or 'reparam'."
+        )
+
     def _pyro_post_sample(self, msg: dict[str, Any]) -> None:
         self._layer_draws.pop(id(msg["value"]), None)  # sampled (or replayed) again: a new run's use is still to come
         posterior = drawn_posterior(msg)
@@ -223,8 +253,10 @@ class PosteriorReader(Messenger):
 
     def _estimate(self, input, weight, bias, apply, feature_dims, weight_site, bias_site, examples) -> torch.Tensor:
         """The layer's output under this estimator, from the posteriors of ``weight_site`` and ``bias_site``."""
+        self.check_positions(input, weight_site, examples)
         if (self.draws_per_row and input.dim() > feature_dims and weight.dim() == feature_dims + 1
-                and known_batch_rows() is None):  # (a weight with draws: the rows are behind the particle dims)
+                and known_batch_rows() is None  # (a weight with draws: the rows are behind the particle dims)
+                and (examples is None or examples[0][0] == input.shape[0])):  # (not one draw shared by all rows)
             self._rows_per_site[weight_site] = input.shape[0]  # (checked against the data plate: check_rows)
         weight_posterior = self._posterior(weight_site)
         bias_posterior = None if bias_site is None else self._posterior(bias_site)
@@ -267,8 +299,8 @@ class FlipoutMessenger(PosteriorReader):
     has exactly the distribution it has under ``W``, so the ELBO and its gradient keep their expectation, while
     the examples of a batch become uncorrelated. The positions of one example (tokens ``(B, T, F)``, time steps)
     share its signs, as they share its weights; where a layer's rows are not the batch's (the net flattened or
-    transposed it, as :class:`pyro_bbb.BNN` sees), or might not be (a position dimension as long as the batch), one
-    draw of signs serves all rows, which is exact. ``dW`` is the
+    transposed it, as :class:`pyro_bbb.BNN` sees), or might not be (a position dimension as long as the rows, in
+    :class:`pyro_bbb.BNN` or a hand-written model), one draw of signs serves all rows, which is exact. ``dW`` is the
     guide's own draw, so gradients reach the posterior mean (through ``mu``) and scale (through ``dW``). Costs about
     two forward passes per layer.
 
@@ -337,17 +369,8 @@ class LocalReparameterizationMessenger(PosteriorReader):
     """
 
     estimator = "local reparameterization"
-
-    def _estimate(self, input, weight, bias, apply, feature_dims, weight_site, bias_site, examples) -> torch.Tensor:
-        if examples is not None:
-            raise ValueError(
-                f"local reparameterization draws each output element on its own, but the layer of weight site "
-                f"{weight_site!r} got an input of shape {tuple(input.shape)} whose rows hold several positions of one "
-                "example (tokens, steps), or are not the batch's rows (a reshaped or transposed batch): those outputs "
-                "share one weight draw, which it cannot draw exactly (their variance would be wrong). Train with "
-                "estimator='flipout' (exact here) or 'reparam'."
-            )
-        return super()._estimate(input, weight, bias, apply, feature_dims, weight_site, bias_site, examples)
+    positions_refusal = ("draws each output element on its own",
+                         "which it cannot draw exactly (their variance would be wrong)")
 
     def _output(self, input, weight, bias, apply, feature_dims, weight_posterior, bias_posterior, examples):
         loc, scale = weight_posterior
@@ -412,8 +435,9 @@ class MomentPropagationMessenger(PosteriorReader):
     priors and a fixed or heteroscedastic noise, the ELBO and its gradient are deterministic: no Monte Carlo noise.
     Exact for one hidden layer with a Gaussian likelihood; deeper, units are treated as independent Gaussians (the
     diagonal dDVI approximation), except the last linear layer's outputs, whose covariance a heteroscedastic
-    likelihood uses. An operation it cannot follow, recurrent layers, several particles and likelihoods without a
-    closed form (categorical) are errors before any parameter changes.
+    likelihood uses. An operation it cannot follow, recurrent layers, a layer on tokens (several positions of one
+    example share its weight draw, a covariance it drops: :meth:`~PosteriorReader.check_positions`), several
+    particles and likelihoods without a closed form (categorical) are errors before any parameter changes.
 
     Examples
     --------
@@ -422,6 +446,9 @@ class MomentPropagationMessenger(PosteriorReader):
 
     estimator = "moment propagation"
     draws_per_row = False
+    positions_refusal = ("treats each output element as an independent Gaussian",
+                         "so they are correlated, and a later layer that mixes them (tokens flattened into a head, a "
+                         "pooling) would get a wrong variance")
 
     def __enter__(self):
         self._modules = ExitStack()  # errors name the module that ran the operation

@@ -455,17 +455,18 @@ def test_fit_with_moments_does_not_depend_on_the_random_stream():
 
 
 def test_a_pooling_by_the_tensor_method_mean_is_named_under_moment_propagation():
-    """``x.mean(1)`` (token or global average pooling) reads a Moments' ``.mean`` tensor and calls it: the user got
-    "'Tensor' object is not callable". The error now says what happened and the estimator to use instead."""
+    """``x.mean((2, 3))`` (global average pooling; a token pooling's layer is refused before it,
+    test_moment_propagation_refuses_tokens_that_share_a_weight) reads a Moments' ``.mean`` tensor and calls it: the
+    user got "'Tensor' object is not callable". The error now says what happened and the estimator to use instead."""
     class Pool(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.fc = BayesianLinear(3, 1)
+            self.conv = bayesian_conv.BayesianConv2d(1, 1, 3, padding=1)
 
         def forward(self, x):
-            return self.fc(x).mean(1)
+            return self.conv(x).mean((2, 3))
 
-    x, y = torch.randn(8, 5, 3), torch.randn(8, 1)
+    x, y = torch.randn(8, 1, 4, 4), torch.randn(8, 1)
     model = pyro_bbb.BNN(Pool(), likelihoods.Gaussian(0.5))
     guide = pyro_bbb.MeanFieldGuide(model)
     guide(x, y)
@@ -863,6 +864,39 @@ def test_local_reparameterization_refuses_positions_that_share_a_weight(flatten)
     pyro_bbb.fit(bnn, guide, (x, y), epochs=1, kl_weight=1, estimator="flipout", progress=False)
 
 
+class TokensIntoAHead(torch.nn.Module):
+    """Tokens ``(B, T, 3)`` through a Bayesian layer, flattened into a Bayesian head: the head mixes the positions of
+    one example, which share the first layer's weight draw."""
+
+    def __init__(self, tokens=6):
+        super().__init__()
+        self.tokens, self.head = BayesianLinear(3, 4), BayesianLinear(4 * tokens, 1)
+
+    def forward(self, x):
+        return self.head(self.tokens(x).flatten(1))
+
+
+@pytest.mark.parametrize("estimator", ["local_reparam", "moments"])
+def test_moment_propagation_refuses_tokens_that_share_a_weight(estimator):
+    """Moment propagation treats a layer's outputs as independent, but an example's tokens share the layer's weight
+    draw: flattened into a head, their covariance was dropped and the loss came out wrong in silence (2136 against
+    2391 +- 50 by sampling, the output's variance 30 against 40 by Monte Carlo). It is now refused as local
+    reparameterization refuses it (the same check), before anything changes; Flipout trains it."""
+    model = pyro_bbb.BNN(TokensIntoAHead(), likelihoods.Gaussian(scale=0.5))
+    x, y = torch.randn(8, 6, 3), torch.randn(8)
+    guide = pyro_bbb.MeanFieldGuide(model)
+    guide(x, y)
+    before = {name: value.detach().clone() for name, value in pyro.get_param_store().items()}
+    does = {"local_reparam": "local reparameterization draws each output element on its own",
+            "moments": "moment propagation treats each output element as an independent Gaussian"}[estimator]
+    with pytest.raises(ValueError, match=rf"{does}, but the layer of weight site 'net.tokens.weight' got an input of "
+                                         r"shape \(8, 6, 3\) whose rows hold several positions of one example.*"
+                                         r"estimator='flipout'"):
+        pyro_bbb.fit(model, guide, (x, y), epochs=1, kl_weight=1, estimator=estimator, progress=False)
+    assert all(torch.equal(value, before[name]) for name, value in pyro.get_param_store().items())
+    pyro_bbb.fit(model, guide, (x, y), epochs=1, kl_weight=1, estimator="flipout", progress=False)
+
+
 def test_local_reparameterization_takes_one_position_per_example():
     net = TokenPool()
     bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=1.0))
@@ -896,6 +930,51 @@ class _HandWrittenMLP(PyroModule):
         mean = self.fc2(torch.relu(self.fc1(x))).squeeze(-1)
         with pyro.plate("data", len(x), subsample_size=4 if self.subsample else None) as rows:
             pyro.sample("y", dist.Normal(mean[..., rows], 0.5), obs=None if y is None else y[rows])
+
+
+class _SequenceFirst(PyroModule):
+    """A hand-written model of a sequence-first net: its layer reads ``(T, B, 3)``, the examples second, and the
+    model observes them under its own data plate."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = BayesianLinear(3, 1, bias=False)
+
+    def forward(self, x, y=None):
+        mean = self.fc(x.transpose(0, 1)).mean(0).squeeze(-1)
+        with pyro.plate("data", len(x)):
+            pyro.sample("y", dist.Normal(mean, 0.5), obs=y)
+        return mean
+
+
+@pytest.mark.parametrize("batch", [5, 8], ids=["T!=B", "T==B"])
+def test_flipout_in_a_hand_written_sequence_first_model(batch):
+    """Eight identical steps averaged, as in test_flipout_of_rows_that_are_not_the_batch_is_one_perturbation_per_draw
+    but outside BNN, whose layers know the batch. At T != B the rows (steps) are not the data plate's examples: a
+    warning names it. At T == B they looked like the examples, so Flipout perturbed each step on its own, the output's
+    variance 8 times too small, in silence. A position dimension as long as the rows now gets one perturbation for all
+    rows, exact whichever dimension holds the examples."""
+    torch.manual_seed(2)
+    model = _SequenceFirst()
+    x, y = torch.randn(1, 1, 3).expand(batch, 8, 3).contiguous(), torch.zeros(batch)
+    guide = pyro_bbb.MeanFieldGuide(model, init_scale=0.3)
+    guide(x, y)
+    if batch != 8:
+        with pytest.warns(UserWarning, match="drew per row of a 8-row input to weight site 'fc.weight'"), \
+                pyro_bbb.flipout():
+            pyro_bbb.ELBO(num_data=batch).loss(model, guide, x, y)
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pyro_bbb.flipout():
+            pyro_bbb.ELBO(num_data=batch).loss(model, guide, x, y)
+    exact = 0.09 * float(x[0, 0].pow(2).sum())
+    with torch.no_grad():
+        runs = []
+        for _ in range(4000):  # one draw per run, as an ELBO runs a hand-written model
+            with pyro_bbb.flipout():
+                runs.append(poutine.replay(model, trace=poutine.trace(guide).get_trace(x, y))(x, y))
+    torch.testing.assert_close(torch.stack(runs).var(0), torch.full((batch,), exact), rtol=0.1, atol=0)
 
 
 @pytest.mark.parametrize("estimator", ["flipout", "local_reparam"])
