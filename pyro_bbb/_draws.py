@@ -31,8 +31,22 @@ import torch
 __all__ = [
     "fold_draws", "folded_draws", "fold_rows", "unfold_rows", "draws_leading", "unfold_affine_input",
     "fold_affine_output", "batch_rows", "known_batch_rows", "example_draw_shape", "output_batch",
-    "known_output_batch",
+    "known_output_batch", "UnfoldableRowsError",
 ]
+
+
+class UnfoldableRowsError(ValueError):
+    """A Bayesian layer inside :func:`fold_draws` got rows that are not ``S`` equal blocks of the batch's rows (nor of
+    a whole multiple of them): the network selected some of its rows -- an expert applied to ``x[mask]`` -- or made
+    rows of its own, and which rows belong to which weight draw is lost (each draw may select a different number).
+    The vectorized paths then run one draw at a time (:func:`pyro_bbb.predict`, :class:`pyro_bbb.ELBO`).
+
+    Examples
+    --------
+    >>> issubclass(UnfoldableRowsError, ValueError)
+    True
+    """
+
 
 _FOLDED: ContextVar[int | None] = ContextVar("pyro_bbb_folded_draws", default=None)
 _ROWS: ContextVar[int | None] = ContextVar("pyro_bbb_batch_rows", default=None)
@@ -187,14 +201,23 @@ def fold_rows(t: torch.Tensor, dim: int = 0) -> torch.Tensor:
 
 
 def unfold_rows(t: torch.Tensor, num_draws: int, dim: int = 0) -> torch.Tensor:
-    """``(S * B, ...)`` -> ``(S, B, ...)`` (at ``dim``); a clear error when the rows are not a multiple of S.
+    """``(S * B, ...)`` -> ``(S, B, ...)`` (at ``dim``); a clear error when the rows are not a multiple of S, or,
+    the batch's rows known (:func:`batch_rows`), of ``S`` times them (:class:`UnfoldableRowsError`).
 
     Examples
     --------
     >>> unfold_rows(torch.zeros(12, 2), 3).shape
     torch.Size([3, 4, 2])
     """
-    rows = t.shape[dim]
+    rows, expected = t.shape[dim], _ROWS.get()
+    if expected is not None and rows % (num_draws * expected):  # (a whole multiple: positions folded into the rows)
+        raise UnfoldableRowsError(
+            f"a Bayesian layer received {rows} rows along dimension {dim} while {num_draws} weight draws of the "
+            f"batch's {expected} rows are folded into {num_draws * expected}: the network selected some of its rows "
+            "(e.g. a mixture's expert applied to x[mask]) or made rows of its own, so its rows cannot be told apart "
+            "by weight draw (each draw may select a different number). Run one draw at a time: "
+            "pyro_bbb.predict(..., vectorize=False), pyro_bbb.ELBO(vectorize_particles=False)."
+        )
     if rows % num_draws:
         raise ValueError(
             f"a Bayesian layer received {rows} rows along dimension {dim} while {num_draws} weight draws are folded "

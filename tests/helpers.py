@@ -49,6 +49,22 @@ class BatchCentred(PyroModule):
             return pyro.sample("y", dist.Normal(mean, 0.1), obs=y)
 
 
+class Routed(torch.nn.Module):
+    """A mixture's routing: an expert applied to the rows a Bayesian gate selects (``x[mask]``), the other rows 0.
+    Each weight draw of the gate selects rows of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = BayesianLinear(1, 1, bias=False)
+        self.expert = BayesianLinear(1, 1, bias=False)
+
+    def forward(self, x):
+        mask = self.gate(x).squeeze(-1) > 0
+        out = torch.zeros(x.shape[0], 1)
+        out[mask] = self.expert(x[mask])
+        return out
+
+
 class MLP(PyroModule):
     def __init__(self, in_features=2, hidden=8, prior=None):
         super().__init__()

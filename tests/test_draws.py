@@ -3,16 +3,17 @@
 import warnings
 
 import pyro
+import pyro.poutine as poutine
 import pytest
 import torch
 
 import pyro_bbb
 from pyro_bbb import likelihoods
-from pyro_bbb._draws import draws_leading, fold_draws, folded_draws, unfold_rows
+from pyro_bbb._draws import UnfoldableRowsError, batch_rows, draws_leading, fold_draws, folded_draws, unfold_rows
 from pyro_bbb.nn import BayesianConv2d, BayesianGRU, BayesianLinear, BayesianLSTM, BayesianLSTMCell
 from pyro_bbb.prediction import UntrainedGuideWarning
 
-from .helpers import BatchCentred
+from .helpers import BatchCentred, Routed
 
 
 def vectorized_and_loop(model, x, y, num_samples=6, init_scale=0.2):
@@ -165,5 +166,47 @@ def test_fold_helpers():
     assert folded_draws() is None
     with pytest.raises(ValueError, match="multiple|10 rows"):
         unfold_rows(torch.zeros(10, 2), 3)
+    with batch_rows(4):  # 3 draws of 4 rows: 12 rows, or a whole multiple of them (positions folded into the rows)
+        assert unfold_rows(torch.zeros(24, 2), 3).shape == (3, 8, 2)
+        with pytest.raises(UnfoldableRowsError, match="selected some of its rows"):
+            unfold_rows(torch.zeros(6, 2), 3)  # a multiple of 3, but not 3 blocks of the batch's rows
     with pytest.raises(ValueError, match="carries 4 draws"):
         draws_leading(torch.zeros(4, 1, 2, 2), 2, 3)
+
+
+def test_a_layer_on_rows_a_bayesian_gate_selected_is_refused_not_split_into_equal_blocks():
+    """A mixture's expert on ``x[mask]``, the mask from a Bayesian gate: each weight draw selects rows of its own.
+    Draw 0 routes no row to the expert, draw 1 all four: the expert's four rows were split into two blocks of two,
+    and draw 1's first two rows got draw 0's expert (10 and 20 where 20 and 40 are right), in silence -- draw 0
+    alone, which predict compares, was right. Now a clear error; where no draw routes a row, nothing to split."""
+    bnn = pyro_bbb.BNN(Routed(), likelihoods.Gaussian(scale=1.0))
+    x = torch.arange(1.0, 5.0).unsqueeze(1)
+
+    def folded(gate):
+        draws = {"net.gate.weight": torch.tensor(gate).reshape(2, 1, 1, 1),
+                 "net.expert.weight": torch.tensor([10.0, 20.0]).reshape(2, 1, 1, 1)}
+        with pyro.plate("draws", 2, dim=-2), poutine.condition(data=draws):
+            return bnn.observation(x)[0].mean.reshape(2, 4)
+
+    with pytest.raises(UnfoldableRowsError, match="selected some of its rows.*vectorize=False"):
+        folded([-1.0, 1.0])
+    assert torch.equal(folded([-1.0, -1.0]), torch.zeros(2, 4))
+
+
+def test_predict_of_a_routed_net_runs_one_draw_at_a_time_and_vectorize_true_says_why():
+    """Each draw of the gate routes 3 or 4 of the rows (the positive or the negative ones) to the expert: predict
+    runs the draws one at a time (the loop's numbers), and vectorize=True names the problem and the fix."""
+    bnn = pyro_bbb.BNN(Routed(), likelihoods.Gaussian(scale=1.0))
+    x = torch.arange(-4.0, 4.0).unsqueeze(1)
+    guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=1.0)
+    guide(x, torch.zeros(8))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UntrainedGuideWarning)  # a random guide, on purpose
+        pyro.set_rng_seed(1)
+        with pytest.warns(UserWarning, match="selected some of its rows.*one call per draw"):
+            vectorized = pyro_bbb.predict(bnn, guide, x, num_samples=8)
+        pyro.set_rng_seed(1)
+        loop = pyro_bbb.predict(bnn, guide, x, num_samples=8, vectorize=False)
+        with pytest.raises(ValueError, match=r"vectorize=True.*selected some of its rows"):
+            pyro_bbb.predict(bnn, guide, x, num_samples=8, vectorize=True)
+    torch.testing.assert_close(vectorized.distribution.loc, loop.distribution.loc)

@@ -37,6 +37,7 @@ from pyro.poutine.util import prune_subsample_sites, site_is_subsample
 from pyro.util import check_model_guide_match, warn_if_nan
 
 from .._checks import check_count
+from .._draws import UnfoldableRowsError
 from .._internals import (
     active_param_trace,
     check_mean_field_requirement,
@@ -305,10 +306,11 @@ class ELBO(TraceMeanField_ELBO):
 
     def _get_traces(self, model, guide, args, kwargs):
         """Pyro's particles, the data plate scaled inside the particle plate; vectorized particles are checked once
-        against particle 0 run alone (and run one by one where they differ)."""
+        against particle 0 run alone (and run one by one where they differ, or where a batch's rows cannot be split
+        among them)."""
         unscaled = model
         model, guide = (scale_data_plate(fn, self.num_data, self.data_plate) for fn in (model, guide))
-        if self.vectorize_particles and self.num_particles > 1 and not self.pairs.current.vectorized_ok:
+        if self.vectorize_particles and self.num_particles > 1:
             yield from self._checked_vectorized_traces(model, guide, unscaled, args, kwargs)
             return
         yield from super()._get_traces(model, guide, args, kwargs)
@@ -505,32 +507,42 @@ class ELBO(TraceMeanField_ELBO):
         return {("step", id(pair)): (order, step_back), ("record", id(guide)): (order, record_back)}
 
     def _checked_vectorized_traces(self, model, guide, unscaled_model, args, kwargs):
-        """The particle traces where the vectorized particles are not known to be right: the first call compares
-        particle 0 with its draw run alone (:func:`particle_matches_alone`); where they differ (the model's code reads
-        the particle dimension as its batch), or the vectorized model raises (a layer that takes no draw dimensions),
-        a warning, and the particles one at a time from then on."""
+        """The vectorized particles' traces, or the particles one at a time where those are not right: the first call
+        compares particle 0 with its draw run alone (:func:`particle_matches_alone`); where they differ (the model's
+        code reads the particle dimension as its batch), or the vectorized model raises (a layer that takes no draw
+        dimensions), and at any call where a Bayesian layer gets rows it cannot split among the particles
+        (:class:`~pyro_bbb._draws.UnfoldableRowsError`: a batch's rows selected by a mixture's gate), a warning, and
+        the particles one at a time from then on."""
         pair = self.pairs.current
-        if pair.vectorized_ok is None:
+        if pair.vectorized_ok is not False:
+            # torch's shape errors (e.g. its linear on a weight with draws) at the first call; at any call, a batch's
+            # rows that a layer cannot split among the particles (another ValueError is a check's: the model's or
+            # pyro_bbb's own, raised as it is)
+            cannot_fold = (UnfoldableRowsError,) if pair.vectorized_ok else (UnfoldableRowsError, RuntimeError,
+                                                                             IndexError)
+            advice = (". Build the model with pyro_bbb.BNN of pyro_bbb.nn's layers, whose network sees ordinary "
+                      "batches and whose layers apply every draw at once (a PyroModule with PyroSample weights of its "
+                      "own gets them with extra leading dimensions), or index from the right (out[..., -1, :]).")
             try:
                 traces = next(super()._get_traces(model, guide, args, kwargs))
-            except (RuntimeError, IndexError) as error:  # torch's shape errors, e.g. its linear on a weight with draws
-                # (a ValueError is a check's: the model's or pyro_bbb's own, raised as it is)
-                first_line = str(error).strip().split("\n")[0][:200]  # (without Pyro's table of trace shapes)
-                traces, what = None, f"the vectorized model raised {type(error).__name__}: {first_line}"
+            except cannot_fold as error:
+                first_line = str(error).strip().split("\n")[0]  # (without Pyro's table of trace shapes)
+                if isinstance(error, UnfoldableRowsError):  # (its message says why, in full)
+                    advice = ", which is slower but right."
+                else:
+                    first_line = first_line[:200]
+                traces, what = None, f"the vectorized model raised {type(error).__name__}: {first_line.rstrip('.')}"
             else:
                 what = ("particle 0 of the vectorized model differs from the same weight draw run alone (the model's "
                         "code reads the particle dimension as its batch)")
-            pair.vectorized_ok = traces is not None and particle_matches_alone(
-                vectorized_model(self, unscaled_model), unscaled_model, traces[1], self.max_plate_nesting, args, kwargs)
+            pair.vectorized_ok = traces is not None and (pair.vectorized_ok or particle_matches_alone(
+                vectorized_model(self, unscaled_model), unscaled_model, traces[1], self.max_plate_nesting, args,
+                kwargs))
             if pair.vectorized_ok:
                 yield traces
                 return
-            warn_at_caller(
-                f"pyro_bbb.ELBO(vectorize_particles=True): {what}; running the "
-                f"{self.num_particles} particles one at a time instead. Build the model with pyro_bbb.BNN of "
-                "pyro_bbb.nn's layers, whose network sees ordinary batches and whose layers apply every draw at once "
-                "(a PyroModule with PyroSample weights of its own gets them with extra leading dimensions), or index "
-                "from the right (out[..., -1, :]).")
+            warn_at_caller(f"pyro_bbb.ELBO(vectorize_particles=True): {what}; running the {self.num_particles} "
+                           f"particles one at a time instead{advice}")
         for _ in range(self.num_particles):
             yield self._get_trace(model, guide, args, kwargs)
 

@@ -9,11 +9,13 @@ import pytest
 import torch
 from pyro.infer import SVI, TraceMeanField_ELBO
 
-from pyro_bbb import ELBO, MeanFieldGuide, priors
+import pyro_bbb
+from pyro_bbb import ELBO, MeanFieldGuide, likelihoods, priors
+from pyro_bbb.infer.estimators import estimator as estimator_by_name
 from pyro_bbb.infer.schedules import LinearWarmup
 from pyro_bbb.infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
 
-from ..helpers import MLP, Regression, guide_for, minibatches, regression_data
+from ..helpers import MLP, Regression, Routed, guide_for, minibatches, regression_data
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -474,6 +476,26 @@ def test_vectorized_particles_of_a_pyro_tutorial_model_that_raises_run_one_at_a_
     pyro.set_rng_seed(0)
     assert loss == pytest.approx(ELBO(num_data=64, num_particles=4).loss(model, guide, x, y), rel=1e-4)
     SVI(model, guide, pyro.optim.Adam({"lr": 1e-2}), vectorized).step(x, y)  # and it trains
+
+
+@pytest.mark.parametrize("estimator", ["reparam", "flipout"])
+def test_vectorized_particles_run_one_at_a_time_once_a_later_batch_is_routed_apart(estimator):
+    """A mixture's expert on the rows its Bayesian gate selects (x[mask]): each particle routes rows of its own (3
+    or 4 of the 8 here), which folded particles cannot split among them. A first batch that routes no row passes
+    the check; a later one warns and runs the particles one at a time, and trains (before: the rows split into equal
+    blocks, a wrong loss in silence, or an error about the batch dimension after earlier steps had trained)."""
+    bnn = pyro_bbb.BNN(Routed(), likelihoods.Gaussian(scale=1.0))
+    guide = MeanFieldGuide(bnn, init_scale=1.0)
+    elbo = ELBO(num_data=64, num_particles=4, vectorize_particles=True)
+    svi = SVI(bnn, guide, pyro.optim.Adam({"lr": 1e-2}), elbo)
+    with estimator_by_name(estimator)():
+        svi.step(torch.zeros(8, 1), torch.zeros(8))  # the gate routes no row: vectorized, and checked
+        assert elbo.pairs.current.vectorized_ok
+        x = torch.arange(-4.0, 4.0).unsqueeze(1)
+        with pytest.warns(UserWarning, match="selected some of its rows.*one at a time instead, which is slower"):
+            loss = svi.step(x, x.squeeze(-1))
+        assert elbo.pairs.current.vectorized_ok is False and math.isfinite(loss)
+        svi.step(x, x.squeeze(-1))  # one at a time from then on
 
 
 def test_a_call_with_inputs_of_a_new_shape_is_validated_again():
