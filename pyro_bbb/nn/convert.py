@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 from collections.abc import Callable, Mapping, Sequence
+from types import FunctionType
 
 import torch
 from pyro.nn import PyroModule
@@ -63,6 +64,35 @@ def _twin_type(module: nn.Module) -> type[BayesianModule] | None:
     return None
 
 
+def _warn_frozen(candidates: list[tuple[str, nn.Module]]) -> None:
+    """A frozen (pretrained) layer converted with the rest would be trained, in silence: said, with the fix."""
+    frozen = [name or "(the layer itself)" for name, layer in candidates
+              if not any(p.requires_grad for p in layer.parameters())]
+    if frozen:
+        warn_at_caller(
+            f"bayesianize: {frozen} {'was' if len(frozen) == 1 else 'were'} frozen (requires_grad=False) and "
+            f"{'is' if len(frozen) == 1 else 'are'} now Bayesian, trained with the rest; pass exclude={frozen!r} to "
+            "keep them deterministic and frozen."
+        )
+
+
+#: Methods of a layer's torch class that a subclass may define anew without changing what the layer computes
+_HARMLESS_OVERRIDES = frozenset({"extra_repr", "reset_parameters"})
+
+
+def _own_methods(layer: nn.Module, base: type) -> list[str]:
+    """The methods of ``base`` (and its torch ancestors below ``nn.Module``) that ``layer``'s class defines anew:
+    ``forward``, or a helper that ``base``'s forward calls (a convolution's ``_conv_forward``)."""
+    defined = {name for klass in base.__mro__ if klass not in nn.Module.__mro__ for name, value in vars(klass).items()
+               if not name.startswith("__") and isinstance(value, FunctionType | staticmethod | classmethod | property)}
+    own = []
+    for name in sorted(defined - _HARMLESS_OVERRIDES):  # (its own __init__, as every subclass has, changes nothing)
+        owner = next(klass for klass in type(layer).__mro__ if name in vars(klass))
+        if owner not in base.__mro__:
+            own.append(name)
+    return own
+
+
 def _refuse_what_a_twin_would_change(converted: nn.Module, candidates: list[tuple[str, nn.Module]]) -> None:
     """A Bayesian twin runs its torch base class's forward on parameters of its own: a layer whose behaviour lies
     elsewhere -- a subclass's own ``forward``, hooks, a parametrization (``weight_norm``), a ``Parameter`` shared
@@ -75,16 +105,17 @@ def _refuse_what_a_twin_would_change(converted: nn.Module, candidates: list[tupl
             holders.setdefault(id(param), []).append(module_name)
     problems, untied, names = [], [], {name for name, _ in candidates}
     for name, layer in candidates:
-        base = next(b for b in SUPPORTED if isinstance(layer, b))
-        if type(layer).forward is not base.forward:
-            problems.append(f"{name}: {type(layer).__name__} has its own forward, which {base.__name__}'s would "
-                            "replace")
+        base, shown = next(b for b in SUPPORTED if isinstance(layer, b)), name or "(the layer itself)"
+        own = _own_methods(layer, base)
+        if own:
+            problems.append(f"{shown}: {type(layer).__name__} has its own {', '.join(own)}, which {base.__name__}'s "
+                            "would replace")
         hooks = module_hooks(layer)
         if hooks:
-            problems.append(f"{name}: has hooks ({', '.join(hooks)}) the new layer would not have; register them on "
+            problems.append(f"{shown}: has hooks ({', '.join(hooks)}) the new layer would not have; register them on "
                             "the converted layer")
         if nn.utils.parametrize.is_parametrized(layer):
-            problems.append(f"{name}: a parametrization (weight_norm, spectral_norm, ...) of "
+            problems.append(f"{shown}: a parametrization (weight_norm, spectral_norm, ...) of "
                             f"{sorted(layer.parametrizations)}; remove it first (nn.utils.parametrize."
                             "remove_parametrizations)")
         # a module whose parameter is also another's (not an ancestor's alias, as a head's bias often is): tied
@@ -92,7 +123,7 @@ def _refuse_what_a_twin_would_change(converted: nn.Module, candidates: list[tupl
                        if other != name and not (other == "" or name.startswith(other + "."))})
         converted_too = [other for other in tied if other in names]
         if converted_too:
-            problems.append(f"{name}: its parameters are tied to {converted_too}'s (one Parameter in two layers), "
+            problems.append(f"{shown}: its parameters are tied to {converted_too}'s (one Parameter in two layers), "
                             "and two posteriors would untie them")
         elif tied:
             untied.append(f"{name} (tied to {tied})")
@@ -211,7 +242,13 @@ def bayesianize(
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"bayesianize converts a torch.nn.Module, got {type(module).__name__}.")
-    if _twin_type(module) is not None:  # the model is itself one convertible layer
+    if _twin_type(module) is not None:  # the model is itself one convertible layer: the same checks, then its twin
+        if (include is not None and not _matches(include, "", module)) or (
+                exclude is not None and _matches(exclude, "", module)):
+            raise ValueError(f"no layer to convert: the module passed is itself the one layer ({type(module).__name__}"
+                             "), and include/exclude leave it out. Use it as it is, or drop include/exclude.")
+        _refuse_what_a_twin_would_change(module, [("", module)])
+        _warn_frozen([("", module)])
         return _make_twin(module, _twin_type(module), _prior_for(prior, "", module), init_from_weights)
     if sampled_attributes(module):
         raise ValueError(
@@ -222,13 +259,24 @@ def bayesianize(
     named = [(name, m) for name, m in converted.named_modules() if name]
     opaque = [name for name, m in named if isinstance(m, _OPAQUE)]
 
+    aliases: dict[int, list[str]] = {}  # every name of a module used at several places (a shared encoder)
+    for name, m in converted.named_modules(remove_duplicate=False):
+        if name:
+            aliases.setdefault(id(m), []).append(name)
+
     def inside(name: str, parents) -> bool:
         return any(name.startswith(p + ".") for p in parents)
+
+    def selected(selector: Selector, m: nn.Module) -> bool:  # under any of its names
+        return any(_matches(selector, alias, m) for alias in aliases[id(m)])
+
+    def within(m: nn.Module, parents) -> bool:
+        return any(alias in parents or inside(alias, parents) for alias in aliases[id(m)])
 
     if include is None:
         candidates = [(n, m) for n, m in named if not inside(n, opaque)]
     else:
-        direct = [(n, m) for n, m in named if _matches(include, n, m)]
+        direct = [(n, m) for n, m in named if selected(include, m)]
         if not direct:
             raise ValueError(f"include={include!r} matched no module; the module names are {[n for n, _ in named]}.")
         # a matched container (children, no parameters of its own) stands for the layers inside it; a module named
@@ -252,11 +300,11 @@ def bayesianize(
                 "(and their subclasses); the projections inside nn.MultiheadAttention are used through their "
                 "weights, not called, and cannot be converted. Leave the others deterministic, or exclude them."
             )
-        roots = [n for n, _ in direct]
-        candidates = [(n, m) for n, m in named if (n in roots or inside(n, roots)) and not inside(n, opaque)]
-    if exclude is not None:  # an excluded container takes its layers with it
-        excluded = [n for n, m in named if _matches(exclude, n, m)]
-        candidates = [(n, m) for n, m in candidates if n not in excluded and not inside(n, excluded)]
+        roots = [alias for _, m in direct for alias in aliases[id(m)]]
+        candidates = [(n, m) for n, m in named if within(m, roots) and not inside(n, opaque)]
+    if exclude is not None:  # an excluded container takes its layers with it; a shared layer, under any of its names
+        excluded = [alias for _, m in named if selected(exclude, m) for alias in aliases[id(m)]]
+        candidates = [(n, m) for n, m in candidates if not within(m, excluded)]
     plain_rnns = [n for n, m in candidates if isinstance(m, nn.RNN | nn.RNNCell)]
     if plain_rnns:  # a recurrent layer without a Bayesian twin stays deterministic: said, not left to be found out
         warn_at_caller(f"bayesianize leaves {plain_rnns} (torch.nn.RNN / RNNCell) deterministic: only LSTM and GRU "
@@ -270,13 +318,7 @@ def bayesianize(
         raise ValueError(f"no layer to convert: no {_supported_names()} outside attention blocks{where}.")
 
     _refuse_what_a_twin_would_change(converted, candidates)
-    frozen = [n for n, m in candidates if not any(p.requires_grad for p in m.parameters())]
-    if frozen:  # a frozen (pretrained) backbone converted with the rest would be trained, in silence
-        warn_at_caller(
-            f"bayesianize: {frozen} {'was' if len(frozen) == 1 else 'were'} frozen (requires_grad=False) and "
-            f"{'is' if len(frozen) == 1 else 'are'} now Bayesian, trained with the rest; pass exclude={frozen!r} to "
-            "keep them deterministic and frozen."
-        )
+    _warn_frozen(candidates)
     references = list(converted.named_modules(remove_duplicate=False))  # a layer used at several places: each one
     for name, layer in candidates:
         twin = _make_twin(layer, _twin_type(layer), _prior_for(prior, name, layer), init_from_weights)

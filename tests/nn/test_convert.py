@@ -305,6 +305,63 @@ def test_what_a_bayesian_twin_would_silently_change_is_refused(case):
         assert not isinstance(converted[0], BayesianLinear) and isinstance(converted[2], BayesianLinear)
 
 
+@pytest.mark.parametrize("case", ["own forward", "hook", "weight_norm", "excluded", "not included"])
+def test_a_single_layer_passed_alone_gets_the_checks_a_layer_in_a_net_gets(case):
+    """bayesianize(layer) converted at once: a subclass's own forward (outputs 10 times off), hooks dropped,
+    exclude= ignored, a weight_norm layer an AttributeError."""
+    class Scaled(nn.Linear):
+        def forward(self, x):
+            return 10 * super().forward(x)
+
+    layer = Scaled(3, 2) if case == "own forward" else nn.Linear(3, 2)
+    kwargs = {"exclude": lambda name, module: True} if case == "excluded" else {}
+    kwargs = {"include": ["fc"]} if case == "not included" else kwargs
+    if case == "hook":
+        layer.register_forward_hook(lambda module, inputs, output: torch.relu(output))
+    if case == "weight_norm":
+        layer = nn.utils.parametrizations.weight_norm(layer)
+    expected = {"own forward": r"\(the layer itself\): Scaled has its own forward", "hook": "has hooks",
+                "weight_norm": "a parametrization", "excluded": "no layer to convert: the module passed is itself",
+                "not included": "no layer to convert: the module passed is itself"}[case]
+    with pytest.raises(ValueError, match=expected):
+        pyro_bbb.bayesianize(layer, **kwargs)
+    frozen = nn.Linear(3, 2).requires_grad_(False)
+    with pytest.warns(UserWarning, match="the layer itself.*was frozen"):
+        pyro_bbb.bayesianize(frozen)
+
+
+def test_a_convolution_whose_own_conv_forward_holds_its_behaviour_is_refused():
+    """A weight-standardised Conv2d overrides _conv_forward, not forward: it was converted without a word and its
+    output at the posterior mean was off by up to 12.7."""
+    class WeightStandardized(nn.Conv2d):
+        def _conv_forward(self, input, weight, bias):
+            w = (weight - weight.mean((1, 2, 3), keepdim=True)) / (weight.std((1, 2, 3), keepdim=True) + 1e-5)
+            return F.conv2d(input, w, bias, self.stride, self.padding, self.dilation, self.groups)
+
+    class Described(nn.Conv2d):  # what a subclass may define anew without changing the layer
+        def extra_repr(self):
+            return "described"
+
+    with pytest.raises(ValueError, match="0: WeightStandardized has its own _conv_forward, which Conv2d's would"):
+        pyro_bbb.bayesianize(nn.Sequential(WeightStandardized(3, 4, 3)))
+    assert isinstance(pyro_bbb.bayesianize(nn.Sequential(Described(3, 4, 3)))[0], BayesianConv2d)
+
+
+def test_a_layer_shared_by_two_parts_is_selected_under_either_name():
+    """encoder and decoder holding one Linear: exclude=["decoder"] converted it anyway (it is listed once, as
+    encoder.0), and include=["decoder"] found "no layer to convert"."""
+    shared = nn.Linear(3, 3)
+    net = nn.Sequential()
+    net.add_module("encoder", nn.Sequential(shared, nn.ReLU()))
+    net.add_module("decoder", nn.Sequential(shared))
+    net.add_module("head", nn.Linear(3, 1))
+    kept = pyro_bbb.bayesianize(net, exclude=["decoder"])
+    assert not isinstance(kept.encoder[0], BayesianLinear) and kept.encoder[0] is kept.decoder[0]
+    assert isinstance(kept.head, BayesianLinear)
+    converted = pyro_bbb.bayesianize(net, include=["decoder"])
+    assert isinstance(converted.decoder[0], BayesianLinear) and converted.encoder[0] is converted.decoder[0]
+
+
 def test_a_frozen_layer_converted_with_the_rest_is_said():
     """A frozen (pretrained) backbone became trainable Bayesian layers without a word."""
     body = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
