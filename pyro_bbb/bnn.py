@@ -87,6 +87,11 @@ class BNN(PyroModule):
     trained by one of Pyro's ELBOs, warns once before the first step. :class:`pyro_bbb.ELBO`'s own ``num_data``
     (what ``fit`` sets) wins over the model's; prediction is the same either way.
 
+    A parameter of ``net`` with ``requires_grad=False`` (a frozen pretrained layer) stays as it is: BNN holds it as
+    a buffer of the same name (in the state dict as before), which no Pyro optimizer sees -- as ``pyro.module``
+    leaves such a parameter out, where a ``PyroModule`` would hand it to the optimizer and train it. Freeze before
+    building the BNN; to train it later, build the BNN from a net whose parameter requires its gradient.
+
     Parameters
     ----------
     net : torch.nn.Module
@@ -145,6 +150,7 @@ class BNN(PyroModule):
                 f"`likelihood` must be a pyro_bbb.likelihoods.Likelihood (e.g. likelihoods.Gaussian()), got "
                 f"{type(likelihood).__name__}."
             )
+        _hold_frozen_parameters_as_buffers(net)
         to_pyro_module_(net)
         self.net = net
         self.likelihood = likelihood
@@ -267,6 +273,19 @@ class BNN(PyroModule):
                 "row (the batch dimension first)."
             )
         return output.reshape(*draw_shape, rows, *output.shape[1:])
+
+
+def _hold_frozen_parameters_as_buffers(net: torch.nn.Module) -> None:
+    """Each ``Parameter`` of ``net`` that does not require its gradient becomes a buffer of the same name (one
+    tensor for a parameter that several modules hold), so that Pyro, which makes every parameter it lifts into its
+    param store trainable, leaves it as it is."""
+    buffers: dict[int, torch.Tensor] = {}
+    for module in net.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None and not param.requires_grad:
+                buffer = buffers.setdefault(id(param), param.detach())
+                del module._parameters[name]
+                module.register_buffer(name, buffer)
 
 
 def _draw_shape(data_plate: str) -> tuple[int, ...]:

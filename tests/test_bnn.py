@@ -74,6 +74,28 @@ def test_an_empty_batch_in_a_pyro_loop_is_refused_by_name_and_changes_nothing(el
     assert all(torch.equal(before[k], v) for k, v in pyro.get_param_store().items())
 
 
+@pytest.mark.parametrize("loop", ["fit", "pyro svi"])
+def test_a_frozen_layer_stays_frozen(loop):
+    """A PyroModule lifts every parameter into Pyro's param store, which makes it trainable: a frozen (pretrained)
+    layer, left deterministic as bayesianize advises, was trained (requires_grad True again, its weight moved)."""
+    net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), BayesianLinear(8, 1))
+    net[0].requires_grad_(False)
+    frozen = net[0].weight.detach().clone()
+    keys = set(net.state_dict())
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    x, y = torch.randn(64, 3), torch.randn(64)
+    if loop == "fit":
+        pyro_bbb.fit(bnn, guide, (x, y), epochs=3, kl_weight=1, lr=0.1, progress=False)
+    else:
+        svi = SVI(bnn, guide, pyro.optim.Adam({"lr": 0.1}), pyro_bbb.ELBO(num_data=64))
+        for _ in range(3):
+            svi.step(x, y)
+    assert torch.equal(bnn.net[0].weight, frozen) and not bnn.net[0].weight.requires_grad
+    assert set(bnn.net.state_dict()) == keys  # (the same names: checkpoints load as before)
+    assert not any(name.startswith("net.0.") for name in pyro.get_param_store().keys())
+
+
 def test_custom_data_plate_name():
     bnn = pyro_bbb.BNN(mixed_net(), likelihoods.Gaussian(scale=1.0), data_plate="obs")
     tr = poutine.trace(bnn).get_trace(torch.randn(4, 3), torch.randn(4))
