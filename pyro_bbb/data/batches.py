@@ -82,12 +82,13 @@ def _sampler(loader: torch.utils.data.DataLoader):
 
 def _num_data(loader: torch.utils.data.DataLoader) -> int:
     """N: the number of data one epoch of the loader draws from -- its sampler's, so that a ``SubsetRandomSampler``
-    over part of the dataset counts only that part; a ``DistributedSampler`` counts the data of every rank; a
+    over part of the dataset counts only that part; a ``DistributedSampler`` counts its dataset, every rank's data
+    (not the rows it pads its ranks' shares with, nor those ``drop_last`` cuts); a
     ``RandomSampler`` or ``WeightedRandomSampler`` with its own ``num_samples`` (the draws per epoch, not the data)
     counts the rows it draws from (those of positive weight)."""
     sampler = _sampler(loader)
-    if isinstance(sampler, torch.utils.data.DistributedSampler):
-        return sampler.total_size
+    if isinstance(sampler, torch.utils.data.DistributedSampler):  # (not total_size: padded, or cut by drop_last)
+        return len(sampler.dataset)
     if isinstance(sampler, torch.utils.data.RandomSampler):
         return len(sampler.data_source)
     if isinstance(sampler, torch.utils.data.WeightedRandomSampler):
@@ -152,7 +153,11 @@ def _check_loader_upfront(loader: torch.utils.data.DataLoader, likelihood) -> No
 
 
 def _check_loader_batches(loader: torch.utils.data.DataLoader, num_data: int) -> None:
-    """A loader that yields no batch at all (a whole epoch without a step) is an error naming the fix."""
+    """A loader that yields no batch at all (a whole epoch without a step), or single rows, is an error naming the
+    fix."""
+    if loader.batch_size is None and loader.batch_sampler is None:
+        raise ValueError("fit trains on batches of rows; this DataLoader (batch_size=None) yields single rows, whose "
+                         "features would be read as rows. Pass DataLoader(dataset, batch_size=..., shuffle=True).")
     try:
         empty = len(loader) == 0
     except TypeError:  # (an iterable dataset: its batches are counted as they come)

@@ -517,15 +517,26 @@ def test_num_data_of_a_sampler_with_its_own_num_samples_is_the_rows_it_draws_fro
     assert history.last["num_data"] == expected and len(history.step_loss) == 3  # 60 draws an epoch
 
 
-def test_num_data_of_a_distributed_sampler_is_its_total_size():
+@pytest.mark.parametrize("rows, ranks, drop_last", [(50, 2, False), (10, 4, False), (10, 4, True)])
+def test_num_data_of_a_distributed_sampler_is_its_datasets_size(rows, ranks, drop_last):
+    """Not the sampler's total_size: 10 rows on 4 ranks are padded to 12 (or cut to 8 by drop_last), which put the
+    likelihood 20% off against the KL."""
     from torch.utils.data import DistributedSampler
 
-    x, y = small_data(50)
-    sampler = DistributedSampler(TensorDataset(x, y), num_replicas=2, rank=0, shuffle=False)
+    x, y = small_data(rows)
+    sampler = DistributedSampler(TensorDataset(x, y), num_replicas=ranks, rank=0, shuffle=False, drop_last=drop_last)
     loader = DataLoader(TensorDataset(x, y), batch_size=10, sampler=sampler)
     model = regression_model()
     history = fit(model, pyro_bbb.MeanFieldGuide(model), loader)
-    assert history.last["num_data"] == 50 and len(history.step_loss) == 3  # this rank: 25 of the 50
+    assert history.last["num_data"] == rows and len(history.step_loss) == (3 if rows == 50 else 1)  # this rank's
+
+
+def test_a_dataloader_of_single_rows_is_named():
+    """DataLoader(batch_size=None) yields single rows: "x has 3 rows but y has shape ()", the 3 its features."""
+    x, y = small_data(40)
+    model = regression_model()
+    with pytest.raises(ValueError, match=r"\(batch_size=None\) yields single rows.*batch_size=\.\.\."):
+        fit(model, pyro_bbb.MeanFieldGuide(model), DataLoader(TensorDataset(x, y), batch_size=None))
 
 
 # -- fit gives back what it learned when it stops early -------------------------------------------
