@@ -152,10 +152,22 @@ def _check_loader_upfront(loader: torch.utils.data.DataLoader, likelihood) -> No
         check_batch(*rows, likelihood, what="the DataLoader's data")
 
 
+def _yields_single_rows(loader: torch.utils.data.DataLoader) -> bool:
+    """Whether a loader without batching (``batch_size=None``) reads its map-style dataset one index at a time. A
+    ``BatchSampler`` given as the sampler, a sampler of one's own (which may yield lists of indices) or an iterable
+    dataset (which may yield batches itself) is left to yield what it yields."""
+    index_samplers = (torch.utils.data.SequentialSampler, torch.utils.data.RandomSampler,
+                      torch.utils.data.SubsetRandomSampler, torch.utils.data.WeightedRandomSampler,
+                      torch.utils.data.DistributedSampler)
+    return (loader.batch_size is None and loader.batch_sampler is None
+            and not isinstance(loader.dataset, torch.utils.data.IterableDataset)
+            and isinstance(loader.sampler, index_samplers))
+
+
 def _check_loader_batches(loader: torch.utils.data.DataLoader, num_data: int) -> None:
     """A loader that yields no batch at all (a whole epoch without a step), or single rows, is an error naming the
     fix."""
-    if loader.batch_size is None and loader.batch_sampler is None:
+    if _yields_single_rows(loader):
         raise ValueError("fit trains on batches of rows; this DataLoader (batch_size=None) yields single rows, whose "
                          "features would be read as rows. Pass DataLoader(dataset, batch_size=..., shuffle=True).")
     try:
@@ -236,7 +248,7 @@ def loader_batches(loader: torch.utils.data.DataLoader, caller: str = "predict")
             "the predictions would line up with nothing you hold. Pass DataLoader(dataset, batch_size=..., "
             "shuffle=False) (for a sampler of your own whose order you know, pass the inputs in that order)."
         )
-    if loader.batch_size is None and loader.batch_sampler is None:
+    if _yields_single_rows(loader):
         raise ValueError(f"{caller} needs batches of rows; this DataLoader (batch_size=None) yields single rows. Pass "
                          "DataLoader(dataset, batch_size=...).")
     if loader.drop_last:

@@ -538,6 +538,18 @@ def test_a_dataloader_of_single_rows_is_named():
     with pytest.raises(ValueError, match=r"\(batch_size=None\) yields single rows.*batch_size=\.\.\."):
         fit(model, pyro_bbb.MeanFieldGuide(model), DataLoader(TensorDataset(x, y), batch_size=None))
 
+    class Batches(torch.utils.data.IterableDataset):  # yields batches itself: batch_size=None is how it is read
+        def __iter__(self):
+            return iter(zip(x.split(8), y.split(8)))
+
+        def __len__(self):
+            return 40
+
+    model = regression_model()
+    history = fit(model, pyro_bbb.MeanFieldGuide(model), DataLoader(Batches(), batch_size=None), epochs=1,
+                  kl_weight=1, progress=False)
+    assert history.last["num_data"] == 40 and len(history.step_loss) == 5
+
 
 # -- fit gives back what it learned when it stops early -------------------------------------------
 def test_diverged_error_carries_the_history_so_far():
