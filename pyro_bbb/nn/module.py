@@ -89,7 +89,10 @@ _TORCH_LAYERS = (torch.nn.Linear, ConvNd, torch.nn.RNNBase, torch.nn.RNNCellBase
 def training_mode(model, training: bool) -> Iterator[None]:
     """Run with every torch module of ``model`` in training (``True``) or evaluation mode (dropout off, batch norm on
     its running statistics), as ``model.train(training)`` would set them; each module's own mode comes back after.
-    A ``model`` that is not a ``torch.nn.Module`` (e.g. a function, or a Pyro handler around a model) is left as it is.
+    A model already in training mode trains as it is: a part the user put in evaluation mode (a pretrained body
+    whose batch norm statistics stay frozen) stays in it, as Lightning leaves it; a model in evaluation mode is
+    switched whole. A ``model`` that is not a ``torch.nn.Module`` (e.g. a function, or a Pyro handler around a
+    model) is left as it is.
 
     Examples
     --------
@@ -99,10 +102,14 @@ def training_mode(model, training: bool) -> Iterator[None]:
     False
     >>> net[1].training
     True
+    >>> _ = net[1].eval()  # a part put in evaluation mode by hand stays in it
+    >>> with training_mode(net, True):
+    ...     net[1].training
+    False
     """
     modules = list(model.modules()) if isinstance(model, torch.nn.Module) else []
     modes = [module.training for module in modules]
-    if modules:
+    if modules and not (training and model.training):
         model.train(training)
     try:
         yield
