@@ -252,6 +252,17 @@ def _diverged_parameters(model_state: dict[str, torch.Tensor], model) -> list[st
             if name in names and value.is_floating_point() and not bool(torch.isfinite(value).all())]
 
 
+def _saved_params_and_frozen(saved: dict, store: dict, model) -> tuple[dict, list]:
+    """The checkpoint's param-store entries this model keeps there, and ``(buffer, value)`` for those it now holds as
+    buffers of the same name: a frozen layer's parameters, which a checkpoint of an earlier version of
+    :class:`pyro_bbb.BNN` kept in the param store."""
+    buffers = dict(model.named_buffers()) if isinstance(model, torch.nn.Module) else {}
+    frozen = {name for name in saved if name not in store and name in buffers
+              and buffers[name].shape == saved[name].shape}
+    return ({name: value for name, value in saved.items() if name not in frozen},
+            [(buffers[name], saved[name]) for name in frozen])
+
+
 def load(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None):
     """Read a checkpoint written by :func:`save` into ``model`` and ``guide`` (built as before); returns ``guide``.
 
@@ -286,7 +297,8 @@ def load(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None):
         store = _used_params(model, guide, inputs)
         problems = _mismatches(checkpoint["model_state"], _state(model), "model")
         problems += _mismatches(checkpoint["guide_state"], _state(guide), "guide")
-        problems += _mismatches(checkpoint["param_store"], store, "parameter") if checkpoint["param_store"] else []
+        saved_params, held = _saved_params_and_frozen(checkpoint["param_store"], store, model)
+        problems += _mismatches(saved_params, store, "parameter") if saved_params else []
         if problems:
             raise ValueError(
                 "the checkpoint does not fit this model and guide (were they built with other layer sizes?):\n  "
@@ -323,8 +335,10 @@ def load(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None):
         model.load_state_dict(checkpoint["model_state"])
     guide.load_state_dict(checkpoint["guide_state"])
     with torch.no_grad():
-        for name, value in checkpoint["param_store"].items():
+        for name, value in saved_params.items():
             store[name].copy_(value)
+        for buffer, value in held:
+            buffer.copy_(value)
     record_kl_weight(guide, choice)  # (none in the checkpoint: nothing known of how it was trained)
     restore_training_fingerprints(guide, checkpoint.get("training_rows"))  # (nor, without them, of its rows)
     if num_data is not None:

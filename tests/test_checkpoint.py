@@ -484,3 +484,30 @@ def test_load_leaves_the_callers_random_stream_alone(tmp_path):
     torch.manual_seed(0)
     pyro_bbb.load(path, fresh, pyro_bbb.MeanFieldGuide(fresh))
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_checkpoint_that_kept_a_frozen_layer_in_the_param_store_loads_into_its_buffers(tmp_path):
+    """An earlier BNN kept a frozen layer's parameters in Pyro's param store (and trained them); BNN now holds them
+    as buffers, and such a checkpoint was refused ("'net.0.weight' is in the checkpoint but not in the parameter").
+    It loads, with the param store's values (those the saved model ran on)."""
+    def frozen_model():
+        net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), BayesianLinear(8, 1))
+        net[0].requires_grad_(False)
+        return pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
+
+    model = frozen_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    pyro_bbb.fit(model, guide, (torch.randn(40, 3), torch.randn(40)), epochs=2, kl_weight=1, progress=False)
+    pyro_bbb.save(tmp_path / "m.pt", model, guide)
+    checkpoint = torch.load(tmp_path / "m.pt", weights_only=True)
+    names = ("net.0.weight", "net.0.bias")
+    trained_by_the_old_version = {name: checkpoint["model_state"][name] + 0.5 for name in names}
+    checkpoint["param_store"].update(trained_by_the_old_version)
+    torch.save(checkpoint, tmp_path / "old.pt")
+
+    pyro.clear_param_store()
+    loaded = frozen_model()
+    pyro_bbb.load(tmp_path / "old.pt", loaded, pyro_bbb.MeanFieldGuide(loaded))
+    torch.testing.assert_close(loaded.net[0].weight, trained_by_the_old_version["net.0.weight"], rtol=0, atol=0)
+    torch.testing.assert_close(loaded.net[0].bias, trained_by_the_old_version["net.0.bias"], rtol=0, atol=0)
+    assert "net.0.weight" not in pyro.get_param_store().keys()
