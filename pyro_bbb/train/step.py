@@ -218,6 +218,13 @@ class TrainingStep:
             with poutine.trace(param_only=True) as capture, self.estimator():
                 loss = self.elbo.loss_and_grads(self.model, self.guide, x, y)
         except ValueError as error:
+            if "Expected more than 1 value per channel when training" in str(error):
+                raise ValueError(
+                    f"a batch of {len(x)} row reached a batch norm layer in training mode, which needs more than one "
+                    f"({error}). An epoch's last batch holds one row when the rows trained on (less kl_weight='auto''s "
+                    "validation split) leave 1 after whole batches: pass another batch_size, or a DataLoader with "
+                    "drop_last=True."
+                ) from None
             # torch's argument validation: a NaN reached a distribution's parameters before the loss
             if "found invalid values" not in str(error):
                 raise

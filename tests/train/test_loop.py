@@ -551,6 +551,25 @@ def test_a_dataloader_of_single_rows_is_named():
     assert history.last["num_data"] == 40 and len(history.step_loss) == 5
 
 
+def test_a_last_batch_of_one_row_at_a_batch_norm_layer_is_named_and_changes_nothing():
+    """33 rows in batches of 16 leave a batch of one, which BatchNorm1d cannot normalise in training mode: torch's
+    "Expected more than 1 value per channel" named neither the batch nor the fix. drop_last=True trains."""
+    from pyro_bbb.nn import BayesianLinear
+
+    net = torch.nn.Sequential(BayesianLinear(2, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), BayesianLinear(8, 1))
+    model = pyro_bbb.BNN(net, pyro_bbb.likelihoods.Gaussian(scale=0.5))
+    guide = pyro_bbb.MeanFieldGuide(model)
+    x, y = small_data(33)
+    fit(model, guide, (x[:32], y[:32]), epochs=1, batch_size=16, kl_weight=1, progress=False)
+    before = {name: value.detach().clone() for name, value in pyro.get_param_store().items()}
+    with pytest.raises(ValueError, match=r"a batch of 1 row reached a batch norm layer.*drop_last=True"):
+        fit(model, guide, (x, y), epochs=2, batch_size=16, kl_weight=1, progress=False)
+    assert all(torch.equal(value, before[name]) for name, value in pyro.get_param_store().items())
+    history = fit(model, guide, DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True, drop_last=True),
+                  epochs=1, kl_weight=1, progress=False)
+    assert len(history.step_loss) == 2
+
+
 # -- fit gives back what it learned when it stops early -------------------------------------------
 def test_diverged_error_carries_the_history_so_far():
     x, y = small_data()
@@ -745,7 +764,7 @@ def test_a_rollback_puts_back_batch_norms_statistics_too(kl_weight):
     pyro.clear_param_store()
     torch.manual_seed(0)
     x, y = torch.randn(60, 3), torch.randn(60)
-    net = torch.nn.Sequential(BayesianLinear(3, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), BayesianLinear(8, 1))
+    net = torch.nn.Sequential(BayesianLinear(2, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), BayesianLinear(8, 1))
     model = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
     guide = pyro_bbb.MeanFieldGuide(model)
     statistics = {name: value.clone() for name, value in net[1].named_buffers()}
