@@ -99,7 +99,8 @@ def test_a_frozen_layer_stays_frozen(loop):
 def test_a_body_put_in_evaluation_mode_trains_in_it_and_a_model_in_evaluation_mode_trains_whole():
     """fit switched every module to training mode: a pretrained body the user had put in evaluation mode (its batch
     norm statistics frozen) had them moved by the new data. A model left whole in evaluation mode (after a predict
-    by hand) trains in training mode; each module's mode comes back after."""
+    by hand), or a net put in it before it was wrapped, trains in training mode; each module's mode comes back
+    after."""
     x, y = torch.randn(64, 3) * 3 + 2, torch.randn(64)
     net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), BayesianLinear(8, 1))
     net[1].eval()
@@ -108,11 +109,14 @@ def test_a_body_put_in_evaluation_mode_trains_in_it_and_a_model_in_evaluation_mo
     pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=2, kl_weight=1, progress=False)
     assert torch.equal(net[1].running_mean, statistics) and not net[1].training and net[0].training
 
-    pyro.clear_param_store()
-    bnn.eval()
-    pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=2, kl_weight=1, progress=False)
-    assert not torch.equal(net[1].running_mean, statistics)  # trained in training mode
-    assert not any(module.training for module in bnn.modules())  # and put back
+    for evaluation_mode in (bnn, net):  # the model, or a net put in evaluation mode before it was wrapped
+        pyro.clear_param_store()
+        bnn.train()
+        evaluation_mode.eval()
+        statistics = net[1].running_mean.clone()
+        pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=2, kl_weight=1, progress=False)
+        assert not torch.equal(net[1].running_mean, statistics)  # trained in training mode
+        assert not any(module.training for module in evaluation_mode.modules())  # and put back
 
 
 def test_custom_data_plate_name():

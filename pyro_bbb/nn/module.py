@@ -89,10 +89,11 @@ _TORCH_LAYERS = (torch.nn.Linear, ConvNd, torch.nn.RNNBase, torch.nn.RNNCellBase
 def training_mode(model, training: bool) -> Iterator[None]:
     """Run with every torch module of ``model`` in training (``True``) or evaluation mode (dropout off, batch norm on
     its running statistics), as ``model.train(training)`` would set them; each module's own mode comes back after.
-    A model already in training mode trains as it is: a part the user put in evaluation mode (a pretrained body
-    whose batch norm statistics stay frozen) stays in it, as Lightning leaves it; a model in evaluation mode is
-    switched whole. A ``model`` that is not a ``torch.nn.Module`` (e.g. a function, or a Pyro handler around a
-    model) is left as it is.
+    A model in training mode (with the network it wraps, a :class:`pyro_bbb.BNN`'s ``net``) trains as it is: a part
+    the user put in evaluation mode (a pretrained body whose batch norm statistics stay frozen) stays in it, as
+    Lightning leaves it; a model or network in evaluation mode (``model.eval()``, or a deterministic net put in it
+    before ``bayesianize``) is switched whole. A ``model`` that is not a ``torch.nn.Module`` (e.g. a function, or a
+    Pyro handler around a model) is left as it is.
 
     Examples
     --------
@@ -109,7 +110,9 @@ def training_mode(model, training: bool) -> Iterator[None]:
     """
     modules = list(model.modules()) if isinstance(model, torch.nn.Module) else []
     modes = [module.training for module in modules]
-    if modules and not (training and model.training):
+    wrapped = getattr(model, "net", None)
+    as_it_is = training and model.training and (not isinstance(wrapped, torch.nn.Module) or wrapped.training)
+    if modules and not as_it_is:
         model.train(training)
     try:
         yield

@@ -113,9 +113,9 @@ def fit(
     (including a last, partial one) by ``N / B``: nothing is divided by hand. The data is checked first (equal
     lengths, no NaN, labels the likelihood accepts): a bad input raises ``ValueError`` before any parameter
     changes. A NaN or infinite loss stops training with :class:`TrainingDivergedError` and restores the
-    parameters to the last state whose loss was finite. A model left in evaluation mode trains in training mode
-    (dropout on); a part put in evaluation mode by hand in a model in training mode (a pretrained body, its batch norm
-    statistics frozen) stays in it. Each module gets its own mode back after.
+    parameters to the last state whose loss was finite. A model (or a BNN's net) left in evaluation mode trains in
+    training mode (dropout on); a part put in evaluation mode by hand in a net in training mode (a pretrained body,
+    its batch norm statistics frozen) stays in it. Each module gets its own mode back after.
 
     Parameters
     ----------
