@@ -150,16 +150,31 @@ class BNN(PyroModule):
                 f"`likelihood` must be a pyro_bbb.likelihoods.Likelihood (e.g. likelihoods.Gaussian()), got "
                 f"{type(likelihood).__name__}."
             )
+        if output_adapter is not None and not callable(output_adapter):
+            raise TypeError(f"output_adapter must be callable, got {type(output_adapter).__name__}.")
+        num_data = check_count("num_data", num_data, optional=True)  # (checked before the net is changed)
         _hold_frozen_parameters_as_buffers(net)
         to_pyro_module_(net)
         self.net = net
         self.likelihood = likelihood
         self.data_plate = data_plate
-        if output_adapter is not None and not callable(output_adapter):
-            raise TypeError(f"output_adapter must be callable, got {type(output_adapter).__name__}.")
         self.output_adapter = output_adapter or net_output
         self.num_data = num_data
         self._warned_without_num_data = False
+
+    def _apply(self, fn, recurse=True):
+        """As ``torch.nn.Module._apply`` (``.to()``, ``.double()``, ...), keeping a buffer that several modules hold
+        one tensor (a tied frozen weight: torch converts each module's buffers apart)."""
+        holders: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+        for module in self.modules():
+            for name, buffer in module._buffers.items():
+                if buffer is not None:
+                    holders.setdefault(id(buffer), []).append((module, name))
+        super()._apply(fn, recurse)
+        for (first, first_name), *others in (group for group in holders.values() if len(group) > 1):
+            for module, name in others:
+                module._buffers[name] = first._buffers[first_name]
+        return self
 
     @property
     def num_data(self) -> int | None:

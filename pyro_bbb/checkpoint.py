@@ -256,7 +256,7 @@ def _saved_params_and_frozen(saved: dict, store: dict, model) -> tuple[dict, lis
     """The checkpoint's param-store entries this model keeps there, and ``(buffer, value)`` for those it now holds as
     buffers of the same name: a frozen layer's parameters, which a checkpoint of an earlier version of
     :class:`pyro_bbb.BNN` kept in the param store."""
-    buffers = dict(model.named_buffers()) if isinstance(model, torch.nn.Module) else {}
+    buffers = dict(model.named_buffers(remove_duplicate=False)) if isinstance(model, torch.nn.Module) else {}
     frozen = {name for name in saved if name not in store and name in buffers
               and buffers[name].shape == saved[name].shape}
     return ({name: value for name, value in saved.items() if name not in frozen},

@@ -106,7 +106,8 @@ def test_a_body_put_in_evaluation_mode_trains_in_it_and_a_model_in_evaluation_mo
     net[1].eval()
     statistics = net[1].running_mean.clone()
     bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
-    pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=2, kl_weight=1, progress=False)
+    with pytest.warns(UserWarning, match=r"fit trains 'net.1' in evaluation mode, as you left it.*\.train\(\)"):
+        pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=2, kl_weight=1, progress=False)
     assert torch.equal(net[1].running_mean, statistics) and not net[1].training and net[0].training
 
     for evaluation_mode in (bnn, net):  # the model, or a net put in evaluation mode before it was wrapped
@@ -114,9 +115,27 @@ def test_a_body_put_in_evaluation_mode_trains_in_it_and_a_model_in_evaluation_mo
         bnn.train()
         evaluation_mode.eval()
         statistics = net[1].running_mean.clone()
-        pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=2, kl_weight=1, progress=False)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", "fit trains")  # (nothing left in evaluation mode: nothing said)
+            pyro_bbb.fit(bnn, pyro_bbb.MeanFieldGuide(bnn), (x, y), epochs=2, kl_weight=1, progress=False)
         assert not torch.equal(net[1].running_mean, statistics)  # trained in training mode
         assert not any(module.training for module in evaluation_mode.modules())  # and put back
+
+
+def test_a_tied_frozen_weight_stays_one_tensor_through_to_and_a_refused_bnn_leaves_the_net_as_it_was():
+    """Torch converts each module's buffers apart: a frozen weight two layers share came apart after .double().
+    A BNN refused for a bad num_data had already turned the net's frozen parameters into buffers."""
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4), BayesianLinear(4, 1))
+    net[2].weight = net[0].weight
+    net[0].weight.requires_grad_(False)
+    with pytest.raises(ValueError, match="num_data"):
+        pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5), num_data=-5)
+    assert "0.weight" in dict(net.named_parameters())
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5)).double()
+    assert bnn.net[0].weight is bnn.net[2].weight and bnn.net[0].weight.dtype == torch.float64
+    with torch.no_grad():
+        bnn.net[0].weight.add_(1.0)
+    assert torch.equal(bnn.net[2].weight, bnn.net[0].weight)
 
 
 def test_custom_data_plate_name():

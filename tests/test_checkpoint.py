@@ -486,12 +486,17 @@ def test_load_leaves_the_callers_random_stream_alone(tmp_path):
     assert torch.equal(torch.rand(3), expected)
 
 
-def test_a_checkpoint_that_kept_a_frozen_layer_in_the_param_store_loads_into_its_buffers(tmp_path):
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_checkpoint_that_kept_a_frozen_layer_in_the_param_store_loads_into_its_buffers(tmp_path, tied):
     """An earlier BNN kept a frozen layer's parameters in Pyro's param store (and trained them); BNN now holds them
     as buffers, and such a checkpoint was refused ("'net.0.weight' is in the checkpoint but not in the parameter").
-    It loads, with the param store's values (those the saved model ran on)."""
+    It loads, with the param store's values (those the saved model ran on); a weight two layers share (saved under
+    both names) too."""
     def frozen_model():
-        net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.ReLU(), BayesianLinear(8, 1))
+        net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 3), torch.nn.ReLU(),
+                                  BayesianLinear(3, 1))
+        if tied:
+            net[2].weight = net[0].weight
         net[0].requires_grad_(False)
         return pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
 
@@ -500,7 +505,7 @@ def test_a_checkpoint_that_kept_a_frozen_layer_in_the_param_store_loads_into_its
     pyro_bbb.fit(model, guide, (torch.randn(40, 3), torch.randn(40)), epochs=2, kl_weight=1, progress=False)
     pyro_bbb.save(tmp_path / "m.pt", model, guide)
     checkpoint = torch.load(tmp_path / "m.pt", weights_only=True)
-    names = ("net.0.weight", "net.0.bias")
+    names = ("net.0.weight", "net.0.bias", "net.2.weight") if tied else ("net.0.weight", "net.0.bias")
     trained_by_the_old_version = {name: checkpoint["model_state"][name] + 0.5 for name in names}
     checkpoint["param_store"].update(trained_by_the_old_version)
     torch.save(checkpoint, tmp_path / "old.pt")
@@ -511,3 +516,4 @@ def test_a_checkpoint_that_kept_a_frozen_layer_in_the_param_store_loads_into_its
     torch.testing.assert_close(loaded.net[0].weight, trained_by_the_old_version["net.0.weight"], rtol=0, atol=0)
     torch.testing.assert_close(loaded.net[0].bias, trained_by_the_old_version["net.0.bias"], rtol=0, atol=0)
     assert "net.0.weight" not in pyro.get_param_store().keys()
+    assert (loaded.net[2].weight is loaded.net[0].weight) == tied

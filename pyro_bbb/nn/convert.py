@@ -68,7 +68,10 @@ def _warn_frozen(candidates: list[tuple[str, nn.Module]]) -> None:
     """A frozen (pretrained) layer converted with the rest would be trained, in silence: said, with the fix."""
     frozen = [name or "(the layer itself)" for name, layer in candidates
               if not any(p.requires_grad for p in layer.parameters())]
-    if frozen:
+    if frozen == ["(the layer itself)"]:
+        warn_at_caller("bayesianize: the layer passed was frozen (requires_grad=False) and is now Bayesian, trained; "
+                       "to keep it deterministic and frozen, use the layer as it is.")
+    elif frozen:
         warn_at_caller(
             f"bayesianize: {frozen} {'was' if len(frozen) == 1 else 'were'} frozen (requires_grad=False) and "
             f"{'is' if len(frozen) == 1 else 'are'} now Bayesian, trained with the rest; pass exclude={frozen!r} to "

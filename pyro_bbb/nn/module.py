@@ -110,15 +110,46 @@ def training_mode(model, training: bool) -> Iterator[None]:
     """
     modules = list(model.modules()) if isinstance(model, torch.nn.Module) else []
     modes = [module.training for module in modules]
-    wrapped = getattr(model, "net", None)
-    as_it_is = training and model.training and (not isinstance(wrapped, torch.nn.Module) or wrapped.training)
-    if modules and not as_it_is:
+    if modules and not (training and _trains_as_it_is(model)):
         model.train(training)
     try:
         yield
     finally:
         for module, mode in zip(modules, modes):
             module.training = mode
+
+
+def _trains_as_it_is(model: torch.nn.Module) -> bool:
+    """Whether :func:`training_mode` leaves ``model``'s modes as they are to train: it and the net it wraps are in
+    training mode."""
+    wrapped = getattr(model, "net", None)
+    return model.training and (not isinstance(wrapped, torch.nn.Module) or wrapped.training)
+
+
+#: Modules that compute otherwise in evaluation mode: dropout, batch norm (its running statistics)
+_MODE_DEPENDENT = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm)
+
+
+def parts_trained_in_evaluation_mode(model) -> list[str]:
+    """The outermost parts of ``model`` that :func:`training_mode` leaves in evaluation mode to train (put there by
+    hand in a model in training mode) and that compute otherwise in it: they hold dropout or batch norm.
+
+    Examples
+    --------
+    >>> net = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1)),
+    ...                           torch.nn.Linear(2, 1))
+    >>> _ = net[0].eval()
+    >>> parts_trained_in_evaluation_mode(net)
+    ['0']
+    """
+    if not isinstance(model, torch.nn.Module) or not _trains_as_it_is(model):
+        return []
+    parts: list[str] = []
+    for name, module in model.named_modules():
+        inside = any(name.startswith(f"{part}.") for part in parts)
+        if not module.training and not inside and any(isinstance(m, _MODE_DEPENDENT) for m in module.modules()):
+            parts.append(name)
+    return parts
 
 
 @contextmanager

@@ -43,7 +43,7 @@ from ..infer.elbo import ELBO
 from ..infer.guide import has_site_posteriors, normal_site_parts, point_estimate_parts
 from ..infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
 from ..likelihoods import Bernoulli, Categorical, TargetError
-from ..nn.module import buffers_kept, training_mode
+from ..nn.module import buffers_kept, parts_trained_in_evaluation_mode, training_mode
 from ..optim import IVON
 from ..optim import Adam as JointAdam
 from ..prediction.predictive import predict
@@ -234,6 +234,7 @@ def fit(
         if fallback and not isinstance(optimizer, IVON) and rank == 0:  # (IVON's weight is the user's own ess)
             _warn_fallback(fallback, put_back=False)
     step = TrainingStep(model, guide, optimizer, num_data=batches.num_data, kl_weight=kl_weight, **options)
+    _warn_parts_in_evaluation_mode(model, rank)
     if seed is not None:
         pyro.set_rng_seed(seed)
 
@@ -615,6 +616,19 @@ def _has_normal_posteriors(guide) -> bool:
 
 def _leaf_parts(guide) -> list:
     return [leaf for part in guide for leaf in (_leaf_parts(part) if isinstance(part, AutoGuideList) else [part])]
+
+
+def _warn_parts_in_evaluation_mode(model, rank: int) -> None:
+    """Parts the user left in evaluation mode train in it (dropout off, batch norm statistics frozen): said, since a
+    pretrained body can arrive in it unasked (``from_pretrained`` returns one)."""
+    parts = parts_trained_in_evaluation_mode(model)
+    if parts and rank == 0:
+        shown = ", ".join(repr(part) for part in parts[:3]) + (f" and {len(parts) - 3} more" if len(parts) > 3 else "")
+        warn_at_caller(
+            f"fit trains {shown} in evaluation mode, as you left {'it' if len(parts) == 1 else 'them'} (dropout off, "
+            "batch norm on its running statistics, which stay as they are); call .train() on "
+            f"{'it' if len(parts) == 1 else 'them'} first to train in training mode."
+        )
 
 
 def _training_batches(model, data, batch_size, distributed: bool, seed):

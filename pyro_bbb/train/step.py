@@ -76,6 +76,18 @@ class OptimizerSnapshot:
             self.optimizer.set_state(self.state)
 
 
+def _one_row_at_batch_norm(error: Exception) -> ValueError | None:
+    """Torch's refusal of a batch of one row at a batch norm layer in training mode, said with its cause and fix;
+    ``None`` for any other error."""
+    if "Expected more than 1 value per channel when training" not in str(error):
+        return None
+    return ValueError(
+        f"a batch of one row reached a batch norm layer in training mode, which needs more than one ({error}). An "
+        "epoch's last batch holds one row when the rows trained on (less kl_weight='auto''s validation split, or "
+        "this process's share of them) leave 1 after whole batches: pass another batch_size, or a DataLoader with "
+        "drop_last=True.")
+
+
 class TrainingStep:
     """One training step, and the check that its parts fit together: the objective (a :class:`pyro_bbb.ELBO` built
     here from ``num_data``, ``kl_weight`` and ``num_particles``, with its KL schedule's counter), the optimizer, the
@@ -218,13 +230,9 @@ class TrainingStep:
             with poutine.trace(param_only=True) as capture, self.estimator():
                 loss = self.elbo.loss_and_grads(self.model, self.guide, x, y)
         except ValueError as error:
-            if "Expected more than 1 value per channel when training" in str(error):
-                raise ValueError(
-                    f"a batch of {len(x)} row reached a batch norm layer in training mode, which needs more than one "
-                    f"({error}). An epoch's last batch holds one row when the rows trained on (less kl_weight='auto''s "
-                    "validation split) leave 1 after whole batches: pass another batch_size, or a DataLoader with "
-                    "drop_last=True."
-                ) from None
+            refusal = _one_row_at_batch_norm(error)
+            if refusal is not None:
+                raise refusal from None
             # torch's argument validation: a NaN reached a distribution's parameters before the loss
             if "found invalid values" not in str(error):
                 raise
@@ -244,7 +252,7 @@ class TrainingStep:
                 with self.estimator():
                     loss = self.elbo.loss_and_grads(self.model, self.guide, x, y)
             except (ValueError, FloatingPointError) as caught:
-                error = caught
+                error = _one_row_at_batch_norm(caught) or caught
         elif error is None:  # an empty shard: keep the KL schedule and the random streams in step with the others
             self.elbo.step += 1
             with torch.no_grad(), poutine.block():

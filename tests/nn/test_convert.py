@@ -326,8 +326,9 @@ def test_a_single_layer_passed_alone_gets_the_checks_a_layer_in_a_net_gets(case)
     with pytest.raises(ValueError, match=expected):
         pyro_bbb.bayesianize(layer, **kwargs)
     frozen = nn.Linear(3, 2).requires_grad_(False)
-    with pytest.warns(UserWarning, match="the layer itself.*was frozen"):
+    with pytest.warns(UserWarning, match=r"the layer passed was frozen.*use the layer as it is") as caught:
         pyro_bbb.bayesianize(frozen)
+    assert "exclude=" not in str(caught[0].message)  # (no exclude keeps the layer passed: it is refused)
 
 
 def test_a_convolution_whose_own_conv_forward_holds_its_behaviour_is_refused():

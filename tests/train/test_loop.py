@@ -562,12 +562,25 @@ def test_a_last_batch_of_one_row_at_a_batch_norm_layer_is_named_and_changes_noth
     x, y = small_data(33)
     fit(model, guide, (x[:32], y[:32]), epochs=1, batch_size=16, kl_weight=1, progress=False)
     before = {name: value.detach().clone() for name, value in pyro.get_param_store().items()}
-    with pytest.raises(ValueError, match=r"a batch of 1 row reached a batch norm layer.*drop_last=True"):
+    with pytest.raises(ValueError, match=r"a batch of one row reached a batch norm layer.*drop_last=True"):
         fit(model, guide, (x, y), epochs=2, batch_size=16, kl_weight=1, progress=False)
     assert all(torch.equal(value, before[name]) for name, value in pyro.get_param_store().items())
     history = fit(model, guide, DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True, drop_last=True),
                   epochs=1, kl_weight=1, progress=False)
     assert len(history.step_loss) == 2
+
+    class TwoInputs(torch.nn.Module):  # (x a dict: its length is not the rows')
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Sequential(BayesianLinear(2, 8), torch.nn.BatchNorm1d(8), BayesianLinear(8, 1))
+
+        def forward(self, features, mask):
+            return self.body(features * mask)
+
+    model = pyro_bbb.BNN(TwoInputs(), pyro_bbb.likelihoods.Gaussian(scale=0.5))
+    with pytest.raises(ValueError, match=r"a batch of one row reached a batch norm layer"):
+        fit(model, pyro_bbb.MeanFieldGuide(model), ({"features": x, "mask": torch.ones_like(x)}, y), epochs=1,
+            batch_size=16, kl_weight=1, progress=False)
 
 
 # -- fit gives back what it learned when it stops early -------------------------------------------
@@ -764,7 +777,7 @@ def test_a_rollback_puts_back_batch_norms_statistics_too(kl_weight):
     pyro.clear_param_store()
     torch.manual_seed(0)
     x, y = torch.randn(60, 3), torch.randn(60)
-    net = torch.nn.Sequential(BayesianLinear(2, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), BayesianLinear(8, 1))
+    net = torch.nn.Sequential(BayesianLinear(3, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), BayesianLinear(8, 1))
     model = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
     guide = pyro_bbb.MeanFieldGuide(model)
     statistics = {name: value.clone() for name, value in net[1].named_buffers()}
