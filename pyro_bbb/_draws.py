@@ -39,7 +39,9 @@ class UnfoldableRowsError(ValueError):
     """A Bayesian layer inside :func:`fold_draws` got rows that are not ``S`` equal blocks of the batch's rows (nor of
     a whole multiple of them): the network selected some of its rows -- an expert applied to ``x[mask]`` -- or made
     rows of its own, and which rows belong to which weight draw is lost (each draw may select a different number).
-    The vectorized paths then run one draw at a time (:func:`pyro_bbb.predict`, :class:`pyro_bbb.ELBO`).
+    The vectorized paths then run one draw at a time (:func:`pyro_bbb.predict`, :class:`pyro_bbb.ELBO`). Rows of
+    the net's own in a whole multiple of the batch's (``torch.cat([x, x2])`` along the rows) or rows reordered are
+    not seen: such a net must index its rows from the right, or run unvectorized.
 
     Examples
     --------
