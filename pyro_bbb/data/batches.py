@@ -168,8 +168,11 @@ def _check_loader_batches(loader: torch.utils.data.DataLoader, num_data: int) ->
     """A loader that yields no batch at all (a whole epoch without a step), or single rows, is an error naming the
     fix."""
     if _yields_single_rows(loader):
-        raise ValueError("fit trains on batches of rows; this DataLoader (batch_size=None) yields single rows, whose "
-                         "features would be read as rows. Pass DataLoader(dataset, batch_size=..., shuffle=True).")
+        raise ValueError(
+            "fit trains on batches of rows; this DataLoader (batch_size=None) reads its dataset one index at a time, "
+            "which yields single rows, whose features would be read as rows. Pass DataLoader(dataset, batch_size=..., "
+            "shuffle=True). (A dataset whose items are whole batches would have its batches counted as the training "
+            "set's size N: serve them from an IterableDataset whose len() is its number of rows.)")
     try:
         empty = len(loader) == 0
     except TypeError:  # (an iterable dataset: its batches are counted as they come)
