@@ -14,7 +14,7 @@ from pyro.poutine.runtime import get_plates
 from ._checks import check_count
 from ._draws import batch_rows, fold_draws, output_batch
 from ._inputs import Inputs, map_inputs, num_rows
-from ._internals import replayed_for_gradients
+from ._internals import module_buffer, replayed_for_gradients
 from ._plates import DATA_PLATE, active_data_plate_scalers, data_plate_named
 from ._warnings import warn_at_caller
 from .likelihoods import Likelihood
@@ -167,13 +167,12 @@ class BNN(PyroModule):
         one tensor (a tied frozen weight: torch converts each module's buffers apart)."""
         holders: dict[int, list[tuple[torch.nn.Module, str]]] = {}
         for module in self.modules():
-            for name, buffer in module._buffers.items():
-                if buffer is not None:
-                    holders.setdefault(id(buffer), []).append((module, name))
+            for name, buffer in module.named_buffers(recurse=False):
+                holders.setdefault(id(buffer), []).append((module, name))
         super()._apply(fn, recurse)
         for (first, first_name), *others in (group for group in holders.values() if len(group) > 1):
             for module, name in others:
-                module._buffers[name] = first._buffers[first_name]
+                setattr(module, name, module_buffer(first, first_name))
         return self
 
     @property
