@@ -295,10 +295,10 @@ def _hold_frozen_parameters_as_buffers(net: torch.nn.Module) -> None:
     param store trainable, leaves it as it is."""
     buffers: dict[int, torch.Tensor] = {}
     for module in net.modules():
-        for name, param in list(module._parameters.items()):
-            if param is not None and not param.requires_grad:
+        for name, param in list(module.named_parameters(recurse=False, remove_duplicate=False)):
+            if not param.requires_grad:
                 buffer = buffers.setdefault(id(param), param.detach())
-                del module._parameters[name]
+                delattr(module, name)
                 module.register_buffer(name, buffer)
 
 

@@ -127,7 +127,9 @@ def _trains_as_it_is(model: torch.nn.Module) -> bool:
 
 
 #: Modules that compute otherwise in evaluation mode: dropout, batch norm (its running statistics)
-_MODE_DEPENDENT = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm)
+_MODE_DEPENDENT = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout,
+                   torch.nn.FeatureAlphaDropout, torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d,
+                   torch.nn.SyncBatchNorm)
 
 
 def parts_trained_in_evaluation_mode(model) -> list[str]:
