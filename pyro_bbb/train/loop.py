@@ -145,7 +145,8 @@ def fit(
         (:mod:`pyro_bbb.train.warm_start`), weight 1 is kept whenever it predicts as well (within a standard
         error), and the model is then trained on all the data at the chosen weight (see
         :mod:`pyro_bbb.train.selection`; the warm start and the path cost about 0.6 of ``epochs`` more, and
-        more for a fit under 40 epochs, whose warm start is at least 10 epochs).
+        more for a fit under 40 epochs, whose warm start is at least 10 epochs; ``SelectKLWeight(final_epochs=...)``
+        shortens the final fit, and the History holds its epochs).
         ``kl_weight=1`` trains the Bayes posterior (the ELBO); another number or a schedule
         (:mod:`pyro_bbb.infer.schedules`) is used as given. The weight used is recorded on the guide
         (:mod:`pyro_bbb.infer.tempering`) and in
@@ -266,6 +267,9 @@ def fit(
             return history
         step = TrainingStep(model, guide, optimizer, num_data=batches.num_data, kl_weight=choice.kl_weight,
                             **options)
+        if choice.chosen_by == "validation":  # the final fit's share of the epochs, its learning rates over it
+            epochs = selection.final_fit_epochs(epochs)
+            lr_at = _learning_rates(lr, lr_final, epochs, optimizer)
     record = _EpochRecorder(model, guide, step.elbo, batches.num_data, per_layer, validation_data,
                             num_validation_samples)
     lr_given = optimizer.defaults["lr"] if lr_at is not None else None

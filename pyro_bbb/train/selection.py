@@ -6,9 +6,9 @@ the training rows (stratified by class for a classifier), trains on the rest thr
 smallest to the largest, each warm-started from the one before for a share of the epochs, and scores each on the
 held-out rows. It keeps the weight with the best NLL -- or weight 1 when its NLL is within one standard error of
 the best (paired over the held-out rows) -- restores the parameters it had at that weight, and trains on *all* the
-data at that weight for ``fit``'s epochs. Small weights first: the means are learnt where the objective is nearly
-the likelihood (as a MAP warm start), and a larger weight then only widens the posterior, which its KL does within
-a few epochs.
+data at that weight for ``fit``'s epochs (the ``final_epochs`` share of them). Small weights first: the means are
+learnt where the objective is nearly the likelihood (as a MAP warm start), and a larger weight then only widens the
+posterior, which its KL does within a few epochs.
 
 Examples
 --------
@@ -66,6 +66,9 @@ class SelectKLWeight:
         candidates that have not yet learnt, so the last (largest) weight, trained longest, looks best: digits MLP at
         ``epochs=10`` chose weight 1 on one seed of three (test NLL 0.34; median 0.097), where a 10-epoch start
         chooses 0.1 on all three (median 0.076); ``benchmarks/README.md``. 1 gives a plain share of the epochs.
+    final_epochs : float
+        Share of ``fit``'s ``epochs`` the final fit trains on all the data at the chosen weight, from the chosen
+        candidate's parameters (at least one epoch). 1 (the default): ``epochs`` more after the path.
     folds : int
         Disjoint held-out splits, each ``validation_fraction`` of the rows (cross-fitting): the warm start and the
         path run once per split, each from the same start, and the candidates are compared on every held-out row
@@ -84,6 +87,7 @@ class SelectKLWeight:
     warm_start: float = 0.25
     folds: int = 1
     min_warm_start_epochs: int = 10
+    final_epochs: float = 1.0
 
     def __post_init__(self):
         weights = []
@@ -98,6 +102,7 @@ class SelectKLWeight:
                 f"{self.validation_fraction!r}."
             )
         check_positive("selection_epochs", self.selection_epochs)
+        check_positive("final_epochs", self.final_epochs)
         if isinstance(self.warm_start, bool) or not isinstance(self.warm_start, int | float) or not (
                 0.0 <= self.warm_start < math.inf):
             raise ValueError(f"warm_start must be a share of the epochs >= 0 (0: no warm start), got "
@@ -125,6 +130,16 @@ class SelectKLWeight:
         if self.warm_start == 0:
             return 0
         return max(round(epochs * self.warm_start), min(epochs, self.min_warm_start_epochs))
+
+    def final_fit_epochs(self, epochs: int) -> int:
+        """Epochs of the final fit on all the data at the chosen weight, for a ``fit`` of ``epochs``.
+
+        Examples
+        --------
+        >>> SelectKLWeight().final_fit_epochs(100), SelectKLWeight(final_epochs=0.5).final_fit_epochs(100)
+        (100, 50)
+        """
+        return max(1, round(epochs * self.final_epochs))
 
     def epochs_per_candidate(self, epochs: int) -> int:
         """Epochs of the path at each candidate, for a ``fit`` of ``epochs``.

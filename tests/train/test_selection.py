@@ -138,6 +138,15 @@ def test_selection_settings_are_checked_and_weight_one_is_always_a_candidate():
                      kl_weight="automatic", progress=False)
 
 
+def test_the_final_fits_share_of_the_epochs_is_checked_and_rounded_to_at_least_one():
+    for bad in (0, -0.5, math.inf, math.nan, True, "1"):
+        with pytest.raises(ValueError, match="final_epochs"):
+            SelectKLWeight(final_epochs=bad)
+    assert SelectKLWeight(final_epochs=0.5).final_fit_epochs(9) == 4  # (round half to even)
+    assert SelectKLWeight(final_epochs=0.01).final_fit_epochs(10) == 1
+    assert SelectKLWeight(final_epochs=2).final_fit_epochs(10) == 20
+
+
 # -- fit ---------------------------------------------------------------------------------------------------------------
 def test_fit_chooses_a_weight_on_a_held_out_split_and_then_trains_on_all_the_data(monkeypatch):
     x, y = classification_data()
@@ -159,6 +168,34 @@ def test_fit_chooses_a_weight_on_a_held_out_split_and_then_trains_on_all_the_dat
     assert kl_weight_of(guide) is choice
     assert "chosen by validation" in repr(history) and history.to_dict()["kl_weight_choice"]["kl_weight"] == \
         choice.kl_weight
+
+
+@pytest.mark.parametrize("lr_final", [None, 1e-3])
+def test_the_final_fit_trains_its_share_of_the_epochs_from_the_chosen_candidate(monkeypatch, lr_final):
+    x, y = classification_data()
+    bnn = classifier()
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    sizes = training_sizes(monkeypatch)
+    rates = []
+    set_rate = pyro_bbb.optim.Adam.set_learning_rate
+    monkeypatch.setattr(pyro_bbb.optim.Adam, "set_learning_rate", lambda self, lr: (rates.append(lr),
+                                                                                     set_rate(self, lr)))
+    history = pyro_bbb.fit(bnn, guide, (x, y), epochs=8, batch_size=64, lr=1e-2, lr_final=lr_final, progress=False,
+                           seed=0, kl_weight=SelectKLWeight(final_epochs=0.5))
+    assert history.kl_weight_choice.chosen_by == "validation"
+    assert sizes == [216] * 12 + [240] * 16 and len(history) == 4  # the path as before, then 4 epochs, not 8
+    if lr_final is not None:  # the schedule runs over the final fit's own 4 epochs, to lr_final at its last
+        final = rates[-5:-1]  # (then fit gives the optimizer back the rate it was given)
+        assert final[0] == pytest.approx(1e-2) and final[-1] == pytest.approx(1e-3) and rates[-1] == 1e-2
+
+
+def test_a_fit_that_cannot_choose_trains_all_its_epochs_whatever_the_final_share(recwarn):
+    x, y = small_data(64)
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    data = DataLoader([(xi, yi) for xi, yi in zip(x, y)], batch_size=16)
+    history = pyro_bbb.fit(model, guide, data, epochs=4, progress=False, kl_weight=SelectKLWeight(final_epochs=0.5))
+    assert history.kl_weight_choice.chosen_by == "fallback" and len(history) == 4
 
 
 def test_a_guide_trained_before_on_these_rows_trains_on_at_its_weight_and_says_why(monkeypatch, tmp_path):
