@@ -50,6 +50,7 @@ from .._kl import latent_site_kl, log_prob_sum, sum_site_kls
 from .._plates import DATA_PLATE, data_plate_frame, data_plate_named, data_plate_of, trace_data_plate_frame
 from .._rng import rng_untouched
 from .._warnings import warn_at_caller
+from ..nn.module import buffer_restorer
 from ._replay import ReplayBackend
 from .contract import KeptGradients, ObjectiveRun, mark_objective_run, watch_backward
 from .estimators import check_estimators_reached, started_estimators
@@ -523,6 +524,7 @@ class ELBO(TraceMeanField_ELBO):
             advice = (". Build the model with pyro_bbb.BNN of pyro_bbb.nn's layers, whose network sees ordinary "
                       "batches and whose layers apply every draw at once (a PyroModule with PyroSample weights of its "
                       "own gets them with extra leading dimensions), or index from the right (out[..., -1, :]).")
+            put_back = buffer_restorer(unscaled_model)  # an aborted pass leaves no batch norm update of its own
             try:
                 traces = next(super()._get_traces(model, guide, args, kwargs))
             except cannot_fold as error:
@@ -541,6 +543,7 @@ class ELBO(TraceMeanField_ELBO):
             if pair.vectorized_ok:
                 yield traces
                 return
+            put_back()
             warn_at_caller(f"pyro_bbb.ELBO(vectorize_particles=True): {what}; running the {self.num_particles} "
                            f"particles one at a time instead{advice}")
         for _ in range(self.num_particles):

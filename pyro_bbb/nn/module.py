@@ -20,6 +20,7 @@ from .functional import bayesian_affine
 
 __all__ = [
     "BayesianModule", "is_layer_prior", "site_owners", "current_priors", "buffers_kept",
+    "buffer_restorer",
 ]
 
 
@@ -167,14 +168,34 @@ def buffers_kept(model) -> Iterator[None]:
     >>> int(norm.num_batches_tracked), float(norm.running_mean.abs().sum())
     (0, 0.0)
     """
-    kept = [(buffer, buffer.detach().clone()) for buffer in model.buffers()] if isinstance(model, torch.nn.Module) \
-        else []
+    put_back = buffer_restorer(model)
     try:
         yield
     finally:
-        with torch.no_grad():
-            for buffer, value in kept:
-                buffer.copy_(value)
+        put_back()
+
+
+def buffer_restorer(model) -> Callable[[], None]:
+    """A function that puts ``model``'s buffers back as they are now (nothing for a model that is not a module): for
+    a pass whose effect on batch norm's running statistics is kept only if the pass is.
+
+    Examples
+    --------
+    >>> norm = torch.nn.BatchNorm1d(2)
+    >>> put_back = buffer_restorer(norm)
+    >>> _ = norm(torch.randn(8, 2))
+    >>> put_back()
+    >>> int(norm.num_batches_tracked)
+    0
+    """
+    kept = [(buffer, buffer.detach().clone()) for buffer in model.buffers()] if isinstance(model, torch.nn.Module) \
+        else []
+
+    @torch.no_grad()
+    def put_back() -> None:
+        for buffer, value in kept:
+            buffer.copy_(value)
+    return put_back
 
 
 def current_priors(model) -> dict[str, torch.distributions.Distribution]:

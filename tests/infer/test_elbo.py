@@ -498,6 +498,29 @@ def test_vectorized_particles_run_one_at_a_time_once_a_later_batch_is_routed_apa
         svi.step(x, x.squeeze(-1))  # one at a time from then on
 
 
+def test_a_vectorized_pass_that_falls_back_leaves_no_batch_norm_update_of_its_own():
+    """A batch norm ahead of a routed expert: the aborted vectorized pass ran it in training mode before the expert
+    refused the rows. Its running statistics are as the particles run one at a time leave them (4 updates, and the
+    mean they give), not with one update more from the aborted pass."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.BatchNorm1d(1), Routed())
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=1.0))
+    guide = MeanFieldGuide(bnn, init_scale=1.0)
+    elbo = ELBO(num_data=64, num_particles=4, vectorize_particles=True)
+    svi = SVI(bnn, guide, pyro.optim.Adam({"lr": 1e-2}), elbo)
+    svi.step(torch.zeros(8, 1), torch.zeros(8))
+    norm = net[0]
+    tracked, running_mean = int(norm.num_batches_tracked), norm.running_mean.clone()
+    x = torch.arange(-4.0, 4.0).unsqueeze(1) + 1.0
+    with pytest.warns(UserWarning, match="one at a time instead"):
+        svi.step(x, x.squeeze(-1))
+    assert int(norm.num_batches_tracked) == tracked + 4
+    expected = running_mean
+    for _ in range(4):  # what four passes over this batch do to the running mean (momentum 0.1)
+        expected = 0.9 * expected + 0.1 * x.mean(0)
+    torch.testing.assert_close(norm.running_mean, expected)
+
+
 def test_a_call_with_inputs_of_a_new_shape_is_validated_again():
     """Pyro's validation runs on a pair's first call only, for speed; a later call whose targets have another shape
     ((B, 1) where the plate is (B,): the log-likelihood would broadcast to (B, B), 16 times the data) is validated
