@@ -80,13 +80,46 @@ def _sampler(loader: torch.utils.data.DataLoader):
     return sampler
 
 
+#: torch's samplers of single indices (a loader without batching reads one row per index from them)
+_INDEX_SAMPLERS = (torch.utils.data.SequentialSampler, torch.utils.data.RandomSampler,
+                   torch.utils.data.SubsetRandomSampler, torch.utils.data.WeightedRandomSampler,
+                   torch.utils.data.DistributedSampler)
+
+
+def _first_index(sampler):
+    """The first thing a sampler of one's own yields (an index, or a list of them), drawing nothing from the caller's
+    random numbers; ``None`` for an empty one, or for a one-pass iterator (peeking would lose what it yields)."""
+    if sampler is None or isinstance(sampler, Iterator):
+        return None
+    with rng_untouched(torch_only=True):
+        return next(iter(sampler), None)
+
+
+def _unbatched_custom_sampler_yields(loader: torch.utils.data.DataLoader) -> str | None:
+    """For a loader without batching over a map-style dataset and a sampler of one's own: ``"rows"`` when that sampler
+    yields single indices, ``"batches"`` when it yields lists (or tensors) of them; ``None`` otherwise."""
+    if (loader.batch_size is not None or loader.batch_sampler is not None
+            or isinstance(loader.dataset, torch.utils.data.IterableDataset)
+            or isinstance(loader.sampler, (*_INDEX_SAMPLERS, torch.utils.data.BatchSampler))):
+        return None
+    first = _first_index(loader.sampler)
+    if isinstance(first, int) or (isinstance(first, torch.Tensor) and first.dim() == 0):
+        return "rows"
+    if isinstance(first, list | tuple) or (isinstance(first, torch.Tensor) and first.dim() == 1):
+        return "batches"
+    return None
+
+
 def _num_data(loader: torch.utils.data.DataLoader) -> int:
     """N: the number of data one epoch of the loader draws from -- its sampler's, so that a ``SubsetRandomSampler``
     over part of the dataset counts only that part; a ``DistributedSampler`` counts its dataset, every rank's data
     (not the rows it pads its ranks' shares with, nor those ``drop_last`` cuts); a
     ``RandomSampler`` or ``WeightedRandomSampler`` with its own ``num_samples`` (the draws per epoch, not the data)
-    counts the rows it draws from (those of positive weight)."""
+    counts the rows it draws from (those of positive weight); a sampler of one's own that yields lists of indices to a
+    loader without batching (its len() counts batches) counts the dataset."""
     sampler = _sampler(loader)
+    if _unbatched_custom_sampler_yields(loader) == "batches":
+        sampler = None
     if isinstance(sampler, torch.utils.data.DistributedSampler):  # (not total_size: padded, or cut by drop_last)
         return len(sampler.dataset)
     if isinstance(sampler, torch.utils.data.RandomSampler):
@@ -153,15 +186,13 @@ def _check_loader_upfront(loader: torch.utils.data.DataLoader, likelihood) -> No
 
 
 def _yields_single_rows(loader: torch.utils.data.DataLoader) -> bool:
-    """Whether a loader without batching (``batch_size=None``) reads its map-style dataset one index at a time. A
-    ``BatchSampler`` given as the sampler, a sampler of one's own (which may yield lists of indices) or an iterable
-    dataset (which may yield batches itself) is left to yield what it yields."""
-    index_samplers = (torch.utils.data.SequentialSampler, torch.utils.data.RandomSampler,
-                      torch.utils.data.SubsetRandomSampler, torch.utils.data.WeightedRandomSampler,
-                      torch.utils.data.DistributedSampler)
+    """Whether a loader without batching (``batch_size=None``) reads its map-style dataset one index at a time: through
+    one of torch's index samplers, or a sampler of one's own whose first item is a single index. A ``BatchSampler``
+    given as the sampler, a sampler of one's own that yields lists of indices, or an iterable dataset (which may yield
+    batches itself) is left to yield what it yields."""
     return (loader.batch_size is None and loader.batch_sampler is None
             and not isinstance(loader.dataset, torch.utils.data.IterableDataset)
-            and isinstance(loader.sampler, index_samplers))
+            and isinstance(loader.sampler, _INDEX_SAMPLERS)) or _unbatched_custom_sampler_yields(loader) == "rows"
 
 
 def _check_loader_batches(loader: torch.utils.data.DataLoader, num_data: int) -> None:

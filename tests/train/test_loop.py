@@ -552,6 +552,36 @@ def test_a_dataloader_of_single_rows_is_named():
     assert history.last["num_data"] == 40 and len(history.step_loss) == 5
 
 
+@pytest.mark.parametrize("yields", ["indices", "lists of indices"])
+def test_a_sampler_of_ones_own_without_batching_is_named_when_it_yields_single_indices(yields):
+    """A sampler of one's own (not one of torch's) under batch_size=None: one yielding single indices gave single rows
+    and a shape error later ("x has 3 rows"); one yielding lists of indices yields batches, and trains. Peeking at its
+    first index draws nothing from the caller's random numbers."""
+    x, y = small_data(40)
+
+    class Shuffled(torch.utils.data.Sampler):
+        def __iter__(self):
+            order = torch.randperm(40).tolist()
+            return iter(order if yields == "indices" else [order[i:i + 8] for i in range(0, 40, 8)])
+
+        def __len__(self):
+            return 40 if yields == "indices" else 5
+
+    model = regression_model()
+    loader = DataLoader(TensorDataset(x, y), sampler=Shuffled(), batch_size=None)
+    if yields == "indices":
+        guide = pyro_bbb.MeanFieldGuide(model)
+        torch.manual_seed(0)
+        expected = torch.rand(3)
+        torch.manual_seed(0)
+        with pytest.raises(ValueError, match=r"one index at a time.*single rows"):
+            fit(model, guide, loader)
+        assert torch.equal(torch.rand(3), expected)
+    else:
+        history = fit(model, pyro_bbb.MeanFieldGuide(model), loader, epochs=1, kl_weight=1, progress=False)
+        assert history.last["num_data"] == 40 and len(history.step_loss) == 5
+
+
 def test_a_last_batch_of_one_row_at_a_batch_norm_layer_is_named_and_changes_nothing():
     """33 rows in batches of 16 leave a batch of one, which BatchNorm1d cannot normalise in training mode: torch's
     "Expected more than 1 value per channel" named neither the batch nor the fix. drop_last=True trains."""
