@@ -277,8 +277,7 @@ def note_trained_weight(guide: Any, weight: float) -> None:
 
 
 def kl_weight_of(guide: Any) -> KLWeightChoice | None:
-    """How ``guide`` was trained (``None``: not by ``fit``, nor loaded from a checkpoint that says); a guide module
-    trained on outside :class:`pyro_bbb.ELBO` since its record reads ``chosen_by="outside"``, weight 1.
+    """How ``guide`` was trained (``None``: not by ``fit``, nor loaded from a checkpoint that says).
 
     Examples
     --------
@@ -289,11 +288,9 @@ def kl_weight_of(guide: Any) -> KLWeightChoice | None:
         choice = _records.get(guide)
     except TypeError:
         return None
-    if choice is None or not _trained_outside(guide):
-        return choice
-    if choice.chosen_by == "outside":  # (said already: no reason nested in another)
-        _called_outside.pop(guide, None)
-    else:  # from now on, until a new record
+    if choice is not None and _trained_outside(guide) and choice.chosen_by == "outside":
+        _called_outside.pop(guide, None)  # (said already)
+    elif choice is not None and _trained_outside(guide):  # from now on, until a new record
         choice = KLWeightChoice(
             kl_weight=1.0, chosen_by="outside", point_estimate=choice.point_estimate,
             reason=f"trained outside pyro_bbb.ELBO (e.g. by Pyro's Trace_ELBO, which trains at KL weight 1) since its "
