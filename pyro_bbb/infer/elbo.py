@@ -56,7 +56,7 @@ from .contract import KeptGradients, ObjectiveRun, mark_objective_run, watch_bac
 from .estimators import check_estimators_reached, started_estimators
 from .scaling import scale_data_plate
 from .schedules import as_schedule, weight_at
-from .tempering import kl_weight_of, note_trained_weight, objective_of_record, record_kl_weight
+from .tempering import kl_weight_of, note_trained_weight, record_kl_weight
 
 __all__ = ["ELBO", "CallTerms", "PairStates"]
 
@@ -467,7 +467,7 @@ class ELBO(TraceMeanField_ELBO):
             gradients = gradients and torch.is_grad_enabled()  # (under no_grad: no graph, no gradient to mark)
             kept = KeptGradients() if gradients and backward_ours else None  # a backward now would add onto these
             take_back = self._taking_back(pair, guide) if gradients else None
-            with pyro.validation_enabled(False) if skip else nullcontext(), capture, objective_of_record():
+            with pyro.validation_enabled(False) if skip else nullcontext(), capture:
                 yield
             self.last_terms = self.current_call.finish(self.num_data)
             pair.validated = pair.validated or validating

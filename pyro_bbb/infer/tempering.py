@@ -5,10 +5,7 @@ tempered) posterior ``p_lambda(w | D) ∝ p(D | w)^(1 / lambda) p(w)``: the like
 (``lambda < 1`` sharpens the posterior towards the data). ``fit`` records the weight on the guide as a
 :class:`KLWeightChoice`, with every candidate's validation score when it chose the weight itself, and
 :func:`pyro_bbb.summary`, :func:`~pyro_bbb.evaluate.diagnostics.check_posterior`, the ArviZ export,
-:func:`pyro_bbb.evidence` and :func:`pyro_bbb.save` / :func:`~pyro_bbb.load` read it back from here. A guide
-module trained on by another objective (Pyro's ``Trace_ELBO`` in an ``SVI`` loop: a call with gradients outside
-:class:`pyro_bbb.ELBO`, then its parameters changed) is read back as ``chosen_by="outside"``, weight 1 (a hand-written
-guide function cannot be watched).
+:func:`pyro_bbb.evidence` and :func:`pyro_bbb.save` / :func:`~pyro_bbb.load` read it back from here.
 
 Examples
 --------
@@ -21,26 +18,17 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from numbers import Real
 from typing import Any
 
-import torch
-
-from .._internals import tensor_version
 from .guide import is_point_estimate
 
-__all__ = ["KLWeightChoice", "record_kl_weight", "note_trained_weight", "kl_weight_of", "objective_of_record"]
+__all__ = ["KLWeightChoice", "record_kl_weight", "note_trained_weight", "kl_weight_of"]
 
 _records: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-#: guide -> its parameters' versions at its first call with gradients outside pyro_bbb.ELBO since its record
-_called_outside: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_watched: weakref.WeakSet = weakref.WeakSet()  # guides with the hook that notes such calls
-_objective_calls = 0  # pyro_bbb.ELBO calls under way (their guide calls keep the record)
 #: How a weight came to be (:attr:`KLWeightChoice.chosen_by`)
-_HOW_CHOSEN = ("validation", "user", "fallback", "outside")
+_HOW_CHOSEN = ("validation", "user", "fallback")
 
 
 @dataclass(frozen=True)
@@ -53,11 +41,9 @@ class KLWeightChoice:
         The weight of the KL in the objective the posterior was trained on (a schedule's last weight).
     chosen_by : str
         ``"validation"`` (``fit`` compared candidates on a split carved from the training data), ``"user"`` (a
-        number or schedule was passed), ``"fallback"`` (selection was asked for but could not run: ``reason`` says
+        number or schedule was passed) or ``"fallback"`` (selection was asked for but could not run: ``reason`` says
         why, and the weight is 1, ``num_data / ess`` with :class:`~pyro_bbb.optim.IVON`, or the weight of the last
-        fit of a guide that was already trained on the rows) or ``"outside"`` (the guide was trained since its
-        record by an objective other than :class:`pyro_bbb.ELBO`, e.g. Pyro's ``Trace_ELBO``, which trains at weight
-        1: the weight is taken as 1, and ``reason`` keeps the earlier record).
+        fit of a guide that was already trained on the rows).
     validation_nll : dict, optional
         Candidate weight -> negative log predictive density per validation datum, when chosen by validation.
     validation_nll_se : dict, optional
@@ -134,8 +120,7 @@ class KLWeightChoice:
         >>> KLWeightChoice(kl_weight=1.0).describe()
         'KL weight 1 (given): the Bayes posterior'
         """
-        how = {"user": " (given)", "fallback": f" (selection not run: {self.reason})",
-               "outside": f" (taken as 1: {self.reason})"}.get(self.chosen_by, "")
+        how = {"user": " (given)", "fallback": f" (selection not run: {self.reason})"}.get(self.chosen_by, "")
         if self.chosen_by == "validation":
             scores = ", ".join(f"{w:g}: {nll:.3g}" for w, nll in self.validation_nll.items())
             gap = self.weight_one_gap_se
@@ -213,45 +198,7 @@ def record_kl_weight(guide: Any, choice: KLWeightChoice | None) -> None:
     try:
         _records[guide] = choice
     except TypeError:  # a guide that cannot be weakly referenced is not recorded
-        return
-    _called_outside.pop(guide, None)
-    if isinstance(guide, torch.nn.Module) and guide not in _watched:
-        guide.register_forward_pre_hook(_note_call)
-        _watched.add(guide)
-
-
-@contextmanager
-def objective_of_record() -> Iterator[None]:
-    """:class:`pyro_bbb.ELBO`'s calls run inside it: their guide calls train at the weight they record, so they are
-    not calls from another objective.
-
-    Examples
-    --------
-    >>> with objective_of_record():
-    ...     pass
-    """
-    global _objective_calls
-    _objective_calls += 1
-    try:
-        yield
-    finally:
-        _objective_calls -= 1
-
-
-def _note_call(guide, args) -> None:
-    """A recorded guide's forward pre-hook: a call with gradients outside :class:`pyro_bbb.ELBO` (Pyro's own ELBO in
-    an ``SVI`` loop, or a call of one's own) notes its parameters' versions; should they change afterwards, without a
-    new record, the guide was trained by that other objective (:func:`kl_weight_of`)."""
-    if _objective_calls or not torch.is_grad_enabled() or guide in _called_outside or guide not in _records:
-        return
-    _called_outside[guide] = [(weakref.ref(param), tensor_version(param)) for param in guide.parameters()]
-
-
-def _trained_outside(guide) -> bool:
-    """Whether a parameter of ``guide`` changed after a call with gradients outside :class:`pyro_bbb.ELBO`."""
-    noted = _called_outside.get(guide)
-    return noted is not None and any((param := ref()) is not None and tensor_version(param) > version
-                                     for ref, version in noted)
+        pass
 
 
 def note_trained_weight(guide: Any, weight: float) -> None:
@@ -270,10 +217,8 @@ def note_trained_weight(guide: Any, weight: float) -> None:
     'KL weight 1 (given): the Bayes posterior'
     """
     held = kl_weight_of(guide)
-    if held is None or held.kl_weight != weight or held.chosen_by == "outside":
+    if held is None or held.kl_weight != weight:
         record_kl_weight(guide, KLWeightChoice(kl_weight=float(weight)))
-    else:
-        _called_outside.pop(guide, None)  # (a call outside since, with no change: this one trains it)
 
 
 def kl_weight_of(guide: Any) -> KLWeightChoice | None:
@@ -285,16 +230,6 @@ def kl_weight_of(guide: Any) -> KLWeightChoice | None:
     True
     """
     try:
-        choice = _records.get(guide)
+        return _records.get(guide)
     except TypeError:
         return None
-    if choice is not None and _trained_outside(guide) and choice.chosen_by == "outside":
-        _called_outside.pop(guide, None)  # (said already)
-    elif choice is not None and _trained_outside(guide):  # from now on, until a new record
-        choice = KLWeightChoice(
-            kl_weight=1.0, chosen_by="outside", point_estimate=choice.point_estimate,
-            reason=f"trained outside pyro_bbb.ELBO (e.g. by Pyro's Trace_ELBO, which trains at KL weight 1) since its "
-                   f"record '{choice.describe()}'; record_kl_weight(guide, KLWeightChoice(kl_weight=...)) says what "
-                   "you did")
-        record_kl_weight(guide, choice)
-    return choice
