@@ -9,6 +9,7 @@ Examples
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -91,7 +92,7 @@ def _first_index(sampler):
     random numbers; ``None`` for an empty one, or for a one-pass iterator (peeking would lose what it yields)."""
     if sampler is None or isinstance(sampler, Iterator):
         return None
-    with rng_untouched(torch_only=True):
+    with rng_untouched():  # (torch's, numpy's and Python's: a sampler may draw with any of them)
         return next(iter(sampler), None)
 
 
@@ -103,9 +104,10 @@ def _unbatched_custom_sampler_yields(loader: torch.utils.data.DataLoader) -> str
             or isinstance(loader.sampler, (*_INDEX_SAMPLERS, torch.utils.data.BatchSampler))):
         return None
     first = _first_index(loader.sampler)
-    if isinstance(first, int) or (isinstance(first, torch.Tensor) and first.dim() == 0):
+    dims = getattr(first, "ndim", None)  # (a tensor's or a numpy array's)
+    if isinstance(first, numbers.Integral) or dims == 0:  # (numpy's integers too)
         return "rows"
-    if isinstance(first, list | tuple) or (isinstance(first, torch.Tensor) and first.dim() == 1):
+    if (isinstance(first, Sequence) and not isinstance(first, str)) or dims == 1:  # a list, tuple or range of them
         return "batches"
     return None
 
@@ -199,11 +201,13 @@ def _check_loader_batches(loader: torch.utils.data.DataLoader, num_data: int) ->
     """A loader that yields no batch at all (a whole epoch without a step), or single rows, is an error naming the
     fix."""
     if _yields_single_rows(loader):
+        own = _unbatched_custom_sampler_yields(loader) == "rows"
+        fix = f"DataLoader(dataset, batch_size=..., {'sampler=your_sampler' if own else 'shuffle=True'})"
         raise ValueError(
             "fit trains on batches of rows; this DataLoader (batch_size=None) reads its dataset one index at a time, "
-            "which yields single rows, whose features would be read as rows. Pass DataLoader(dataset, batch_size=..., "
-            "shuffle=True). (A dataset whose items are whole batches would have its batches counted as the training "
-            "set's size N: serve them from an IterableDataset whose len() is its number of rows.)")
+            f"which yields single rows, whose features would be read as rows. Pass {fix}. (A dataset whose items are "
+            "whole batches would have its batches counted as the training set's size N: serve them from an "
+            "IterableDataset whose len() is its number of rows.)")
     try:
         empty = len(loader) == 0
     except TypeError:  # (an iterable dataset: its batches are counted as they come)

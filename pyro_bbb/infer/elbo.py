@@ -524,7 +524,7 @@ class ELBO(TraceMeanField_ELBO):
             advice = (". Build the model with pyro_bbb.BNN of pyro_bbb.nn's layers, whose network sees ordinary "
                       "batches and whose layers apply every draw at once (a PyroModule with PyroSample weights of its "
                       "own gets them with extra leading dimensions), or index from the right (out[..., -1, :]).")
-            put_back = buffer_restorer(unscaled_model)  # an aborted pass leaves no batch norm update of its own
+            put_back = buffer_restorer(unscaled_model, running_statistics_only=True)  # (an aborted pass: no update)
             try:
                 traces = next(super()._get_traces(model, guide, args, kwargs))
             except cannot_fold as error:

@@ -175,21 +175,25 @@ def buffers_kept(model) -> Iterator[None]:
         put_back()
 
 
-def buffer_restorer(model) -> Callable[[], None]:
+def buffer_restorer(model, running_statistics_only: bool = False) -> Callable[[], None]:
     """A function that puts ``model``'s buffers back as they are now (nothing for a model that is not a module): for
-    a pass whose effect on batch norm's running statistics is kept only if the pass is.
+    a pass whose effect on batch norm's running statistics is kept only if the pass is. ``running_statistics_only``
+    keeps only the buffers of modules that track running statistics (``track_running_stats``: batch and instance
+    norm), not, e.g., a Bayesian layer's copy of its initial weights: for a copy made at every training step.
 
     Examples
     --------
     >>> norm = torch.nn.BatchNorm1d(2)
-    >>> put_back = buffer_restorer(norm)
+    >>> put_back = buffer_restorer(norm, running_statistics_only=True)
     >>> _ = norm(torch.randn(8, 2))
     >>> put_back()
     >>> int(norm.num_batches_tracked)
     0
     """
-    kept = [(buffer, buffer.detach().clone()) for buffer in model.buffers()] if isinstance(model, torch.nn.Module) \
-        else []
+    modules = model.modules() if isinstance(model, torch.nn.Module) else ()
+    kept = [(buffer, buffer.detach().clone()) for module in modules
+            if not running_statistics_only or getattr(module, "track_running_stats", False)
+            for buffer in module.buffers(recurse=False)]
 
     @torch.no_grad()
     def put_back() -> None:

@@ -552,31 +552,40 @@ def test_a_dataloader_of_single_rows_is_named():
     assert history.last["num_data"] == 40 and len(history.step_loss) == 5
 
 
-@pytest.mark.parametrize("yields", ["indices", "lists of indices"])
+@pytest.mark.parametrize("yields", ["indices", "numpy indices", "lists of indices", "numpy arrays of indices",
+                                    "ranges"])
 def test_a_sampler_of_ones_own_without_batching_is_named_when_it_yields_single_indices(yields):
     """A sampler of one's own (not one of torch's) under batch_size=None: one yielding single indices gave single rows
-    and a shape error later ("x has 3 rows"); one yielding lists of indices yields batches, and trains. Peeking at its
-    first index draws nothing from the caller's random numbers."""
+    and a shape error later ("x has 3 rows"); one yielding lists (numpy arrays, ranges) of indices yields batches,
+    and trains, its N the dataset's (its len() counted 5 batches as N). Peeking at its first index draws nothing from
+    the caller's random numbers, numpy's included."""
+    import numpy as np
+
     x, y = small_data(40)
 
     class Shuffled(torch.utils.data.Sampler):
         def __iter__(self):
-            order = torch.randperm(40).tolist()
-            return iter(order if yields == "indices" else [order[i:i + 8] for i in range(0, 40, 8)])
+            order = np.random.permutation(40)
+            batches = [order[i:i + 8] for i in range(0, 40, 8)]
+            return iter({"indices": order.tolist(), "numpy indices": order, "lists of indices":
+                         [b.tolist() for b in batches], "numpy arrays of indices": batches,
+                         "ranges": [range(i, i + 8) for i in range(0, 40, 8)]}[yields])
 
         def __len__(self):
-            return 40 if yields == "indices" else 5
+            return 40 if "indices" in yields and "of" not in yields else 5
 
     model = regression_model()
     loader = DataLoader(TensorDataset(x, y), sampler=Shuffled(), batch_size=None)
-    if yields == "indices":
+    if "of" not in yields and yields != "ranges":
         guide = pyro_bbb.MeanFieldGuide(model)
         torch.manual_seed(0)
-        expected = torch.rand(3)
+        np.random.seed(0)
+        expected = torch.rand(3), np.random.rand(3)
         torch.manual_seed(0)
-        with pytest.raises(ValueError, match=r"one index at a time.*single rows"):
+        np.random.seed(0)
+        with pytest.raises(ValueError, match=r"one index at a time.*single rows.*sampler=your_sampler"):
             fit(model, guide, loader)
-        assert torch.equal(torch.rand(3), expected)
+        assert torch.equal(torch.rand(3), expected[0]) and np.array_equal(np.random.rand(3), expected[1])
     else:
         history = fit(model, pyro_bbb.MeanFieldGuide(model), loader, epochs=1, kl_weight=1, progress=False)
         assert history.last["num_data"] == 40 and len(history.step_loss) == 5
