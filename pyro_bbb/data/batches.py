@@ -96,13 +96,17 @@ def _first_index(sampler):
         return next(iter(sampler), None)
 
 
-def _unbatched_custom_sampler_yields(loader: torch.utils.data.DataLoader) -> str | None:
-    """For a loader without batching over a map-style dataset and a sampler of one's own: ``"rows"`` when that sampler
-    yields single indices, ``"batches"`` when it yields lists (or tensors) of them; ``None`` otherwise."""
+def _unbatched_reads(loader: torch.utils.data.DataLoader) -> str | None:
+    """What each index of a loader without batching (``batch_size=None``) over a map-style dataset reads: ``"rows"``
+    through one of torch's index samplers or a sampler of one's own whose first item is a single index, ``"batches"``
+    through a sampler of one's own that yields lists (numpy arrays, ranges) of indices; ``None`` otherwise (batching,
+    an iterable dataset, which may yield batches itself, or a ``BatchSampler`` given as the sampler)."""
     if (loader.batch_size is not None or loader.batch_sampler is not None
             or isinstance(loader.dataset, torch.utils.data.IterableDataset)
-            or isinstance(loader.sampler, (*_INDEX_SAMPLERS, torch.utils.data.BatchSampler))):
+            or isinstance(loader.sampler, torch.utils.data.BatchSampler)):
         return None
+    if isinstance(loader.sampler, _INDEX_SAMPLERS):
+        return "rows"
     first = _first_index(loader.sampler)
     dims = getattr(first, "ndim", None)  # (a tensor's or a numpy array's)
     if isinstance(first, numbers.Integral) or dims == 0:  # (numpy's integers too)
@@ -120,7 +124,7 @@ def _num_data(loader: torch.utils.data.DataLoader) -> int:
     counts the rows it draws from (those of positive weight); a sampler of one's own that yields lists of indices to a
     loader without batching (its len() counts batches) counts the dataset."""
     sampler = _sampler(loader)
-    if _unbatched_custom_sampler_yields(loader) == "batches":
+    if _unbatched_reads(loader) == "batches":
         sampler = None
     if isinstance(sampler, torch.utils.data.DistributedSampler):  # (not total_size: padded, or cut by drop_last)
         return len(sampler.dataset)
@@ -187,21 +191,11 @@ def _check_loader_upfront(loader: torch.utils.data.DataLoader, likelihood) -> No
         check_batch(*rows, likelihood, what="the DataLoader's data")
 
 
-def _yields_single_rows(loader: torch.utils.data.DataLoader) -> bool:
-    """Whether a loader without batching (``batch_size=None``) reads its map-style dataset one index at a time: through
-    one of torch's index samplers, or a sampler of one's own whose first item is a single index. A ``BatchSampler``
-    given as the sampler, a sampler of one's own that yields lists of indices, or an iterable dataset (which may yield
-    batches itself) is left to yield what it yields."""
-    return (loader.batch_size is None and loader.batch_sampler is None
-            and not isinstance(loader.dataset, torch.utils.data.IterableDataset)
-            and isinstance(loader.sampler, _INDEX_SAMPLERS)) or _unbatched_custom_sampler_yields(loader) == "rows"
-
-
 def _check_loader_batches(loader: torch.utils.data.DataLoader, num_data: int) -> None:
     """A loader that yields no batch at all (a whole epoch without a step), or single rows, is an error naming the
     fix."""
-    if _yields_single_rows(loader):
-        own = _unbatched_custom_sampler_yields(loader) == "rows"
+    if _unbatched_reads(loader) == "rows":
+        own = not isinstance(loader.sampler, _INDEX_SAMPLERS)
         fix = f"DataLoader(dataset, batch_size=..., {'sampler=your_sampler' if own else 'shuffle=True'})"
         raise ValueError(
             "fit trains on batches of rows; this DataLoader (batch_size=None) reads its dataset one index at a time, "
@@ -286,7 +280,7 @@ def loader_batches(loader: torch.utils.data.DataLoader, caller: str = "predict")
             "the predictions would line up with nothing you hold. Pass DataLoader(dataset, batch_size=..., "
             "shuffle=False) (for a sampler of your own whose order you know, pass the inputs in that order)."
         )
-    if _yields_single_rows(loader):
+    if _unbatched_reads(loader) == "rows":
         raise ValueError(f"{caller} needs batches of rows; this DataLoader (batch_size=None) yields single rows. Pass "
                          "DataLoader(dataset, batch_size=...).")
     if loader.drop_last:
