@@ -56,7 +56,13 @@ from .contract import KeptGradients, ObjectiveRun, mark_objective_run, watch_bac
 from .estimators import check_estimators_reached, started_estimators
 from .scaling import scale_data_plate
 from .schedules import as_schedule, weight_at
-from .tempering import kl_weight_of, note_trained_weight, record_kl_weight
+from .tempering import (
+    kl_weight_of,
+    note_trained_weight,
+    objective_of_record,
+    record_kl_weight,
+    watch_objective_backward,
+)
 
 __all__ = ["ELBO", "CallTerms", "PairStates"]
 
@@ -394,6 +400,7 @@ class ELBO(TraceMeanField_ELBO):
             loss = super().differentiable_loss(model, guide, *args, **kwargs)
         if self._awaiting_backward is not None and getattr(loss, "requires_grad", False):
             watch_backward(loss, *self._awaiting_backward)  # marked by the caller's backward, if one comes
+            watch_objective_backward(loss)  # (and the guide's record not taken for another objective's)
         self._awaiting_backward = None
         if torch.is_grad_enabled():  # a training step's objective (Pyro's recipe for a torch optimizer): the schedule
             self.step += 1  # advances, and the guide is trained at this weight (under no_grad, a validation loss:
@@ -467,7 +474,7 @@ class ELBO(TraceMeanField_ELBO):
             gradients = gradients and torch.is_grad_enabled()  # (under no_grad: no graph, no gradient to mark)
             kept = KeptGradients() if gradients and backward_ours else None  # a backward now would add onto these
             take_back = self._taking_back(pair, guide) if gradients else None
-            with pyro.validation_enabled(False) if skip else nullcontext(), capture:
+            with pyro.validation_enabled(False) if skip else nullcontext(), capture, objective_of_record():
                 yield
             self.last_terms = self.current_call.finish(self.num_data)
             pair.validated = pair.validated or validating

@@ -41,7 +41,7 @@ from ..evaluate import metrics
 from ..evaluate.diagnostics import layer_summary
 from ..infer.elbo import ELBO
 from ..infer.guide import has_site_posteriors, normal_site_parts, point_estimate_parts
-from ..infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
+from ..infer.tempering import KLWeightChoice, kl_weight_of, objective_of_record, record_kl_weight
 from ..likelihoods import Bernoulli, Categorical, TargetError
 from ..nn.module import buffers_kept, parts_trained_in_evaluation_mode, training_mode
 from ..optim import IVON
@@ -85,6 +85,7 @@ def _validation_metrics(model, guide, data, num_samples: int) -> dict[str, float
     return out
 
 
+@objective_of_record()  # (its MAP warm start's backward passes too: they train the posterior it records)
 def fit(
     model: Callable,
     guide: Callable,
