@@ -5,7 +5,8 @@ terms are private; the replayed backend, :class:`ReplayBackend`, is shared with 
 :mod:`pyro_bbb.train.warm_start`), the record of which objective computed the gradients an optimizer
 applies (:mod:`~pyro_bbb.infer.contract`), the lower-variance gradient estimators as effect handlers
 (:mod:`~pyro_bbb.infer.estimators`), KL-weight schedules (:mod:`~pyro_bbb.infer.schedules`) and the record of
-the KL weight a posterior was trained at (:mod:`~pyro_bbb.infer.tempering`).
+the KL weight a posterior was trained at (:mod:`~pyro_bbb.infer.tempering`; whether another objective trained it
+since: :mod:`~pyro_bbb.infer.outside_training`).
 
 Examples
 --------

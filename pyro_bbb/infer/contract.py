@@ -42,7 +42,7 @@ import torch
 from .._internals import current_backward_id, queue_after_backward, tensor_version
 
 __all__ = ["ObjectiveRun", "KeptGradients", "mark_objective_run", "watch_backward", "gradients_summed",
-           "take_objective_run"]
+           "take_objective_run", "objective_gradient_kept"]
 
 
 class _MarkTable:
@@ -359,3 +359,22 @@ def take_objective_run(params: Iterable[torch.Tensor]) -> ObjectiveRun | None:
         if param.grad is not None:
             runs.add(None if mark is None else mark.run)
     return runs.pop() if len(runs) == 1 else None
+
+
+def objective_gradient_kept(param: torch.Tensor) -> bool:
+    """Whether ``param`` holds a gradient a :class:`pyro_bbb.ELBO` run left, neither applied nor zeroed since (a
+    backward now adds onto it: an auxiliary loss of one's own, computed apart).
+
+    Examples
+    --------
+    >>> p = torch.ones(2, requires_grad=True)
+    >>> loss = (3 * p).sum()
+    >>> watch_backward(loss, ObjectiveRun(200, 1.0), [p])
+    >>> objective_gradient_kept(p)
+    False
+    >>> loss.backward()
+    >>> objective_gradient_kept(p)
+    True
+    """
+    mark = _marks.get(param)
+    return mark is not None and _gradients_kept([(param, mark)])[0]

@@ -54,15 +54,10 @@ from ..nn.module import buffer_restorer
 from ._replay import ReplayBackend
 from .contract import KeptGradients, ObjectiveRun, mark_objective_run, watch_backward
 from .estimators import check_estimators_reached, started_estimators
+from .outside_training import objective_of_record, watch_objective_backward
 from .scaling import scale_data_plate
 from .schedules import as_schedule, weight_at
-from .tempering import (
-    kl_weight_of,
-    note_trained_weight,
-    objective_of_record,
-    record_kl_weight,
-    watch_objective_backward,
-)
+from .tempering import kl_weight_of, note_trained_weight, record_kl_weight
 
 __all__ = ["ELBO", "CallTerms", "PairStates"]
 
@@ -401,10 +396,10 @@ class ELBO(TraceMeanField_ELBO):
         if self._awaiting_backward is not None and getattr(loss, "requires_grad", False):
             watch_backward(loss, *self._awaiting_backward)  # marked by the caller's backward, if one comes
             watch_objective_backward(loss)  # (and the guide's record not taken for another objective's)
+            _note_weight_at_backward(loss, guide, self.last_terms["kl_weight"])
         self._awaiting_backward = None
         if torch.is_grad_enabled():  # a training step's objective (Pyro's recipe for a torch optimizer): the schedule
-            self.step += 1  # advances, and the guide is trained at this weight (under no_grad, a validation loss:
-            note_trained_weight(guide, self.last_terms["kl_weight"])  # nothing trains)
+            self.step += 1  # advances (under no_grad, a validation loss: nothing trains)
         return loss
 
     def loss_and_grads(self, model, guide, *args, **kwargs):
@@ -560,6 +555,18 @@ class ELBO(TraceMeanField_ELBO):
         return (f"{type(self).__name__}(num_data={self.num_data}, kl_weight={self.kl_weight!r}, "
                 f"num_particles={self.num_particles}, vectorize_particles={self.vectorize_particles}, "
                 f"data_plate={self.data_plate!r})")
+
+
+def _note_weight_at_backward(loss: torch.Tensor, guide: Any, weight: float) -> None:
+    """The guide is trained at ``weight`` when the caller's backward of ``loss`` (or ``torch.autograd.grad``) runs:
+    a loss only looked at, with gradients on, trains nothing."""
+    guide_ref = _reference(guide)
+
+    def at_backward(grad: torch.Tensor) -> torch.Tensor:
+        if (guide_now := guide_ref()) is not None:
+            note_trained_weight(guide_now, weight)
+        return grad
+    loss.register_hook(at_backward)
 
 
 # -- what the ELBO keeps for each (model, guide) pair ------------------------------------------------------------------

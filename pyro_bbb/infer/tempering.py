@@ -6,10 +6,8 @@ tempered) posterior ``p_lambda(w | D) ∝ p(D | w)^(1 / lambda) p(w)``: the like
 :class:`KLWeightChoice`, with every candidate's validation score when it chose the weight itself, and
 :func:`pyro_bbb.summary`, :func:`~pyro_bbb.evaluate.diagnostics.check_posterior`, the ArviZ export,
 :func:`pyro_bbb.evidence` and :func:`pyro_bbb.save` / :func:`~pyro_bbb.load` read it back from here. A guide
-module trained on by another objective since its record (Pyro's ``Trace_ELBO`` in an ``SVI`` loop: a backward pass
-without a :class:`pyro_bbb.ELBO` loss left gradients on its parameters, then they changed) is read back as
-``chosen_by="outside"``, weight 1 (a hand-written guide function, or parameters Pyro's param store replaced since, are
-not watched).
+module trained on by another objective since its record (Pyro's ``Trace_ELBO`` in an ``SVI`` loop, seen by
+:mod:`~pyro_bbb.infer.outside_training`) is read back as ``chosen_by="outside"``, weight 1 assumed.
 
 Examples
 --------
@@ -22,28 +20,18 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from numbers import Real
 from typing import Any
 
 import torch
 
-from .._internals import current_backward_id, queue_after_backward
 from .guide import is_point_estimate
+from .outside_training import forget_outside_training, trained_outside, watch_guide
 
-__all__ = ["KLWeightChoice", "record_kl_weight", "note_trained_weight", "kl_weight_of", "objective_of_record",
-           "watch_objective_backward"]
+__all__ = ["KLWeightChoice", "record_kl_weight", "note_trained_weight", "kl_weight_of"]
 
 _records: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-#: guide -> its parameters' digests when a backward outside pyro_bbb.ELBO first left gradients on them since its record
-_trained_from: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_watched: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # guide -> {id: weakref} of its hooked parameters
-_queued: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # guide -> the backward whose end looks at it
-_objective_backwards: deque[int] = deque(maxlen=64)  # the latest backward passes of a pyro_bbb.ELBO loss
-_objective_calls = 0  # pyro_bbb.ELBO calls (and fits) under way: their backward passes train at the recorded weight
 #: How a weight came to be (:attr:`KLWeightChoice.chosen_by`)
 _HOW_CHOSEN = ("validation", "user", "fallback", "outside")
 
@@ -62,7 +50,7 @@ class KLWeightChoice:
         why, and the weight is 1, ``num_data / ess`` with :class:`~pyro_bbb.optim.IVON`, or the weight of the last
         fit of a guide that was already trained on the rows) or ``"outside"`` (the guide was trained since its
         record by an objective other than :class:`pyro_bbb.ELBO`, e.g. Pyro's ``Trace_ELBO``, which trains at weight
-        1: the weight is taken as 1, and ``reason`` keeps the earlier record).
+        1: the weight is assumed to be 1, and ``reason`` keeps the earlier record).
     validation_nll : dict, optional
         Candidate weight -> negative log predictive density per validation datum, when chosen by validation.
     validation_nll_se : dict, optional
@@ -140,7 +128,7 @@ class KLWeightChoice:
         'KL weight 1 (given): the Bayes posterior'
         """
         how = {"user": " (given)", "fallback": f" (selection not run: {self.reason})",
-               "outside": f" (taken as 1: {self.reason})"}.get(self.chosen_by, "")
+               "outside": f" assumed ({self.reason})"}.get(self.chosen_by, "")
         if self.chosen_by == "validation":
             scores = ", ".join(f"{w:g}: {nll:.3g}" for w, nll in self.validation_nll.items())
             gap = self.weight_one_gap_se
@@ -154,6 +142,8 @@ class KLWeightChoice:
         kind = "tempered" if self.tempered else "the Bayes posterior"
         if self.point_estimate:  # no posterior to temper: the weight scales the prior's log density
             kind = "a MAP point estimate" + (f", prior weighted by {self.kl_weight:g}" if self.tempered else "")
+        if self.chosen_by == "outside":  # (what trained it is not known: Pyro's own ELBOs train at weight 1)
+            kind += " if so"
         return f"KL weight {self.kl_weight:g}{how}: {kind}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -219,90 +209,9 @@ def record_kl_weight(guide: Any, choice: KLWeightChoice | None) -> None:
         _records[guide] = choice
     except TypeError:  # a guide that cannot be weakly referenced is not recorded
         return
-    _trained_from.pop(guide, None)
+    forget_outside_training(guide)
     if isinstance(guide, torch.nn.Module):
-        _watch(guide)
-
-
-@contextmanager
-def objective_of_record() -> Iterator[None]:
-    """:class:`pyro_bbb.ELBO`'s calls (and ``fit``) run inside it: their backward passes train at the weight they
-    record, so they are not another objective's.
-
-    Examples
-    --------
-    >>> with objective_of_record():
-    ...     pass
-    """
-    global _objective_calls
-    _objective_calls += 1
-    try:
-        yield
-    finally:
-        _objective_calls -= 1
-
-
-def watch_objective_backward(loss: torch.Tensor) -> None:
-    """Note the backward pass of ``loss`` (a :class:`pyro_bbb.ELBO` loss whose backward is the caller's:
-    ``differentiable_loss``) as one that trains at the recorded weight, with any other loss it is summed with.
-
-    Examples
-    --------
-    >>> p = torch.ones(2, requires_grad=True)
-    >>> loss = (3 * p).sum()
-    >>> watch_objective_backward(loss)
-    >>> loss.backward()
-    """
-    def at_backward(grad: torch.Tensor) -> torch.Tensor:
-        _objective_backwards.append(current_backward_id())
-        return grad
-    loss.register_hook(at_backward)
-
-
-def _watch(guide: torch.nn.Module) -> None:
-    """Hook each of ``guide``'s parameters (once): a backward pass that leaves gradients on them, outside
-    :class:`pyro_bbb.ELBO`, has the guide's parameters digested at its end, before any optimizer step
-    (:func:`kl_weight_of` compares)."""
-    hooked = _watched.setdefault(guide, {})
-    guide_ref = weakref.ref(guide)
-
-    def after_accumulating(param: torch.Tensor) -> None:
-        if _objective_calls or (guide_now := guide_ref()) is None or guide_now in _trained_from:
-            return
-        backward = current_backward_id()
-        if _queued.get(guide_now) != backward:  # (once per backward, not once per parameter)
-            _queued[guide_now] = backward
-            queue_after_backward(lambda: _note_backward(guide_ref, backward))
-
-    for param in guide.parameters():
-        if param.requires_grad and ((ref := hooked.get(id(param))) is None or ref() is not param):
-            param.register_post_accumulate_grad_hook(after_accumulating)
-            hooked[id(param)] = weakref.ref(param)
-
-
-def _note_backward(guide_ref: weakref.ref, backward: int) -> None:
-    """At the end of a backward pass that left gradients on a recorded guide: unless a :class:`pyro_bbb.ELBO` loss
-    was in it, digest the guide's parameters as they are before the step those gradients are for."""
-    guide = guide_ref()
-    if guide is None or backward in _objective_backwards or guide in _trained_from or guide not in _records:
-        return
-    _trained_from[guide] = [(weakref.ref(param), _digest(param)) for param in guide.parameters()]
-
-
-def _digest(param: torch.Tensor) -> torch.Tensor:
-    """Two numbers that change when any value of ``param`` does (its sum and sum of squares, in float64): read from
-    the values, so an update that torch's version counter misses (a fused optimizer kernel, a ``.data`` write) is
-    seen too."""
-    values = param.detach().double()
-    return torch.stack([values.sum(), values.square().sum()])
-
-
-def _trained_outside(guide) -> bool:
-    """Whether a parameter of ``guide`` changed after a backward pass outside :class:`pyro_bbb.ELBO` left gradients
-    on it."""
-    noted = _trained_from.get(guide)
-    return noted is not None and any((param := ref()) is not None and not torch.equal(_digest(param), digest)
-                                     for ref, digest in noted)
+        watch_guide(guide)
 
 
 def note_trained_weight(guide: Any, weight: float) -> None:
@@ -324,7 +233,7 @@ def note_trained_weight(guide: Any, weight: float) -> None:
     if held is None or held.kl_weight != weight or held.chosen_by == "outside":
         record_kl_weight(guide, KLWeightChoice(kl_weight=float(weight)))
     else:
-        _trained_from.pop(guide, None)  # (gradients from outside since, no change: this step trains it)
+        forget_outside_training(guide)  # (gradients from outside since, no change: this step trains it)
 
 
 def kl_weight_of(guide: Any) -> KLWeightChoice | None:
@@ -340,15 +249,15 @@ def kl_weight_of(guide: Any) -> KLWeightChoice | None:
         choice = _records.get(guide)
     except TypeError:
         return None
-    if choice is None or not _trained_outside(guide):
+    if choice is None or not isinstance(guide, torch.nn.Module) or not trained_outside(guide):
         return choice
     if choice.chosen_by == "outside":  # (said already: no reason nested in another)
-        _trained_from.pop(guide, None)
+        forget_outside_training(guide)
     else:  # from now on, until a new record
         choice = KLWeightChoice(
             kl_weight=1.0, chosen_by="outside", point_estimate=choice.point_estimate,
-            reason=f"trained outside pyro_bbb.ELBO (e.g. by Pyro's Trace_ELBO, which trains at KL weight 1) since its "
-                   f"record '{choice.describe()}'; record_kl_weight(guide, KLWeightChoice(kl_weight=...)) says what "
-                   "you did")
+            reason=f"trained outside pyro_bbb.ELBO since its record '{choice.describe()}', e.g. by Pyro's Trace_ELBO, "
+                   "which trains at weight 1; record_kl_weight(guide, KLWeightChoice(kl_weight=...)) says what you "
+                   "did")
         record_kl_weight(guide, choice)
     return choice

@@ -41,7 +41,8 @@ from ..evaluate import metrics
 from ..evaluate.diagnostics import layer_summary
 from ..infer.elbo import ELBO
 from ..infer.guide import has_site_posteriors, normal_site_parts, point_estimate_parts
-from ..infer.tempering import KLWeightChoice, kl_weight_of, objective_of_record, record_kl_weight
+from ..infer.outside_training import objective_of_record
+from ..infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
 from ..likelihoods import Bernoulli, Categorical, TargetError
 from ..nn.module import buffers_kept, parts_trained_in_evaluation_mode, training_mode
 from ..optim import IVON

@@ -807,13 +807,16 @@ def test_a_fit_stopped_while_choosing_keeps_the_weight_record_it_found(monkeypat
 
 
 def test_a_gradient_computation_is_a_training_step_that_keeps_fits_record_at_fits_weight():
-    """differentiable_loss is Pyro's recipe for a torch optimizer's loop: it records the weight it computes at (a
-    guide trained that way had no record, or fit's stale one), keeping fit's record, with its scores, at fit's
-    weight."""
+    """differentiable_loss is Pyro's recipe for a torch optimizer's loop: when its loss's gradients are computed
+    (backward, or torch.autograd.grad), it records the weight it computes at (a guide trained that way had no record,
+    or fit's stale one), keeping fit's record, with its scores, at fit's weight; a loss only looked at trains
+    nothing."""
     (x, y), model, guide, _ = set_up_regression()
     history = pyro_bbb.fit(model, guide, (x, y), epochs=2, batch_size=16, progress=False, kl_weight=0.01)
     loss = pyro_bbb.ELBO(num_data=len(y), kl_weight=0.01).differentiable_loss(model, guide, x, y)
     torch.autograd.grad(loss, list(guide.parameters()))
     assert kl_weight_of(guide) is history.kl_weight_choice
-    pyro_bbb.ELBO(num_data=len(y)).differentiable_loss(model, guide, x, y)
+    loss = pyro_bbb.ELBO(num_data=len(y)).differentiable_loss(model, guide, x, y)
+    assert kl_weight_of(guide) is history.kl_weight_choice  # (looked at)
+    loss.backward()
     assert kl_weight_of(guide) == KLWeightChoice(kl_weight=1.0)
