@@ -31,6 +31,7 @@ import weakref
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 
@@ -111,11 +112,11 @@ def watch_guide(guide: torch.nn.Module) -> None:
         weakref.finalize(guide, _remove_hooks, _hooked[guide])
     hooked, guide_ref = _hooked[guide], weakref.ref(guide)
 
-    def at_gradient(param: torch.Tensor, grad: torch.Tensor) -> None:
+    def at_gradient(param_ref: weakref.ref, grad: torch.Tensor) -> None:
         if _objective_calls or (guide_now := guide_ref()) is None or guide_now in _digests_before:
-            return
+            return  # (pyro_bbb's own step: one test, as cheap as a hook can be)
         backward = current_backward_id()
-        if backward in _objective_backwards or objective_gradient_kept(param):  # (an auxiliary loss's gradient)
+        if backward in _objective_backwards or objective_gradient_kept(param_ref()):  # (an auxiliary loss's)
             return
         _digests_before[guide_now] = backward, _digests(guide_now)
 
@@ -123,7 +124,7 @@ def watch_guide(guide: torch.nn.Module) -> None:
         entry = hooked.get(id(param))
         if param.requires_grad and (entry is None or entry[0]() is not param):
             param_ref = weakref.ref(param)
-            handle = param.register_hook(lambda grad, param_ref=param_ref: at_gradient(param_ref(), grad))
+            handle = param.register_hook(partial(at_gradient, param_ref))
             hooked[id(param)] = (param_ref, handle)
 
 
