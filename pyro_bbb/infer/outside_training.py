@@ -1,16 +1,18 @@
 """Whether a recorded guide was trained since by an objective other than :class:`pyro_bbb.ELBO`.
 
-``fit`` records the KL weight it trained a guide at (:mod:`~pyro_bbb.infer.tempering`); a Pyro user may go on
-training that guide in an ``SVI`` loop of Pyro's own ``Trace_ELBO`` (weight 1), which knows nothing of the record.
-:func:`watch_guide` puts a hook on each of the guide's parameters that fires when a backward pass computes its
-gradient: a pass that runs neither inside a :class:`pyro_bbb.ELBO` call or ``fit`` (:func:`objective_of_record`) nor
-through a ``pyro_bbb.ELBO`` loss (:func:`watch_objective_backward`), and that does not add onto a gradient such a loss
-left and no step has applied yet (an auxiliary loss of one's own, backward apart), has the guide's parameters
-digested before any step. :func:`trained_outside` then says whether they changed since: a step taken on gradients
-that did not come from ``pyro_bbb.ELBO``. Gradients no step follows (a look at them, a saliency map) change nothing.
-The digest reads the values' bits, so a fused optimizer kernel or a ``.data`` write, which torch's version counter
-misses, is seen too. Not watched: a guide function (not a module), parameters that did not require gradients when
-the record was made or that Pyro's param store replaced since, and other threads while one runs ``fit``.
+``fit`` records the KL weight it trained a guide at (:mod:`~pyro_bbb.infer.tempering`); a Pyro user may go on training
+that guide in an ``SVI`` loop of Pyro's own ``Trace_ELBO`` (weight 1), which knows nothing of the record.
+:func:`watch_guide` puts a hook on each of the guide's parameters that fires when a backward pass computes its gradient:
+a pass that runs neither inside a :class:`pyro_bbb.ELBO` call or ``fit`` (:func:`objective_of_record`) nor through a
+``pyro_bbb.ELBO`` loss (:func:`watch_objective_backward`), and that does not add onto a gradient such a loss left that
+is neither applied by pyro_bbb's optimizers nor zeroed yet (an auxiliary loss of one's own, backward apart; with a torch
+optimizer, gradients added without ``zero_grad`` after its step count as such), has the guide's parameters digested
+before any step. :func:`trained_outside` then says whether they changed since: a step taken on gradients that did not
+come from ``pyro_bbb.ELBO``. Gradients no step follows (a look at them, a saliency map) change nothing. The digest reads
+the values' bits, so a fused optimizer kernel or a ``.data`` write, which torch's version counter misses, is seen too. A
+``load_state_dict`` of the guide forgets what was noted. Not watched: a guide function (not a module), parameters that
+did not require gradients when the record was made or that Pyro's param store replaced since, and other threads while
+one runs ``fit`` or a ``pyro_bbb.ELBO`` backward (which, summed with another guide's loss, excuses that loss too).
 
 Examples
 --------
@@ -35,7 +37,7 @@ from functools import partial
 
 import torch
 
-from .._internals import current_backward_id
+from .._internals import current_backward_id, queue_after_backward
 from .contract import objective_gradient_kept
 
 __all__ = ["objective_of_record", "watch_objective_backward", "watch_guide", "trained_outside",
@@ -49,6 +51,7 @@ _hooked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: since the next pyro_bbb.ELBO training call forgets the digests (forget_outside_training)
 _objective_backwards: deque[int] = deque(maxlen=64)
 _objective_calls = 0  # pyro_bbb.ELBO calls and fits under way: their backward passes train at the recorded weight
+_objective_backward_running = 0  # backward passes of a pyro_bbb.ELBO loss (differentiable_loss's) under way
 
 
 @contextmanager
@@ -90,9 +93,17 @@ def watch_objective_backward(loss: torch.Tensor) -> None:
     True
     """
     def at_backward(grad: torch.Tensor) -> torch.Tensor:
+        global _objective_backward_running
         _objective_backwards.append(current_backward_id())
+        _objective_backward_running += 1  # (a backward nested in it, e.g. a reentrant checkpoint's, gets a new id)
+        queue_after_backward(_objective_backward_ended)
         return grad
     loss.register_hook(at_backward)
+
+
+def _objective_backward_ended() -> None:
+    global _objective_backward_running
+    _objective_backward_running -= 1
 
 
 def watch_guide(guide: torch.nn.Module) -> None:
@@ -110,10 +121,13 @@ def watch_guide(guide: torch.nn.Module) -> None:
     if guide not in _hooked:
         _hooked[guide] = {}
         weakref.finalize(guide, _remove_hooks, _hooked[guide])
+        # a state put back by hand is not a step taken on outside gradients (nor known to be one of pyro_bbb's)
+        guide.register_load_state_dict_post_hook(lambda module, keys: forget_outside_training(module))
     hooked, guide_ref = _hooked[guide], weakref.ref(guide)
 
     def at_gradient(param_ref: weakref.ref, grad: torch.Tensor) -> None:
-        if _objective_calls or (guide_now := guide_ref()) is None or guide_now in _digests_before:
+        if _objective_calls or _objective_backward_running or (guide_now := guide_ref()) is None or \
+                guide_now in _digests_before:
             return  # (pyro_bbb's own step: one test, as cheap as a hook can be)
         backward = current_backward_id()
         if backward in _objective_backwards or objective_gradient_kept(param_ref()):  # (an auxiliary loss's)
@@ -159,19 +173,26 @@ def forget_outside_training(guide: torch.nn.Module) -> None:
 
 
 def _digests(guide: torch.nn.Module) -> dict[int, torch.Tensor]:
-    """Each parameter of ``guide`` (by id: the guide holds them) -> two integers read from the bits of its values
-    (their sum, and their sum weighted by position): any change of a value changes them, a NaN included, and no
-    float64 is needed."""
+    """Each parameter of ``guide`` (by id: the guide holds them) -> two integers read from the bits of its values:
+    their sum, and their sum weighted by a pseudo-random odd number per position. An optimizer's step changes them
+    (a change that cancels in both sums would have to be made for it), a NaN is equal to itself, no float64 is
+    needed, and the weighted sum runs over chunks, so no more than a chunk's copy is made."""
     out = {}
     for param in guide.parameters():
         values = param.detach()
         values = torch.view_as_real(values) if values.is_complex() else values
-        bits = values.reshape(-1).view(_SAME_SIZE_INTEGER[values.element_size()]).long()
-        positions = torch.arange(1, bits.numel() + 1, device=bits.device)
-        out[id(param)] = torch.stack([bits.sum(), (bits * positions).sum()])
+        bits = values.reshape(-1).view(_SAME_SIZE_INTEGER[values.element_size()])
+        weighted = torch.zeros((), dtype=torch.int64, device=bits.device)
+        for start in range(0, bits.numel(), _CHUNK):
+            chunk = bits[start:start + _CHUNK]
+            positions = torch.arange(start, start + chunk.numel(), device=bits.device)
+            weighted += (chunk.long() * ((positions * _GOLDEN) % _TWO_32 | 1)).sum()
+        out[id(param)] = torch.stack([bits.sum(dtype=torch.int64), weighted])
     return out
 
 
+_CHUNK = 1 << 20  # values a chunk of the weighted sum reads
+_GOLDEN, _TWO_32 = 2654435761, 1 << 32  # (Knuth's multiplicative hash of the position, made odd)
 _SAME_SIZE_INTEGER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 

@@ -203,20 +203,27 @@ def record_kl_weight(guide: Any, choice: KLWeightChoice | None) -> None:
         return
     if not isinstance(choice, KLWeightChoice):
         raise TypeError(f"record_kl_weight takes a KLWeightChoice, got {type(choice).__name__}.")
+    if _store(guide, choice) and isinstance(guide, torch.nn.Module):
+        watch_guide(guide)
+
+
+def _store(guide: Any, choice: KLWeightChoice) -> bool:
+    """Keep ``choice`` as ``guide``'s record, forgetting any outside training noted before it (``False``: a guide
+    that cannot be weakly referenced is not recorded)."""
     if is_point_estimate(guide) and not choice.point_estimate:
         choice = replace(choice, point_estimate=True)
     try:
         _records[guide] = choice
-    except TypeError:  # a guide that cannot be weakly referenced is not recorded
-        return
+    except TypeError:
+        return False
     forget_outside_training(guide)
-    if isinstance(guide, torch.nn.Module):
-        watch_guide(guide)
+    return True
 
 
 def note_trained_weight(guide: Any, weight: float) -> None:
-    """Record that ``guide`` is being trained at ``weight`` (``pyro_bbb.ELBO``'s training steps call it, the
-    Lightning module's among them), keeping a record at the same weight (``fit``'s, with its candidates' scores).
+    """Record that ``guide`` is being trained at ``weight`` (``pyro_bbb.ELBO``'s gradient computations call it, the
+    Lightning module's among them: each is taken for a training step), keeping a record at the same weight (``fit``'s,
+    with its candidates' scores).
 
     Examples
     --------
@@ -230,15 +237,18 @@ def note_trained_weight(guide: Any, weight: float) -> None:
     'KL weight 1 (given): the Bayes posterior'
     """
     held = kl_weight_of(guide)
-    if held is None or held.kl_weight != weight or held.chosen_by == "outside":
+    if held is None:
         record_kl_weight(guide, KLWeightChoice(kl_weight=float(weight)))
+    elif held.kl_weight != weight or held.chosen_by == "outside":  # (a schedule's next weight: watched already)
+        _store(guide, KLWeightChoice(kl_weight=float(weight)))
     else:
         forget_outside_training(guide)  # (gradients from outside since, no change: this step trains it)
 
 
 def kl_weight_of(guide: Any) -> KLWeightChoice | None:
     """How ``guide`` was trained (``None``: not by ``fit``, nor loaded from a checkpoint that says); a guide module
-    trained on outside :class:`pyro_bbb.ELBO` since its record reads ``chosen_by="outside"``, weight 1.
+    trained on outside :class:`pyro_bbb.ELBO` since its record reads ``chosen_by="outside"``, weight 1 (the first
+    read that sees it makes that the record: :mod:`~pyro_bbb.infer.outside_training`).
 
     Examples
     --------

@@ -112,7 +112,8 @@ class BayesianLightningModule(pl.LightningModule):
         self.pyro_step = TrainingStep(model, guide, optimizer or JointAdam(lr=lr), num_data=num_data,
                                       kl_weight=kl_weight, num_particles=num_particles, estimator=estimator)
         self.lr = lr
-        # (each training step records its KL weight on the guide, in pyro_bbb.ELBO's differentiable_loss)
+        # (each training step records its KL weight on the guide when Lightning's backward of pyro_bbb.ELBO's
+        # differentiable_loss runs)
         if not is_set_up(guide):
             if example_batch is None:
                 raise ValueError(

@@ -138,3 +138,64 @@ def test_a_record_is_not_called_outside_training_by_pyro_bbbs_own_steps_or_a_ref
     for _ in range(3):
         svi.step(x, y)
     assert kl_weight_of(guide) is history.kl_weight_choice
+
+
+def test_a_reentrant_checkpoint_in_the_guide_and_a_state_put_back_by_hand_keep_the_record():
+    """A guide module whose encoder runs under checkpoint(use_reentrant=True) (a backward nested in pyro_bbb.ELBO's,
+    with an id of its own) trained by a pyro_bbb.ELBO loop keeps its record; so does load_state_dict after a look at
+    gradients of one's own (a state put back by hand is no step on outside gradients)."""
+    import pyro
+    import pyro.distributions as dist
+    from pyro.nn import PyroModule
+    from torch.utils.checkpoint import checkpoint
+
+    x, y = torch.randn(40, 3), torch.randn(40)
+
+    def model(x, y=None):
+        with pyro.plate("data", x.shape[0]):
+            z = pyro.sample("z", dist.Normal(0.0, 1.0))
+            pyro.sample("obs", dist.Normal(z, 0.5), obs=y)
+
+    class Encoder(PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.hidden, self.out = torch.nn.Linear(3, 8), torch.nn.Linear(8, 2)
+
+        def forward(self, x, y=None):
+            out = checkpoint(self.out, torch.tanh(self.hidden(x)), use_reentrant=True)
+            with pyro.plate("data", x.shape[0]):
+                pyro.sample("z", dist.Normal(out[:, 0], torch.nn.functional.softplus(out[:, 1]) + 1e-3))
+
+    pyro.clear_param_store()
+    guide = Encoder()
+    record_kl_weight(guide, KLWeightChoice(kl_weight=0.05))
+    given = kl_weight_of(guide)
+    optimizer = torch.optim.Adam(guide.parameters(), lr=0.01)
+    elbo = pyro_bbb.ELBO(num_data=40, kl_weight=0.05)
+    for step in range(3):
+        optimizer.zero_grad()
+        elbo.differentiable_loss(model, guide, x, y).backward()
+        optimizer.step()
+        if step == 0:
+            best = {name: value.clone() for name, value in guide.state_dict().items()}  # (e.g. by a held-out score)
+    assert kl_weight_of(guide) is given
+    optimizer.zero_grad()
+    sum(p.sum() for p in guide.parameters()).backward()  # (a look of one's own at gradients, no step)
+    guide.load_state_dict(best)
+    assert kl_weight_of(guide) is given
+
+
+def test_the_digest_sees_changes_that_cancel_in_a_plain_sum():
+    """Bits changed by +1, -2, +1 at neighbouring positions keep both the sum and the position-weighted sum of the
+    bits; the odd pseudo-random weights per position do not."""
+    from pyro_bbb.infer.outside_training import _digests
+
+    guide = torch.nn.Linear(4, 1, bias=False)
+    before = _digests(guide)[id(guide.weight)]
+    with torch.no_grad():
+        bits = guide.weight.view(-1).view(torch.int32)
+        bits[0] += 1
+        bits[1] -= 2
+        bits[2] += 1
+    after = _digests(guide)[id(guide.weight)]
+    assert after[0] == before[0] and not torch.equal(after, before)
