@@ -11,8 +11,10 @@ before any step. :func:`trained_outside` then says whether they changed since: a
 come from ``pyro_bbb.ELBO``. Gradients no step follows (a look at them, a saliency map) change nothing. The digest reads
 the values' bits, so a fused optimizer kernel or a ``.data`` write, which torch's version counter misses, is seen too. A
 ``load_state_dict`` of the guide forgets what was noted. Not watched: a guide function (not a module), parameters that
-did not require gradients when the record was made or that Pyro's param store replaced since, and other threads while
-one runs ``fit`` or a ``pyro_bbb.ELBO`` backward (which, summed with another guide's loss, excuses that loss too).
+did not require gradients when the record was made or that Pyro's param store replaced since, other threads while one
+runs ``fit``, and a ``pyro_bbb.ELBO`` loss summed with another guide's loss excuses that loss too. A backward nested in
+a ``pyro_bbb.ELBO`` loss's, with an id of its own (``checkpoint(..., use_reentrant=True)`` in a guide module), is taken
+for an outside one: use ``use_reentrant=False``, torch's recommended checkpoint.
 
 Examples
 --------
@@ -37,7 +39,7 @@ from functools import partial
 
 import torch
 
-from .._internals import current_backward_id, queue_after_backward
+from .._internals import current_backward_id
 from .contract import objective_gradient_kept
 
 __all__ = ["objective_of_record", "watch_objective_backward", "watch_guide", "trained_outside",
@@ -51,7 +53,6 @@ _hooked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: since the next pyro_bbb.ELBO training call forgets the digests (forget_outside_training)
 _objective_backwards: deque[int] = deque(maxlen=64)
 _objective_calls = 0  # pyro_bbb.ELBO calls and fits under way: their backward passes train at the recorded weight
-_objective_backward_running = 0  # backward passes of a pyro_bbb.ELBO loss (differentiable_loss's) under way
 
 
 @contextmanager
@@ -93,17 +94,9 @@ def watch_objective_backward(loss: torch.Tensor) -> None:
     True
     """
     def at_backward(grad: torch.Tensor) -> torch.Tensor:
-        global _objective_backward_running
         _objective_backwards.append(current_backward_id())
-        _objective_backward_running += 1  # (a backward nested in it, e.g. a reentrant checkpoint's, gets a new id)
-        queue_after_backward(_objective_backward_ended)
         return grad
     loss.register_hook(at_backward)
-
-
-def _objective_backward_ended() -> None:
-    global _objective_backward_running
-    _objective_backward_running -= 1
 
 
 def watch_guide(guide: torch.nn.Module) -> None:
@@ -126,8 +119,7 @@ def watch_guide(guide: torch.nn.Module) -> None:
     hooked, guide_ref = _hooked[guide], weakref.ref(guide)
 
     def at_gradient(param_ref: weakref.ref, grad: torch.Tensor) -> None:
-        if _objective_calls or _objective_backward_running or (guide_now := guide_ref()) is None or \
-                guide_now in _digests_before:
+        if _objective_calls or (guide_now := guide_ref()) is None or guide_now in _digests_before:
             return  # (pyro_bbb's own step: one test, as cheap as a hook can be)
         backward = current_backward_id()
         if backward in _objective_backwards or objective_gradient_kept(param_ref()):  # (an auxiliary loss's)
