@@ -199,3 +199,28 @@ def test_the_digest_sees_changes_that_cancel_in_a_plain_sum():
         bits[2] += 1
     after = _digests(guide)[id(guide.weight)]
     assert after[0] == before[0] and not torch.equal(after, before)
+
+
+def test_a_pyro_bbb_backward_that_raised_hides_no_later_outside_training():
+    """A backward of a pyro_bbb.ELBO loss that raises part-way (here a hook of one's own) leaves nothing behind that
+    would take a later Pyro Trace_ELBO loop for pyro_bbb's own training."""
+    import pyro
+
+    from pyro_bbb import likelihoods
+
+    x, y = torch.randn(40, 3), torch.randn(40)
+    pyro.clear_param_store()
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(0.5), num_data=40)
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=1, kl_weight=0.05, progress=False)
+
+    def fails(grad):
+        raise RuntimeError("a hook of one's own fails")
+    loss = pyro_bbb.ELBO(num_data=40, kl_weight=0.05).differentiable_loss(bnn, guide, x, y)
+    loss.register_hook(fails)
+    with pytest.raises(RuntimeError, match="fails"):
+        loss.backward()
+    svi = pyro.infer.SVI(bnn, guide, pyro.optim.Adam({"lr": 0.01}), pyro.infer.Trace_ELBO())
+    for _ in range(2):
+        svi.step(x, y)
+    assert kl_weight_of(guide).chosen_by == "outside"
