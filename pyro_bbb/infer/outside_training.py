@@ -86,12 +86,14 @@ def watch_objective_backward(loss: torch.Tensor) -> None:
 
     Examples
     --------
-    >>> p = torch.ones(2, requires_grad=True)
-    >>> loss = (3 * p).sum()
+    >>> guide = torch.nn.Linear(2, 1)
+    >>> watch_guide(guide)
+    >>> loss = guide(torch.randn(4, 2)).square().sum()
     >>> watch_objective_backward(loss)
     >>> loss.backward()
-    >>> len(_objective_backwards) > 0
-    True
+    >>> torch.optim.SGD(guide.parameters(), lr=0.1).step()
+    >>> trained_outside(guide)  # (without watch_objective_backward: True)
+    False
     """
     def at_backward(grad: torch.Tensor) -> torch.Tensor:
         _objective_backwards.append(current_backward_id())
@@ -159,7 +161,13 @@ def forget_outside_training(guide: torch.nn.Module) -> None:
 
     Examples
     --------
-    >>> forget_outside_training(pyro_bbb.MeanFieldGuide(BayesianLinear(2, 1)))
+    >>> guide = torch.nn.Linear(2, 1)
+    >>> watch_guide(guide)
+    >>> guide(torch.randn(4, 2)).sum().backward()  # (gradients from outside)
+    >>> torch.optim.SGD(guide.parameters(), lr=0.1).step()
+    >>> forget_outside_training(guide)  # (e.g. a new record)
+    >>> trained_outside(guide)
+    False
     """
     _digests_before.pop(guide, None)
 
