@@ -116,15 +116,54 @@ def _unbatched_reads(loader: torch.utils.data.DataLoader) -> str | None:
     return None
 
 
-def _num_data(loader: torch.utils.data.DataLoader) -> int:
+def _own_index_batches(loader: torch.utils.data.DataLoader, reads: str | None):
+    """The batches of indices a sampler of one's own picks for the loader: its ``batch_sampler`` when that keeps no
+    sampler inside, or a sampler yielding lists of indices to a loader without batching (``reads``, what
+    :func:`_unbatched_reads` says); ``None`` for torch's samplers."""
+    if reads == "batches":
+        return loader.sampler
+    if loader.batch_sampler is not None and _sampler(loader) is None:
+        return loader.batch_sampler
+    return None
+
+
+def _distinct_rows(index_batches) -> int | None:
+    """The distinct rows one epoch of ``index_batches`` draws, when it draws none twice (e.g. the training indices
+    of a dataset shared with a validation split); ``None`` when it draws a row twice (with replacement: the rows it
+    draws from are then unknown), yields nothing, yields what are not integer indices, or is a one-pass iterator
+    (reading it would lose what it yields). The epoch is drawn without touching the caller's random numbers."""
+    if isinstance(index_batches, Iterator):
+        return None
+    try:
+        with rng_untouched():  # (torch's, numpy's and Python's: a sampler may draw with any of them)
+            drawn = [torch.as_tensor(batch).reshape(-1) for batch in index_batches]
+    except (TypeError, ValueError, RuntimeError):  # (e.g. a dataset keyed by strings)
+        return None
+    if not drawn:
+        return None
+    drawn = torch.cat(drawn)
+    if drawn.is_floating_point() or drawn.is_complex() or drawn.dtype == torch.bool:
+        return None
+    distinct = int(drawn.unique().numel())
+    return distinct if distinct == drawn.numel() else None
+
+
+def _num_data(loader: torch.utils.data.DataLoader, reads: str | None, distributed: bool = False) -> int:
     """N: the number of data one epoch of the loader draws from -- its sampler's, so that a ``SubsetRandomSampler``
     over part of the dataset counts only that part; a ``DistributedSampler`` counts its dataset, every rank's data
     (not the rows it pads its ranks' shares with, nor those ``drop_last`` cuts); a
     ``RandomSampler`` or ``WeightedRandomSampler`` with its own ``num_samples`` (the draws per epoch, not the data)
-    counts the rows it draws from (those of positive weight); a sampler of one's own that yields lists of indices to a
-    loader without batching (its len() counts batches) counts the dataset."""
+    counts the rows it draws from (those of positive weight). A batch sampler of one's own (``batch_sampler=``, or a
+    sampler yielding lists of indices to a loader without batching) counts the distinct rows of one epoch when it
+    draws each once (the training indices of a dataset shared with a validation split: not the whole dataset), and
+    the dataset otherwise (a row drawn twice) or under ``distributed`` (each process draws its share of the dataset,
+    as under a ``DistributedSampler``). ``reads`` is what :func:`_unbatched_reads` says of the loader."""
     sampler = _sampler(loader)
-    if _unbatched_reads(loader) == "batches":
+    own = _own_index_batches(loader, reads)
+    if own is not None:
+        rows = None if distributed else _distinct_rows(own)
+        if rows is not None:
+            return rows
         sampler = None
     if isinstance(sampler, torch.utils.data.DistributedSampler):  # (not total_size: padded, or cut by drop_last)
         return len(sampler.dataset)
@@ -191,10 +230,10 @@ def _check_loader_upfront(loader: torch.utils.data.DataLoader, likelihood) -> No
         check_batch(*rows, likelihood, what="the DataLoader's data")
 
 
-def _check_loader_batches(loader: torch.utils.data.DataLoader, num_data: int) -> None:
+def _check_loader_batches(loader: torch.utils.data.DataLoader, num_data: int, reads: str | None) -> None:
     """A loader that yields no batch at all (a whole epoch without a step), or single rows, is an error naming the
-    fix."""
-    if _unbatched_reads(loader) == "rows":
+    fix (``reads``: what :func:`_unbatched_reads` says of the loader)."""
+    if reads == "rows":
         own = not isinstance(loader.sampler, _INDEX_SAMPLERS)
         fix = f"DataLoader(dataset, batch_size=..., {'sampler=your_sampler' if own else 'shuffle=True'})"
         raise ValueError(
@@ -221,17 +260,20 @@ def _check_loader_batches(loader: torch.utils.data.DataLoader, num_data: int) ->
 
 
 class Batches:
-    """An epoch's minibatches from an ``(x, y)`` pair (reshuffled every epoch) or from a DataLoader."""
+    """An epoch's minibatches from an ``(x, y)`` pair (reshuffled every epoch) or from a DataLoader; ``num_data``
+    is the training-set size N (``distributed``: one process's loader in a distributed fit)."""
 
-    def __init__(self, data, batch_size: int | None, likelihood, device, dtype: torch.dtype | None = None):
+    def __init__(self, data, batch_size: int | None, likelihood, device, dtype: torch.dtype | None = None,
+                 distributed: bool = False):
         self.likelihood, self.device, self.dtype = likelihood, device, dtype
         if isinstance(data, torch.utils.data.DataLoader):
             if batch_size is not None:
                 raise ValueError("pass batch_size to the DataLoader, not to fit, when data is a DataLoader.")
-            self.loader, self.num_data = data, _num_data(data)
+            reads = _unbatched_reads(data)  # (once: a sampler of one's own is peeked at)
+            self.loader, self.num_data = data, _num_data(data, reads, distributed)
             if self.num_data == 0:
                 raise ValueError("the DataLoader's dataset is empty; fit needs at least one datum.")
-            _check_loader_batches(data, self.num_data)
+            _check_loader_batches(data, self.num_data, reads)
             _check_loader_upfront(data, likelihood)
         elif isinstance(data, Sequence) and len(data) == 2:
             x, y = data

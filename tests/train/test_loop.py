@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import pyro_bbb
 from pyro_bbb import likelihoods
-from pyro_bbb.data.batches import DataError
+from pyro_bbb.data.batches import Batches, DataError
 from pyro_bbb.data.datasets import heteroscedastic_regression
 from pyro_bbb.evaluate import metrics
 from pyro_bbb.infer.tempering import kl_weight_of
@@ -499,6 +499,60 @@ def test_num_data_of_a_batch_sampler_is_the_rows_it_batches():
         model = regression_model()
         history = fit(model, pyro_bbb.MeanFieldGuide(model), loader, epochs=1, kl_weight=1)
         assert history.last["num_data"] == 200 and len(history.step_loss) == 25
+
+
+@pytest.mark.parametrize("given_as", ["batch_sampler", "sampler without batching"])
+@pytest.mark.parametrize("draws, expected", [("training rows once", 120), ("training rows, ranges", 120),
+                                             ("every row once", 200), ("with replacement", 200)])
+def test_num_data_of_a_batch_sampler_of_ones_own_is_the_rows_one_epoch_draws(given_as, draws, expected):
+    """A batch sampler of one's own over the training indices of a dataset shared with a validation split counted
+    the whole dataset as N: 200 rows where 120 are trained on, the likelihood weighed 5/3 against the KL, silently.
+    One epoch's distinct rows are counted when it draws each once (drawn without touching the caller's random
+    numbers); drawing with replacement keeps the dataset's size, as before."""
+    import numpy as np
+
+    class TrainingBatches(torch.utils.data.Sampler):  # no .sampler inside
+        def __iter__(self):
+            if draws == "training rows, ranges":
+                return iter([range(i, min(i + 16, 120)) for i in range(0, 120, 16)])
+            rows = 120 if draws.startswith("training") else 200
+            order = torch.randint(rows, (rows,)) if draws == "with replacement" else torch.randperm(rows)
+            return iter([b.numpy() if given_as == "batch_sampler" else b.tolist() for b in order.split(16)])
+
+        def __len__(self):
+            return -(-(120 if draws.startswith("training") else 200) // 16)
+
+    x, y = small_data(200)
+    data = TensorDataset(x, y)
+    loader = (DataLoader(data, batch_sampler=TrainingBatches()) if given_as == "batch_sampler"
+              else DataLoader(data, sampler=TrainingBatches(), batch_size=None))
+    model = regression_model()
+    torch.manual_seed(0)
+    np.random.seed(0)
+    expected_draws = torch.rand(3), np.random.rand(3)
+    torch.manual_seed(0)
+    np.random.seed(0)
+    batches = Batches(loader, None, model.likelihood, None)
+    assert batches.num_data == expected
+    assert torch.equal(torch.rand(3), expected_draws[0]) and np.array_equal(np.random.rand(3), expected_draws[1])
+    history = fit(model, pyro_bbb.MeanFieldGuide(model), loader, epochs=1, kl_weight=1, progress=False)
+    assert history.last["num_data"] == expected and len(history.step_loss) == len(loader)
+
+
+def test_num_data_of_a_batch_sampler_of_ones_own_in_a_distributed_fit_is_its_datasets_size():
+    """Each process's batch sampler draws its share of the dataset once (as a DistributedSampler's does): N is the
+    dataset's size, every process's data, not the share."""
+    class Share:
+        def __iter__(self):
+            return iter(torch.arange(0, 200, 2).split(10))
+
+        def __len__(self):
+            return 10
+
+    x, y = small_data(200)
+    loader = DataLoader(TensorDataset(x, y), batch_sampler=Share())
+    assert Batches(loader, None, None, None).num_data == 100
+    assert Batches(loader, None, None, None, distributed=True).num_data == 200
 
 
 @pytest.mark.parametrize("make_sampler, expected", [
