@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -66,9 +67,28 @@ def call_net(net: Callable, x: Inputs) -> Any:
     """
     if isinstance(x, Mapping):
         return net(**x)
-    if isinstance(x, tuple | list):
+    if not isinstance(x, tuple | list):
+        return net(x)
+    try:
         return net(*x)
-    return net(x)
+    except TypeError as error:
+        _raise_if_too_many_inputs(net, x, error)
+        raise
+
+
+def _raise_if_too_many_inputs(net: Callable, x: tuple | list, error: TypeError) -> None:
+    """A tuple of inputs the net's ``forward`` cannot take (e.g. a DataLoader's ``(x, y, weights)`` batches given
+    to ``predict``, which reads a batch that is not an ``(x, y)`` pair as the inputs) is named, with the fix."""
+    try:
+        inspect.signature(net.forward if isinstance(net, torch.nn.Module) else net).bind(*x)
+    except TypeError:
+        raise TypeError(
+            f"BNN called the net on a {type(x).__name__} of {len(x)} inputs (net(*x): several inputs), which it does "
+            f"not take ({error}). A DataLoader given to predict yields (x, y) pairs or the inputs alone; for batches "
+            "such as (x, y, weights), pass DataLoader(TensorDataset(x, y)) or the inputs."
+        ) from error
+    except ValueError:  # (no signature to read: a builtin)
+        return
 
 
 class BNN(PyroModule):

@@ -485,6 +485,35 @@ def test_a_data_loader_is_predicted_row_by_row_in_its_order():
         pyro_bbb.predict(bnn, guide, DataLoader(x, batch_size=None))
 
 
+def test_a_data_loader_of_triples_is_named_with_the_fix_and_a_net_of_three_inputs_takes_them():
+    """(x, y, weights) batches were read as three inputs, and torch said only "forward() takes 2 positional
+    arguments but 4 were given"; a net whose forward takes three inputs predicts from them as before."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, y = torch.randn(12, 3), torch.randn(12)
+    bnn = pyro_bbb.BNN(torch.nn.Sequential(BayesianLinear(3, 1)), likelihoods.Gaussian(scale=1.0))
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=1, kl_weight=1, progress=False)
+    triples = DataLoader(TensorDataset(x, y, torch.ones(12)), batch_size=5)
+    with pytest.raises(TypeError, match=r"list of 3 inputs.*takes 2 positional.*\(x, y, weights\).*TensorDataset"):
+        pyro_bbb.predict(bnn, guide, triples, num_samples=2)
+
+    class Sum3(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = BayesianLinear(3, 1)
+
+        def forward(self, a, b, c):
+            return self.layer(a + b[:, None] + c[:, None])
+
+    bnn = pyro_bbb.BNN(Sum3(), likelihoods.Gaussian(scale=1.0))
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    pyro.set_rng_seed(0)
+    from_loader = pyro_bbb.predict(bnn, guide, triples, num_samples=2)
+    pyro.set_rng_seed(0)
+    assert torch.equal(from_loader.mean, pyro_bbb.predict(bnn, guide, (x, y, torch.ones(12)), num_samples=2).mean)
+
+
 def test_a_data_loader_that_pads_each_batch_to_its_own_length_is_predicted_batch_by_batch():
     """A collate_fn that pads each batch to its longest sequence (text) made inputs that could not be joined; each
     batch runs as it comes, under the same draws as the batches given one at a time."""
