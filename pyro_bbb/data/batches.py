@@ -27,6 +27,7 @@ from .._inputs import (
     select_rows,
 )
 from .._rng import rng_untouched
+from .._warnings import warn_at_caller
 
 __all__ = ["DataError", "Batches", "check_batch", "loader_rows", "loader_batches", "model_device", "likelihood_of"]
 
@@ -127,44 +128,15 @@ def _own_index_batches(loader: torch.utils.data.DataLoader, reads: str | None):
     return None
 
 
-def _distinct_rows(index_batches) -> int | None:
-    """The distinct rows one epoch of ``index_batches`` draws, when it draws none twice (e.g. the training indices
-    of a dataset shared with a validation split); ``None`` when it draws a row twice (with replacement: the rows it
-    draws from are then unknown), yields nothing, yields what are not integer indices, or is a one-pass iterator
-    (reading it would lose what it yields). The epoch is drawn without touching the caller's random numbers."""
-    if isinstance(index_batches, Iterator):
-        return None
-    try:
-        with rng_untouched():  # (torch's, numpy's and Python's: a sampler may draw with any of them)
-            drawn = [torch.as_tensor(batch).reshape(-1) for batch in index_batches]
-    except (TypeError, ValueError, RuntimeError):  # (e.g. a dataset keyed by strings)
-        return None
-    if not drawn:
-        return None
-    drawn = torch.cat(drawn)
-    if drawn.is_floating_point() or drawn.is_complex() or drawn.dtype == torch.bool:
-        return None
-    distinct = int(drawn.unique().numel())
-    return distinct if distinct == drawn.numel() else None
-
-
-def _num_data(loader: torch.utils.data.DataLoader, reads: str | None, distributed: bool = False) -> int:
+def _num_data(loader: torch.utils.data.DataLoader, reads: str | None) -> int:
     """N: the number of data one epoch of the loader draws from -- its sampler's, so that a ``SubsetRandomSampler``
     over part of the dataset counts only that part; a ``DistributedSampler`` counts its dataset, every rank's data
     (not the rows it pads its ranks' shares with, nor those ``drop_last`` cuts); a
     ``RandomSampler`` or ``WeightedRandomSampler`` with its own ``num_samples`` (the draws per epoch, not the data)
-    counts the rows it draws from (those of positive weight). A batch sampler of one's own (``batch_sampler=``, or a
-    sampler yielding lists of indices to a loader without batching) counts the distinct rows of one epoch when it
-    draws each once (the training indices of a dataset shared with a validation split: not the whole dataset), and
-    the dataset otherwise (a row drawn twice) or under ``distributed`` (each process draws its share of the dataset,
-    as under a ``DistributedSampler``). ``reads`` is what :func:`_unbatched_reads` says of the loader."""
-    sampler = _sampler(loader)
-    own = _own_index_batches(loader, reads)
-    if own is not None:
-        rows = None if distributed else _distinct_rows(own)
-        if rows is not None:
-            return rows
-        sampler = None
+    counts the rows it draws from (those of positive weight); a sampler of one's own that yields lists of indices to a
+    loader without batching (its len() counts batches) counts the dataset (``reads``: what
+    :func:`_unbatched_reads` says of the loader)."""
+    sampler = None if _own_index_batches(loader, reads) is not None else _sampler(loader)
     if isinstance(sampler, torch.utils.data.DistributedSampler):  # (not total_size: padded, or cut by drop_last)
         return len(sampler.dataset)
     if isinstance(sampler, torch.utils.data.RandomSampler):
@@ -260,20 +232,19 @@ def _check_loader_batches(loader: torch.utils.data.DataLoader, num_data: int, re
 
 
 class Batches:
-    """An epoch's minibatches from an ``(x, y)`` pair (reshuffled every epoch) or from a DataLoader; ``num_data``
-    is the training-set size N (``distributed``: one process's loader in a distributed fit)."""
+    """An epoch's minibatches from an ``(x, y)`` pair (reshuffled every epoch) or from a DataLoader."""
 
-    def __init__(self, data, batch_size: int | None, likelihood, device, dtype: torch.dtype | None = None,
-                 distributed: bool = False):
+    def __init__(self, data, batch_size: int | None, likelihood, device, dtype: torch.dtype | None = None):
         self.likelihood, self.device, self.dtype = likelihood, device, dtype
         if isinstance(data, torch.utils.data.DataLoader):
             if batch_size is not None:
                 raise ValueError("pass batch_size to the DataLoader, not to fit, when data is a DataLoader.")
             reads = _unbatched_reads(data)  # (once: a sampler of one's own is peeked at)
-            self.loader, self.num_data = data, _num_data(data, reads, distributed)
+            self.loader, self.num_data = data, _num_data(data, reads)
             if self.num_data == 0:
                 raise ValueError("the DataLoader's dataset is empty; fit needs at least one datum.")
             _check_loader_batches(data, self.num_data, reads)
+            self._own_batches = _own_index_batches(data, reads) is not None  # (N is its dataset's: checked below)
             _check_loader_upfront(data, likelihood)
         elif isinstance(data, Sequence) and len(data) == 2:
             x, y = data
@@ -289,6 +260,7 @@ class Batches:
             for idx in torch.randperm(self.num_data).split(self.batch_size):
                 yield inputs_to(select_rows(self.x, idx), self.device), self.y[idx].to(self.device)
             return
+        rows, largest = 0, 0
         for number, batch in enumerate(self.loader, 1):
             if not isinstance(batch, Sequence) or len(batch) != 2:
                 raise DataError(f"the DataLoader must yield (x, y) pairs; batch {number} is {_what(batch)}"
@@ -297,7 +269,28 @@ class Batches:
                 x, y = check_batch(*batch, self.likelihood, what=f"DataLoader batch {number}", dtype=self.dtype)
             except (ValueError, TypeError) as error:
                 raise DataError(str(error)) from error
+            rows, largest = rows + len(y), max(largest, len(y))
             yield inputs_to(x, self.device), y.to(self.device)
+        if self._own_batches:
+            self._own_batches = False  # (said once)
+            _warn_if_own_batches_draw_part(self.num_data, rows, largest)
+
+
+def _warn_if_own_batches_draw_part(num_data: int, rows: int, largest: int) -> None:
+    """A batch sampler of one's own whose epoch drew more than a batch fewer rows than the dataset holds (N, read
+    from the dataset: nothing says which rows the sampler draws from without drawing an epoch) is said, with the
+    fix: training indices of a dataset shared with a validation split would have their likelihood weighed
+    ``N / rows`` times too much against the KL."""
+    if num_data - rows <= largest:  # (every row, but for a dropped last batch)
+        return
+    warn_at_caller(
+        f"N = {num_data}, the DataLoader's dataset's size, weighs the likelihood against the KL, but its batch "
+        f"sampler of your own drew {rows} rows in an epoch. If it draws from part of the dataset (e.g. the training "
+        f"indices of a dataset shared with a validation split), the likelihood is weighed {num_data / rows:.3g} "
+        "times too much: give the DataLoader torch.utils.data.Subset(dataset, indices), or "
+        "sampler=SubsetRandomSampler(indices) with batch_size=..., whose rows are N. If each epoch draws a sample "
+        "of the whole dataset, N is right."
+    )
 
 
 def loader_batches(loader: torch.utils.data.DataLoader, caller: str = "predict") -> list[Any]:

@@ -127,8 +127,8 @@ def fit(
         Training data; a pair is reshuffled into batches of ``batch_size`` every epoch (``None``: full batch).
         ``x`` may be a tensor, a tuple of tensors or a dict of tensors (a transformers ``BatchEncoding``) with a
         common first dimension (each row one datum); a DataLoader yields ``(x, y)`` pairs of those. A DataLoader's
-        N is the rows its sampler draws from: a ``SubsetRandomSampler``'s indices, a ``batch_sampler`` of your
-        own's distinct rows in one epoch when it draws each once (else its dataset's size).
+        N is the rows its sampler draws from (a ``SubsetRandomSampler``'s indices); with a ``batch_sampler`` of your
+        own, the dataset's size (a warning says so when an epoch draws fewer rows: use a ``Subset``).
     epochs : int
         Passes over the data.
     optimizer : pyro.optim.PyroOptim, optional
@@ -647,7 +647,7 @@ def _training_batches(model, data, batch_size, distributed: bool, seed):
     rank, world = distributed_.require_process_group()
     error = None
     try:  # a rank whose data fails the checks must not leave the others waiting in a collective
-        batches = Batches(data, batch_size, likelihood, device, dtype, distributed=True)
+        batches = Batches(data, batch_size, likelihood, device, dtype)
     except (ValueError, TypeError) as caught:
         error = caught
     distributed_.raise_if_any_rank_failed(error)

@@ -2,6 +2,7 @@ import contextlib
 import json
 import math
 import re
+import warnings
 
 import pyro
 import pytest
@@ -10,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import pyro_bbb
 from pyro_bbb import likelihoods
-from pyro_bbb.data.batches import Batches, DataError
+from pyro_bbb.data.batches import DataError
 from pyro_bbb.data.datasets import heteroscedastic_regression
 from pyro_bbb.evaluate import metrics
 from pyro_bbb.infer.tempering import kl_weight_of
@@ -502,57 +503,62 @@ def test_num_data_of_a_batch_sampler_is_the_rows_it_batches():
 
 
 @pytest.mark.parametrize("given_as", ["batch_sampler", "sampler without batching"])
-@pytest.mark.parametrize("draws, expected", [("training rows once", 120), ("training rows, ranges", 120),
-                                             ("every row once", 200), ("with replacement", 200)])
-def test_num_data_of_a_batch_sampler_of_ones_own_is_the_rows_one_epoch_draws(given_as, draws, expected):
-    """A batch sampler of one's own over the training indices of a dataset shared with a validation split counted
-    the whole dataset as N: 200 rows where 120 are trained on, the likelihood weighed 5/3 against the KL, silently.
-    One epoch's distinct rows are counted when it draws each once (drawn without touching the caller's random
-    numbers); drawing with replacement keeps the dataset's size, as before."""
-    import numpy as np
+@pytest.mark.parametrize("draws, warned", [("training rows", True), ("every row", False),
+                                           ("every row but a dropped batch", False), ("a stream", True)])
+def test_a_batch_sampler_of_ones_own_drawing_part_of_the_dataset_is_said(given_as, draws, warned):
+    """A batch sampler of one's own over the training indices of a dataset shared with a validation split weighed
+    the likelihood of its 120 rows as the dataset's 200, silently (N is the dataset's size: nothing says which
+    rows such a sampler draws from without drawing an epoch). The first epoch's rows are counted as it trains: the
+    warning names the factor and the fix. Nothing is peeked: a sampler with its own generator, or one that can be
+    read once, trains on the batches it would have given anyway."""
 
-    class TrainingBatches(torch.utils.data.Sampler):  # no .sampler inside
+    class OwnBatches(torch.utils.data.Sampler):  # no .sampler inside
+        def __init__(self):
+            self.generator = torch.Generator().manual_seed(0)
+            self.stream = iter(torch.arange(120).split(16))
+
         def __iter__(self):
-            if draws == "training rows, ranges":
-                return iter([range(i, min(i + 16, 120)) for i in range(0, 120, 16)])
-            rows = 120 if draws.startswith("training") else 200
-            order = torch.randint(rows, (rows,)) if draws == "with replacement" else torch.randperm(rows)
+            if draws == "a stream":  # (one pass, then nothing)
+                return (b.tolist() for b in self.stream)
+            rows = 120 if draws == "training rows" else 200
+            order = torch.randperm(rows, generator=self.generator)[:192 if "dropped" in draws else rows]
             return iter([b.numpy() if given_as == "batch_sampler" else b.tolist() for b in order.split(16)])
 
         def __len__(self):
-            return -(-(120 if draws.startswith("training") else 200) // 16)
+            return 8
 
+    if draws == "a stream" and given_as != "batch_sampler":
+        pytest.skip("a sampler of one's own without batching is peeked at (single indices are refused before any "
+                    "draw): a one-pass stream behind it loses its first batch")
     x, y = small_data(200)
     data = TensorDataset(x, y)
-    loader = (DataLoader(data, batch_sampler=TrainingBatches()) if given_as == "batch_sampler"
-              else DataLoader(data, sampler=TrainingBatches(), batch_size=None))
+    sampler = OwnBatches()
+    loader = (DataLoader(data, batch_sampler=sampler) if given_as == "batch_sampler"
+              else DataLoader(data, sampler=sampler, batch_size=None))
     model = regression_model()
-    torch.manual_seed(0)
-    np.random.seed(0)
-    expected_draws = torch.rand(3), np.random.rand(3)
-    torch.manual_seed(0)
-    np.random.seed(0)
-    batches = Batches(loader, None, model.likelihood, None)
-    assert batches.num_data == expected
-    assert torch.equal(torch.rand(3), expected_draws[0]) and np.array_equal(np.random.rand(3), expected_draws[1])
-    history = fit(model, pyro_bbb.MeanFieldGuide(model), loader, epochs=1, kl_weight=1, progress=False)
-    assert history.last["num_data"] == expected and len(history.step_loss) == len(loader)
-
-
-def test_num_data_of_a_batch_sampler_of_ones_own_in_a_distributed_fit_is_its_datasets_size():
-    """Each process's batch sampler draws its share of the dataset once (as a DistributedSampler's does): N is the
-    dataset's size, every process's data, not the share."""
-    class Share:
-        def __iter__(self):
-            return iter(torch.arange(0, 200, 2).split(10))
-
-        def __len__(self):
-            return 10
-
-    x, y = small_data(200)
-    loader = DataLoader(TensorDataset(x, y), batch_sampler=Share())
-    assert Batches(loader, None, None, None).num_data == 100
-    assert Batches(loader, None, None, None, distributed=True).num_data == 200
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = fit(model, pyro_bbb.MeanFieldGuide(model), loader, epochs=2, kl_weight=1, progress=False)
+    ours = [w for w in caught if "batch sampler of your own" in str(w.message)]
+    said = [str(w.message) for w in ours]
+    assert all(w.filename == __file__ for w in ours)  # (at the user's line)
+    assert history.last["num_data"] == 200
+    assert said == (["N = 200, the DataLoader's dataset's size, weighs the likelihood against the KL, but its batch "
+                     "sampler of your own drew 120 rows in an epoch. If it draws from part of the dataset (e.g. the "
+                     "training indices of a dataset shared with a validation split), the likelihood is weighed "
+                     "1.67 times too much: give the DataLoader torch.utils.data.Subset(dataset, indices), or "
+                     "sampler=SubsetRandomSampler(indices) with batch_size=..., whose rows are N. If each epoch "
+                     "draws a sample of the whole dataset, N is right."] if warned else [])
+    if draws == "a stream":
+        assert len(history.step_loss) == 8  # (its one pass trained: nothing read it before)
+    else:
+        assert len(history.step_loss) == 2 * {"training rows": 8, "every row": 13}.get(draws, 12)
+        expected = torch.Generator().manual_seed(0)
+        # one permutation an epoch; a sampler of one's own without batching also gives its first item to a peek
+        # (whether it yields single indices, refused before any draw of the caller's), a batch sampler none
+        for _ in range(2 if given_as == "batch_sampler" else 3):
+            torch.randperm(120 if draws == "training rows" else 200, generator=expected)
+        assert torch.equal(sampler.generator.get_state(), expected.get_state())
 
 
 @pytest.mark.parametrize("make_sampler, expected", [
