@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from pyro.nn import PyroModule
+from pyro.nn import module as pyro_module
 from pyro.nn.module import to_pyro_module_
 from pyro.poutine.runtime import get_plates
 
@@ -77,18 +80,31 @@ def call_net(net: Callable, x: Inputs) -> Any:
 
 
 def _raise_if_too_many_inputs(net: Callable, x: tuple | list, error: TypeError) -> None:
-    """A tuple of inputs the net's ``forward`` cannot take (e.g. a DataLoader's ``(x, y, weights)`` batches given
-    to ``predict``, which reads a batch that is not an ``(x, y)`` pair as the inputs) is named, with the fix."""
+    """A tuple of inputs the net's ``forward`` cannot take (e.g. ``(x, y, weights)`` batches of a DataLoader given to
+    ``predict``, which reads a batch that is not an ``(x, y)`` pair as the inputs) is named, with the fix: only
+    when the error came from the call itself (no frame of the net's own code ran) and ``forward`` cannot bind
+    them."""
+    frame = error.__traceback__
+    while frame.tb_next is not None:
+        frame = frame.tb_next
+    if os.path.abspath(frame.tb_frame.f_code.co_filename) not in _CALLING_FILES:  # raised inside the net's code
+        return
     try:
         inspect.signature(net.forward if isinstance(net, torch.nn.Module) else net).bind(*x)
     except TypeError:
         raise TypeError(
-            f"BNN called the net on a {type(x).__name__} of {len(x)} inputs (net(*x): several inputs), which it does "
-            f"not take ({error}). A DataLoader given to predict yields (x, y) pairs or the inputs alone; for batches "
-            "such as (x, y, weights), pass DataLoader(TensorDataset(x, y)) or the inputs."
+            f"BNN called the net on a {type(x).__name__} of {len(x)} inputs (a tuple or list is several inputs: "
+            f"net(*x)), which it does not take ({error}). Pass the inputs the net takes; a DataLoader's batches are "
+            "(x, y) pairs, or for predict the inputs alone: for batches such as (x, y, weights), give "
+            "DataLoader(TensorDataset(x, y))."
         ) from error
     except ValueError:  # (no signature to read: a builtin)
         return
+
+
+#: where a call that never reached the net's own code fails: torch's and Pyro's module calls, and call_net
+_CALLING_FILES = frozenset(os.path.abspath(module.__file__) for module in (torch.nn.modules.module, pyro_module,
+                                                                           sys.modules[__name__]))
 
 
 class BNN(PyroModule):

@@ -498,6 +498,22 @@ def test_a_data_loader_of_triples_is_named_with_the_fix_and_a_net_of_three_input
     with pytest.raises(TypeError, match=r"list of 3 inputs.*takes 2 positional.*\(x, y, weights\).*TensorDataset"):
         pyro_bbb.predict(bnn, guide, triples, num_samples=2)
 
+    class Hooked(torch.nn.Module):  # a pre-hook keeps the first input; forward's own TypeError is its own
+        def __init__(self):
+            super().__init__()
+            self.layer = BayesianLinear(3, 1)
+            self.register_forward_pre_hook(lambda module, args: args[:1])
+
+        def forward(self, a):
+            return self.layer(a) + None
+
+    hooked = pyro_bbb.BNN(Hooked(), likelihoods.Gaussian(scale=1.0))
+    with pytest.raises(TypeError, match="unsupported operand") as error:
+        hooked.net(*triples.dataset.tensors)
+    with pytest.raises(TypeError) as raised:
+        pyro_bbb.predict(hooked, pyro_bbb.MeanFieldGuide(hooked), triples, num_samples=2)
+    assert str(raised.value) == str(error.value)
+
     class Sum3(torch.nn.Module):
         def __init__(self):
             super().__init__()
