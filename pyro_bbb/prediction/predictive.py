@@ -104,6 +104,26 @@ def _site_plate_dims(site: dict) -> int:
     return max(dims, default=0)
 
 
+def _nested_plate_dims(site: dict, data_plate: str) -> int:
+    """The dims of the plates an observation site has inside its data plate (``pyro.plate("outputs", 3, dim=-1)``
+    in ``pyro.plate("data", N, dim=-2)``): one row's outputs, scored together as ``.to_event`` would score them (the
+    same weight draw for all of them), not as rows of their own. A plate outside the data plate is refused: it
+    would put the rows on another dimension."""
+    frame = data_plate_frame(site, data_plate)
+    if frame is None or frame.dim is None:
+        return 0
+    outer = [f"{f.name!r} (dim {f.dim})" for f in site["cond_indep_stack"]
+             if f.vectorized and f.name not in (SAMPLE_PLATE, data_plate) and f.dim < frame.dim]
+    if outer:
+        raise ValueError(
+            f"the observation {site['name']!r} has plate {', '.join(outer)} outside its data plate {data_plate!r} "
+            f"(dim {frame.dim}), so its rows are not its first dimension: make the data plate the outermost "
+            f"(pyro.plate({data_plate!r}, N, dim=-2) around pyro.plate(..., dim=-1)) or give the outputs one "
+            "distribution with .to_event(1)."
+        )
+    return -frame.dim - 1
+
+
 def _observation_site(model_trace, guide_trace, data_plate: str) -> str:
     names = [
         name
@@ -169,6 +189,7 @@ def _run_draws(model, draws, shapes, x, obs, data_plate: str, nesting: int, bloc
                 trace = poutine.trace(placeholder(poutine.condition(model, data=values))).get_trace(x)
         site = trace.nodes[obs]
         family, reinterpreted, params = _params(site["fn"], site, draw_dims=0 if block is None else 1)
+        reinterpreted += _nested_plate_dims(site, data_plate)  # (a row's outputs in plates of their own)
         parts.append({k: v.unsqueeze(0) for k, v in params.items()} if block is None else params)
     return family, reinterpreted, {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 

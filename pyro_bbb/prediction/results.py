@@ -243,7 +243,8 @@ def prediction_for(distribution: dist.Distribution, samples: torch.Tensor) -> Pr
     if base is not distribution and isinstance(base, dist.Categorical | dist.Bernoulli):
         raise ValueError(
             f"predict scores one class label per row, but this model's observation is a {type(base).__name__} over "
-            f"{tuple(distribution.event_shape)} labels per row (.to_event: tokens, or several labels), which its "
+            f"{tuple(distribution.event_shape)} labels per row (.to_event or a plate inside the data plate: tokens, "
+            "or several labels), which its "
             "classification results would read wrongly. Give each label its own row of the data plate, or draw "
             "per-label predictions with Pyro's Predictive."
         )

@@ -417,7 +417,7 @@ def test_a_plate_nested_in_the_data_plate_is_predicted_vectorized_as_one_draw_at
     pyro.set_rng_seed(0)
     loop = pyro_bbb.predict(model, guide, x, num_samples=7, vectorize=False)
     assert vectorized.samples.shape == (7, 10, outputs)
-    torch.testing.assert_close(vectorized.distribution.loc, loop.distribution.loc)
+    torch.testing.assert_close(vectorized.distribution.base_dist.loc, loop.distribution.base_dist.loc)
 
 
 def test_predict_with_a_guide_not_yet_set_up_leaves_batch_norm_alone():
@@ -613,3 +613,60 @@ def test_one_unbatched_row_to_a_guide_never_set_up_says_to_pass_a_batch_of_one(l
         with pytest.raises(ValueError, match=r"batch of one, x\[None\]"):
             pyro_bbb.predict(bnn, guide, x, num_samples=4)
         assert len(pyro_bbb.predict(bnn, guide, x[None], num_samples=4)) == 1
+
+
+class _OutputsModel(PyroModule):
+    """Three outputs per row: in a plate nested in the data plate, or one distribution ``.to_event(1)``."""
+
+    def __init__(self, form: str, family: str = "normal"):
+        super().__init__()
+        self.form, self.family, self.fc = form, family, BayesianLinear(2, 3)
+
+    def forward(self, x, y=None):
+        out = self.fc(x) if self.form != "outer" else self.fc(x).T
+        fn = dist.Normal(out, 0.5) if self.family == "normal" else dist.Bernoulli(logits=out)
+        if self.form == "to_event":
+            with pyro.plate("data", x.shape[0]):
+                return pyro.sample("y", fn.to_event(1), obs=y)
+        if self.form == "nested":
+            with pyro.plate("data", x.shape[0], dim=-2), pyro.plate("outputs", 3, dim=-1):
+                return pyro.sample("y", fn, obs=y)
+        with pyro.plate("outputs", 3, dim=-2), pyro.plate("data", x.shape[0], dim=-1):  # the rows on dim -1
+            return pyro.sample("y", fn, obs=None if y is None else y.T)
+
+
+def test_outputs_in_a_plate_nested_in_the_data_plate_are_scored_per_row():
+    """Three outputs in pyro.plate("outputs", dim=-1) inside the data plate were scored as rows of their own: a
+    mixture over the draws per output, averaged over N * 3 -- log-likelihood -1.5 per "row" where the rows' is -4.5,
+    and fit's val_log_likelihood (early stopping's default) with it. They are one row's outputs, scored together
+    under each weight draw, as the same model's .to_event(1) is; a Bernoulli is refused as its .to_event form is; a
+    plate outside the data plate is refused."""
+    from pyro_bbb.evaluate import metrics
+
+    x, y = torch.randn(40, 2), torch.randn(40, 3)
+    torch.manual_seed(0)
+    nested = _OutputsModel("nested")
+    guide = pyro_bbb.MeanFieldGuide(nested, init_scale=0.3)
+    pyro_bbb.fit(nested, guide, (x, y), epochs=2, kl_weight=1, progress=False)
+    pyro.set_rng_seed(1)
+    prediction = pyro_bbb.predict(nested, guide, x, num_samples=500)
+    per_draw = dist.Normal(prediction.distribution.mean, 0.5).log_prob(y).sum(-1)  # (draws, rows)
+    expected = (per_draw.logsumexp(0) - math.log(500)).mean()
+    assert prediction.log_prob(y).shape == (500, 40)
+    assert metrics.log_likelihood(prediction, y) == pytest.approx(float(expected), abs=1e-5)
+    assert metrics.log_likelihood(prediction, y) < -3  # (not the per-output -1.5)
+    to_event = _OutputsModel("to_event")
+    to_event.fc.load_state_dict(nested.fc.state_dict())
+    pyro.set_rng_seed(1)
+    twin = pyro_bbb.predict(to_event, guide, x, num_samples=500)  # (the same sites, the same posterior)
+    assert torch.equal(twin.mean, prediction.mean)
+    assert metrics.log_likelihood(twin, y) == pytest.approx(metrics.log_likelihood(prediction, y), abs=1e-6)
+
+    pyro.clear_param_store()
+    bernoulli = _OutputsModel("nested", "bernoulli")
+    with pytest.raises(ValueError, match=r"Bernoulli over \(3,\) labels per row \(.to_event or a plate inside"):
+        pyro_bbb.predict(bernoulli, pyro_bbb.MeanFieldGuide(bernoulli), x, num_samples=2)
+    pyro.clear_param_store()
+    outer = _OutputsModel("outer")
+    with pytest.raises(ValueError, match=r"plate 'outputs' \(dim -2\) outside its data plate 'data' \(dim -1\)"):
+        pyro_bbb.predict(outer, pyro_bbb.MeanFieldGuide(outer), x, num_samples=2)
