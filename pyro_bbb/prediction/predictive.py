@@ -211,13 +211,15 @@ def _run_covering(model, draws, shapes, x, obs, data_plate: str, nesting: int, b
             return family, reinterpreted, {name: torch.cat([p[name] for p in parts], 1) for name in parts[0]}
 
 
-def _vectorized_mismatch(result, alone: dict[str, torch.Tensor]) -> str | None:
-    """Draw 0 of a vectorized pass against the same draw run alone (``alone``: the observation's parameters of the
-    plain pass): a model whose code reads the draw dimensions as its batch gives other numbers, and is then run one
-    draw at a time rather than trusted."""
+def _vectorized_mismatch(result, alone: dict[str, torch.Tensor], draw: int = 0) -> str | None:
+    """Draw ``draw`` of a vectorized pass against the same draw run alone (``alone``: the observation's parameters
+    of that run, e.g. the plain pass's for draw 0): a model whose code reads the draw dimensions as its batch, or
+    mixes rows (and so the draws folded into them), gives other numbers, and is then run one draw at a time rather
+    than trusted."""
     _, _, vectorized = result
     for name, value in alone.items():
-        first = vectorized[name][:1, : value.shape[1]] if value.dim() > 1 else vectorized[name][:1]  # piece 0
+        first = vectorized[name][draw:draw + 1]
+        first = first[:, : value.shape[1]] if value.dim() > 1 else first  # piece 0
         if value.shape[1:] != first.shape[1:]:
             return (f"the vectorized draws gave the observation's {name!r} shape {tuple(vectorized[name].shape[1:])} "
                     f"per draw, one draw alone {tuple(value.shape[1:])}")
@@ -415,6 +417,11 @@ def _predict(model, guide, chunks, num_samples, vectorize, sample_batch_size, da
             results = [_run_covering(model, draws, shapes, chunk, obs, data_plate, nesting, block, num_samples)
                        for chunk in chunks]
             mismatch = _vectorized_mismatch(results[0], alone)
+            last = min(block, num_samples) - 1  # the first block's last draw: rows mixed with earlier rows show there
+            if mismatch is None and last > 0:
+                one = {name: value[last:last + 1] for name, value in draws.items()}
+                lone = _run_covering(model, one, shapes, chunks[0], obs, data_plate, nesting, None, 1)[2]
+                mismatch = _vectorized_mismatch(results[0], lone, draw=last)
         except (RuntimeError, ValueError, IndexError) as error:
             reason = re.split(r"\n\s*Trace Shapes:", str(error))[0].strip()  # (without Pyro's shape table)
             results, mismatch = None, f"it could not run several weight draws in one call ({reason})"
@@ -428,7 +435,9 @@ def _predict(model, guide, chunks, num_samples, vectorize, sample_batch_size, da
                 "a layer whose weights are PyroSample sites of its own (PyroModule[nn.Linear]) gets them with extra "
                 "leading (draw) dimensions: use pyro_bbb.nn's layers (bayesianize the deterministic net). A "
                 "hand-written model's deterministic code must accept such dimensions to be vectorized (e.g. index "
-                "from the right: out[..., -1, :], nn.Flatten(start_dim=-3)).",
+                "from the right: out[..., -1, :], nn.Flatten(start_dim=-3)). A net whose rows depend on other rows "
+                "(h - h[:1], a cumsum or statistics over the batch) mixes the draws folded into its batch: run each "
+                "draw alone (vectorize=False) to say so and silence this.",
             )
     if results is None:
         results = [_run_covering(model, draws, shapes, chunk, obs, data_plate, nesting, None, num_samples)

@@ -670,3 +670,35 @@ def test_outputs_in_a_plate_nested_in_the_data_plate_are_scored_per_row():
     outer = _OutputsModel("outer")
     with pytest.raises(ValueError, match=r"plate 'outputs' \(dim -2\) outside its data plate 'data' \(dim -1\)"):
         pyro_bbb.predict(outer, pyro_bbb.MeanFieldGuide(outer), x, num_samples=2)
+
+
+@pytest.mark.parametrize("mix", ["first row", "cumsum", "last row"])
+def test_a_net_whose_rows_depend_on_earlier_rows_is_not_vectorized(mix):
+    """Draws folded into the batch were checked at draw 0 alone, which a net reading earlier rows (h - h[:1], a cumsum
+    over the batch) passes: every later draw read draw 0's rows, silently (row 0's epistemic std 1.0 where it is 0
+    under every draw; a cumsum's last-row mean 370 against 1.07). The first block's last draw is checked too: the
+    per-draw loop's answer, with a warning naming the cause; vectorize=True refuses."""
+
+    class Relative(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = BayesianLinear(2, 1)
+
+        def forward(self, x):
+            h = self.layer(x)
+            if mix == "cumsum":
+                return h.cumsum(0)
+            return h - (h[:1] if mix == "first row" else h[-1:])
+
+    torch.manual_seed(0)
+    x = torch.randn(12, 2)
+    bnn = pyro_bbb.BNN(Relative(), likelihoods.Gaussian(scale=0.1))
+    guide = fitted_guide(bnn, x, torch.randn(12), init_scale=0.5)
+    pyro.set_rng_seed(1)
+    with pytest.warns(UserWarning, match=r"other values.*rows depend on other rows.*vectorize=False"):
+        vectorized = pyro_bbb.predict(bnn, guide, x, num_samples=50)
+    pyro.set_rng_seed(1)
+    loop = pyro_bbb.predict(bnn, guide, x, num_samples=50, vectorize=False)
+    assert torch.equal(vectorized.mean, loop.mean) and torch.equal(vectorized.samples, loop.samples)
+    with pytest.raises(ValueError, match=r"vectorize=True\): the vectorized draws gave other values"):
+        pyro_bbb.predict(bnn, guide, x, num_samples=50, vectorize=True)
