@@ -308,8 +308,8 @@ class ELBO(TraceMeanField_ELBO):
 
     def _get_traces(self, model, guide, args, kwargs):
         """Pyro's particles, the data plate scaled inside the particle plate; vectorized particles are checked once
-        against particle 0 run alone (and run one by one where they differ, or where a batch's rows cannot be split
-        among them)."""
+        against particle 0 and the last run alone (and run one by one where they differ, or where a batch's rows
+        cannot be split among them)."""
         unscaled = model
         model, guide = (scale_data_plate(fn, self.num_data, self.data_plate) for fn in (model, guide))
         if self.vectorize_particles and self.num_particles > 1:
@@ -537,8 +537,9 @@ class ELBO(TraceMeanField_ELBO):
                     first_line = first_line[:200]
                 traces, what = None, f"the vectorized model raised {type(error).__name__}: {first_line.rstrip('.')}"
             else:
-                what = ("particle 0 of the vectorized model differs from the same weight draw run alone (the model's "
-                        "code reads the particle dimension as its batch)")
+                what = ("particle 0 or the last of the vectorized model differs from the same weight draw run alone "
+                        "(the model's code reads the particle dimension as its batch, or its rows read other rows, "
+                        "e.g. h - h[:1], a cumsum or statistics over the batch)")
             pair.vectorized_ok = traces is not None and (pair.vectorized_ok or particle_matches_alone(
                 vectorized_model(self, unscaled_model), unscaled_model, traces[1], self.max_plate_nesting, args,
                 kwargs))
@@ -727,11 +728,12 @@ def _reference(obj) -> Callable[[], Any]:
         return lambda: obj
 
 
-def _first_particle(value: torch.Tensor, event_dim: int, max_plate_nesting: int) -> torch.Tensor:
-    """A vectorized site's value at particle 0, without the particle dimension or leading singletons."""
+def _particle(value: torch.Tensor, index: int, event_dim: int, max_plate_nesting: int) -> torch.Tensor:
+    """A vectorized site's value at particle ``index`` (-1: the last), without the particle dimension or leading
+    singletons."""
     batch_dims = value.dim() - event_dim
     if batch_dims >= max_plate_nesting:
-        value = value.select(batch_dims - max_plate_nesting, 0)
+        value = value.select(batch_dims - max_plate_nesting, index)
     while value.dim() > event_dim and value.shape[0] == 1:
         value = value[0]
     return value
@@ -739,10 +741,12 @@ def _first_particle(value: torch.Tensor, event_dim: int, max_plate_nesting: int)
 
 @torch.no_grad()
 def particle_matches_alone(vectorized_model, model, guide_trace, max_plate_nesting, args, kwargs) -> bool:
-    """Whether the observed log-densities of particle 0 equal those of its weight draw run without the plate
-    (both with the estimators' handlers hidden: Flipout's signs are not part of the draw). Both runs start from
-    one state of the random generators, left as it was: a minibatch the model draws (a subsampled ``pyro.plate``,
-    ``torch.randperm``) is the same rows in both, and training draws what it would have drawn without the check.
+    """Whether the observed log-densities of particle 0, and of the last particle, equal those of their weight draws
+    run without the plate (both with the estimators' handlers hidden: Flipout's signs are not part of the draw): a
+    model whose rows read earlier rows (and so the particles folded before them) differs at the last. The runs start
+    from one state of the random generators, left as it was: a minibatch the model draws (a subsampled
+    ``pyro.plate``, ``torch.randperm``) is the same rows in each, and training draws what it would have drawn
+    without the check.
 
     Examples
     --------
@@ -754,23 +758,26 @@ def particle_matches_alone(vectorized_model, model, guide_trace, max_plate_nesti
     True
     """
     draws = {name: site["value"] for name, site in guide_trace.iter_stochastic_nodes()}
-    first = {name: _first_particle(value, guide_trace.nodes[name]["fn"].event_dim, max_plate_nesting)
-             for name, value in draws.items()}
     try:
         with poutine.block(hide_types=["bayesian_affine", "bayesian_affine_map"]), poutine.block():
             with rng_untouched():
                 together = poutine.trace(poutine.condition(vectorized_model, data=draws)).get_trace(*args, **kwargs)
-            with rng_untouched():
-                alone = poutine.trace(poutine.condition(model, data=first)).get_trace(*args, **kwargs)
+            alone = {}
+            for index in (0, -1):
+                particle = {name: _particle(value, index, guide_trace.nodes[name]["fn"].event_dim, max_plate_nesting)
+                            for name, value in draws.items()}
+                with rng_untouched():
+                    alone[index] = poutine.trace(poutine.condition(model, data=particle)).get_trace(*args, **kwargs)
     except (RuntimeError, ValueError, IndexError):
         return False
     for name, site in together.nodes.items():
         if site["type"] != "sample" or not site["is_observed"]:
             continue
-        vectorized = _first_particle(site["fn"].log_prob(site["value"]), 0, max_plate_nesting)
-        single = alone.nodes[name]["fn"].log_prob(alone.nodes[name]["value"])
-        if vectorized.numel() != single.numel() or not torch.allclose(
-            vectorized.reshape(-1), single.reshape(-1), rtol=1e-4, atol=1e-4
-        ):
-            return False
+        for index, trace in alone.items():
+            vectorized = _particle(site["fn"].log_prob(site["value"]), index, 0, max_plate_nesting)
+            single = trace.nodes[name]["fn"].log_prob(trace.nodes[name]["value"])
+            if vectorized.numel() != single.numel() or not torch.allclose(
+                vectorized.reshape(-1), single.reshape(-1), rtol=1e-4, atol=1e-4
+            ):
+                return False
     return True

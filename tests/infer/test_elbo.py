@@ -268,6 +268,34 @@ def test_vectorized_particles_match_sequential_in_expectation():
     assert vectorized.last_terms["kl_by_site"].keys() == sequential.last_terms["kl_by_site"].keys()
 
 
+def test_vectorized_particles_of_a_net_whose_rows_read_earlier_rows_run_one_at_a_time():
+    """Particles folded into the batch were checked at particle 0 alone, which a net reading earlier rows (h - h[:1])
+    passes: every later particle read particle 0's rows, a wrong loss, silently. The last particle is checked too;
+    the particles then run one at a time, as the warning says, and the loss is the sequential ELBO's in
+    expectation."""
+    from pyro_bbb.nn import BayesianLinear
+
+    class Relative(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = BayesianLinear(3, 1)
+
+        def forward(self, x):
+            h = self.layer(x)
+            return h - h[:1]
+
+    x, y = regression_data(30)
+    bnn = pyro_bbb.BNN(Relative(), likelihoods.Gaussian(scale=0.5))
+    guide = guide_for(bnn, x, y, init_scale=0.3)
+    vectorized = ELBO(num_data=30, num_particles=4, vectorize_particles=True)
+    with pytest.warns(UserWarning, match=r"particle 0 or the last .* differs .* rows read other rows"):
+        vectorized.loss(bnn, guide, x, y)
+    sequential = ELBO(num_data=30, num_particles=4)
+    vec = torch.tensor([vectorized.loss(bnn, guide, x, y) for _ in range(100)])
+    seq = torch.tensor([sequential.loss(bnn, guide, x, y) for _ in range(100)])
+    assert abs(vec.mean() - seq.mean()) < 4 * math.sqrt(vec.var() / 100 + seq.var() / 100)
+
+
 # -- the KL reaches every prior parameter --------------------------------------------------------
 def _grads_of(elbo, model, guide, x, y, seed=0):
     pyro.set_rng_seed(seed)
