@@ -69,9 +69,13 @@ class History:
         return self.records[-1]
 
     def keys(self) -> list[str]:
-        return list(self.records[0]) if self.records else []
+        """Every key the records hold, in the order they first appear."""
+        return list(dict.fromkeys(key for record in self.records for key in record))
 
     def __getitem__(self, key: str) -> list | dict[str, list]:
+        if self.records and not any(key in record for record in self.records):
+            raise KeyError(f"no epoch of this History has {key!r}; its keys are {self.keys()} (val_* metrics need "
+                           "fit(validation_data=...); per-layer ones a guide with Normal posteriors).")
         values = [record.get(key) for record in self.records]
         if values and all(isinstance(v, dict) for v in values):
             names = dict.fromkeys(name for v in values for name in v)

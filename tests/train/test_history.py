@@ -35,3 +35,21 @@ def test_history_drift_is_the_share_of_progress_made_over_the_last_tail():
     assert math.isnan(short.drift())
     with pytest.raises(ValueError, match="tail"):
         history.drift(tail=0.5)
+
+
+def test_a_key_no_epoch_has_is_a_key_error_naming_the_keys():
+    """history["val_acc"] (a typo), or "val_rmse" on a classifier, gave a list of None: a callback or stopping rule
+    then compared Nones (drift raised "must be real number, not NoneType"), far from the typo. A key some epochs have
+    (an interrupted epoch's mark) is None where absent; keys() lists every record's keys."""
+    from pyro_bbb.train.history import History
+
+    history = History()
+    history.append({"epoch": 1, "loss": 3.0, "val_log_likelihood": -1.0})
+    history.append({"epoch": 2, "loss": 2.0, "val_log_likelihood": -0.5, "interrupted": True})
+    with pytest.raises(KeyError, match=r"no epoch of this History has 'val_acc'; its keys are \['epoch', 'loss', "
+                                       r"'val_log_likelihood', 'interrupted'\]"):
+        history["val_acc"]
+    with pytest.raises(KeyError, match="val_acc"):
+        history.drift("val_acc")
+    assert history["interrupted"] == [None, True]
+    assert History()["loss"] == []  # (no epoch yet: nothing to say a key is wrong)
