@@ -232,9 +232,11 @@ def _check_loader_batches(loader: torch.utils.data.DataLoader, num_data: int, re
 
 
 class Batches:
-    """An epoch's minibatches from an ``(x, y)`` pair (reshuffled every epoch) or from a DataLoader."""
+    """An epoch's minibatches from an ``(x, y)`` pair (reshuffled every epoch) or from a DataLoader (``distributed``:
+    one process's loader in a distributed fit)."""
 
-    def __init__(self, data, batch_size: int | None, likelihood, device, dtype: torch.dtype | None = None):
+    def __init__(self, data, batch_size: int | None, likelihood, device, dtype: torch.dtype | None = None,
+                 distributed: bool = False):
         self.likelihood, self.device, self.dtype = likelihood, device, dtype
         if isinstance(data, torch.utils.data.DataLoader):
             if batch_size is not None:
@@ -244,7 +246,8 @@ class Batches:
             if self.num_data == 0:
                 raise ValueError("the DataLoader's dataset is empty; fit needs at least one datum.")
             _check_loader_batches(data, self.num_data, reads)
-            self._own_batches = _own_index_batches(data, reads) is not None  # (N is its dataset's: checked below)
+            # (N is its dataset's: checked below, but in a distributed fit, where each process draws its share)
+            self._own_batches = not distributed and _own_index_batches(data, reads) is not None
             _check_loader_upfront(data, likelihood)
         elif isinstance(data, Sequence) and len(data) == 2:
             x, y = data

@@ -136,7 +136,7 @@ def plot_history(history, path: str | Path | None = None):
     scheduled = len(set(weights)) > 1
     fig, axes = plt.subplots(1, 4 if scheduled else 3, figsize=(16 if scheduled else 12.5, 3.6))
     loss, kl, ratio = axes[0], axes[1], axes[2]
-    loss.plot(epochs, history["loss_per_datum"], label="loss per datum")
+    loss.plot(epochs, [r["loss"] / r["num_data"] for r in history.records], label="loss per datum")
     loss.plot(epochs, [r["nll"] / r["num_data"] for r in history.records], label="NLL per datum")
     if "val_log_likelihood" in history.keys():
         loss.plot(epochs, [-v for v in history["val_log_likelihood"]], label="validation NLL per datum")

@@ -647,7 +647,7 @@ def _training_batches(model, data, batch_size, distributed: bool, seed):
     rank, world = distributed_.require_process_group()
     error = None
     try:  # a rank whose data fails the checks must not leave the others waiting in a collective
-        batches = Batches(data, batch_size, likelihood, device, dtype)
+        batches = Batches(data, batch_size, likelihood, device, dtype, distributed=True)
     except (ValueError, TypeError) as caught:
         error = caught
     distributed_.raise_if_any_rank_failed(error)

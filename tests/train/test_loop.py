@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import pyro_bbb
 from pyro_bbb import likelihoods
-from pyro_bbb.data.batches import DataError
+from pyro_bbb.data.batches import Batches, DataError
 from pyro_bbb.data.datasets import heteroscedastic_regression
 from pyro_bbb.evaluate import metrics
 from pyro_bbb.infer.tempering import kl_weight_of
@@ -559,6 +559,26 @@ def test_a_batch_sampler_of_ones_own_drawing_part_of_the_dataset_is_said(given_a
         for _ in range(2 if given_as == "batch_sampler" else 3):
             torch.randperm(120 if draws == "training rows" else 200, generator=expected)
         assert torch.equal(sampler.generator.get_state(), expected.get_state())
+
+
+def test_a_batch_sampler_of_ones_own_drawing_its_share_in_a_distributed_fit_is_not_said():
+    """In a distributed fit each process's batch sampler draws its share of the dataset (as a DistributedSampler
+    does), and N is the dataset's: a share is no sign of a wrong N."""
+    class Share:
+        def __iter__(self):
+            return iter(torch.arange(0, 200, 2).split(10))
+
+        def __len__(self):
+            return 10
+
+    x, y = small_data(200)
+    loader = DataLoader(TensorDataset(x, y), batch_sampler=Share())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert sum(len(y) for _, y in Batches(loader, None, None, None, distributed=True)) == 100
+        assert not caught
+        list(Batches(loader, None, None, None))
+    assert ["drew 100 rows" in str(w.message) for w in caught] == [True]
 
 
 @pytest.mark.parametrize("make_sampler, expected", [
