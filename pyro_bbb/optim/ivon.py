@@ -178,7 +178,9 @@ class IVON(PyroOptim):
                 if is_real_support(site["fn"].support)}
 
     def _classify(self, params: list[torch.Tensor]) -> None:
-        """The role of every parameter not seen before (the guide's names are read only when there is one)."""
+        """The role of every parameter not seen before (the guide's names are read only when there is one): by its
+        name in Pyro's param store, or -- under ``pyro.settings.set(module_local_params=True)``, where the guide
+        holds its parameters itself -- by its name in the guide (``locs.<site>_unconstrained``)."""
         new = [p for p in params if p not in self._roles]
         if not new:
             return
@@ -186,8 +188,22 @@ class IVON(PyroOptim):
         by_name = {}
         for site, (loc, scale) in self._weight_sites().items():
             by_name[loc], by_name[scale] = (site, "loc"), (site, "scale")
+        own = ({id(p): name.removesuffix("_unconstrained") for name, p in self.guide.named_parameters()}
+               if isinstance(self.guide, torch.nn.Module) else {})
         for p in new:
-            self._roles[p] = by_name.get(store.param_name(p), ("", "other"))
+            role = by_name.get(store.param_name(p))
+            if role is None and id(p) in own:  # (a module-local parameter: its store name ends with its own)
+                role = next((r for name, r in by_name.items() if name.endswith("." + own[id(p)])), None)
+            self._roles[p] = role or ("", "other")
+        if by_name and not any(role != "other" for _, role in self._roles.values()):
+            for p in new:  # (asked again at the next step)
+                del self._roles[p]
+            raise ValueError(
+                "IVON found none of the guide's weight sites among the parameters it was given (by their names in "
+                "Pyro's param store or in the guide), so it would train every one as a point estimate with Adam, "
+                "the widths left where they started. Give IVON the guide whose parameters the objective trains "
+                "(IVON(guide, num_data=N))."
+            )
 
     def _prior_vectors(self, sites: list[str], locs: list[torch.Tensor], sigmas: list[torch.Tensor]):
         """Flat ``(m, delta = 1 / (N t^2))`` of the sites' Normal priors as they are now, and whether they may differ
@@ -252,13 +268,13 @@ class IVON(PyroOptim):
         run = take_objective_run(params)
         try:
             self._check_objective(run, summed)
+            self._classify(params)
         except ValueError:
             for p in params:  # nothing moves, and the next step's gradients do not add to these
                 p.grad = None
             if run is not None:  # nor was anything trained: the objective's step and trained weight are taken back
                 run.refused()
             raise
-        self._classify(params)
         pairs: dict[str, dict[str, torch.Tensor]] = {}
         others = []
         for p in params:

@@ -468,3 +468,36 @@ def test_a_loss_scaled_by_a_handler_gives_ivon_the_posterior_of_the_elbo():
         guide = MeanFieldGuide(bnn)
         svi = SVI(WeighRows(weights)(bnn), guide, IVON(guide, num_data=200), ELBO(num_data=200))
         svi.step(x[:20], y[:20])  # (refused while the weights were read as a scale of the whole loss)
+
+
+@pytest.mark.parametrize("make_guide", [MeanFieldGuide, pyro.infer.autoguide.AutoNormal])
+def test_module_local_parameters_are_the_guides_sites_and_a_guide_it_does_not_know_is_refused(make_guide):
+    """Under pyro.settings.set(module_local_params=True) the guide holds its parameters itself, none in Pyro's param
+    store, and IVON found no site by name: it trained every one with Adam, the widths left at their start (250 times
+    narrower than the exact mean-field posterior's), silently. They are found by their names in the guide: the same
+    run as with the global store, bit for bit. Parameters of a guide IVON was not given are refused."""
+    x, y = _regression(40)
+
+    def run(local: bool, other_guide: bool = False):
+        pyro.clear_param_store()
+        pyro.settings.set(module_local_params=local)
+        try:
+            pyro.set_rng_seed(0)
+            bnn = pyro_bbb.BNN(BayesianLinear(3, 1, dtype=torch.float64), likelihoods.Gaussian(scale=0.5))
+            guide = make_guide(bnn)
+            other = pyro.infer.autoguide.AutoNormal if make_guide is MeanFieldGuide else MeanFieldGuide
+            optimizer = IVON(other(bnn) if other_guide else guide, num_data=40)
+            if other_guide:
+                optimizer.guide(x, y)
+            svi = SVI(bnn, guide, optimizer, ELBO(num_data=40))
+            for _ in range(5):
+                svi.step(x, y)
+            return [p.detach().clone() for _, p in sorted(guide.named_parameters())], optimizer
+        finally:
+            pyro.settings.set(module_local_params=False)
+
+    (global_params, global_ivon), (local_params, local_ivon) = run(False), run(True)
+    assert sorted(local_ivon.site_state) == sorted(global_ivon.site_state) == ["net.bias", "net.weight"]
+    assert all(torch.equal(a, b) for a, b in zip(global_params, local_params))
+    with pytest.raises(ValueError, match="IVON found none of the guide's weight sites"):
+        run(True, other_guide=True)
