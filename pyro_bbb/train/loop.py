@@ -95,7 +95,7 @@ def fit(
     epochs: int,
     batch_size: int | None = None,
     optimizer: PyroOptim | None = None,
-    lr: float = 1e-3,
+    lr: float | None = None,
     lr_final: float | None = None,
     kl_weight: float | Callable[[int], float] | str | SelectKLWeight = "auto",
     num_particles: int = 1,
@@ -134,8 +134,9 @@ def fit(
     optimizer : pyro.optim.PyroOptim, optional
         Defaults to :class:`pyro_bbb.optim.Adam` with ``lr`` (the same updates as ``pyro.optim.Adam``, one
         optimizer call per step).
-    lr : float
-        Adam's learning rate (the first epoch's, with ``lr_final``).
+    lr : float, optional
+        The default Adam's learning rate, 1e-3 (the first epoch's, with ``lr_final``); an ``optimizer`` brings its
+        own (giving both is an error).
     lr_final : float, optional
         Decay the learning rate geometrically, epoch by epoch, from ``lr`` (a :mod:`pyro_bbb.optim` optimizer's own
         rate) in the first epoch to ``lr_final`` in the last. A converged ELBO needs it with minibatches (their
@@ -211,6 +212,13 @@ def fit(
     --------
     See the module example; ``history.plot("history.png")`` draws the KL and posterior-std traces.
     """
+    if optimizer is not None and lr is not None:
+        raise ValueError(
+            f"lr={lr!r} is the learning rate of fit's own Adam; optimizer= brings its own rate, which would train "
+            "instead, silently. Set it there (pyro_bbb.optim.IVON(guide, num_data=N, lr=...), "
+            "pyro_bbb.optim.Adam({'lr': ...})), or drop optimizer=."
+        )
+    lr = 1e-3 if lr is None else lr
     _check_settings(epochs, batch_size, num_particles, num_validation_samples, lr, clip_norm, optimizer)
     callbacks = _checked_callbacks(callbacks)
     selection = _selection_asked(kl_weight)

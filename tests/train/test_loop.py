@@ -739,6 +739,20 @@ def test_ctrl_c_finishes_the_step_and_returns_the_history_marked_interrupted():
     assert signal.getsignal(signal.SIGINT) is before  # the handler is given back
 
 
+def test_lr_beside_an_optimizer_of_ones_own_is_refused_before_anything_changes():
+    """fit(optimizer=IVON(...), lr=0.5) trained at IVON's own 0.1, and optimizer=Adam({"lr": 1e-3}) at 1e-3, the
+    lr given ignored, silently."""
+    x, y = small_data(40)
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    fit(model, guide, (x, y), epochs=1, kl_weight=1)
+    before = params()
+    for optimizer in (pyro_bbb.optim.IVON(guide, num_data=40), pyro_bbb.optim.Adam({"lr": 1e-3})):
+        with pytest.raises(ValueError, match=r"lr=0.5 is the learning rate of fit's own Adam.*Set it there"):
+            fit(model, guide, (x, y), epochs=1, kl_weight=1, optimizer=optimizer, lr=0.5)
+    assert all(torch.equal(value, before[name]) for name, value in params().items())
+
+
 def test_lr_final_decays_the_learning_rate_geometrically_epoch_by_epoch(monkeypatch):
     rates = []
     set_rate = pyro_bbb.optim.Adam.set_learning_rate
