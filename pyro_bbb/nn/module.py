@@ -399,13 +399,21 @@ class BayesianModule(PyroModule):
 
     def _check_dtype(self, input: torch.Tensor, weight_dtype: torch.dtype) -> None:
         """A clear error for an input whose dtype is not the weights' (outside autocast)."""
-        if input.dtype != weight_dtype and not torch.is_autocast_enabled(input.device.type):
+        if input.dtype == weight_dtype or torch.is_autocast_enabled(input.device.type):
+            return
+        layer_dtype = getattr(self, f"{next(iter(self._bayesian))}_init").dtype
+        if weight_dtype != layer_dtype and input.dtype == layer_dtype:  # the draw came from a guide of another dtype
             raise TypeError(
-                f"{type(self).__name__} {pyro_name(self) or '(root)'} got an input of dtype {input.dtype} but its "
-                f"weights are {weight_dtype}; cast the input (x.to({weight_dtype}))"
-                + (f" or the model (model.to({input.dtype}))" if input.is_floating_point() else "")
-                + ". pyro_bbb.fit and predict cast floating inputs for you; integer inputs are never cast."
+                f"{type(self).__name__} {pyro_name(self) or '(root)'} is {layer_dtype} but the weights its guide drew "
+                f"are {weight_dtype}: a guide keeps the dtype it was built in. Give both one dtype: "
+                f"guide.to({layer_dtype}), or the model back to the guide's, model.to({weight_dtype})."
             )
+        raise TypeError(
+            f"{type(self).__name__} {pyro_name(self) or '(root)'} got an input of dtype {input.dtype} but its "
+            f"weights are {weight_dtype}; cast the input (x.to({weight_dtype}))"
+            + (f" or the model (model.to({input.dtype}))" if input.is_floating_point() else "")
+            + ". pyro_bbb.fit and predict cast floating inputs for you; integer inputs are never cast."
+        )
 
     def _affine(self, input: torch.Tensor, apply, feature_dims: int) -> torch.Tensor:
         """``apply(input, weight, bias)`` as the effectful :func:`~pyro_bbb.nn.functional.bayesian_affine`, so that

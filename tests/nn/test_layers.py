@@ -154,6 +154,23 @@ def test_layers_follow_device_and_dtype():
     assert layer.prior_distribution("weight").base_dist.loc.dtype == torch.float64
 
 
+def test_a_model_converted_without_its_guide_names_the_guide():
+    """After bnn.to(torch.float64) the guide still draws float32 weights: the error asked to cast the input or the
+    model -- both done already (fit and predict cast inputs to the model's dtype) -- and never named the guide."""
+    x, y = torch.randn(16, 3), torch.randn(16)
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1), pyro_bbb.likelihoods.Gaussian(scale=0.3))
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=1, kl_weight=1, progress=False)
+    bnn.to(torch.float64)
+    for call in (lambda: pyro_bbb.predict(bnn, guide, x.double(), num_samples=2),
+                 lambda: pyro_bbb.fit(bnn, guide, (x, y), epochs=1, kl_weight=1, progress=False)):
+        with pytest.raises(TypeError, match=r"is torch.float64 but the weights its guide drew are torch.float32.*"
+                                            r"guide.to\(torch.float64\)"):
+            call()
+    guide.to(torch.float64)
+    assert pyro_bbb.predict(bnn, guide, x, num_samples=2).mean.dtype == torch.float64
+
+
 def test_calling_a_layer_inside_the_data_plate_is_an_error():
     layer = BayesianLinear(3, 1)
 
