@@ -328,7 +328,8 @@ class FlipoutMessenger(PosteriorReader):
 
 
     def _pyro_bayesian_affine_map(self, msg: dict[str, Any]) -> None:
-        """A recurrent weight's map for the whole sequence: signs drawn once per example, shared by all steps."""
+        """A recurrent weight's map for the whole sequence: signs drawn once per example, shared by all steps (once
+        for all rows where they are not the batch's examples, as for the other layers)."""
         weight, bias = msg["args"]
         kwargs = msg["kwargs"]
         if kwargs["feature_dims"] != 1:
@@ -341,7 +342,12 @@ class FlipoutMessenger(PosteriorReader):
             bias_loc, _ = self._posterior(kwargs["bias_site"])
             bias_delta = bias - bias_loc
         time = (1,) * kwargs["time_dims"]
-        lead = _lead(torch.Size(kwargs["example_shape"]), weight, 1)
+        examples, rows = tuple(kwargs["example_shape"]), known_batch_rows()
+        if examples and rows is None and weight.dim() == 2:  # (a hand-written model: checked against the data plate)
+            self._rows_per_site[kwargs["weight_site"]] = examples[-1]
+        elif examples and rows is not None and examples[-1] != rows:  # the rows are not the examples (words of an
+            examples = (*examples[:-1], 1)  # example as rows): one draw of signs for all of them, which is exact
+        lead = _lead(torch.Size(examples), weight, 1)
         sign_in = _signs(lead + time + weight.shape[-1:], weight)
         sign_out = _signs(lead + time + weight.shape[-2:-1], weight)
         msg["value"] = FlipoutMap(loc, bias_loc, weight - loc, bias_delta, sign_in, sign_out, apply=apply,
