@@ -134,8 +134,9 @@ def _num_data(loader: torch.utils.data.DataLoader, reads: str | None) -> int:
     (not the rows it pads its ranks' shares with, nor those ``drop_last`` cuts); a
     ``RandomSampler`` or ``WeightedRandomSampler`` with its own ``num_samples`` (the draws per epoch, not the data)
     counts the rows it draws from (those of positive weight); a sampler of one's own that yields lists of indices to a
-    loader without batching (its len() counts batches) counts the dataset (``reads``: what
-    :func:`_unbatched_reads` says of the loader)."""
+    loader without batching (its len() counts batches), or a ``batch_sampler`` of one's own, counts the dataset (a
+    warning after its first epoch says when it drew fewer rows; ``reads``: what :func:`_unbatched_reads` says of the
+    loader)."""
     sampler = None if _own_index_batches(loader, reads) is not None else _sampler(loader)
     if isinstance(sampler, torch.utils.data.DistributedSampler):  # (not total_size: padded, or cut by drop_last)
         return len(sampler.dataset)

@@ -511,11 +511,11 @@ class ELBO(TraceMeanField_ELBO):
 
     def _checked_vectorized_traces(self, model, guide, unscaled_model, args, kwargs):
         """The vectorized particles' traces, or the particles one at a time where those are not right: the first call
-        compares particle 0 with its draw run alone (:func:`particle_matches_alone`); where they differ (the model's
-        code reads the particle dimension as its batch), or the vectorized model raises (a layer that takes no draw
-        dimensions), and at any call where a Bayesian layer gets rows it cannot split among the particles
-        (:class:`~pyro_bbb._draws.UnfoldableRowsError`: a batch's rows selected by a mixture's gate), a warning, and
-        the particles one at a time from then on."""
+        compares particle 0 and the last with their draws run alone (:func:`particle_matches_alone`); where they
+        differ (the model's code reads the particle dimension as its batch, or its rows read other rows), or the
+        vectorized model raises (a layer that takes no draw dimensions), and at any call where a Bayesian layer gets
+        rows it cannot split among the particles (:class:`~pyro_bbb._draws.UnfoldableRowsError`: a batch's rows
+        selected by a mixture's gate), a warning, and the particles one at a time from then on."""
         pair = self.pairs.current
         if pair.vectorized_ok is not False:
             # torch's shape errors (e.g. its linear on a weight with draws) at the first call; at any call, a batch's

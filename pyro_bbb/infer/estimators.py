@@ -343,7 +343,8 @@ class FlipoutMessenger(PosteriorReader):
             bias_delta = bias - bias_loc
         time = (1,) * kwargs["time_dims"]
         examples, rows = tuple(kwargs["example_shape"]), known_batch_rows()
-        if examples and rows is None and weight.dim() == 2:  # (a hand-written model: checked against the data plate)
+        if examples and examples[-1] > 1 and rows is None and weight.dim() == 2:  # (a hand-written model: checked
+            # against the data plate; one row is one draw of signs, exact)
             self._rows_per_site[kwargs["weight_site"]] = examples[-1]
         elif examples and rows is not None and examples[-1] != rows:  # the rows are not the examples (words of an
             examples = (*examples[:-1], 1)  # example as rows): one draw of signs for all of them, which is exact

@@ -105,23 +105,25 @@ def _site_plate_dims(site: dict) -> int:
 
 
 def _nested_plate_dims(site: dict, data_plate: str) -> int:
-    """The dims of the plates an observation site has inside its data plate (``pyro.plate("outputs", 3, dim=-1)``
-    in ``pyro.plate("data", N, dim=-2)``): one row's outputs, scored together as ``.to_event`` would score them (the
-    same weight draw for all of them), not as rows of their own. A plate outside the data plate is refused: it
-    would put the rows on another dimension."""
+    """The batch dims right of the data plate's, when an observation site has a plate there
+    (``pyro.plate("outputs", 3, dim=-1)`` in ``pyro.plate("data", N, dim=-2)``): one row's outputs, scored together
+    as ``.to_event`` would score them (the same weight draw for all of them), not as rows of their own; 0 without
+    such a plate (a trailing dimension of size 1 stays as it is). A plate at a dim left of the data plate's is
+    refused: it would put the rows on another dimension."""
     frame = data_plate_frame(site, data_plate)
     if frame is None or frame.dim is None:
         return 0
-    outer = [f"{f.name!r} (dim {f.dim})" for f in site["cond_indep_stack"]
-             if f.vectorized and f.name not in (SAMPLE_PLATE, data_plate) and f.dim < frame.dim]
+    others = [f for f in site["cond_indep_stack"] if f.vectorized and f.name not in (SAMPLE_PLATE, data_plate)]
+    outer = [f"{f.name!r} (dim {f.dim})" for f in others if f.dim < frame.dim]
     if outer:
         raise ValueError(
-            f"the observation {site['name']!r} has plate {', '.join(outer)} outside its data plate {data_plate!r} "
-            f"(dim {frame.dim}), so its rows are not its first dimension: make the data plate the outermost "
-            f"(pyro.plate({data_plate!r}, N, dim=-2) around pyro.plate(..., dim=-1)) or give the outputs one "
-            "distribution with .to_event(1)."
+            f"the observation {site['name']!r} has plate {', '.join(outer)} at a dim left of its data plate "
+            f"{data_plate!r}'s (dim {frame.dim}), so its rows are not its first dimension: give the data plate the "
+            f"outermost dim (pyro.plate({data_plate!r}, N, dim=-2) around pyro.plate(..., dim=-1); Pyro numbers "
+            "plates without dim= from the right, the outermost last) or give the outputs one distribution with "
+            ".to_event(1)."
         )
-    return -frame.dim - 1
+    return -frame.dim - 1 if any(f.dim > frame.dim for f in others) else 0
 
 
 def _observation_site(model_trace, guide_trace, data_plate: str) -> str:

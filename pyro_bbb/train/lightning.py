@@ -64,8 +64,8 @@ class BayesianLightningModule(pl.LightningModule):
     example_batch : (x, y), optional
         A batch to create the guide's parameters before the optimizer is built; not needed when the guide has
         already seen the model.
-    lr : float
-        Adam learning rate.
+    lr : float, optional
+        The default Adam's learning rate, 1e-3; an ``optimizer`` brings its own (giving both is an error).
     kl_weight : float or schedule
         As in :class:`pyro_bbb.ELBO`; the schedule's step advances once per training step. ``fit``'s
         ``kl_weight="auto"`` is not available here: choose the weight with ``fit`` on a subset and pass it.
@@ -92,7 +92,7 @@ class BayesianLightningModule(pl.LightningModule):
         guide: torch.nn.Module,
         num_data: int,
         example_batch: tuple[torch.Tensor, torch.Tensor] | None = None,
-        lr: float = 1e-3,
+        lr: float | None = None,
         kl_weight: float | Callable[[int], float] = 1.0,
         estimator: str = "reparam",
         num_particles: int = 1,
@@ -105,6 +105,13 @@ class BayesianLightningModule(pl.LightningModule):
                 f"pyro_bbb.optim.Adam(lr=...), got {type(optimizer).__name__}; for a torch optimizer, subclass and "
                 "override configure_optimizers."
             )
+        if optimizer is not None and lr is not None:
+            raise ValueError(
+                f"lr={lr!r} is the learning rate of the module's own Adam; optimizer= brings its own rate, which "
+                "would train instead, silently. Set it there (pyro_bbb.optim.IVON(guide, num_data=N, lr=...)), or "
+                "drop optimizer=."
+            )
+        lr = 1e-3 if lr is None else lr
         self.pyro_optimizer = optimizer
         self.model, self.guide = model, guide
         # the step's parts checked together (IVON: this guide, N and kl_weight = N / ess); Lightning runs backward and

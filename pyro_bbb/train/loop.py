@@ -557,7 +557,8 @@ def _raise_if_a_step_fails(step: TrainingStep, batches) -> None:
 
 def _learning_rate_of(optimizer, lr: float) -> float:
     """The optimizer's own learning rate where it states one (a pyro_bbb optimizer's ``defaults``, a Pyro optimizer's
-    argument dict), else ``fit``'s ``lr``: the MAP warm start steps at it."""
+    argument dict), else ``fit``'s ``lr`` (1e-3 beside an optimizer, which refuses an ``lr`` of its own): the MAP
+    warm start steps at it."""
     defaults = getattr(optimizer, "defaults", None)
     arguments = getattr(optimizer, "pt_optim_args", None)
     for source in (defaults, arguments):

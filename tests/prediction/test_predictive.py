@@ -666,9 +666,22 @@ def test_outputs_in_a_plate_nested_in_the_data_plate_are_scored_per_row():
     bernoulli = _OutputsModel("nested", "bernoulli")
     with pytest.raises(ValueError, match=r"Bernoulli over \(3,\) labels per row \(.to_event or a plate inside"):
         pyro_bbb.predict(bernoulli, pyro_bbb.MeanFieldGuide(bernoulli), x, num_samples=2)
+    class OneLabel(PyroModule):  # the data plate at dim -2 over (N, 1) logits, no plate inside: one label a row
+        def __init__(self):
+            super().__init__()
+            self.fc = BayesianLinear(2, 1)
+
+        def forward(self, x, y=None):
+            logits = self.fc(x)
+            with pyro.plate("data", x.shape[0], dim=-2):
+                return pyro.sample("y", dist.Bernoulli(logits=logits), obs=y)
+
+    pyro.clear_param_store()
+    one_label = OneLabel()
+    assert pyro_bbb.predict(one_label, pyro_bbb.MeanFieldGuide(one_label), x, num_samples=2).samples.shape == (2, 40, 1)
     pyro.clear_param_store()
     outer = _OutputsModel("outer")
-    with pytest.raises(ValueError, match=r"plate 'outputs' \(dim -2\) outside its data plate 'data' \(dim -1\)"):
+    with pytest.raises(ValueError, match=r"plate 'outputs' \(dim -2\) at a dim left of its data plate 'data'"):
         pyro_bbb.predict(outer, pyro_bbb.MeanFieldGuide(outer), x, num_samples=2)
 
 

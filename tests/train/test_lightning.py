@@ -122,6 +122,8 @@ def test_lightning_refuses_what_ivon_cannot_read_before_any_step():
         BayesianLightningModule(bnn, guide, num_data=64, optimizer=IVON(guide, num_data=60))
     with pytest.raises(TypeError, match="pyro_bbb optimizer"):
         BayesianLightningModule(bnn, guide, num_data=64, optimizer=torch.optim.SGD(guide.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match=r"lr=0.5 is the learning rate of the module's own Adam"):  # (ignored before)
+        BayesianLightningModule(bnn, guide, num_data=64, optimizer=IVON(guide, num_data=64), lr=0.5)
     module = BayesianLightningModule(bnn, guide, num_data=64, optimizer=IVON(guide, num_data=64))
     with pytest.raises(ValueError, match=r"Trainer\(gradient_clip_val\)=1.0"):
         _trainer(gradient_clip_val=1.0).fit(module, DataLoader(TensorDataset(x, y), batch_size=16))

@@ -302,8 +302,9 @@ def test_the_warm_start_steps_at_the_optimizers_own_rate(monkeypatch, optimizer,
     calls = spy(monkeypatch)
     pyro.clear_param_store()
     x, y, model = classification()
-    pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=4, lr=0.003, progress=False, seed=0,
-                 optimizer=optimizer)
+    rate_of_fit = {"lr": 0.003} if optimizer is None else {}  # (an optimizer brings its own: lr beside it is refused)
+    pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), (x, y), epochs=4, progress=False, seed=0, optimizer=optimizer,
+                 **rate_of_fit)
     assert calls[0]["lr"] == rate
 
 
