@@ -1,5 +1,6 @@
 import inspect
 import math
+import warnings
 
 import pyro
 import pyro.poutine as poutine
@@ -254,6 +255,25 @@ def test_flipout_in_a_hand_written_model_says_when_recurrent_rows_are_not_the_da
     with pytest.warns(UserWarning, match=r"flipout drew per row of a 24-row input to weight site 'rnn.weight_ih_l0'"):
         with pyro_bbb.flipout():
             pyro_bbb.ELBO(num_data=4).loss(model, guide, x, y)
+
+    class Series(PyroModule):  # one sequence, its steps the data: one row, one draw of signs (exact, no warning)
+        def __init__(self):
+            super().__init__()
+            self.rnn = BayesianLSTM(2, 1, batch_first=True)
+
+        def forward(self, x, y=None):
+            out = self.rnn(x[None])[0][0, :, 0]
+            with pyro.plate("data", x.shape[0]):
+                return pyro.sample("y", pyro.distributions.Normal(out, 1.0), obs=y)
+
+    pyro.clear_param_store()
+    series = Series()
+    guide = pyro_bbb.MeanFieldGuide(series)
+    guide(torch.ones(30, 2), torch.zeros(30))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pyro_bbb.flipout():
+            pyro_bbb.ELBO(num_data=30).loss(series, guide, torch.ones(30, 2), torch.zeros(30))
 
 
 def test_trains_with_fit_and_flipout_and_clipping():
