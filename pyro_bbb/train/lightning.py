@@ -40,7 +40,7 @@ from ..infer.elbo import ELBO
 from ..optim import IVON
 from ..optim import Adam as JointAdam
 from .distributed import raise_if_any_rank_failed
-from .step import TrainingStep
+from .step import TrainingStep, default_adam_rate
 
 try:
     import lightning.pytorch as pl
@@ -105,13 +105,7 @@ class BayesianLightningModule(pl.LightningModule):
                 f"pyro_bbb.optim.Adam(lr=...), got {type(optimizer).__name__}; for a torch optimizer, subclass and "
                 "override configure_optimizers."
             )
-        if optimizer is not None and lr is not None:
-            raise ValueError(
-                f"lr={lr!r} is the learning rate of the module's own Adam; optimizer= brings its own rate, which "
-                "would train instead, silently. Set it there (pyro_bbb.optim.IVON(guide, num_data=N, lr=...)), or "
-                "drop optimizer=."
-            )
-        lr = 1e-3 if lr is None else lr
+        lr = default_adam_rate(lr, optimizer, "the module's")
         self.pyro_optimizer = optimizer
         self.model, self.guide = model, guide
         # the step's parts checked together (IVON: this guide, N and kl_weight = N / ess); Lightning runs backward and

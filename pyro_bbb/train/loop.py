@@ -52,7 +52,7 @@ from ..prediction.results import ClassificationPrediction, RegressionPrediction
 from . import distributed as distributed_
 from .history import History
 from .selection import ParameterSnapshot, SelectKLWeight, choose_weight, run_path, validation_splits
-from .step import TrainingDivergedError, TrainingStep
+from .step import TrainingDivergedError, TrainingStep, default_adam_rate
 from .stopping import EarlyStopping
 from .warm_start import can_warm_start, map_warm_start
 
@@ -212,13 +212,7 @@ def fit(
     --------
     See the module example; ``history.plot("history.png")`` draws the KL and posterior-std traces.
     """
-    if optimizer is not None and lr is not None:
-        raise ValueError(
-            f"lr={lr!r} is the learning rate of fit's own Adam; optimizer= brings its own rate, which would train "
-            "instead, silently. Set it there (pyro_bbb.optim.IVON(guide, num_data=N, lr=...), "
-            "pyro_bbb.optim.Adam({'lr': ...})), or drop optimizer=."
-        )
-    lr = 1e-3 if lr is None else lr
+    lr = default_adam_rate(lr, optimizer, "fit's")
     _check_settings(epochs, batch_size, num_particles, num_validation_samples, lr, clip_norm, optimizer)
     callbacks = _checked_callbacks(callbacks)
     selection = _selection_asked(kl_weight)

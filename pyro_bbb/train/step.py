@@ -31,7 +31,33 @@ from ..optim import IVON
 from ..optim import Adam as JointAdam
 from . import distributed as distributed_
 
-__all__ = ["TrainingStep", "TrainingDivergedError", "OptimizerSnapshot"]
+__all__ = ["TrainingStep", "TrainingDivergedError", "OptimizerSnapshot", "default_adam_rate"]
+
+#: The learning rate of the Adam that ``fit`` and the Lightning module train with when given no optimizer
+DEFAULT_LR = 1e-3
+
+
+def default_adam_rate(lr: float | None, optimizer, owner: str) -> float:
+    """``lr``, the learning rate of ``owner``'s own Adam (:data:`DEFAULT_LR` when ``None``); given beside an
+    ``optimizer``, whose own rate would train instead, silently, it is an error naming the fix.
+
+    Examples
+    --------
+    >>> default_adam_rate(None, None, "fit's")
+    0.001
+    >>> default_adam_rate(0.5, IVON.__new__(IVON), "fit's")
+    Traceback (most recent call last):
+    ...
+    ValueError: lr=0.5 is the learning rate of fit's own Adam; optimizer= brings its own rate, ...
+    """
+    if optimizer is not None and lr is not None:
+        raise ValueError(
+            f"lr={lr!r} is the learning rate of {owner} own Adam; optimizer= brings its own rate, which would train "
+            "instead, silently. Set it there (pyro_bbb.optim.IVON(guide, num_data=N, lr=...), "
+            "pyro_bbb.optim.Adam({'lr': ...})), or drop optimizer=."
+        )
+    return DEFAULT_LR if lr is None else lr
+
 
 
 class TrainingDivergedError(FloatingPointError):
