@@ -191,7 +191,6 @@ def _run_draws(model, draws, shapes, x, obs, data_plate: str, nesting: int, bloc
                 trace = poutine.trace(placeholder(poutine.condition(model, data=values))).get_trace(x)
         site = trace.nodes[obs]
         family, reinterpreted, params = _params(site["fn"], site, draw_dims=0 if block is None else 1)
-        reinterpreted += _nested_plate_dims(site, data_plate)  # (a row's outputs in plates of their own)
         parts.append({k: v.unsqueeze(0) for k, v in params.items()} if block is None else params)
     return family, reinterpreted, {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
@@ -390,6 +389,7 @@ def _predict(model, guide, chunks, num_samples, vectorize, sample_batch_size, da
     plain_pass = cover(placeholder(poutine.replay(model, trace=plain_guide)))
     plain_model = poutine.trace(plain_pass).get_trace(chunks[0])
     obs = _observation_site(plain_model, plain_guide, data_plate)
+    nested = _nested_plate_dims(plain_model.nodes[obs], data_plate)  # (a row's outputs in plates of their own)
     nesting = max((_site_plate_dims(site) for _, site in plain_model.iter_stochastic_nodes()), default=0)
     # a latent site the model observes itself (poutine.condition on a weight) is data: its value, not the guide's draws
     latent = {name: site for name, site in plain_guide.iter_stochastic_nodes()
@@ -446,6 +446,7 @@ def _predict(model, guide, chunks, num_samples, vectorize, sample_batch_size, da
                    for chunk in chunks]
 
     family, reinterpreted, _ = results[0]
+    reinterpreted += nested
     past_rows = {name: sorted({tuple(p[name].shape[2:]) for _, _, p in results}) for name in results[0][2]}
     if any(len(shapes) > 1 for shapes in past_rows.values()):
         raise ValueError(

@@ -59,7 +59,6 @@ def default_adam_rate(lr: float | None, optimizer, owner: str) -> float:
     return DEFAULT_LR if lr is None else lr
 
 
-
 class TrainingDivergedError(FloatingPointError):
     """The loss (or a gradient) became NaN or infinite; the parameters were restored to the last finite state.
     Its ``history`` attribute holds the :class:`~pyro_bbb.train.History` up to the failing step.
