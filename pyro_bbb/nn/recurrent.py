@@ -182,7 +182,7 @@ class _Recurrent(BayesianModule):
                 f"{type(self).__name__}(input_size={size}) expects {where} whose last dimension is {size}, got shape "
                 f"{tuple(input.shape)}."
             )
-        self._check_dtype(input, getattr(self, f"weight_ih{self._first_suffix}_init").dtype)
+        self._check_dtype(input, getattr(self, f"weight_ih{self._first_suffix}").dtype)  # the draw's dtype
 
 
 class _RecurrentCell(_Recurrent):

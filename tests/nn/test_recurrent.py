@@ -575,6 +575,34 @@ def test_an_input_of_another_dtype_is_named_as_for_the_other_layers():
                   else torch.ones(2, 3, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("cell", [False, True])
+def test_a_recurrent_model_converted_without_its_guide_names_the_guide(cell):
+    """After bnn.to(torch.float64) a recurrent layer's guide still draws float32 weights: torch said only 'expected
+    scalar type Float but found Double', where the linear layers name the guide."""
+    layer = BayesianLSTMCell(2, 4) if cell else BayesianLSTM(2, 4, batch_first=True)
+    head = BayesianLinear(4, 1)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.out = layer, head
+
+        def forward(self, x):
+            hidden = self.rnn(x[:, -1])[0] if cell else self.rnn(x)[0][:, -1]
+            return self.out(hidden)
+
+    x, y = torch.randn(16, 5, 2), torch.randn(16)
+    bnn = pyro_bbb.BNN(Net(), likelihoods.Gaussian(scale=0.3))
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=1, kl_weight=1, progress=False)
+    bnn.to(torch.float64)
+    with pytest.raises(TypeError, match=r"BayesianLSTM(Cell)? net.rnn is torch.float64 but the weights its guide drew "
+                                        r"are torch.float32.*guide.to\(torch.float64\)"):
+        pyro_bbb.predict(bnn, guide, x.double(), num_samples=2)
+    guide.to(torch.float64)
+    assert pyro_bbb.predict(bnn, guide, x, num_samples=2).mean.dtype == torch.float64
+
+
 def test_reset_parameters_and_flatten_parameters_as_torch_code_calls_them():
     """model.apply(lambda m: m.reset_parameters()) and a forward calling self.lstm.flatten_parameters() failed with
     AttributeError after bayesianize."""
