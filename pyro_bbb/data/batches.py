@@ -150,8 +150,9 @@ def _num_data(loader: torch.utils.data.DataLoader, reads: str | None) -> int:
         except TypeError:
             continue
     raise ValueError(
-        "fit takes the training-set size from the DataLoader's sampler or dataset, neither of which has a len(); "
-        "use a sized dataset (e.g. TensorDataset)."
+        "fit takes the training-set size N from the DataLoader's sampler or dataset, neither of which has a len(); "
+        "use a sized dataset (e.g. TensorDataset), or give your IterableDataset a __len__ that returns the number "
+        "of rows (data) one pass yields, not of batches: the ELBO weighs each batch's likelihood by N / its rows."
     )
 
 

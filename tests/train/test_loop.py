@@ -632,6 +632,21 @@ def test_a_dataloader_of_single_rows_is_named():
     assert history.last["num_data"] == 40 and len(history.step_loss) == 5
 
 
+def test_an_iterable_dataset_without_a_len_is_told_how_to_give_n():
+    """A stream (IterableDataset) has no size to take N from: the error named only a sized dataset, where a __len__
+    counting rows (not batches) is all a stream needs, as the test above trains."""
+    x, y = small_data(40)
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(zip(x, y))
+
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    with pytest.raises(ValueError, match=r"IterableDataset a __len__ that returns the number of rows.*not of batches"):
+        fit(model, guide, DataLoader(Stream(), batch_size=8), epochs=1, kl_weight=1, progress=False)
+
+
 @pytest.mark.parametrize("yields", ["indices", "numpy indices", "lists of indices", "numpy arrays of indices",
                                     "ranges"])
 def test_a_sampler_of_ones_own_without_batching_is_named_when_it_yields_single_indices(yields):
