@@ -37,7 +37,7 @@ __all__ = [
     "CHECKED_ON", "site_name", "pyro_name", "module_local_params_enabled", "check_mean_field_requirement",
     "autonormal_loc_and_scale", "set_up_autoguide", "autonormal_event_dim", "param_captures", "ParamReader",
     "preset_samples", "sample_priors", "is_deterministic_site", "AutoNormalHooks", "vectorized_model",
-    "active_param_trace", "queue_after_backward", "current_backward_id",
+    "active_param_trace", "queue_after_backward", "current_backward_id", "unconstrained_param",
     "is_tracing", "tensor_version", "module_buffer", "foreach_norm", "foreach_copy_", "all_finite",
     "fused_adam_step", "optimizer_has_step_hooks", "recurrent_kernel", "ConvNd", "ConvTransposeNd",
     "without_trace_shapes", "active_messengers", "replayed_for_gradients", "PyroOptimizerState", "module_hooks",
@@ -154,6 +154,21 @@ def active_param_trace() -> Any:
         if type(messenger) is TraceMessenger and messenger.param_only:
             return messenger
     return None
+
+
+def unconstrained_param(value: torch.Tensor) -> torch.Tensor:
+    """The leaf tensor an optimizer updates for a param site's value: the ``unconstrained()`` back-reference Pyro
+    gives a param-store value, or the value itself -- a module's own ``nn.Parameter`` under
+    ``pyro.settings.set(module_local_params=True)``, which has none.
+
+    Examples
+    --------
+    >>> p = torch.nn.Parameter(torch.ones(2))
+    >>> unconstrained_param(p) is p
+    True
+    """
+    back_reference = getattr(value, "unconstrained", None)
+    return value if back_reference is None else back_reference()
 
 
 def param_captures(allowed: tuple[type, ...] = ()) -> tuple[list, list] | None:

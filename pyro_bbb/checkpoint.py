@@ -36,12 +36,14 @@ import torch
 
 from ._checks import require_set_up
 from ._inputs import Inputs, cast_inputs, input_tensors, inputs_to, map_inputs
+from ._internals import module_local_params_enabled, unconstrained_param
 from ._plates import data_plate_of
 from ._rng import rng_untouched
 from ._version import __version__
 from .data.provenance import restore_training_fingerprints, training_fingerprints
 from .infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
 from .nn.module import training_mode
+from .optim import IVON
 
 __all__ = ["save", "load"]
 
@@ -112,7 +114,7 @@ def _used_params(model, guide, inputs) -> dict[str, torch.Tensor]:
             poutine.trace(param_only=True) as params:
         guide_trace = poutine.trace(guide).get_trace(*inputs)
         poutine.replay(model, trace=guide_trace)(*inputs)
-    return {name: site["value"].unconstrained() for name, site in params.trace.nodes.items()}
+    return {name: unconstrained_param(site["value"]) for name, site in params.trace.nodes.items()}
 
 
 def save(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None, training_rows: bool = False) -> None:
@@ -147,6 +149,14 @@ def save(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None, trai
     require_set_up(guide, "save")
     if optimizer is not None and not hasattr(optimizer, "get_state"):
         raise TypeError(f"save writes an optimizer's get_state(); {type(optimizer).__name__} has none.")
+    if optimizer is not None and module_local_params_enabled() and not isinstance(optimizer, IVON):
+        raise ValueError(
+            f"save(optimizer=...) under pyro.settings.set(module_local_params=True): a {type(optimizer).__name__}'s "
+            "get_state keys each parameter's moments by its name in Pyro's param store, which module-local "
+            "parameters do not have, so a resumed run would restart them without a word. Save without optimizer= "
+            "(a resumed fit then starts fresh moments), or train with module_local_params=False to resume exactly "
+            "(IVON keys its sites by name and is saved)."
+        )
     if getattr(guide, "prototype_trace", None) is None:
         raise ValueError(
             f"save writes Pyro autoguides (e.g. pyro_bbb.MeanFieldGuide); {type(guide).__name__} is not one."

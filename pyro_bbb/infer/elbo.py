@@ -42,6 +42,7 @@ from .._internals import (
     active_param_trace,
     check_mean_field_requirement,
     is_tracing,
+    unconstrained_param,
     unwrap_handlers,
     vectorized_model,
     without_trace_shapes,
@@ -477,7 +478,7 @@ class ELBO(TraceMeanField_ELBO):
                 pair.validated_shapes.add(shapes)
             if gradients:
                 sites = (outer or capture).trace.nodes.values()
-                reached = {id(p): p for p in (site["value"].unconstrained() for site in sites)}
+                reached = {id(p): p for p in (unconstrained_param(site["value"]) for site in sites)}
                 params = list(reached.values())
                 run = ObjectiveRun(self.last_terms["num_data"] or self.last_terms["batch_size"], self.kl_weight,
                                    scale=self.current_call.scale, take_back=take_back)

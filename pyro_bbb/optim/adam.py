@@ -18,7 +18,7 @@ tensor([-0.1000, -0.1000, -0.1000])
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pyro
@@ -78,6 +78,8 @@ class Adam(PyroOptim):
         self._known: set[torch.Tensor] = set()
         self._fused_step: _FusedStep | None = None
         self._pending: dict[str, dict[str, torch.Tensor]] = {}  # restored state, by parameter name, not yet attached
+        # restored state of parameters without a name in the param store (module-local ones), by the parameter itself
+        self._pending_by_param: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
 
     def __call__(self, params: Iterable[torch.Tensor], *args, **kwargs) -> None:
         params = list(dict.fromkeys(params))  # the caller's order (Pyro's SVI passes a set; fit passes the store's)
@@ -168,18 +170,53 @@ class Adam(PyroOptim):
                 "set_state takes what pyro_bbb.optim.Adam.get_state returned: parameter name -> {'exp_avg', "
                 "'exp_avg_sq', 'step'}."
             )
-        self._pending = {name: dict(entry) for name, entry in state_dict.items()}
+        self._pending, self._pending_by_param = {name: dict(entry) for name, entry in state_dict.items()}, {}
         # the next step starts a fresh torch optimizer: restored tensors are new objects, their state attaches by name
         self.optimizer, self._known, self._fused_step = None, set(), None
+
+    def snapshot(self) -> Callable[[], None]:
+        """A function that puts this optimizer's state back as it is now, within this process: as
+        :meth:`set_state` of :meth:`get_state`, and also for the parameters that have no name in Pyro's param store
+        (a module's own under ``pyro.settings.set(module_local_params=True)``), which it keeps by the parameter
+        itself. A parameter first stepped after the snapshot starts afresh.
+
+        Examples
+        --------
+        >>> p = torch.nn.Parameter(torch.zeros(2))      # (no name in the param store)
+        >>> optimizer = Adam(lr=0.1)
+        >>> p.grad = torch.ones(2)
+        >>> optimizer([p])
+        >>> restore = optimizer.snapshot()
+        >>> p.grad = torch.ones(2)
+        >>> optimizer([p])
+        >>> restore()
+        >>> with torch.no_grad():
+        ...     _ = p.fill_(-0.1)                      # the parameter as it was after the first step
+        >>> p.grad = torch.ones(2)
+        >>> optimizer([p])                             # the second step again, from the same moments
+        >>> p.tolist()
+        [-0.2000000..., -0.2000000...]
+        """
+        by_name, by_param = self.get_state(), {p: dict(entry) for p, entry in self._pending_by_param.items()}
+        if self.optimizer is not None:
+            store = pyro.get_param_store()
+            by_param |= {p: {key: value.detach().clone() for key, value in entry.items()}
+                         for p, entry in self.optimizer.state.items() if entry and store.param_name(p) is None}
+
+        def restore() -> None:
+            self.set_state(by_name)
+            self._pending_by_param = {p: dict(entry) for p, entry in by_param.items()}
+        return restore
 
     def _restored_state(self, params: list[torch.Tensor]) -> dict[torch.Tensor, dict[str, torch.Tensor]]:
         """The state :meth:`set_state` gave for ``params`` (by name), each moment checked against its parameter's
         shape, and taken from the pending state only when all fit (torch's fused kernel does not check)."""
-        if not self._pending:
+        if not self._pending and not self._pending_by_param:
             return {}
         store = pyro.get_param_store()
         found = {p: (name, self._pending[name]) for p in params
                  if (name := store.param_name(p)) in self._pending}
+        found |= {p: (None, self._pending_by_param[p]) for p in params if p not in found and p in self._pending_by_param}
         for p, (name, entry) in found.items():
             for key in ("exp_avg", "exp_avg_sq"):
                 value = entry[key]
@@ -190,8 +227,11 @@ class Adam(PyroOptim):
                         f"{name!r}, whose shape is {tuple(p.shape)}: it was saved from another model. Restore the "
                         "optimizer state saved with these parameters, or start a fresh optimizer."
                     )
-        for name, _ in found.values():
-            del self._pending[name]
+        for p, (name, _) in found.items():
+            if name is None:
+                del self._pending_by_param[p]
+            else:
+                del self._pending[name]
         return {p: {key: value.detach().clone().to(device=p.device, dtype=p.dtype if key != "step" else None)
                     for key, value in entry.items()} for p, (_, entry) in found.items()}
 

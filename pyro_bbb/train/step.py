@@ -21,7 +21,14 @@ from pyro.optim import PyroOptim
 
 from .._checks import is_set_up
 from .._inputs import num_rows
-from .._internals import PyroOptimizerState, all_finite, foreach_copy_, set_up_autoguide, unwrap_handlers
+from .._internals import (
+    PyroOptimizerState,
+    all_finite,
+    foreach_copy_,
+    set_up_autoguide,
+    unconstrained_param,
+    unwrap_handlers,
+)
 from .._plates import data_plate_of
 from ..infer.contract import ObjectiveRun, mark_objective_run
 from ..infer.elbo import ELBO
@@ -89,7 +96,9 @@ class OptimizerSnapshot:
 
     def __init__(self, optimizer):
         self.optimizer, self.state = optimizer, None
-        if isinstance(optimizer, JointAdam | IVON):  # their get_state copies
+        if isinstance(optimizer, JointAdam):  # also the moments of parameters outside the param store
+            self.state = optimizer.snapshot()
+        elif isinstance(optimizer, IVON):  # its get_state copies
             self.state = optimizer.get_state()
         elif isinstance(optimizer, PyroOptim):  # by parameter, not by name (module-local parameters have none)
             self.state = PyroOptimizerState(optimizer)
@@ -97,6 +106,8 @@ class OptimizerSnapshot:
     def restore(self) -> None:
         if isinstance(self.state, PyroOptimizerState):
             self.state.restore()
+        elif callable(self.state):
+            self.state()
         elif self.state is not None:
             self.optimizer.set_state(self.state)
 
@@ -265,7 +276,7 @@ class TrainingStep:
         # in the trace's order, not a set's (which follows memory addresses): the global gradient norm that clip_norm
         # divides by is a sum over parameters, and another order rounds differently -- the same seed would not give
         # the same training run
-        params = list(dict.fromkeys(site["value"].unconstrained() for site in capture.trace.nodes.values()))
+        params = list(dict.fromkeys(unconstrained_param(site["value"]) for site in capture.trace.nodes.values()))
         return self._apply(params, loss)
 
     def _distributed_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
