@@ -51,7 +51,7 @@ SUPPORTED: dict[type[nn.Module], type[BayesianModule]] = {
 #: Containers whose sub-layers are used through their weights rather than called (so they cannot be swapped).
 _OPAQUE = (nn.MultiheadAttention,)
 
-Selector = Sequence[str] | Callable[[str, nn.Module], bool] | None
+Selector = str | Sequence[str] | Callable[[str, nn.Module], bool] | None
 PriorSpec = Prior | Mapping[str, Prior] | Callable[[str, nn.Module], Prior | None] | None
 
 
@@ -65,17 +65,22 @@ def _twin_type(module: nn.Module) -> type[BayesianModule] | None:
 
 
 def _warn_frozen(candidates: list[tuple[str, nn.Module]]) -> None:
-    """A frozen (pretrained) layer converted with the rest would be trained, in silence: said, with the fix."""
-    frozen = [name or "(the layer itself)" for name, layer in candidates
-              if not any(p.requires_grad for p in layer.parameters())]
+    """A frozen (pretrained) layer converted with the rest would be trained, in silence: said, with the fix; also a
+    layer frozen in part (a bias-only fine-tune, BitFit, freezes the weights), each of whose parameters becomes a
+    trained posterior."""
+    frozen = [(name or "(the layer itself)", [n for n, p in layer.named_parameters() if not p.requires_grad],
+               len(list(layer.parameters()))) for name, layer in candidates]
+    frozen = [f"{name}" if len(names) == total else f"{name} ({', '.join(names)})" for name, names, total in frozen
+              if names]
     if frozen == ["(the layer itself)"]:
         warn_at_caller("bayesianize: the layer passed was frozen (requires_grad=False) and is now Bayesian, trained; "
                        "to keep it deterministic and frozen, use the layer as it is.")
     elif frozen:
+        layers = [name.split(" (")[0] for name in frozen]
         warn_at_caller(
-            f"bayesianize: {frozen} {'was' if len(frozen) == 1 else 'were'} frozen (requires_grad=False) and "
-            f"{'is' if len(frozen) == 1 else 'are'} now Bayesian, trained with the rest; pass exclude={frozen!r} to "
-            "keep them deterministic and frozen."
+            f"bayesianize: {frozen} {'was' if len(frozen) == 1 else 'were'} frozen (requires_grad=False; in part: the "
+            f"parameters named) and {'is' if len(frozen) == 1 else 'are'} now Bayesian, every parameter trained with "
+            f"the rest; pass exclude={layers!r} to keep them deterministic and frozen."
         )
 
 
@@ -140,19 +145,51 @@ def _refuse_what_a_twin_would_change(converted: nn.Module, candidates: list[tupl
                          "deterministic (exclude=[...]), or change them first.")
 
 
+def _patterns(selector: Selector, what: str) -> Selector:
+    """``include`` / ``exclude`` as given, one pattern as a tuple of it (a string is not read character by character:
+    ``exclude="head"`` matched every module named by one of its letters, ``"body*"`` everything through its ``*``)."""
+    if selector is None or callable(selector):
+        return selector
+    patterns = (selector,) if isinstance(selector, str) else tuple(selector)
+    if not all(isinstance(pattern, str) for pattern in patterns):
+        raise TypeError(f"{what} takes module-name patterns (a string or a list of them) or a predicate (name, "
+                        f"module) -> bool; got {selector!r}.")
+    return patterns
+
+
+def _unmatched(patterns, names: list[str]) -> list[str]:
+    """The patterns that match none of ``names``."""
+    return [pattern for pattern in patterns if not any(fnmatch.fnmatchcase(name, pattern) for name in names)]
+
+
+def _refuse_lazy(module: nn.Module) -> None:
+    """A lazy layer (``nn.LazyLinear``, ...) has no sizes until its first forward pass, so no twin can be built."""
+    lazy = [name or "(the module itself)" for name, m in module.named_modules()
+            if isinstance(m, nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params()]
+    if lazy:
+        kind = "is a lazy module" if len(lazy) == 1 else "are lazy modules"
+        raise ValueError(
+            f"bayesianize needs every layer's sizes, and {lazy} {kind} not yet initialized (nn.LazyLinear, ...). Run "
+            "one forward pass on an example batch first (net(x)), which gives them their sizes, then bayesianize."
+        )
+
+
 def _matches(selector: Selector, name: str, module: nn.Module) -> bool:
     if callable(selector):
         return bool(selector(name, module))
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in selector)
 
 
-def _prior_for(prior: PriorSpec, name: str, module: nn.Module) -> Prior | None:
+def _prior_for(prior: PriorSpec, names: list[str], module: nn.Module) -> Prior | None:
+    """The prior ``prior`` gives the layer called ``names`` (every name of a layer used at several places: a dict's
+    pattern matches any of them, as ``include`` / ``exclude`` do; a callable is called with the first)."""
     if prior is None or isinstance(prior, Prior) or isinstance(prior, torch.distributions.Distribution):
         return prior
     if isinstance(prior, Mapping):
-        return next((p for pattern, p in prior.items() if fnmatch.fnmatchcase(name, pattern)), None)
+        return next((p for pattern, p in prior.items()
+                     if any(fnmatch.fnmatchcase(name, pattern) for name in names)), None)
     if callable(prior):
-        return prior(name, module)
+        return prior(names[0], module)
     raise TypeError(
         "prior must be a Prior, a dict from name pattern to Prior, or a callable (name, module) -> Prior; got "
         f"{type(prior).__name__}."
@@ -217,17 +254,19 @@ def bayesianize(
     module : nn.Module
         The (trained) model.
     prior : Prior, dict or callable, optional
-        One prior for every converted layer; a dict from name pattern to prior (first match wins, unmatched
-        layers get their twin's default: :data:`~pyro_bbb.priors.DEFAULT_PRIOR`, ``Normal(0, 2)`` for recurrent
+        One prior for every converted layer; a dict from name pattern to prior (first match wins, under any of a
+        shared layer's names; a pattern matching no converted layer is an error; unmatched layers get their twin's
+        default: :data:`~pyro_bbb.priors.DEFAULT_PRIOR`, ``Normal(0, 2)`` for recurrent
         layers); or
         ``(name, module) -> prior``. ``None``: every twin's default. :class:`pyro_bbb.priors.Moped` centres each
         weight's prior on its trained value.
-    include : list of patterns or predicate, optional
-        Convert only these layers (a container stands for the layers inside it). A layer named exactly that cannot
+    include : pattern, list of patterns or predicate, optional
+        Convert only these layers (a container stands for the layers inside it); a pattern that matches no module
+        is an error (a misspelt name). A layer named exactly that cannot
         be converted is an error; the normalisation, dropout or activation modules that a wildcard
         (``"encoder.layer.1.*"``) or a predicate also matches are left deterministic.
-    exclude : list of patterns or predicate, optional
-        Never convert these.
+    exclude : pattern, list of patterns or predicate, optional
+        Never convert these; a pattern that matches no module is an error.
     last_layer_only : bool
         Convert only the last convertible layer (in registration order): a Bayesian head on a deterministic body.
     init_from_weights : bool
@@ -245,6 +284,8 @@ def bayesianize(
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"bayesianize converts a torch.nn.Module, got {type(module).__name__}.")
+    include, exclude = _patterns(include, "include"), _patterns(exclude, "exclude")
+    _refuse_lazy(module)
     if _twin_type(module) is not None:  # the model is itself one convertible layer: the same checks, then its twin
         if (include is not None and not _matches(include, "", module)) or (
                 exclude is not None and _matches(exclude, "", module)):
@@ -252,7 +293,7 @@ def bayesianize(
                              "), and include/exclude leave it out. Use it as it is, or drop include/exclude.")
         _refuse_what_a_twin_would_change(module, [("", module)])
         _warn_frozen([("", module)])
-        return _make_twin(module, _twin_type(module), _prior_for(prior, "", module), init_from_weights)
+        return _make_twin(module, _twin_type(module), _prior_for(prior, [""], module), init_from_weights)
     if sampled_attributes(module):
         raise ValueError(
             f"{type(module).__name__} is already Bayesian: its {sampled_attributes(module)} are PyroSample sites "
@@ -263,9 +304,9 @@ def bayesianize(
     opaque = [name for name, m in named if isinstance(m, _OPAQUE)]
 
     aliases: dict[int, list[str]] = {}  # every name of a module used at several places (a shared encoder)
-    for name, m in converted.named_modules(remove_duplicate=False):
-        if name:
-            aliases.setdefault(id(m), []).append(name)
+    named_all = [(name, m) for name, m in converted.named_modules(remove_duplicate=False) if name]
+    for name, m in named_all:
+        aliases.setdefault(id(m), []).append(name)
 
     def inside(name: str, parents) -> bool:
         return any(name.startswith(p + ".") for p in parents)
@@ -280,8 +321,10 @@ def bayesianize(
         candidates = [(n, m) for n, m in named if not inside(n, opaque)]
     else:
         direct = [(n, m) for n, m in named if selected(include, m)]
-        if not direct:
-            raise ValueError(f"include={include!r} matched no module; the module names are {[n for n, _ in named]}.")
+        unmatched = [] if callable(include) else _unmatched(include, [n for n, _ in named_all])
+        if not direct or unmatched:
+            raise ValueError(f"include={list(unmatched) or include!r} matched no module; the module names are "
+                             f"{[n for n, _ in named]}.")
         # a matched container (children, no parameters of its own) stands for the layers inside it; a module named
         # exactly that cannot be converted is an error, one that a wildcard or a predicate swept up is passed over
         named_exactly = set() if callable(include) else {p for p in include if not any(c in p for c in "*?[")}
@@ -306,6 +349,9 @@ def bayesianize(
         roots = [alias for _, m in direct for alias in aliases[id(m)]]
         candidates = [(n, m) for n, m in named if within(m, roots) and not inside(n, opaque)]
     if exclude is not None:  # an excluded container takes its layers with it; a shared layer, under any of its names
+        unmatched = [] if callable(exclude) else _unmatched(exclude, [n for n, _ in named_all])
+        if unmatched:  # (a misspelt name would convert the layer it meant to keep)
+            raise ValueError(f"exclude={unmatched!r} matched no module; the module names are {[n for n, _ in named]}.")
         excluded = [alias for _, m in named if selected(exclude, m) for alias in aliases[id(m)]]
         candidates = [(n, m) for n, m in candidates if not within(m, excluded)]
     plain_rnns = [n for n, m in candidates if isinstance(m, nn.RNN | nn.RNNCell)]
@@ -321,10 +367,15 @@ def bayesianize(
         raise ValueError(f"no layer to convert: no {_supported_names()} outside attention blocks{where}.")
 
     _refuse_what_a_twin_would_change(converted, candidates)
+    if isinstance(prior, Mapping):  # (a misspelt pattern would leave its layers at the default prior)
+        unmatched = _unmatched(prior, [alias for _, m in candidates for alias in aliases[id(m)]])
+        if unmatched:
+            raise ValueError(f"prior patterns {unmatched} match no layer being converted; those are "
+                             f"{[n for n, _ in candidates]}.")
     _warn_frozen(candidates)
     references = list(converted.named_modules(remove_duplicate=False))  # a layer used at several places: each one
-    for name, layer in candidates:
-        twin = _make_twin(layer, _twin_type(layer), _prior_for(prior, name, layer), init_from_weights)
+    for _, layer in candidates:
+        twin = _make_twin(layer, _twin_type(layer), _prior_for(prior, aliases[id(layer)], layer), init_from_weights)
         for path in [n for n, m in references if m is layer]:  # gets the same twin (one posterior, as before one
             parent_name, _, child = path.rpartition(".")       # set of weights), in its place in the parent's order
             (converted.get_submodule(parent_name) if parent_name else converted).add_module(child, twin)

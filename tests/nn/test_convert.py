@@ -377,6 +377,77 @@ def test_a_frozen_layer_converted_with_the_rest_is_said():
     assert not converted[0].weight.requires_grad
 
 
+class BodyAndHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = nn.Linear(3, 4), nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.body(x)))
+
+
+def bayesian_layers(module):
+    return [name for name, m in module.named_modules() if isinstance(m, BayesianLinear)]
+
+
+def test_one_pattern_as_a_string_is_one_pattern():
+    """A string was read as patterns of one character each: exclude="head" left head Bayesian (no module is named
+    'h', 'e', 'a' or 'd'), include="body*" converted every layer through its '*'."""
+    assert bayesian_layers(pyro_bbb.bayesianize(BodyAndHead(), exclude="head")) == ["body"]
+    assert bayesian_layers(pyro_bbb.bayesianize(BodyAndHead(), include="body*")) == ["body"]
+    assert bayesian_layers(pyro_bbb.bayesianize(BodyAndHead(), include="head")) == ["head"]
+    with pytest.raises(TypeError, match="module-name patterns"):
+        pyro_bbb.bayesianize(BodyAndHead(), exclude=[0])
+
+
+def test_a_pattern_that_matches_nothing_is_an_error():
+    """A misspelt exclude pattern converted the layer it meant to keep; a misspelt prior pattern left its layer at the
+    default prior; an include list with one good pattern hid a misspelt other."""
+    for kwargs, refusal in [({"exclude": ["haed"]}, r"exclude=\['haed'\] matched no module.*\['body', 'head'\]"),
+                            ({"include": ["head", "bdoy"]}, r"include=\['bdoy'\] matched no module"),
+                            ({"prior": {"hed*": priors.Normal(0.0, 0.1)}}, r"prior patterns \['hed\*'\] match no "
+                                                                            r"layer")]:
+        with pytest.raises(ValueError, match=refusal):
+            pyro_bbb.bayesianize(BodyAndHead(), **kwargs)
+
+
+def test_a_prior_pattern_matches_a_shared_layer_under_any_of_its_names():
+    """include and exclude see every name of a layer used at two places; a prior dict saw only the first."""
+
+    class AutoEncoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = nn.Linear(2, 2)
+            self.dec = self.enc
+            self.out = nn.Linear(2, 1)
+
+        def forward(self, x):
+            return self.out(self.dec(self.enc(x)))
+
+    converted = pyro_bbb.bayesianize(AutoEncoder(), prior={"dec": priors.Normal(0.0, 0.1)})
+    assert converted.enc is converted.dec and converted.enc.prior == priors.Normal(0.0, 0.1)
+    assert converted.out.prior != priors.Normal(0.0, 0.1)
+
+
+def test_a_lazy_layer_is_refused_until_it_has_its_sizes():
+    """nn.LazyLinear was passed over without a word (and last_layer_only then made the body Bayesian)."""
+    net = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.LazyLinear(1))
+    for kwargs in ({}, {"last_layer_only": True}):
+        with pytest.raises(ValueError, match=r"\['2'\] is a lazy module not yet initialized.*forward pass"):
+            pyro_bbb.bayesianize(net, **kwargs)
+    net(torch.randn(2, 3))
+    assert bayesian_layers(pyro_bbb.bayesianize(net, last_layer_only=True)) == ["2"]
+
+
+def test_a_layer_frozen_in_part_is_said():
+    """A bias-only fine-tune (BitFit) freezes the weights: they became trained posteriors without a word."""
+    net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    net[0].weight.requires_grad_(False)
+    with pytest.warns(UserWarning, match=r"\['0 \(weight\)'\] was frozen \(requires_grad=False; in part.*"
+                                         r"exclude=\['0'\]"):
+        pyro_bbb.bayesianize(net)
+
+
 def test_a_plain_rnn_left_deterministic_is_said():
     class Tagger(torch.nn.Module):
         def __init__(self):
