@@ -27,6 +27,8 @@ True
 from __future__ import annotations
 
 import os
+import weakref
+import zipfile
 from numbers import Integral
 from typing import IO, Any
 
@@ -35,7 +37,7 @@ import pyro.poutine as poutine
 import torch
 
 from ._checks import require_set_up
-from ._inputs import Inputs, cast_inputs, input_tensors, inputs_to, map_inputs
+from ._inputs import Inputs, cast_inputs, input_tensors, inputs_to, map_inputs, model_dtype
 from ._internals import module_local_params_enabled, unconstrained_param
 from ._plates import data_plate_of
 from ._rng import rng_untouched
@@ -89,14 +91,28 @@ def _saved_num_data(model) -> int | None:
     return None
 
 
-def _num_data_to_load(saved: dict[str, Any], model) -> int | None:
-    """The training-set size a :class:`pyro_bbb.BNN` was saved with (the N its data plate declares to Pyro's own
-    ELBOs), for a model built without one; ``None`` when the model keeps its own (built with an N, e.g. to fine-tune
-    on another data set) or has nowhere to keep it."""
-    num_data = saved.get("num_data")
-    if num_data is None or not hasattr(model, "num_data") or model.num_data is not None:
-        return None
-    return num_data
+#: The ``num_data`` each model got from its last :func:`load` (an N a later load replaces, not one of its own)
+_NUM_DATA_LOADED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _num_data_to_load(saved: dict[str, Any], model) -> tuple[bool, int | None]:
+    """Whether to set the model's ``num_data`` and to what: the training-set size a :class:`pyro_bbb.BNN` was saved
+    with (the N its data plate declares to Pyro's own ELBOs, ``None`` if it had none), for a model built without one
+    or holding the one an earlier load gave it; not for a model that keeps its own (built with an N, or set one
+    since, e.g. to fine-tune on another data set) or has nowhere to keep it."""
+    if not hasattr(model, "num_data"):
+        return False, None
+    current, num_data = model.num_data, saved.get("num_data")
+    from_load = isinstance(model, torch.nn.Module) and model in _NUM_DATA_LOADED
+    if current is not None and not (from_load and _NUM_DATA_LOADED[model] == current):
+        return False, None
+    return current is not None or num_data is not None, num_data
+
+
+def _latent_shapes(guide) -> dict[str, list[int]]:
+    """Every latent site of the guide's model by name, with its shape: what an autoguide that packs all sites into
+    one vector (``AutoDiagonalNormal``, ``AutoLowRankMultivariateNormal``) does not show by its parameters' shapes."""
+    return {name: list(site["value"].shape) for name, site in guide.prototype_trace.iter_stochastic_nodes()}
 
 
 def _state(module) -> dict[str, torch.Tensor]:
@@ -168,6 +184,7 @@ def save(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None, trai
         "pyro_bbb_version": __version__,
         "settings": _settings(model),
         "example_inputs": inputs,
+        "latent_shapes": _latent_shapes(guide),
         "model_state": _state(model),
         "guide_state": _state(guide),
         "param_store": {name: value.detach().clone() for name, value in _used_params(model, guide, inputs).items()},
@@ -183,11 +200,14 @@ def save(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None, trai
     torch.save(checkpoint, path)
 
 
-def _mismatches(saved: dict[str, torch.Tensor], current: dict[str, torch.Tensor], what: str) -> list[str]:
-    problems = [f"{what} {name!r} is in the checkpoint but not in the {what}" for name in saved.keys() - current.keys()]
+def _mismatches(saved: dict[str, torch.Tensor], current: dict[str, torch.Tensor], what: str,
+                owner: str | None = None) -> list[str]:
+    owner = owner or what
+    problems = [f"{what} {name!r} is in the checkpoint but not in the {owner}"
+                for name in saved.keys() - current.keys()]
     problems += [f"{what} {name!r} is missing from the checkpoint" for name in current.keys() - saved.keys()]
     problems += [
-        f"{what} {name!r}: checkpoint shape {tuple(saved[name].shape)}, {what} shape {tuple(current[name].shape)}"
+        f"{what} {name!r}: checkpoint shape {tuple(saved[name].shape)}, {owner} shape {tuple(current[name].shape)}"
         for name in saved.keys() & current.keys()
         if saved[name].shape != current[name].shape
     ]
@@ -204,10 +224,37 @@ def _where(path: str | os.PathLike | IO[bytes]) -> str:
     return f"the file object {type(path).__name__}"
 
 
+def _failing_checksum(path: str | os.PathLike | IO[bytes]) -> str | None:
+    """The first part of the checkpoint's zip archive whose bytes do not match their CRC-32 (``torch.load`` does not
+    check them: a flipped bit in a tensor loads as another number), or ``None``; also ``None`` for a file that is not
+    a zip archive, which ``torch.load`` then refuses. A file object is read from where it is and put back there."""
+    start = None
+    try:
+        if not isinstance(path, str | bytes | os.PathLike):
+            if not (hasattr(path, "seek") and hasattr(path, "tell")):
+                return None
+            start = path.tell()
+        with zipfile.ZipFile(path) as archive:
+            try:
+                return archive.testzip()
+            except (zipfile.BadZipFile, OSError, EOFError) as error:  # a part's header damaged
+                return f"({error})"
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return None
+    finally:
+        if start is not None:
+            path.seek(start)
+
+
 def _read(path: str | os.PathLike | IO[bytes], device: torch.device) -> dict[str, Any]:
     """The checkpoint's contents, or one ``ValueError`` naming the file for anything that is not a whole, finite
     pyro_bbb checkpoint (truncated, corrupted, foreign, or holding objects that ``weights_only`` refuses)."""
     where = _where(path)
+    failing = _failing_checksum(path)
+    if failing is not None:
+        raise ValueError(f"{where} is corrupted: its part {failing!r} does not match its checksum (CRC-32), so some "
+                         "of its bytes changed after pyro_bbb.save wrote it. Nothing was loaded; save it again, or use "
+                         "an intact copy.")
     try:
         checkpoint = torch.load(path, map_location=device, weights_only=True)
     except FileNotFoundError:
@@ -239,6 +286,10 @@ def _read(path: str | os.PathLike | IO[bytes], device: torch.device) -> dict[str
             value is None or input_tensors(value)
         except (TypeError, ValueError):
             raise ValueError(f"{where} is a damaged pyro_bbb checkpoint: example_inputs are not tensors.") from None
+    shapes = checkpoint.get("latent_shapes", {})
+    if not (isinstance(shapes, dict) and all(isinstance(name, str) and isinstance(shape, list) and all(
+            isinstance(size, int) for size in shape) for name, shape in shapes.items())):
+        raise ValueError(f"{where} is a damaged pyro_bbb checkpoint: latent_shapes is not a site name -> shape map.")
     rows = checkpoint.get("training_rows")
     if rows is not None and not (isinstance(rows, torch.Tensor) and rows.dtype == torch.int64 and rows.dim() == 1):
         raise ValueError(f"{where} is a damaged pyro_bbb checkpoint: training_rows is not a 1-d int64 tensor.")
@@ -281,7 +332,8 @@ def load(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None):
     raises ``ValueError`` listing the differences. Tensors are placed on the model's device. With ``optimizer`` (of
     the class that was saved), its state is restored too: ``fit(..., optimizer=optimizer)`` then continues the run.
     A :class:`pyro_bbb.BNN` built without ``num_data`` gets the one it was saved with (the training-set size its
-    data plate declares to Pyro's own ELBOs); one built with its own keeps it. ``path`` is a file's path or a binary
+    data plate declares to Pyro's own ELBOs), as does one whose ``num_data`` an earlier ``load`` set (none, if this
+    checkpoint has none); one built with its own, or given one since, keeps it. ``path`` is a file's path or a binary
     file object (``io.BytesIO``), as ``torch.load`` takes.
 
     Examples
@@ -297,15 +349,32 @@ def load(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None):
                 f"the checkpoint was saved with {key} {saved[key]!r} but this model has {current[key]!r}; build the "
                 "model the way it was built when saved."
             )
-    num_data = _num_data_to_load(saved, model)
-    inputs = [None if t is None else inputs_to(t, device) for t in checkpoint["example_inputs"]]
+    set_num_data, num_data = _num_data_to_load(saved, model)
+    # the example rows in the model's floating dtype (a float32 checkpoint loads into a float64 model, and back)
+    dtype = model_dtype(model)
+    inputs = [None if t is None else inputs_to(cast_inputs(t, dtype), device) for t in checkpoint["example_inputs"]]
     keys_before = set(pyro.get_param_store().keys())
     try:  # a refusal leaves Pyro's param store as it found it (the set-up below fills it for this model's shapes)
-        if getattr(guide, "prototype_trace", None) is None:
-            with torch.no_grad(), poutine.block(), training_mode(model, False), rng_untouched():
-                guide(*inputs)
-        store = _used_params(model, guide, inputs)
+        try:
+            if getattr(guide, "prototype_trace", None) is None:
+                with torch.no_grad(), poutine.block(), training_mode(model, False), rng_untouched():
+                    guide(*inputs)
+            store = _used_params(model, guide, inputs)
+        except (RuntimeError, TypeError, ValueError, IndexError) as error:
+            shapes = [None if t is None else {k: tuple(v.shape) for k, v in input_tensors(t).items()} for t in inputs]
+            raise ValueError(
+                f"the example rows {_where(path)} holds (shapes {shapes}; one row of each argument the model was "
+                f"called with when saved) do not run through this model and guide: {type(error).__name__}: "
+                f"{str(error).split(chr(10) + 'Trace Shapes:')[0].strip()}. "
+                "Build the model the way it was built when saved (its input width and layer sizes). Nothing was "
+                "loaded."
+            ) from error
         problems = _mismatches(checkpoint["model_state"], _state(model), "model")
+        if "latent_shapes" in checkpoint:  # (files written before it was saved: the parameters' shapes only)
+            def shaped(shapes):
+                return {name: torch.empty(shape, device="meta") for name, shape in shapes.items()}
+            problems += _mismatches(shaped(checkpoint["latent_shapes"]), shaped(_latent_shapes(guide)), "latent site",
+                                    "model")
         problems += _mismatches(checkpoint["guide_state"], _state(guide), "guide")
         saved_params, held = _saved_params_and_frozen(checkpoint["param_store"], store, model)
         problems += _mismatches(saved_params, store, "parameter") if saved_params else []
@@ -351,6 +420,7 @@ def load(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None):
             buffer.copy_(value)
     record_kl_weight(guide, choice)  # (none in the checkpoint: nothing known of how it was trained)
     restore_training_fingerprints(guide, checkpoint.get("training_rows"))  # (nor, without them, of its rows)
-    if num_data is not None:
+    if set_num_data:
         model.num_data = num_data
+        _NUM_DATA_LOADED[model] = num_data
     return guide

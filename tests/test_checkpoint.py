@@ -93,6 +93,64 @@ def test_loading_into_another_shape_is_a_clear_error_and_changes_nothing(tmp_pat
     assert all(torch.equal(before[k], v) for k, v in guide.state_dict().items())
 
 
+@pytest.mark.parametrize("guide_class", [pyro.infer.autoguide.AutoDiagonalNormal,
+                                         pyro.infer.autoguide.AutoLowRankMultivariateNormal])
+def test_a_guide_packing_every_site_in_one_vector_is_not_loaded_into_another_architecture(tmp_path, guide_class):
+    """3-4-4-1 and 3-2-8-1 nets both have 41 latent weights, so the packed guide's parameters have one shape: the
+    posterior loaded into the other net without a word. The saved sites' shapes are compared."""
+    def net(a, b):
+        layers = torch.nn.Sequential(BayesianLinear(3, a), torch.nn.ReLU(), BayesianLinear(a, b), torch.nn.ReLU(),
+                                     BayesianLinear(b, 1))
+        return pyro_bbb.BNN(layers, likelihoods.Gaussian(scale=0.1))
+
+    x, y = torch.randn(20, 3), torch.randn(20)
+    model = net(4, 4)
+    guide = guide_class(model)
+    guide(x, y)
+    pyro_bbb.save(tmp_path / "m.pt", model, guide)
+    pyro.clear_param_store()
+    other = net(2, 8)
+    other_guide = guide_class(other)
+    with pytest.raises(ValueError, match=r"latent site 'net.0.weight': checkpoint shape \(4, 3\), model shape "
+                                         r"\(2, 3\)"):
+        pyro_bbb.load(tmp_path / "m.pt", other, other_guide)
+    assert len(pyro.get_param_store()) == 0
+    pyro.clear_param_store()
+    same = net(4, 4)
+    pyro_bbb.load(tmp_path / "m.pt", same, guide_class(same))
+
+
+@pytest.mark.parametrize("saved_dtype, loaded_dtype", [(torch.float32, torch.float64), (torch.float64, torch.float32)])
+def test_a_checkpoint_loads_into_a_model_of_another_floating_dtype(tmp_path, saved_dtype, loaded_dtype):
+    """The example rows kept their saved dtype: the model refused them, asking to cast an input the user never
+    gave."""
+    x, y = torch.randn(20, 3, dtype=saved_dtype), torch.randn(20, dtype=saved_dtype)
+    model = build().to(saved_dtype)
+    guide = pyro_bbb.MeanFieldGuide(model)
+    pyro_bbb.fit(model, guide, (x, y), epochs=2, kl_weight=1, progress=False)
+    pyro_bbb.save(tmp_path / "m.pt", model, guide)
+    pyro.clear_param_store()
+    other = build().to(loaded_dtype)
+    other_guide = pyro_bbb.load(tmp_path / "m.pt", other, pyro_bbb.MeanFieldGuide(other))
+    loaded = other_guide.site_posteriors()["net.0.weight"].loc
+    assert loaded.dtype == loaded_dtype
+    assert torch.equal(loaded, guide.site_posteriors()["net.0.weight"].loc.detach().to(loaded_dtype))
+    assert pyro_bbb.predict(other, other_guide, x[:4], num_samples=3).mean.dtype == loaded_dtype
+
+
+def test_example_rows_the_model_cannot_run_name_the_checkpoint(tmp_path):
+    """A checkpoint of a net on 3 inputs loaded into one on 5: torch's 'mat1 and mat2 shapes cannot be multiplied',
+    naming neither the checkpoint nor the fix."""
+    _, _, path, _ = trained(tmp_path)
+    pyro.clear_param_store()
+    wider = pyro_bbb.BNN(torch.nn.Sequential(torch.nn.Linear(5, 3), BayesianLinear(3, 8), torch.nn.ReLU(),
+                                             torch.nn.Linear(8, 1)), likelihoods.Gaussian())
+    with pytest.raises(ValueError, match=r"example rows '.*bnn\.pt'.*\(1, 3\).*do not run through this model.*"
+                                         r"Build the model the way it was built when saved"):
+        pyro_bbb.load(path, wider, pyro_bbb.MeanFieldGuide(wider))
+    assert len(pyro.get_param_store()) == 0
+
+
 def test_loading_with_another_likelihood_is_a_clear_error(tmp_path):
     _, _, path, _ = trained(tmp_path)
     pyro.clear_param_store()
@@ -236,13 +294,20 @@ def _saved(tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "no_settings", "nan", "num_data", "kl_weight_nan",
                                     "kl_weight_negative", "kl_weight_unpaired", "kl_weight_chosen_by",
-                                    "training_rows"])
+                                    "training_rows", "latent_shapes", "flipped_bit"])
 def test_damaged_checkpoints_are_one_clear_error_naming_the_file(tmp_path, damage):
     path = _saved(tmp_path)
     if damage == "truncate":
         path.write_bytes(path.read_bytes()[:200])
     elif damage == "garbage":
         path.write_bytes(b"\x00not a checkpoint at all" * 10)
+    elif damage == "flipped_bit":  # the sign of a weight's mean: torch.load does not check the zip's CRC-32s
+        data = bytearray(path.read_bytes())
+        loc = pyro.get_param_store()["MeanFieldGuide.locs.net.0.weight"].detach().numpy().tobytes()
+        assert data.count(loc) >= 1
+        at = data.find(loc)
+        data[at + 3] ^= 0x80
+        path.write_bytes(bytes(data))
     else:
         checkpoint = torch.load(path, weights_only=True)
         if damage == "no_settings":
@@ -251,6 +316,8 @@ def test_damaged_checkpoints_are_one_clear_error_naming_the_file(tmp_path, damag
             checkpoint["settings"]["num_data"] = -3
         elif damage == "training_rows":
             checkpoint["training_rows"] = torch.zeros(3)
+        elif damage == "latent_shapes":
+            checkpoint["latent_shapes"] = {"net.0.weight": "eight by three"}
         elif damage.startswith("kl_weight"):  # a record that loaded, shown as "KL weight -3 ... tempered"
             checkpoint["kl_weight_choice"] = {
                 "kl_weight_nan": {"kl_weight": math.nan}, "kl_weight_negative": {"kl_weight": -3.0},
@@ -334,6 +401,28 @@ def test_a_model_built_without_num_data_gets_the_saved_one_and_its_pyro_loss_is_
     assert model2.num_data == 40
     pyro.set_rng_seed(3)
     assert pyro.infer.Trace_ELBO().loss(model2, guide2, x[:10], y[:10]) == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_num_data_an_earlier_load_set_is_replaced_by_the_next_load(tmp_path):
+    """Loading a checkpoint with N = 40 and then one with N = 25 (or none) into one BNN kept 40: Pyro's own ELBOs
+    then weighed the second posterior's likelihood by the first's N."""
+    path, _, _ = pyro_loop_checkpoint(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    path25, _, _ = pyro_loop_checkpoint(other, num_data=25)
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5))
+    guide = pyro_bbb.MeanFieldGuide(bnn)
+    pyro_bbb.fit(bnn, guide, (torch.randn(10, 3), torch.randn(10)), epochs=1, kl_weight=1, progress=False)
+    pyro_bbb.save(tmp_path / "none.pt", bnn, guide)
+    pyro.clear_param_store()
+    model = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.5))
+    guide = pyro_bbb.MeanFieldGuide(model)
+    for checkpoint, expected in [(path, 40), (path25, 25), (tmp_path / "none.pt", None), (path, 40)]:
+        pyro_bbb.load(checkpoint, model, guide)
+        assert model.num_data == expected
+    model.num_data = 500  # the user's own from here on
+    pyro_bbb.load(path25, model, guide)
+    assert model.num_data == 500
 
 
 def test_a_model_built_with_its_own_num_data_keeps_it_to_fine_tune_on_other_data(tmp_path):
@@ -497,7 +586,7 @@ def test_a_load_refused_late_or_by_torch_leaves_the_param_store_as_it_was(tmp_pa
 
     _fitted_and_saved(make(4), tmp_path / "four.pt")
     wrong = make(5)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ValueError, match="do not run through this model"):
         pyro_bbb.load(tmp_path / "four.pt", wrong, pyro_bbb.MeanFieldGuide(wrong))
     assert len(pyro.get_param_store()) == 0
     right = make(4)

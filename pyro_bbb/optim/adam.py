@@ -216,7 +216,8 @@ class Adam(PyroOptim):
         store = pyro.get_param_store()
         found = {p: (name, self._pending[name]) for p in params
                  if (name := store.param_name(p)) in self._pending}
-        found |= {p: (None, self._pending_by_param[p]) for p in params if p not in found and p in self._pending_by_param}
+        found |= {p: (None, self._pending_by_param[p]) for p in params
+                  if p not in found and p in self._pending_by_param}
         for p, (name, entry) in found.items():
             for key in ("exp_avg", "exp_avg_sq"):
                 value = entry[key]
