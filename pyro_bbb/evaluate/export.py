@@ -31,6 +31,7 @@ import xarray as xr
 from .._checks import check_count
 from .._inputs import Inputs, cast_inputs, input_tensors, model_dtype, num_rows, targets_of_shape
 from .._warnings import warn_at_caller
+from ..data.provenance import fraction_seen_in_training
 from ..infer.tempering import kl_weight_of
 from ..nn.module import site_owners
 from ..prediction.predictive import predict_with_draws
@@ -127,6 +128,20 @@ def _wrap(groups: dict[str, xr.Dataset], container: str):
     return az.InferenceData(**groups)
 
 
+def _warn_loo_of_a_tempered_posterior(kl_weight: float, seen: float | None) -> None:
+    """PSIS-LOO and WAIC read a row's pull on the posterior from its log-likelihood, which a tempered posterior counts
+    1/kl_weight times: said unless the rows are known to be held out (``seen``: the fraction of them trained on)."""
+    if seen == 0.0:  # held-out rows: scored as they are, no leave-one-out asked of them
+        return
+    warn_at_caller(
+        f"to_inference_data: this posterior is tempered (KL weight {kl_weight:g}): it counts every training row "
+        f"1/{kl_weight:g} times, and az.loo / az.waic on its log_likelihood take out only {kl_weight:g} of a row's "
+        "pull, so they overstate its elpd (and az.compare favours it over the Bayes posterior). Compare posteriors "
+        "on held-out rows instead (pyro_bbb.evaluate.metrics.log_likelihood of predict); the export itself is right, "
+        "for held-out scoring and plots."
+    )
+
+
 def to_inference_data(
     model: Callable,
     guide: Callable,
@@ -149,7 +164,9 @@ def to_inference_data(
     * ``posterior_predictive``: one predictive draw of the targets per weight draw;
     * ``log_likelihood`` (with ``y``): ``log p(y_i | x_i, w_s)`` per datum, unscaled, for ``az.loo`` / ``az.waic``
       (a net with several outputs per row: their sum, so LOO leaves out whole rows; ``az.plot_loo_pit`` needs one
-      value per output and so works on one-output models only);
+      value per output and so works on one-output models only). Of a tempered posterior (KL weight ``w < 1``, which
+      counts each training row ``1/w`` times) PSIS-LOO and WAIC overstate the elpd: a warning says so unless the
+      rows are known to be held out; compare such posteriors on held-out rows;
     * the ``posterior`` group's attributes ``kl_weight``, ``kl_weight_chosen_by``, ``tempered_posterior`` and
       ``kl_weight_note`` when the guide was trained by :func:`pyro_bbb.fit` (see :mod:`pyro_bbb.infer.tempering`):
       a posterior trained at a KL weight other than 1 is a tempered one, not the Bayes posterior;
@@ -237,6 +254,8 @@ def to_inference_data(
         groups["log_likelihood"] = dataset({obs: (chain_draw + ["obs_id"], _by_chain(log_lik, num_chains))})
         groups["observed_data"] = dataset({obs: (["obs_id"] + event_dims, y.detach().cpu().numpy())})
     choice = kl_weight_of(guide)
+    if y is not None and choice is not None and choice.tempered and not choice.point_estimate:
+        _warn_loo_of_a_tempered_posterior(choice.kl_weight, fraction_seen_in_training(guide, x))
     if choice is not None:  # a tempered posterior says so in the posterior's own attributes
         groups["posterior"].attrs.update({"kl_weight": choice.kl_weight, "kl_weight_chosen_by": choice.chosen_by,
                                           "tempered_posterior": int(choice.tempered),
