@@ -54,6 +54,7 @@ def _fingerprints(x: torch.Tensor) -> list[int]:
 
 def _seen_by(guide: Any) -> set[int] | None:
     """The fingerprints recorded for ``guide`` (``None``: none, or a guide that cannot be weakly referenced)."""
+    guide = getattr(guide, "records_of", guide)  # (a view of a guide, e.g. a PrunedGuide: the guide's records)
     try:
         return _seen.get(guide)
     except TypeError:

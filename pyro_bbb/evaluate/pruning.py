@@ -75,6 +75,13 @@ class PrunedGuide(torch.nn.Module):
     def prototype_trace(self):
         return self.guide.prototype_trace
 
+    @property
+    def records_of(self):
+        """The guide whose records speak for this one: the KL weight it was trained at
+        (:func:`~pyro_bbb.infer.tempering.kl_weight_of`) and the rows it was trained on
+        (:mod:`pyro_bbb.data.provenance`), which pruning does not change."""
+        return self.guide
+
     def forward(self, *args, **kwargs):
         with self.guide.pruned(self.keep_masks):
             return self.guide(*args, **kwargs)

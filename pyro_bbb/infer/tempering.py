@@ -255,6 +255,7 @@ def kl_weight_of(guide: Any) -> KLWeightChoice | None:
     >>> kl_weight_of(pyro_bbb.MeanFieldGuide(BayesianLinear(2, 1))) is None
     True
     """
+    guide = getattr(guide, "records_of", guide)  # (a view of a guide, e.g. a PrunedGuide: the guide's records)
     try:
         choice = _records.get(guide)
     except TypeError:

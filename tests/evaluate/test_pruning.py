@@ -1,5 +1,7 @@
 """Pruning by signal-to-noise (pyro_bbb.evaluate.pruning)."""
 
+import math
+
 import pyro
 import pytest
 import torch
@@ -53,3 +55,35 @@ def test_pruning_a_guide_that_cannot_predict_pruned_is_refused_up_front():
     with pytest.raises(TypeError, match="needs a pyro_bbb.MeanFieldGuide; got AutoNormal"):
         pruning.prune_by_snr(guide, 0.5)
     assert set(pruning.signal_to_noise(guide)) == {"weight", "bias"}  # (the ratios themselves are read from any guide)
+
+
+def test_a_pruned_guide_keeps_its_guides_records_and_has_no_evidence():
+    """PrunedGuide is a new object: the KL weight the guide was trained at and the rows it was trained on were lost
+    (the export had no kl_weight attribute, fit_temperature accepted the training rows it refuses for the guide), and
+    evidence reported the KL of point masses at zero, a number of the dtype (-570 nats in float32, -4295 in
+    float64, against -60 unpruned)."""
+    from pyro_bbb import likelihoods
+    from pyro_bbb.evaluate import calibration, export, model_selection
+    from pyro_bbb.infer.tempering import kl_weight_of
+    from pyro_bbb.nn import BayesianLinear
+
+    torch.manual_seed(0)
+    pyro.clear_param_store()
+    x = torch.randn(30, 2)
+    y = (x[:, 0] > 0).long()
+    bnn = pyro_bbb.BNN(torch.nn.Sequential(BayesianLinear(2, 4), torch.nn.Tanh(), BayesianLinear(4, 2)),
+                       likelihoods.Categorical())
+    guide = pyro_bbb.MeanFieldGuide(bnn, init_scale=0.1)
+    pyro_bbb.fit(bnn, guide, (x, y), epochs=5, progress=False, kl_weight=0.1)
+    pruned, _ = pruning.prune_by_snr(guide, 0.25)
+    assert kl_weight_of(pruned) == kl_weight_of(guide) and kl_weight_of(pruned).kl_weight == 0.1
+    with pytest.warns(UserWarning, match="tempered"):
+        idata = export.to_inference_data(bnn, pruned, x, y, num_samples=5)
+    assert idata.posterior.attrs["kl_weight"] == 0.1
+    with pytest.raises(ValueError, match="trained on"):
+        calibration.fit_temperature(bnn, pruned, (x, y))
+    with pytest.raises(ValueError, match=r"PrunedGuide gives \d+% of the weights a point mass.*pruned.guide"):
+        model_selection.evidence(bnn, pruned, (x, y), num_draws=2)
+    with pytest.raises(ValueError, match=r"PrunedGuide gives \d+%"):
+        model_selection.compare_evidence({"full": (bnn, guide), "pruned": (bnn, pruned)}, (x, y), num_draws=2)
+    assert math.isfinite(model_selection.evidence(bnn, guide, (x, y), num_draws=2).elbo)
