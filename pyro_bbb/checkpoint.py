@@ -44,7 +44,7 @@ from ._rng import rng_untouched
 from ._version import __version__
 from .data.provenance import restore_training_fingerprints, training_fingerprints
 from .infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
-from .nn.module import training_mode
+from .nn.module import layer_priors, training_mode
 from .optim import IVON
 
 __all__ = ["save", "load"]
@@ -80,6 +80,7 @@ def _settings(model) -> dict[str, Any]:
         "likelihood": type(likelihood).__name__ if likelihood is not None else "",
         "likelihood_repr": repr(likelihood) if likelihood is not None else "",
         "num_data": _saved_num_data(model),
+        "priors": {site: repr(prior) for site, prior in layer_priors(model).items()},
     }
 
 
@@ -277,6 +278,9 @@ def _read(path: str | os.PathLike | IO[bytes], device: torch.device) -> dict[str
     damaged = [key for key, kind in _PARTS.items() if not isinstance(checkpoint.get(key), kind)]
     if damaged:
         raise ValueError(f"{where} is a damaged pyro_bbb checkpoint: {', '.join(damaged)} missing or malformed.")
+    priors = checkpoint["settings"].get("priors", {})
+    if not (isinstance(priors, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in priors.items())):
+        raise ValueError(f"{where} is a damaged pyro_bbb checkpoint: its priors are not a site name -> prior map.")
     num_data = checkpoint["settings"].get("num_data")
     if num_data is not None and (not isinstance(num_data, int) or isinstance(num_data, bool) or num_data < 1):
         raise ValueError(f"{where} is a damaged pyro_bbb checkpoint: its num_data {num_data!r} is not a positive "
@@ -328,7 +332,7 @@ def load(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None):
     """Read a checkpoint written by :func:`save` into ``model`` and ``guide`` (built as before); returns ``guide``.
 
     Nothing is changed unless every tensor fits: a model or guide of another shape, another likelihood (or the
-    same likelihood with other settings), a missing ``pyro.module`` / ``pyro.param`` parameter, or a damaged file
+    same likelihood with other settings), a layer with another prior, a missing ``pyro.module`` / ``pyro.param`` parameter, or a damaged file
     raises ``ValueError`` listing the differences. Tensors are placed on the model's device. With ``optimizer`` (of
     the class that was saved), its state is restored too: ``fit(..., optimizer=optimizer)`` then continues the run.
     A :class:`pyro_bbb.BNN` built without ``num_data`` gets the one it was saved with (the training-set size its
@@ -349,6 +353,17 @@ def load(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None):
                 f"the checkpoint was saved with {key} {saved[key]!r} but this model has {current[key]!r}; build the "
                 "model the way it was built when saved."
             )
+    other_priors = sorted(site for site, prior in saved.get("priors", {}).items()
+                          if current["priors"].get(site, prior) != prior)
+    if other_priors:  # (its KL, evidence and further training read the prior)
+        raise ValueError(
+            "the checkpoint was saved with other priors than this model's: "
+            + "; ".join(f"{site} {saved['priors'][site]} saved, {current['priors'][site]} now"
+                        for site in other_priors[:5])
+            + (f" (and {len(other_priors) - 5} more)" if len(other_priors) > 5 else "")
+            + ". Build the model with the priors it was saved with; to change a prior, set layer.prior after "
+            "loading."
+        )
     set_num_data, num_data = _num_data_to_load(saved, model)
     # the example rows in the model's floating dtype (a float32 checkpoint loads into a float64 model, and back)
     dtype = model_dtype(model)

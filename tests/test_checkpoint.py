@@ -224,6 +224,29 @@ def test_pyro_module_and_param_store_parameters_outside_the_model_round_trip(tmp
     torch.testing.assert_close(pyro_bbb.predict(model2, guide2, x, num_samples=4).mean, before)
 
 
+def test_priors_are_compared(tmp_path):
+    """A posterior saved under N(0, 0.1) priors loaded into a model built with N(0, 1): evidence then reported its
+    KL as 30.8 nats where it was trained against 22.8, and further training pulled it to the other prior."""
+    from pyro_bbb import priors
+
+    def model(scale):
+        return pyro_bbb.BNN(BayesianLinear(3, 1, prior=priors.Normal(0.0, scale)), likelihoods.Gaussian(scale=0.1))
+
+    x, y = torch.randn(20, 3), torch.randn(20)
+    saved = model(0.1)
+    guide = pyro_bbb.MeanFieldGuide(saved)
+    guide(x, y)
+    pyro_bbb.save(tmp_path / "m.pt", saved, guide)
+    pyro.clear_param_store()
+    other = model(1.0)
+    with pytest.raises(ValueError, match=r"other priors.*net.weight Normal\(loc=0.0, scale=0.1\) saved, "
+                                         r"Normal\(loc=0.0, scale=1.0\) now.*set layer.prior after loading"):
+        pyro_bbb.load(tmp_path / "m.pt", other, pyro_bbb.MeanFieldGuide(other))
+    assert len(pyro.get_param_store()) == 0
+    same = model(0.1)
+    pyro_bbb.load(tmp_path / "m.pt", same, pyro_bbb.MeanFieldGuide(same))
+
+
 def test_likelihood_settings_are_compared(tmp_path):
     x, y = torch.randn(10, 3), torch.randn(10)
     model = pyro_bbb.BNN(BayesianLinear(3, 1), likelihoods.Gaussian(scale=0.1))
@@ -294,7 +317,7 @@ def _saved(tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "no_settings", "nan", "num_data", "kl_weight_nan",
                                     "kl_weight_negative", "kl_weight_unpaired", "kl_weight_chosen_by",
-                                    "training_rows", "latent_shapes", "flipped_bit"])
+                                    "training_rows", "latent_shapes", "priors", "flipped_bit"])
 def test_damaged_checkpoints_are_one_clear_error_naming_the_file(tmp_path, damage):
     path = _saved(tmp_path)
     if damage == "truncate":
@@ -318,6 +341,8 @@ def test_damaged_checkpoints_are_one_clear_error_naming_the_file(tmp_path, damag
             checkpoint["training_rows"] = torch.zeros(3)
         elif damage == "latent_shapes":
             checkpoint["latent_shapes"] = {"net.0.weight": "eight by three"}
+        elif damage == "priors":
+            checkpoint["settings"]["priors"] = {"net.0.weight": 0.1}
         elif damage.startswith("kl_weight"):  # a record that loaded, shown as "KL weight -3 ... tempered"
             checkpoint["kl_weight_choice"] = {
                 "kl_weight_nan": {"kl_weight": math.nan}, "kl_weight_negative": {"kl_weight": -3.0},

@@ -19,7 +19,7 @@ from ..priors import Prior, as_prior, initial_width, prior_state
 from .functional import bayesian_affine
 
 __all__ = [
-    "BayesianModule", "is_layer_prior", "site_owners", "current_priors", "buffers_kept",
+    "BayesianModule", "is_layer_prior", "site_owners", "current_priors", "layer_priors", "buffers_kept",
     "buffer_restorer",
 ]
 
@@ -212,14 +212,29 @@ def current_priors(model) -> dict[str, torch.distributions.Distribution]:
     >>> float(current_priors(layer)["weight"].base_dist.scale[0, 0])
     0.5
     """
-    found = {}
+    return {site: module.prior_distribution(name) for site, module, name in _bayesian_sites(model)}
+
+
+def layer_priors(model) -> dict[str, Prior]:
+    """Site name -> the :class:`~pyro_bbb.priors.Prior` of every Bayesian layer's parameter (what was asked for;
+    :func:`current_priors` gives the distributions it makes).
+
+    Examples
+    --------
+    >>> layer_priors(BayesianLinear(2, 1, prior=priors.Normal(0.0, 0.5)))
+    {'weight': Normal(loc=0.0, scale=0.5), 'bias': Normal(loc=0.0, scale=0.5)}
+    """
+    return {site: module.bayesian_parameters()[name] for site, module, name in _bayesian_sites(model)}
+
+
+def _bayesian_sites(model):
+    """``(site name, layer, parameter name)`` of every Bayesian layer's sampled parameter in ``model``."""
     if isinstance(model, torch.nn.Module):
         for module in model.modules():
             if isinstance(module, BayesianModule):
                 prefix = pyro_name(module)
                 for name in module.bayesian_parameters():
-                    found[site_name(prefix, name)] = module.prior_distribution(name)
-    return found
+                    yield site_name(prefix, name), module, name
 
 
 class BayesianModule(PyroModule):
