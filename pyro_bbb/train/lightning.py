@@ -37,6 +37,7 @@ from .._checks import is_set_up
 from .._inputs import num_rows
 from .._internals import set_up_autoguide
 from ..infer.elbo import ELBO
+from ..infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
 from ..optim import IVON
 from ..optim import Adam as JointAdam
 from .distributed import raise_if_any_rank_failed
@@ -143,6 +144,25 @@ class BayesianLightningModule(pl.LightningModule):
         self.log_dict({"nll": terms["nll"], "kl": terms["kl"], "kl_weight": terms["kl_weight"]},
                       on_step=True, on_epoch=True, batch_size=num_rows(x), sync_dist=True)
         return loss
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Lightning's checkpoint also keeps the objective's step count (where a KL schedule is) and the KL weight the
+        posterior was trained at (:mod:`pyro_bbb.infer.tempering`): a resumed run trains on at the schedule's weight
+        of its step, where it restarted the schedule from step 0."""
+        choice = kl_weight_of(self.guide)
+        checkpoint["pyro_bbb"] = {"elbo_step": self.pyro_step.schedule_step,
+                                  "kl_weight_choice": None if choice is None else choice.to_dict()}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Give back what :meth:`on_save_checkpoint` kept (nothing, for a checkpoint written before it kept it)."""
+        state = checkpoint.get("pyro_bbb")
+        if not isinstance(state, dict):
+            return
+        choice = state.get("kl_weight_choice")
+        choice = None if choice is None else KLWeightChoice.from_dict(choice)  # (checked before anything changes)
+        self.pyro_step.schedule_step = int(state["elbo_step"])
+        if choice is not None:
+            record_kl_weight(self.guide, choice)
 
     @property
     def elbo(self) -> ELBO:

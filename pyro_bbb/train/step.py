@@ -237,6 +237,26 @@ class TrainingStep:
                 batch = (torch.zeros(0), torch.zeros(0))
             yield batch
 
+    @property
+    def schedule_step(self) -> int:
+        """The KL schedule's step for this model and guide: the objective's training calls on them so far. Set it
+        to continue a run from a checkpoint at its step's weight.
+
+        Examples
+        --------
+        >>> bnn = pyro_bbb.BNN(pyro_bbb.nn.BayesianLinear(2, 1), pyro_bbb.likelihoods.Gaussian(scale=0.5))
+        >>> step = TrainingStep(bnn, pyro_bbb.MeanFieldGuide(bnn), pyro_bbb.optim.Adam(), num_data=8,
+        ...                     kl_weight=pyro_bbb.infer.schedules.LinearWarmup(10))
+        >>> step.schedule_step = 5
+        >>> step.elbo.current_kl_weight()
+        0.5
+        """
+        return self.elbo.pairs.select(self.model, self.guide).step
+
+    @schedule_step.setter
+    def schedule_step(self, value: int) -> None:
+        self.elbo.pairs.select(self.model, self.guide).step = int(value)
+
     def differentiable_loss(self, x, y) -> torch.Tensor:
         """The objective on a batch under the estimator, as a tensor to differentiate (for a loop that runs backward
         and the optimizer itself, e.g. Lightning); the KL schedule advances one step (in the ELBO's call; not under

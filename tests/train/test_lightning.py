@@ -206,6 +206,35 @@ def test_lightning_records_only_the_steps_it_trains():
     assert kl_weight_of(guide).kl_weight == pyro_bbb.infer.schedules.LinearWarmup(100)(3)
 
 
+def test_a_lightning_checkpoint_resumes_the_kl_schedule_and_the_weights_record(tmp_path):
+    """A run resumed from a Trainer checkpoint restarted its KL schedule at step 0: after one of two epochs, the second
+    trained at weights 0 to 0.375 where the uninterrupted run trained at 0.5 to 0.875. A loaded module with no
+    further step shows the weight the posterior was trained at."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from pyro_bbb.infer.tempering import kl_weight_of
+    from pyro_bbb.train.lightning import BayesianLightningModule
+
+    def run(epochs, resume_from=None, save_to=None):
+        x, y, bnn, guide = _ivon_setup()
+        torch.manual_seed(0)
+        module = BayesianLightningModule(bnn, guide, num_data=64, kl_weight=pyro_bbb.infer.schedules.LinearWarmup(8))
+        trainer = _trainer(max_epochs=epochs)
+        trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=16), ckpt_path=resume_from)
+        if save_to is not None:
+            trainer.save_checkpoint(save_to)
+        return module, guide
+
+    uninterrupted, _ = run(2)
+    _, saved_guide = run(1, save_to=tmp_path / "run.ckpt")
+    resumed, _ = run(2, resume_from=tmp_path / "run.ckpt")
+    assert resumed.pyro_step.schedule_step == uninterrupted.pyro_step.schedule_step == 8
+    assert resumed.elbo.last_terms["kl_weight"] == uninterrupted.elbo.last_terms["kl_weight"] == 0.875
+    restored, restored_guide = run(1, resume_from=tmp_path / "run.ckpt")  # max_epochs reached: restore, no step
+    assert restored.pyro_step.schedule_step == 4
+    assert kl_weight_of(restored_guide) == kl_weight_of(saved_guide)
+
+
 def test_lightning_accepts_ivon_at_the_weight_its_ess_sets_and_refuses_another():
     from pyro_bbb.optim import IVON
     from pyro_bbb.train.lightning import BayesianLightningModule
