@@ -38,6 +38,7 @@ __all__ = [
     "autonormal_loc_and_scale", "set_up_autoguide", "autonormal_event_dim", "param_captures", "ParamReader",
     "preset_samples", "sample_priors", "is_deterministic_site", "AutoNormalHooks", "vectorized_model",
     "active_param_trace", "queue_after_backward", "current_backward_id", "unconstrained_param",
+    "pyro_module_has_run",
     "is_tracing", "tensor_version", "module_buffer", "foreach_norm", "foreach_copy_", "all_finite",
     "fused_adam_step", "optimizer_has_step_hooks", "recurrent_kernel", "ConvNd", "ConvTransposeNd",
     "without_trace_shapes", "active_messengers", "replayed_for_gradients", "PyroOptimizerState", "module_hooks",
@@ -154,6 +155,24 @@ def active_param_trace() -> Any:
         if type(messenger) is TraceMessenger and messenger.param_only:
             return messenger
     return None
+
+
+def pyro_module_has_run(module: Any) -> bool:
+    """Whether Pyro would refuse to make ``module`` a submodule of another (an ``AssertionError``): a
+    :class:`~pyro.nn.PyroModule` whose Pyro submodules have run as parts of it on its own, their sites named without
+    the new parent's prefix. (A lone layer that has run is renamed by Pyro and taken.)
+
+    Examples
+    --------
+    >>> from pyro.nn import PyroModule
+    >>> net = PyroModule[torch.nn.Sequential](PyroModule[torch.nn.Linear](2, 1))
+    >>> pyro_module_has_run(net), pyro_module_has_run((net(torch.zeros(1, 2)), net)[1])
+    (False, True)
+    """
+    if not isinstance(module, pyro.nn.PyroModule):
+        return False
+    return any(isinstance(part, pyro.nn.PyroModule) and bool(getattr(part._pyro_context, "used", False))
+               for part in module.modules() if part is not module)
 
 
 def unconstrained_param(value: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from pyro.poutine.runtime import get_plates
 from ._checks import check_count
 from ._draws import batch_rows, fold_draws, output_batch
 from ._inputs import Inputs, map_inputs, num_rows
-from ._internals import module_buffer, replayed_for_gradients
+from ._internals import module_buffer, pyro_module_has_run, replayed_for_gradients
 from ._plates import DATA_PLATE, active_data_plate_scalers, data_plate_named
 from ._warnings import warn_at_caller
 from .likelihoods import Likelihood
@@ -189,6 +189,13 @@ class BNN(PyroModule):
         if output_adapter is not None and not callable(output_adapter):
             raise TypeError(f"output_adapter must be callable, got {type(output_adapter).__name__}.")
         num_data = check_count("num_data", num_data, optional=True)  # (checked before the net is changed)
+        if pyro_module_has_run(net):
+            raise ValueError(
+                f"this net ({type(net).__name__}, a PyroModule: bayesianize returns one) has been called on its own "
+                "already, and Pyro cannot make a module that has run into a part of another one (its sites were "
+                "named without the parent's prefix). Wrap it in pyro_bbb.BNN before calling it (bnn.net(x) then "
+                "tries the net), or convert the deterministic net again."
+            )
         _hold_frozen_parameters_as_buffers(net)
         to_pyro_module_(net)
         self.net = net

@@ -332,9 +332,10 @@ def load(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None):
     """Read a checkpoint written by :func:`save` into ``model`` and ``guide`` (built as before); returns ``guide``.
 
     Nothing is changed unless every tensor fits: a model or guide of another shape, another likelihood (or the
-    same likelihood with other settings), a layer with another prior, a missing ``pyro.module`` / ``pyro.param`` parameter, or a damaged file
-    raises ``ValueError`` listing the differences. Tensors are placed on the model's device. With ``optimizer`` (of
-    the class that was saved), its state is restored too: ``fit(..., optimizer=optimizer)`` then continues the run.
+    same likelihood with other settings), a layer with another prior, a missing ``pyro.module`` / ``pyro.param``
+    parameter, or a damaged file raises ``ValueError`` listing the differences. Tensors are placed on the model's
+    device. With ``optimizer`` (of the class that was saved), its state is restored too: ``fit(...,
+    optimizer=optimizer)`` then continues the run.
     A :class:`pyro_bbb.BNN` built without ``num_data`` gets the one it was saved with (the training-set size its
     data plate declares to Pyro's own ELBOs), as does one whose ``num_data`` an earlier ``load`` set (none, if this
     checkpoint has none); one built with its own, or given one since, keeps it. ``path`` is a file's path or a binary

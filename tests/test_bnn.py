@@ -50,6 +50,24 @@ def test_plain_svi_trains_deterministic_and_bayesian_parts():
     assert not torch.equal(before["MeanFieldGuide.locs.net.0.weight"], store["MeanFieldGuide.locs.net.0.weight"])
 
 
+def test_a_converted_net_called_on_its_own_before_bnn_is_a_clear_error_that_changes_nothing():
+    """bayesianize returns a PyroModule; tried on a batch first, BNN(net, ...) failed in Pyro's 'AssertionError:
+    submodule net has executed outside of supermodule', after converting the net's frozen parameters to buffers."""
+    net = pyro_bbb.bayesianize(torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1)))
+    net(torch.randn(4, 3))
+    names = [name for name, _ in net.named_parameters()] + [name for name, _ in net.named_buffers()]
+    with pytest.raises(ValueError, match=r"has been called on its own already.*Wrap it in pyro_bbb.BNN before "
+                                         r"calling it"):
+        pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.1))
+    assert [name for name, _ in net.named_parameters()] + [name for name, _ in net.named_buffers()] == names
+    fresh = pyro_bbb.bayesianize(torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1)))
+    bnn = pyro_bbb.BNN(fresh, likelihoods.Gaussian(scale=0.1))
+    assert bnn.net(torch.randn(4, 3)).shape == (4, 1)
+    lone = BayesianLinear(3, 1)  # a lone layer tried first: Pyro renames it, and BNN takes it as before
+    lone(torch.randn(4, 3))
+    assert pyro_bbb.BNN(lone, likelihoods.Gaussian(scale=0.1)).net is lone
+
+
 def test_rejects_bad_arguments():
     with pytest.raises(TypeError, match="Likelihood"):
         pyro_bbb.BNN(mixed_net(), torch.nn.MSELoss())

@@ -36,6 +36,17 @@ def _check_pyro_module_context():
     with _internals.preset_samples(layer, {"weight": torch.ones(1, 2), "bias": torch.zeros(1)}) as read:
         assert layer(torch.ones(3, 2)).squeeze(-1).tolist() == [2.0, 2.0, 2.0]
     assert read == {"weight", "bias"}
+    fresh = pyro.nn.PyroModule[torch.nn.Sequential](BayesianLinear(2, 1))
+    assert not _internals.pyro_module_has_run(fresh)
+    fresh(torch.ones(1, 2))
+    assert _internals.pyro_module_has_run(fresh)
+    parent = pyro.nn.PyroModule()
+    with pytest.raises(AssertionError):  # what the adapter's answer spares a user: Pyro's refusal of such a module
+        parent.child = fresh
+    lone = BayesianLinear(2, 1)
+    lone(torch.ones(1, 2))
+    assert not _internals.pyro_module_has_run(lone)  # a lone layer that has run Pyro renames and takes
+    parent.lone = lone
 
 
 def _check_pyro_module_samples():
