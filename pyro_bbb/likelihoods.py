@@ -142,6 +142,14 @@ class Likelihood(PyroModule):
                 if tuple(y.shape) != tuple(expected):
                     one_hot = (y.dim() == len(expected) + 1 and y.shape[:-1] == expected and y.shape[-1] > 1
                                and bool(((y == 0) | (y == 1)).all()) and bool((y.sum(-1) == 1).all()))
+                    if output.dim() > 2:  # (fn's batch would be its leading dims: "needs (T, D)" misled)
+                        raise ValueError(
+                            f"the network's output has shape {tuple(output.shape)}, and {type(self).__name__} reads "
+                            f"an output as (batch, {output.shape[-1]}): one row per datum. A dimension between (a "
+                            "value per position of a sequence) is not a datum of its own: end the network with one "
+                            "output per row (a sequence's last position, out[:, -1]), or put the positions into the "
+                            "rows (reshape the inputs, or the output and y, to (batch * positions, ...))."
+                        )
                     raise ValueError(
                         f"the targets y have shape {tuple(y.shape)} but the network's output {tuple(output.shape)} "
                         f"under {type(self).__name__} needs targets of shape {tuple(expected)}: x and y must have "

@@ -197,3 +197,13 @@ def test_one_hot_targets_are_named_with_their_fix(likelihood, outputs):
     with pytest.raises(ValueError, match="one target per row") as error:  # a (N, 2) of other numbers: no such hint
         likelihood.observation(torch.zeros(4, outputs), torch.ones(4, 2, dtype=torch.long))
     assert "one-hot" not in str(error.value)
+
+
+@pytest.mark.parametrize("likelihood, targets", [(likelihoods.Gaussian(scale=0.1), torch.randn(5, 4, 2)),
+                                                 (likelihoods.Categorical(), torch.randint(0, 2, (5, 4)))])
+def test_an_output_per_position_is_named_as_such(likelihood, targets):
+    """A (batch, positions, D) output with (batch, positions, ...) targets: 'needs targets of shape (4, 2)', the
+    positions read as the rows."""
+    with pytest.raises(ValueError, match=r"output has shape \(5, 4, 2\).*reads an output as \(batch, 2\).*"
+                                         r"out\[:, -1\].*\(batch \* positions, ...\)"):
+        likelihood.observation(torch.zeros(5, 4, 2), targets)
