@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from .._inputs import class_labels
+from .._inputs import class_labels, num_rows
 from .._warnings import warn_at_caller
 from ..data.provenance import fraction_seen_in_training
 from ..prediction.predictive import predict_with_draws
@@ -127,6 +127,14 @@ def fit_temperature(model: Callable, guide: Callable, validation_data: tuple[tor
     if not isinstance(validation_data, tuple | list) or len(validation_data) != 2:
         raise TypeError("validation_data must be an (x, y) pair of held-out inputs and labels.")
     x, y = validation_data
+    from ..likelihoods import Bernoulli, Categorical, Likelihood  # (here: likelihoods import the prediction package)
+
+    likelihood = getattr(model, "likelihood", None)  # (known before any draw: a pyro_bbb likelihood's kind)
+    if isinstance(likelihood, Likelihood) and not isinstance(likelihood, Categorical | Bernoulli):
+        raise TypeError(f"temperature scaling is for a classifier (a Categorical or Bernoulli likelihood); this "
+                        f"model's is {type(likelihood).__name__}.")
+    if num_rows(x) != len(y):
+        raise ValueError(f"validation_data's x has {num_rows(x)} rows but y has {len(y)}: one label per row.")
     if fraction_seen_in_training(guide, x) == 1.0:
         raise ValueError(
             "every validation input is one the guide was trained on: temperature scaling fitted on the training data "

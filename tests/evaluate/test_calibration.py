@@ -89,3 +89,23 @@ def test_fit_temperature_refuses_the_training_data_and_takes_a_held_out_split():
     regression = pyro_bbb.BNN(BayesianLinear(4, 1), likelihoods.Gaussian())
     with pytest.raises(TypeError, match="classifier"):
         fit_temperature(regression, pyro_bbb.MeanFieldGuide(regression), (x, torch.randn(120)))
+
+
+def test_fit_temperature_refuses_a_regression_and_unpaired_rows_before_any_draw():
+    """Both were refused only after a full prediction, which had drawn from the caller's random stream."""
+    pyro.clear_param_store()
+    x = torch.randn(20, 4)
+    regression = pyro_bbb.BNN(BayesianLinear(4, 1), likelihoods.Gaussian(scale=0.5))
+    classifier = pyro_bbb.BNN(BayesianLinear(4, 3), likelihoods.Categorical())
+    for model, y, error, refusal in [(regression, torch.randn(20), TypeError, "for a classifier.*Gaussian"),
+                                     (classifier, torch.zeros(15, dtype=torch.long), ValueError,
+                                      "20 rows but y has 15")]:
+        pyro.clear_param_store()
+        guide = pyro_bbb.MeanFieldGuide(model)
+        guide(x, y[:0].new_zeros(20))
+        torch.manual_seed(0)
+        expected = torch.rand(3)
+        torch.manual_seed(0)
+        with pytest.raises(error, match=refusal):
+            fit_temperature(model, guide, (x, y))
+        assert torch.equal(torch.rand(3), expected)
