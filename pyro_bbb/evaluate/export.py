@@ -213,6 +213,8 @@ def to_inference_data(
         raise ValueError(f"container must be one of {CONTAINERS}, got {container!r}.")
     check_count("num_chains", num_chains)
     x = cast_inputs(x, model_dtype(model))
+    if y is not None and len(y) != num_rows(x):  # (before any draw from the caller's random stream)
+        raise ValueError(f"x has {num_rows(x)} rows but y has {len(y)}: one target per row.")
     prediction, draws, obs = predict_with_draws(model, guide, x, num_samples * num_chains, batch_size,
                                                 caller="to_inference_data")
     if sites is None:

@@ -271,3 +271,13 @@ def test_leave_one_out_of_a_tempered_posterior_is_cautioned_unless_the_rows_are_
         else:
             assert len(cautions) == 1 and "tempered (KL weight 0.1)" in str(cautions[0].message)
             assert cautions[0].filename == __file__
+
+
+def test_targets_that_do_not_pair_with_the_rows_are_refused_before_any_draw(fitted):
+    bnn, guide, x, y = fitted
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match=r"x has 60 rows but y has 59"):
+        export.to_inference_data(bnn, guide, x, y[:59], num_samples=5)
+    assert torch.equal(torch.rand(3), expected)
