@@ -45,7 +45,7 @@ from ._version import __version__
 from .data.provenance import restore_training_fingerprints, training_fingerprints
 from .infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
 from .nn.module import layer_priors, training_mode
-from .optim import IVON
+from .optim import IVON, Adam
 
 __all__ = ["save", "load"]
 
@@ -84,6 +84,12 @@ def _settings(model) -> dict[str, Any]:
     }
 
 
+def _comparable(prior_repr: str) -> bool:
+    """Whether a prior's ``repr`` says what it is from process to process: not one naming an object by its address (a
+    prior of one's own holding a function), which differs for the same prior built again."""
+    return " at 0x" not in prior_repr
+
+
 def _saved_num_data(model) -> int | None:
     """A model's ``num_data`` as a plain int (a :class:`pyro_bbb.BNN`'s always is), or ``None`` for anything else."""
     num_data = getattr(model, "num_data", None)
@@ -111,9 +117,11 @@ def _num_data_to_load(saved: dict[str, Any], model) -> tuple[bool, int | None]:
 
 
 def _latent_shapes(guide) -> dict[str, list[int]]:
-    """Every latent site of the guide's model by name, with its shape: what an autoguide that packs all sites into
-    one vector (``AutoDiagonalNormal``, ``AutoLowRankMultivariateNormal``) does not show by its parameters' shapes."""
-    return {name: list(site["value"].shape) for name, site in guide.prototype_trace.iter_stochastic_nodes()}
+    """Every global latent site of the guide's model by name, with its shape: what an autoguide that packs all sites
+    into one vector (``AutoDiagonalNormal``, ``AutoLowRankMultivariateNormal``) does not show by its parameters'
+    shapes. (A site in a plate is left out: its shape is that of the batch it was set up with.)"""
+    return {name: list(site["value"].shape) for name, site in guide.prototype_trace.iter_stochastic_nodes()
+            if not any(frame.vectorized for frame in site["cond_indep_stack"])}
 
 
 def _state(module) -> dict[str, torch.Tensor]:
@@ -166,13 +174,14 @@ def save(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None, trai
     require_set_up(guide, "save")
     if optimizer is not None and not hasattr(optimizer, "get_state"):
         raise TypeError(f"save writes an optimizer's get_state(); {type(optimizer).__name__} has none.")
-    if optimizer is not None and module_local_params_enabled() and not isinstance(optimizer, IVON):
+    adam = optimizer.adam if isinstance(optimizer, IVON) else optimizer  # (IVON's Adam: the other parameters')
+    if optimizer is not None and module_local_params_enabled() and (
+            not isinstance(adam, Adam) or adam.has_unnamed_moments()):
         raise ValueError(
             f"save(optimizer=...) under pyro.settings.set(module_local_params=True): a {type(optimizer).__name__}'s "
             "get_state keys each parameter's moments by its name in Pyro's param store, which module-local "
             "parameters do not have, so a resumed run would restart them without a word. Save without optimizer= "
-            "(a resumed fit then starts fresh moments), or train with module_local_params=False to resume exactly "
-            "(IVON keys its sites by name and is saved)."
+            "(a resumed fit then starts fresh moments), or train with module_local_params=False to resume exactly."
         )
     if getattr(guide, "prototype_trace", None) is None:
         raise ValueError(
@@ -230,8 +239,10 @@ def _failing_checksum(path: str | os.PathLike | IO[bytes]) -> str | None:
     check them: a flipped bit in a tensor loads as another number), or ``None``; also ``None`` for a file that is not
     a zip archive, which ``torch.load`` then refuses. A file object is read from where it is and put back there."""
     start = None
+    if isinstance(path, bytes):  # (a path in bytes, which torch.load takes too)
+        path = os.fsdecode(path)
     try:
-        if not isinstance(path, str | bytes | os.PathLike):
+        if not isinstance(path, str | os.PathLike):
             if not (hasattr(path, "seek") and hasattr(path, "tell")):
                 return None
             start = path.tell()
@@ -355,7 +366,8 @@ def load(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None):
                 "model the way it was built when saved."
             )
     other_priors = sorted(site for site, prior in saved.get("priors", {}).items()
-                          if current["priors"].get(site, prior) != prior)
+                          if current["priors"].get(site, prior) != prior and _comparable(prior)
+                          and _comparable(current["priors"][site]))
     if other_priors:  # (its KL, evidence and further training read the prior)
         raise ValueError(
             "the checkpoint was saved with other priors than this model's: "

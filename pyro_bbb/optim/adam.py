@@ -174,6 +174,23 @@ class Adam(PyroOptim):
         # the next step starts a fresh torch optimizer: restored tensors are new objects, their state attaches by name
         self.optimizer, self._known, self._fused_step = None, set(), None
 
+    def has_unnamed_moments(self) -> bool:
+        """Whether it holds moments of parameters that have no name in Pyro's param store (a module's own under
+        ``pyro.settings.set(module_local_params=True)``), which :meth:`get_state` cannot key and so leaves out.
+
+        Examples
+        --------
+        >>> p = torch.nn.Parameter(torch.zeros(2))
+        >>> optimizer = Adam(lr=0.1)
+        >>> p.grad = torch.ones(2)
+        >>> optimizer([p])
+        >>> optimizer.has_unnamed_moments()
+        True
+        """
+        store = pyro.get_param_store()
+        stepped = self.optimizer.state.items() if self.optimizer is not None else ()
+        return bool(self._pending_by_param) or any(entry and store.param_name(p) is None for p, entry in stepped)
+
     def snapshot(self) -> Callable[[], None]:
         """A function that puts this optimizer's state back as it is now, within this process: as
         :meth:`set_state` of :meth:`get_state`, and also for the parameters that have no name in Pyro's param store
