@@ -133,12 +133,13 @@ def _warn_loo_of_a_tempered_posterior(kl_weight: float, seen: float | None) -> N
     1/kl_weight times: said unless the rows are known to be held out (``seen``: the fraction of them trained on)."""
     if seen == 0.0:  # held-out rows: scored as they are, no leave-one-out asked of them
         return
+    direction = ("overstate its elpd (and az.compare favours it over the Bayes posterior)" if kl_weight < 1
+                 else "understate its elpd")
     warn_at_caller(
         f"to_inference_data: this posterior is tempered (KL weight {kl_weight:g}): it counts every training row "
-        f"1/{kl_weight:g} times, and az.loo / az.waic on its log_likelihood take out only {kl_weight:g} of a row's "
-        "pull, so they overstate its elpd (and az.compare favours it over the Bayes posterior). Compare posteriors "
-        "on held-out rows instead (pyro_bbb.evaluate.metrics.log_likelihood of predict); the export itself is right, "
-        "for held-out scoring and plots."
+        f"1/{kl_weight:g} times, and az.loo / az.waic on its log_likelihood take a row out as if it counted once, so "
+        f"they {direction}. Compare posteriors on held-out rows instead (pyro_bbb.evaluate.metrics.log_likelihood "
+        "of predict); the export itself is right, for held-out scoring and plots."
     )
 
 
@@ -164,9 +165,9 @@ def to_inference_data(
     * ``posterior_predictive``: one predictive draw of the targets per weight draw;
     * ``log_likelihood`` (with ``y``): ``log p(y_i | x_i, w_s)`` per datum, unscaled, for ``az.loo`` / ``az.waic``
       (a net with several outputs per row: their sum, so LOO leaves out whole rows; ``az.plot_loo_pit`` needs one
-      value per output and so works on one-output models only). Of a tempered posterior (KL weight ``w < 1``, which
-      counts each training row ``1/w`` times) PSIS-LOO and WAIC overstate the elpd: a warning says so unless the
-      rows are known to be held out; compare such posteriors on held-out rows;
+      value per output and so works on one-output models only). Of a tempered posterior (KL weight ``w``, which
+      counts each training row ``1/w`` times) PSIS-LOO and WAIC misstate the elpd (overstate it for ``w < 1``): a
+      warning says so unless the rows are known to be held out; compare such posteriors on held-out rows;
     * the ``posterior`` group's attributes ``kl_weight``, ``kl_weight_chosen_by``, ``tempered_posterior`` and
       ``kl_weight_note`` when the guide was trained by :func:`pyro_bbb.fit` (see :mod:`pyro_bbb.infer.tempering`):
       a posterior trained at a KL weight other than 1 is a tempered one, not the Bayes posterior;

@@ -72,9 +72,11 @@ def _warn_frozen(candidates: list[tuple[str, nn.Module]]) -> None:
                len(list(layer.parameters()))) for name, layer in candidates]
     frozen = [f"{name}" if len(names) == total else f"{name} ({', '.join(names)})" for name, names, total in frozen
               if names]
-    if frozen == ["(the layer itself)"]:
-        warn_at_caller("bayesianize: the layer passed was frozen (requires_grad=False) and is now Bayesian, trained; "
-                       "to keep it deterministic and frozen, use the layer as it is.")
+    if frozen and frozen[0].startswith("(the layer itself)"):  # (the one layer passed: nothing to exclude)
+        part = frozen[0][len("(the layer itself)"):].strip(" ()")
+        which = f": its {part}" if part else ""
+        warn_at_caller(f"bayesianize: the layer passed was frozen (requires_grad=False{which}) and is now Bayesian, "
+                       "every parameter trained; to keep it deterministic and frozen, use the layer as it is.")
     elif frozen:
         layers = [name.split(" (")[0] for name in frozen]
         warn_at_caller(
@@ -158,13 +160,16 @@ def _patterns(selector: Selector, what: str) -> Selector:
 
 
 def _unmatched(patterns, names: list[str]) -> list[str]:
-    """The patterns that match none of ``names``."""
-    return [pattern for pattern in patterns if not any(fnmatch.fnmatchcase(name, pattern) for name in names)]
+    """The plain names among ``patterns`` that match none of ``names`` (a misspelling); a wildcard pattern
+    (``"*norm*"``) may match nothing, as a recipe shared by several architectures does."""
+    return [pattern for pattern in patterns if not any(c in pattern for c in "*?[")
+            and not any(fnmatch.fnmatchcase(name, pattern) for name in names)]
 
 
-def _refuse_lazy(module: nn.Module) -> None:
-    """A lazy layer (``nn.LazyLinear``, ...) has no sizes until its first forward pass, so no twin can be built."""
-    lazy = [name or "(the module itself)" for name, m in module.named_modules()
+def _refuse_lazy(chosen: list[tuple[str, nn.Module]]) -> None:
+    """A lazy layer (``nn.LazyLinear``, ...) chosen to convert has no sizes until its first forward pass, so no twin
+    can be built (it was passed over)."""
+    lazy = [name or "(the module itself)" for name, m in chosen
             if isinstance(m, nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params()]
     if lazy:
         kind = "is a lazy module" if len(lazy) == 1 else "are lazy modules"
@@ -285,7 +290,7 @@ def bayesianize(
     if not isinstance(module, nn.Module):
         raise TypeError(f"bayesianize converts a torch.nn.Module, got {type(module).__name__}.")
     include, exclude = _patterns(include, "include"), _patterns(exclude, "exclude")
-    _refuse_lazy(module)
+    _refuse_lazy([("", module)])
     if _twin_type(module) is not None:  # the model is itself one convertible layer: the same checks, then its twin
         if (include is not None and not _matches(include, "", module)) or (
                 exclude is not None and _matches(exclude, "", module)):
@@ -359,6 +364,7 @@ def bayesianize(
         warn_at_caller(f"bayesianize leaves {plain_rnns} (torch.nn.RNN / RNNCell) deterministic: only LSTM and GRU "
                        "layers have Bayesian twins (BayesianLSTM, BayesianGRU). Use one of those to make it Bayesian, "
                        "or exclude it to silence this.")
+    _refuse_lazy(candidates)
     candidates = [(n, m) for n, m in candidates if _twin_type(m) is not None]
     if last_layer_only:
         candidates = candidates[-1:]
@@ -367,11 +373,12 @@ def bayesianize(
         raise ValueError(f"no layer to convert: no {_supported_names()} outside attention blocks{where}.")
 
     _refuse_what_a_twin_would_change(converted, candidates)
-    if isinstance(prior, Mapping):  # (a misspelt pattern would leave its layers at the default prior)
-        unmatched = _unmatched(prior, [alias for _, m in candidates for alias in aliases[id(m)]])
+    if isinstance(prior, Mapping):  # (a misspelt name would leave its layer at the default prior)
+        convertible = [n for n, m in named_all if _twin_type(m) is not None]
+        unmatched = _unmatched(prior, convertible)
         if unmatched:
-            raise ValueError(f"prior patterns {unmatched} match no layer being converted; those are "
-                             f"{[n for n, _ in candidates]}.")
+            raise ValueError(f"prior patterns {unmatched} match no layer that can be converted; those are "
+                             f"{convertible}.")
     _warn_frozen(candidates)
     references = list(converted.named_modules(remove_duplicate=False))  # a layer used at several places: each one
     for _, layer in candidates:

@@ -405,10 +405,15 @@ def test_a_pattern_that_matches_nothing_is_an_error():
     default prior; an include list with one good pattern hid a misspelt other."""
     for kwargs, refusal in [({"exclude": ["haed"]}, r"exclude=\['haed'\] matched no module.*\['body', 'head'\]"),
                             ({"include": ["head", "bdoy"]}, r"include=\['bdoy'\] matched no module"),
-                            ({"prior": {"hed*": priors.Normal(0.0, 0.1)}}, r"prior patterns \['hed\*'\] match no "
-                                                                            r"layer")]:
+                            ({"prior": {"haed": priors.Normal(0.0, 0.1)}}, r"prior patterns \['haed'\] match no "
+                                                                           r"layer")]:
         with pytest.raises(ValueError, match=refusal):
             pyro_bbb.bayesianize(BodyAndHead(), **kwargs)
+    # but a wildcard may match nothing (a recipe shared by several nets), and a prior dict names any convertible
+    # layer, also one this call leaves deterministic
+    assert bayesian_layers(pyro_bbb.bayesianize(BodyAndHead(), exclude=["*norm*"])) == ["body", "head"]
+    both = {"body": priors.Normal(0.0, 1.0), "head": priors.Normal(0.0, 0.1)}
+    assert bayesian_layers(pyro_bbb.bayesianize(BodyAndHead(), prior=both, last_layer_only=True)) == ["head"]
 
 
 def test_a_prior_pattern_matches_a_shared_layer_under_any_of_its_names():
@@ -435,6 +440,7 @@ def test_a_lazy_layer_is_refused_until_it_has_its_sizes():
     for kwargs in ({}, {"last_layer_only": True}):
         with pytest.raises(ValueError, match=r"\['2'\] is a lazy module not yet initialized.*forward pass"):
             pyro_bbb.bayesianize(net, **kwargs)
+    assert bayesian_layers(pyro_bbb.bayesianize(net, include="0")) == ["0"]  # (a lazy layer left as it is)
     net(torch.randn(2, 3))
     assert bayesian_layers(pyro_bbb.bayesianize(net, last_layer_only=True)) == ["2"]
 
@@ -446,6 +452,9 @@ def test_a_layer_frozen_in_part_is_said():
     with pytest.warns(UserWarning, match=r"\['0 \(weight\)'\] was frozen \(requires_grad=False; in part.*"
                                          r"exclude=\['0'\]"):
         pyro_bbb.bayesianize(net)
+    with pytest.warns(UserWarning, match=r"the layer passed was frozen \(requires_grad=False: its weight\).*use the "
+                                         r"layer as it is"):
+        pyro_bbb.bayesianize(net[0])
 
 
 def test_a_plain_rnn_left_deterministic_is_said():
