@@ -69,6 +69,7 @@ def remember_training_inputs(guide: Any, x: Any) -> None:
     --------
     See the module example.
     """
+    guide = getattr(guide, "records_of", guide)  # (a view of a guide, e.g. a PrunedGuide: the guide's records)
     rows = _as_rows(x)
     if rows is not None:
         try:
@@ -121,6 +122,7 @@ def restore_training_fingerprints(guide: Any, fingerprints: torch.Tensor | None)
     >>> fraction_seen_in_training(other, x)
     1.0
     """
+    guide = getattr(guide, "records_of", guide)  # (a view of a guide, e.g. a PrunedGuide: the guide's records)
     try:
         if fingerprints is None:
             _seen.pop(guide, None)

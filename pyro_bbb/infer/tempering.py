@@ -195,6 +195,7 @@ def record_kl_weight(guide: Any, choice: KLWeightChoice | None) -> None:
     >>> kl_weight_of(guide).kl_weight
     0.1
     """
+    guide = getattr(guide, "records_of", guide)  # (a view of a guide, e.g. a PrunedGuide: the guide's records)
     if choice is None:
         try:
             _records.pop(guide, None)
@@ -236,6 +237,7 @@ def note_trained_weight(guide: Any, weight: float) -> None:
     >>> kl_weight_of(guide).describe()
     'KL weight 1 (given): the Bayes posterior'
     """
+    guide = getattr(guide, "records_of", guide)  # (a view of a guide, e.g. a PrunedGuide: the guide's records)
     held = kl_weight_of(guide)
     if held is None:
         record_kl_weight(guide, KLWeightChoice(kl_weight=float(weight)))

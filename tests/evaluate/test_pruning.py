@@ -87,3 +87,7 @@ def test_a_pruned_guide_keeps_its_guides_records_and_has_no_evidence():
     with pytest.raises(ValueError, match=r"PrunedGuide gives \d+%"):
         model_selection.compare_evidence({"full": (bnn, guide), "pruned": (bnn, pruned)}, (x, y), num_draws=2)
     assert math.isfinite(model_selection.evidence(bnn, guide, (x, y), num_draws=2).elbo)
+    from pyro_bbb.infer.tempering import KLWeightChoice, record_kl_weight
+
+    record_kl_weight(pruned, KLWeightChoice(kl_weight=0.5))  # written through the view, read the same way
+    assert kl_weight_of(pruned).kl_weight == kl_weight_of(guide).kl_weight == 0.5
