@@ -33,8 +33,21 @@ __all__ = ["remember_training_inputs", "fraction_seen_in_training", "training_fi
 _seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _as_rows(x: Any) -> torch.Tensor | None:
-    """``x`` as a tensor of rows, in the dtype fingerprints are taken in (``None``: not a tensor or an array)."""
+def _as_rows(x: Any) -> list[torch.Tensor] | None:
+    """``x`` as the parts of its rows -- one tensor, or each tensor of a tuple or dict of inputs (a dict's in the
+    order of its keys), all with the same first dimension -- in the dtype fingerprints are taken in (``None``:
+    anything else)."""
+    if isinstance(x, dict):
+        x = [x[key] for key in sorted(x, key=str)]
+    parts = list(x) if isinstance(x, tuple | list) else [x]
+    rows = [_as_part(part) for part in parts]
+    if not rows or any(part is None for part in rows) or len({part.shape[0] for part in rows}) > 1:
+        return None
+    return rows
+
+
+def _as_part(x: Any) -> torch.Tensor | None:
+    """One tensor (or numpy array) of rows in the dtype fingerprints are taken in (``None``: not one)."""
     if isinstance(x, np.ndarray) and x.dtype.kind in "biuf":
         x = torch.from_numpy(np.ascontiguousarray(x))
     if not isinstance(x, torch.Tensor) or x.dim() < 1 or not x.shape[0]:
@@ -44,12 +57,12 @@ def _as_rows(x: Any) -> torch.Tensor | None:
     return rows + 0 if rows.is_floating_point() or rows.is_complex() else rows  # (-0.0 + 0 is 0.0: equal rows alike)
 
 
-def _fingerprints(x: torch.Tensor) -> list[int]:
-    """One hash per row of ``x`` (from :func:`_as_rows`), of its bytes: a signed 64-bit number, the same in every
-    process (Python's own ``hash`` of bytes is salted per process)."""
-    rows = x.contiguous().reshape(x.shape[0], -1).numpy()
-    return [int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little", signed=True)
-            for row in rows]
+def _fingerprints(parts: list[torch.Tensor]) -> list[int]:
+    """One hash per row of the parts (from :func:`_as_rows`), of its bytes in every part: a signed 64-bit number,
+    the same in every process (Python's own ``hash`` of bytes is salted per process)."""
+    arrays = [part.contiguous().reshape(part.shape[0], -1).numpy() for part in parts]
+    return [int.from_bytes(hashlib.blake2b(b"".join(array[i].tobytes() for array in arrays), digest_size=8).digest(),
+                           "little", signed=True) for i in range(arrays[0].shape[0])]
 
 
 def _seen_by(guide: Any) -> set[int] | None:
@@ -62,8 +75,8 @@ def _seen_by(guide: Any) -> set[int] | None:
 
 
 def remember_training_inputs(guide: Any, x: Any) -> None:
-    """Record the rows of ``x`` (a tensor or numpy array; anything else is not recorded) as training inputs of
-    ``guide``, besides those of earlier fits.
+    """Record the rows of ``x`` (a tensor or numpy array, or a tuple or dict of them; anything else is not recorded)
+    as training inputs of ``guide``, besides those of earlier fits.
 
     Examples
     --------
@@ -79,8 +92,8 @@ def remember_training_inputs(guide: Any, x: Any) -> None:
 
 
 def fraction_seen_in_training(guide: Any, x: Any) -> float | None:
-    """The fraction of the rows of ``x`` (a tensor or numpy array) that ``guide`` was trained on (``None``: nothing
-    known of its training, or of ``x``).
+    """The fraction of the rows of ``x`` (a tensor or numpy array, or a tuple or dict of them) that ``guide`` was
+    trained on (``None``: nothing known of its training, or of ``x``).
 
     Examples
     --------
@@ -91,7 +104,7 @@ def fraction_seen_in_training(guide: Any, x: Any) -> float | None:
     rows = _as_rows(x)
     if seen is None or rows is None:
         return None
-    return sum(fingerprint in seen for fingerprint in _fingerprints(rows)) / rows.shape[0]
+    return sum(fingerprint in seen for fingerprint in _fingerprints(rows)) / rows[0].shape[0]
 
 
 def training_fingerprints(guide: Any) -> torch.Tensor | None:
