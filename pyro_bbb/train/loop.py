@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pyro
 import pyro.poutine as poutine
 import torch
@@ -179,7 +180,8 @@ def fit(
         Evaluated after every epoch with :func:`pyro_bbb.predict` (``num_validation_samples`` draws):
         ``val_log_likelihood`` and ``val_rmse`` or ``val_accuracy`` / ``val_ece``.
     callbacks : iterable of callables
-        ``callback(epoch, history)`` after every epoch; returning ``True`` stops training.
+        ``callback(epoch, history)`` after every epoch; returning ``True`` stops training (any other answer but
+        ``False`` or ``None`` is said, and does not).
     progress : bool
         Show a progress bar with the loss, NLL and KL per datum (``loss = nll + kl_w * kl`` at a fixed weight; a
         schedule's steps each at their own) and the KL weight.
@@ -695,6 +697,23 @@ def _validation_batch(model, validation_data, x_train=None):
     return inputs_to(x, device), y
 
 
+def _callbacks_stop(callbacks, epoch: int, history: History, unclear: set[int]) -> bool:
+    """Run every callback after ``epoch``; whether one returned ``True`` (or numpy's). Any other answer but
+    ``False`` and ``None`` does not stop, and is said once per callback (``unclear``: those said already): a callback
+    returning a loss, or a DataFrame, stopped training after its first epoch, or failed in ``bool()``."""
+    stop = False
+    for callback in callbacks:
+        answer = callback(epoch, history)
+        if isinstance(answer, bool | np.bool_):
+            stop = stop or bool(answer)
+        elif answer is not None and id(callback) not in unclear:
+            unclear.add(id(callback))
+            warn_at_caller(f"fit: the callback {getattr(callback, '__name__', type(callback).__name__)} returned a "
+                           f"{type(answer).__name__}, not True, False or None: training stops only on True, and went "
+                           "on. Return True to stop, None (or nothing) to go on.")
+    return stop
+
+
 def _train(stepper: TrainingStep, batches, record, epochs: int, callbacks, progress: bool, distributed: bool,
            lr_at: Callable[[int], float] | None = None,
            early_stopping: EarlyStopping | None = None, choice: KLWeightChoice | None = None) -> History:
@@ -702,6 +721,7 @@ def _train(stepper: TrainingStep, batches, record, epochs: int, callbacks, progr
     cleanly."""
     history = History()
     history.kl_weight_choice = choice  # (the selection's, seen by callbacks; a number's is known at the end)
+    unclear: set[int] = set()  # (the callbacks whose answer was neither a bool nor None: said once)
     live = progress and _live_display()
     bar = tqdm(range(1, epochs + 1), desc="fit", unit="epoch", disable=not live, dynamic_ncols=True,
                mininterval=0.5)
@@ -740,7 +760,7 @@ def _train(stepper: TrainingStep, batches, record, epochs: int, callbacks, progr
                 if stop.requested:
                     history.interrupted = True
                     break
-                stop_now = any([callback(epoch, history) for callback in callbacks])  # every callback runs
+                stop_now = _callbacks_stop(callbacks, epoch, history, unclear)  # every callback runs
                 if stop_now or (early_stopping is not None and early_stopping.should_stop(epoch)):
                     break
     except (DataError, TargetError) as error:

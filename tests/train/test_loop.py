@@ -174,6 +174,28 @@ def test_callbacks_run_every_epoch_and_can_stop():
     assert len(history) == 2 and calls == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
 
 
+def test_a_callback_answering_neither_a_bool_nor_none_is_said_and_does_not_stop():
+    """A logging callback that returns the loss stopped training after its first epoch without a word; one that
+    returns a DataFrame failed in bool() and put every parameter back to the start of fit."""
+    import numpy as np
+
+    model = regression_model()
+
+    def log_loss(epoch, history):
+        return history.last["loss"]
+
+    def table(epoch, history):
+        return pyro_bbb.summary(model, guide)
+
+    guide = pyro_bbb.MeanFieldGuide(model)
+    with pytest.warns(UserWarning, match=r"callback log_loss returned a float, not True, False or None.*went on") as w:
+        history = fit(model, guide, small_data(), epochs=4, callbacks=[log_loss, table])
+    assert len(history) == 4
+    assert sum("returned a" in str(warning.message) for warning in w) == 2  # (once per callback, not per epoch)
+    history = fit(model, guide, small_data(), epochs=4, callbacks=[lambda epoch, h: np.bool_(epoch == 3)])
+    assert len(history) == 3  # numpy's True stops too
+
+
 def test_clip_norm_bounds_the_global_update():
     """With SGD(lr) one step moves the parameters by lr * gradient; clipped, its global norm is at most lr * clip."""
     model = regression_model()
