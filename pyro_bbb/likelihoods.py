@@ -75,6 +75,9 @@ class Likelihood(PyroModule):
     Poisson(site='y')
     """
 
+    #: Whether the targets are real numbers (a bool ``y`` is then refused by name, not left to torch)
+    real_valued = False
+
     def __init__(self, name: str = "y"):
         super().__init__()
         self.site = name
@@ -95,6 +98,9 @@ class Likelihood(PyroModule):
         """Validate the targets on their own (dtype, values); returns them in the dtype the distribution wants."""
         y = as_tensor(y, "the targets y")
         _check_finite_targets(y)
+        if self.real_valued and y.dtype == torch.bool:  # (torch's Normal said only "Subtraction ... with a bool")
+            raise ValueError(f"{type(self).__name__} models real-valued targets, and y is bool: for yes/no labels "
+                             "use likelihoods.Bernoulli(); for the numbers 0 and 1, y.float().")
         return y
 
     def prediction(self, distribution: dist.Distribution, samples: torch.Tensor) -> Prediction:
@@ -207,6 +213,8 @@ class Gaussian(Likelihood):
     torch.Size([5])
     """
 
+    real_valued = True
+
     def __init__(self, scale: float | None = None, *, prior_median: float = 1.0, name: str = "y"):
         super().__init__(name)
         if scale is not None and (not isinstance(scale, Real) or not math.isfinite(scale) or scale <= 0):
@@ -272,6 +280,8 @@ class HeteroscedasticGaussian(Likelihood):
     >>> round(float(fn.loc), 3), round(float(fn.scale), 3)
     (1.0, 0.694)
     """
+
+    real_valued = True
 
     def __init__(self, min_scale: float = 1e-3, *, name: str = "y"):
         super().__init__(name)

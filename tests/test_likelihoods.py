@@ -207,3 +207,11 @@ def test_an_output_per_position_is_named_as_such(likelihood, targets):
     with pytest.raises(ValueError, match=r"output has shape \(5, 4, 2\).*reads an output as \(batch, 2\).*"
                                          r"out\[:, -1\].*\(batch \* positions, ...\)"):
         likelihood.observation(torch.zeros(5, 4, 2), targets)
+
+
+@pytest.mark.parametrize("likelihood", [likelihoods.Gaussian(scale=0.1), likelihoods.HeteroscedasticGaussian()])
+def test_bool_targets_of_a_regression_are_named_with_the_fix(likelihood):
+    """Torch's Normal said only 'Subtraction, the - operator, with a bool tensor is not supported'."""
+    outputs = 2 if isinstance(likelihood, likelihoods.HeteroscedasticGaussian) else 1
+    with pytest.raises(ValueError, match=r"real-valued targets, and y is bool.*Bernoulli\(\).*y.float\(\)"):
+        likelihood.observation(torch.zeros(4, outputs), torch.tensor([True, False, True, True]))

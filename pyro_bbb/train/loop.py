@@ -20,6 +20,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from numbers import Integral
 from typing import Any
 
 import numpy as np
@@ -215,7 +216,8 @@ def fit(
     See the module example; ``history.plot("history.png")`` draws the KL and posterior-std traces.
     """
     lr = default_adam_rate(lr, optimizer, "fit's")
-    _check_settings(epochs, batch_size, num_particles, num_validation_samples, lr, clip_norm, optimizer)
+    epochs, batch_size, num_particles, num_validation_samples, seed = _check_settings(
+        epochs, batch_size, num_particles, num_validation_samples, lr, clip_norm, optimizer, seed)
     callbacks = _checked_callbacks(callbacks)
     selection = _selection_asked(kl_weight)
     by_default = isinstance(kl_weight, str)  # "auto": a guide trained before trains on (_continued)
@@ -563,11 +565,14 @@ def _learning_rate_of(optimizer, lr: float) -> float:
     return lr
 
 
-def _check_settings(epochs, batch_size, num_particles, num_validation_samples, lr, clip_norm, optimizer) -> None:
-    check_count("epochs", epochs)
-    check_count("batch_size", batch_size, optional=True)
-    check_count("num_particles", num_particles)
-    check_count("num_validation_samples", num_validation_samples)
+def _check_settings(epochs, batch_size, num_particles, num_validation_samples, lr, clip_norm, optimizer,
+                    seed) -> tuple[int, int | None, int, int, int | None]:
+    """The settings checked, the counts and the seed as Python ints (numpy's went on to torch's split raw)."""
+    counts = (check_count("epochs", epochs), check_count("batch_size", batch_size, optional=True),
+              check_count("num_particles", num_particles),
+              check_count("num_validation_samples", num_validation_samples))
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= seed < 2**32):
+        raise ValueError(f"`seed` must be a whole number from 0 to 2**32 - 1 (or None), got {seed!r}.")
     check_positive("lr", lr)
     check_positive("clip_norm", clip_norm, optional=True)
     if optimizer is not None and not isinstance(optimizer, PyroOptim):
@@ -575,6 +580,7 @@ def _check_settings(epochs, batch_size, num_particles, num_validation_samples, l
             f"`optimizer` must be a pyro.optim optimizer such as pyro.optim.Adam({{'lr': 1e-3}}), got "
             f"{type(optimizer).__name__}."
         )
+    return (*counts, None if seed is None else int(seed))
 
 
 def _learning_rates(lr: float, lr_final: float | None, epochs: int, optimizer) -> Callable[[int], float] | None:

@@ -196,6 +196,21 @@ def test_a_callback_answering_neither_a_bool_nor_none_is_said_and_does_not_stop(
     assert len(history) == 3  # numpy's True stops too
 
 
+def test_numpy_counts_and_seeds_are_taken_and_a_bad_seed_is_named():
+    """batch_size=np.int64(8) passed the check and reached torch's split raw ('must be tuple of ints'); a seed of -1
+    or 1.5 failed inside numpy's or Python's seeding."""
+    import numpy as np
+
+    x, y = small_data(40)
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    history = fit(model, guide, (x, y), epochs=np.int64(2), batch_size=np.int64(8), seed=np.int64(3), kl_weight=1)
+    assert len(history) == 2 and len(history.step_loss) == 10
+    for seed in (-1, 1.5, 2**32, True):
+        with pytest.raises(ValueError, match=r"`seed` must be a whole number from 0 to 2\*\*32 - 1"):
+            fit(model, guide, (x, y), epochs=1, seed=seed)
+
+
 def test_clip_norm_bounds_the_global_update():
     """With SGD(lr) one step moves the parameters by lr * gradient; clipped, its global norm is at most lr * clip."""
     model = regression_model()
