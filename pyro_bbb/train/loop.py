@@ -155,7 +155,8 @@ def fit(
         more for a fit under 40 epochs, whose warm start is at least 10 epochs; ``SelectKLWeight(final_epochs=...)``
         shortens the final fit, and the History holds its epochs).
         ``kl_weight=1`` trains the Bayes posterior (the ELBO); another number or a schedule
-        (:mod:`pyro_bbb.infer.schedules`) is used as given. The weight used is recorded on the guide
+        (:mod:`pyro_bbb.infer.schedules`) is used as given (a schedule from its step 0 in every ``fit`` call: to
+        continue a warm-up, give the second call the weight it reached, or a schedule shifted by the steps taken). The weight used is recorded on the guide
         (:mod:`pyro_bbb.infer.tempering`) and in
         ``history.kl_weight_choice``. Selection needs rows it can split: tensors, or a DataLoader over a
         ``TensorDataset`` drawing each row once per epoch (:func:`~pyro_bbb.data.batches.loader_rows`; the path
