@@ -92,13 +92,14 @@ _HARMLESS_OVERRIDES = frozenset({"extra_repr", "reset_parameters"})
 
 def _own_methods(layer: nn.Module, base: type) -> list[str]:
     """The methods of ``base`` (and its torch ancestors below ``nn.Module``) that ``layer``'s class defines anew:
-    ``forward``, or a helper that ``base``'s forward calls (a convolution's ``_conv_forward``)."""
+    ``forward``, a helper that ``base``'s forward calls (a convolution's ``_conv_forward``), or ``__call__``."""
     defined = {name for klass in base.__mro__ if klass not in nn.Module.__mro__ for name, value in vars(klass).items()
                if not name.startswith("__") and isinstance(value, FunctionType | staticmethod | classmethod | property)}
+    defined |= {"__call__", "_call_impl"}  # (how nn.Module runs forward: a subclass's own changes what it computes)
     own = []
     for name in sorted(defined - _HARMLESS_OVERRIDES):  # (its own __init__, as every subclass has, changes nothing)
         owner = next(klass for klass in type(layer).__mro__ if name in vars(klass))
-        if owner not in base.__mro__:
+        if owner not in base.__mro__ and owner is not PyroModule:  # (a PyroModule's call: the twin's is one too)
             own.append(name)
     return own
 

@@ -472,3 +472,14 @@ def test_a_plain_rnn_left_deterministic_is_said():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pyro_bbb.bayesianize(Tagger(), exclude=["rnn"])
+
+
+def test_a_layer_whose_class_changes_how_it_is_called_is_refused():
+    """A subclass's own __call__ (twice the output) was lost without a word: the twin gave half the answer."""
+
+    class Scaled(nn.Linear):
+        def __call__(self, x):
+            return 2 * super().__call__(x)
+
+    with pytest.raises(ValueError, match=r"0: Scaled has its own __call__"):
+        pyro_bbb.bayesianize(nn.Sequential(Scaled(3, 1)))
