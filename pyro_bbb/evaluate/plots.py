@@ -138,8 +138,10 @@ def plot_history(history, path: str | Path | None = None):
     loss, kl, ratio = axes[0], axes[1], axes[2]
     loss.plot(epochs, [r["loss"] / r["num_data"] for r in history.records], label="loss per datum")
     loss.plot(epochs, [r["nll"] / r["num_data"] for r in history.records], label="NLL per datum")
-    if "val_log_likelihood" in history.keys():
-        loss.plot(epochs, [-v for v in history["val_log_likelihood"]], label="validation NLL per datum")
+    validated = [(r["epoch"], -r["val_log_likelihood"]) for r in history.records
+                 if r.get("val_log_likelihood") is not None]  # (a History assembled by hand may have it in some)
+    if validated:
+        loss.plot(*zip(*validated), label="validation NLL per datum")
     # symlog: linear within +-1 nat, logarithmic beyond, so a loss that starts in the hundreds and ends near zero
     # (or below: a density's NLL may be negative) shows both ends
     loss.set(xlabel="epoch", ylabel="nats per datum (symlog)", title="loss")

@@ -122,6 +122,16 @@ def test_the_history_plots_the_geometric_mean_width_check_posterior_judges_by():
     assert ratio.lines[0].get_ydata().tolist() == [0.25, 0.25] and "geometric" not in ratio.get_ylabel()
 
 
+def test_the_history_plots_a_validation_score_some_epochs_have():
+    """A History assembled by hand (or joined from runs with and without validation data): -None failed."""
+    history = pyro_bbb.train.History()
+    for epoch in (1, 2, 3):
+        history.append({"epoch": epoch, "loss": 1.0, "nll": 1.0, "kl": 1.0, "kl_weight": 1.0, "num_data": 10,
+                        **({"val_log_likelihood": -0.5 * epoch} if epoch != 2 else {})})
+    validation = plots.plot_history(history).axes[0].lines[2]
+    assert validation.get_xdata().tolist() == [1, 3] and validation.get_ydata().tolist() == [0.5, 1.5]
+
+
 @pytest.mark.parametrize("labels", ["column", "one-hot"])
 def test_reliability_takes_labels_in_every_form_the_metrics_take(labels):
     """(N, 1) labels broadcast against (N,) predictions: an (N, N) comparison drew bars near 1 / C everywhere."""
