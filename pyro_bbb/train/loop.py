@@ -156,8 +156,8 @@ def fit(
         shortens the final fit, and the History holds its epochs).
         ``kl_weight=1`` trains the Bayes posterior (the ELBO); another number or a schedule
         (:mod:`pyro_bbb.infer.schedules`) is used as given (a schedule from its step 0 in every ``fit`` call: to
-        continue a warm-up, give the second call the weight it reached, or a schedule shifted by the steps taken). The weight used is recorded on the guide
-        (:mod:`pyro_bbb.infer.tempering`) and in
+        continue a warm-up, give the second call the weight it reached, or a schedule shifted by the steps taken).
+        The weight used is recorded on the guide (:mod:`pyro_bbb.infer.tempering`) and in
         ``history.kl_weight_choice``. Selection needs rows it can split: tensors, or a DataLoader over a
         ``TensorDataset`` drawing each row once per epoch (:func:`~pyro_bbb.data.batches.loader_rows`; the path
         runs on its rows at its batch size, the final fit on the loader). With another DataLoader,
