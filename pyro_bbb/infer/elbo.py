@@ -346,15 +346,21 @@ class ELBO(TraceMeanField_ELBO):
         minibatch to ``num_data``, and again by the model (the ``poutine.scale(scale=N / B)`` of Pyro's older
         minibatch recipe)."""
         frame = data_plate_frame(site, self.data_plate)
-        if frame is None or not self.num_data or frame.size in (0, self.num_data):
+        if frame is None:
             return
-        once, scale = self.num_data / frame.size, torch.as_tensor(site["scale"])
+        num_data = self.num_data or frame.full_size  # (this ELBO's N, else the one the plate declares)
+        if not num_data or frame.size in (0, num_data):
+            return
+        once, scale = num_data / frame.size, torch.as_tensor(site["scale"])
         if scale.numel() == 1 and math.isclose(float(scale), once * once, rel_tol=1e-6):
+            scaler = (f"this ELBO scales the batch of {frame.size} rows to N={num_data} itself" if self.num_data else
+                      f"the data plate declares N={num_data} (pyro.plate(..., N, subsample=...), or BNN(num_data=N)), "
+                      f"which scales the batch of {frame.size} rows to N")
             warn_at_caller(
-                f"pyro_bbb.ELBO(num_data={self.num_data}): the observation {name!r} is scaled by (N / B)^2 = "
-                f"{once * once:g}: this ELBO scales the batch of {frame.size} rows to N={self.num_data} itself, and "
-                f"the model scales it by N / B = {once:g} again (poutine.scale, Pyro's older minibatch recipe). "
-                "Drop the model's own scale, or train with Pyro's Trace_ELBO.")
+                f"pyro_bbb.ELBO({'num_data=' + str(self.num_data) if self.num_data else ''}): the observation "
+                f"{name!r} is scaled by (N / B)^2 = {once * once:g}: {scaler}, and the model scales it by N / B = "
+                f"{once:g} again (poutine.scale, Pyro's older minibatch recipe): the posterior comes out too narrow. "
+                "Drop the model's own scale.")
 
     def _check_not_per_position(self, name: str, site: dict) -> None:
         """A clear error, before any step, for a latent site inside a data plate of the batch's own rows, that this ELBO

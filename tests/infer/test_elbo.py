@@ -627,6 +627,28 @@ def test_a_model_that_scales_its_minibatch_itself_is_warned_of_the_double_scale(
         ELBO(num_data=64).loss(model, guide, x[:16], y[:16], scaled=False)
 
 
+def test_a_double_scale_is_warned_of_when_the_plate_declares_n_and_the_elbo_has_none():
+    """BNN(num_data=N) (or pyro.plate('data', N, subsample=idx)) under pyro_bbb.ELBO() with the model also scaled by
+    N / B: the likelihood counted (N / B)^2 times and the posterior std came out half the exact one, without a
+    word (only ELBO(num_data=N) warned)."""
+    import warnings
+
+    from pyro_bbb import likelihoods
+    from pyro_bbb.bnn import BNN
+    from pyro_bbb.nn import BayesianLinear
+
+    pyro.clear_param_store()
+    x, y = torch.randn(40, 2), torch.randn(40)
+    bnn = BNN(BayesianLinear(2, 1), likelihoods.Gaussian(scale=0.5), num_data=40)
+    guide = MeanFieldGuide(bnn)
+    with pytest.warns(UserWarning, match=r"pyro_bbb.ELBO\(\): the observation 'y' is scaled by \(N / B\)\^2 = 25.*"
+                                         r"the data plate declares N=40.*N / B = 5 again"):
+        ELBO().loss(poutine.scale(bnn, scale=40 / 8), guide, x[:8], y[:8])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ELBO().loss(bnn, guide, x[:8], y[:8])
+
+
 class _PlateOfTheBatch(pyro.nn.PyroModule):
     """A hand-written model whose data plate is as long as the rows it is given (Pyro's tutorials' way)."""
 
