@@ -27,6 +27,7 @@ import pyro.distributions as dist
 import pyro.poutine as poutine
 import torch
 
+from .._internals import sample_priors
 from .._kl import constant_normal, elementwise_kl, normal_kl_floor, total_kl
 from .._rng import rng_untouched
 from .._warnings import warn_at_caller
@@ -39,7 +40,7 @@ from ..infer.guide import (
     site_posterior,
 )
 from ..infer.tempering import kl_weight_of
-from ..nn.module import current_priors, site_owners, training_mode
+from ..nn.module import current_priors, site_owners
 from ..priors import is_real_support, prior_in_force, prior_std, strip_independent
 
 __all__ = [
@@ -108,8 +109,8 @@ def layer_summary(model: Callable, guide, tails: bool = True) -> dict[str, dict[
     """
     require_fitted_posteriors(guide, "this diagnostic", some=True)
     owners, priors_now = site_owners(model), current_priors(model)
-    if any(name not in priors_now for name, _ in normal_sites(guide)):  # (a PyroSample weight's prior: traced)
-        priors_now = {**_traced_priors(model, guide), **priors_now}
+    others = [name for name, _ in normal_sites(guide) if name not in priors_now]  # (PyroSample weights' priors)
+    priors_now = {**_pyro_sample_priors(model, others), **priors_now}
     parts: dict[str, dict[str, Any]] = {}
     pending: list[tuple] = []  # the summed route's sites not yet summed: (part, loc, scale, m, t)
     with pyro.validation_enabled(False), rng_untouched(seed=0, torch_only=True):  # (nothing to validate: own tensors)
@@ -121,20 +122,15 @@ def layer_summary(model: Callable, guide, tails: bool = True) -> dict[str, dict[
     return _summarize(parts)
 
 
-def _traced_priors(model: Callable, guide) -> dict[str, torch.distributions.Distribution]:
-    """The prior of every latent site as the model builds it now, from one run on the guide's set-up inputs: a
-    ``PyroSample`` weight's prior with a learned scale at its current value, or one given anew since (the guide's
-    prototype trace keeps the prior of its first call). ``{}`` where the model cannot run so (the prototype's priors
-    then stand)."""
-    inputs = guide.prototype_trace.nodes.get("_INPUT", {})
-    try:
-        with torch.no_grad(), poutine.block(), rng_untouched(), training_mode(model, False):
-            guide_trace = poutine.trace(guide).get_trace(*inputs.get("args", ()), **inputs.get("kwargs", {}))
-            model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(
-                *inputs.get("args", ()), **inputs.get("kwargs", {}))
-    except (RuntimeError, ValueError, TypeError, KeyError, IndexError):
+def _pyro_sample_priors(model: Callable, names: list[str]) -> dict[str, torch.distributions.Distribution]:
+    """The prior each of ``names`` that is a ``PyroSample`` attribute of the model emits now: with a learned scale
+    at its current value, or one given anew since (the guide's prototype trace keeps the prior of its first call);
+    not a ``pyro.sample`` of the model's own code, whose prototype prior then stands."""
+    if not isinstance(model, torch.nn.Module):
         return {}
-    return {name: site["fn"] for name, site in model_trace.iter_stochastic_nodes() if not site["is_observed"]}
+    emitters = sample_priors(model)
+    with torch.no_grad(), poutine.block():
+        return {name: emitters[name]() for name in names if name in emitters}
 
 
 def normal_sites(guide) -> list[tuple[str, dict]]:

@@ -711,13 +711,15 @@ def _callbacks_stop(callbacks, epoch: int, history: History, unclear: set[int]) 
     stop = False
     for callback in callbacks:
         answer = callback(epoch, history)
+        if isinstance(answer, torch.Tensor) and answer.dtype == torch.bool and answer.numel() == 1:
+            answer = bool(answer)  # (a comparison of tensors: loss < 0.1)
         if isinstance(answer, bool | np.bool_):
             stop = stop or bool(answer)
         elif answer is not None and id(callback) not in unclear:
             unclear.add(id(callback))
-            warn_at_caller(f"fit: the callback {getattr(callback, '__name__', type(callback).__name__)} returned a "
-                           f"{type(answer).__name__}, not True, False or None: training stops only on True, and went "
-                           "on. Return True to stop, None (or nothing) to go on.")
+            warn_at_caller(f"fit: the callback {getattr(callback, '__name__', type(callback).__name__)} returned "
+                           f"{type(answer).__name__} {str(answer)[:40]!r}, not True, False or None: training stops "
+                           "only on True, and went on. Return True to stop, None (or nothing) to go on.")
     return stop
 
 

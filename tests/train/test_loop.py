@@ -188,12 +188,15 @@ def test_a_callback_answering_neither_a_bool_nor_none_is_said_and_does_not_stop(
         return pyro_bbb.summary(model, guide)
 
     guide = pyro_bbb.MeanFieldGuide(model)
-    with pytest.warns(UserWarning, match=r"callback log_loss returned a float, not True, False or None.*went on") as w:
+    with pytest.warns(UserWarning, match=r"callback log_loss returned float '.*', not True, False or None.*went "
+                                         r"on") as w:
         history = fit(model, guide, small_data(), epochs=4, callbacks=[log_loss, table])
     assert len(history) == 4
-    assert sum("returned a" in str(warning.message) for warning in w) == 2  # (once per callback, not per epoch)
+    assert sum("not True, False or None" in str(warning.message) for warning in w) == 2  # (once per callback)
     history = fit(model, guide, small_data(), epochs=4, callbacks=[lambda epoch, h: np.bool_(epoch == 3)])
     assert len(history) == 3  # numpy's True stops too
+    history = fit(model, guide, small_data(), epochs=4, callbacks=[lambda epoch, h: torch.tensor(epoch) >= 2])
+    assert len(history) == 2  # and a one-element bool tensor's
 
 
 def test_numpy_counts_and_seeds_are_taken_and_a_bad_seed_is_named():
