@@ -28,9 +28,25 @@ import numpy as np
 import torch
 
 __all__ = ["remember_training_inputs", "fraction_seen_in_training", "training_fingerprints",
-           "restore_training_fingerprints"]
+           "restore_training_fingerprints", "records_holder"]
 
 _seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def records_holder(guide: Any) -> Any:
+    """The guide whose records speak for ``guide`` -- the rows it was trained on (here) and the KL weight it was
+    trained at (:mod:`pyro_bbb.infer.tempering`): the guide a view of one wraps (its ``records_of``, e.g. a
+    :class:`~pyro_bbb.evaluate.pruning.PrunedGuide`'s), else ``guide`` itself.
+
+    Examples
+    --------
+    >>> guide = object.__new__(pyro_bbb.MeanFieldGuide)
+    >>> class View:
+    ...     records_of = guide
+    >>> records_holder(guide) is guide, records_holder(View()) is guide
+    (True, True)
+    """
+    return getattr(guide, "records_of", guide)
 
 
 def _as_rows(x: Any) -> list[torch.Tensor] | None:
@@ -67,7 +83,7 @@ def _fingerprints(parts: list[torch.Tensor]) -> list[int]:
 
 def _seen_by(guide: Any) -> set[int] | None:
     """The fingerprints recorded for ``guide`` (``None``: none, or a guide that cannot be weakly referenced)."""
-    guide = getattr(guide, "records_of", guide)  # (a view of a guide, e.g. a PrunedGuide: the guide's records)
+    guide = records_holder(guide)
     try:
         return _seen.get(guide)
     except TypeError:
@@ -82,7 +98,7 @@ def remember_training_inputs(guide: Any, x: Any) -> None:
     --------
     See the module example.
     """
-    guide = getattr(guide, "records_of", guide)  # (a view of a guide, e.g. a PrunedGuide: the guide's records)
+    guide = records_holder(guide)
     rows = _as_rows(x)
     if rows is not None:
         try:
@@ -135,7 +151,7 @@ def restore_training_fingerprints(guide: Any, fingerprints: torch.Tensor | None)
     >>> fraction_seen_in_training(other, x)
     1.0
     """
-    guide = getattr(guide, "records_of", guide)  # (a view of a guide, e.g. a PrunedGuide: the guide's records)
+    guide = records_holder(guide)
     try:
         if fingerprints is None:
             _seen.pop(guide, None)

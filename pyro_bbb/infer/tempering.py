@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ..data.provenance import records_holder
 from .guide import is_point_estimate
 from .outside_training import forget_outside_training, trained_outside, watch_guide
 
@@ -195,7 +196,7 @@ def record_kl_weight(guide: Any, choice: KLWeightChoice | None) -> None:
     >>> kl_weight_of(guide).kl_weight
     0.1
     """
-    guide = getattr(guide, "records_of", guide)  # (a view of a guide, e.g. a PrunedGuide: the guide's records)
+    guide = records_holder(guide)
     if choice is None:
         try:
             _records.pop(guide, None)
@@ -237,7 +238,7 @@ def note_trained_weight(guide: Any, weight: float) -> None:
     >>> kl_weight_of(guide).describe()
     'KL weight 1 (given): the Bayes posterior'
     """
-    guide = getattr(guide, "records_of", guide)  # (a view of a guide, e.g. a PrunedGuide: the guide's records)
+    guide = records_holder(guide)
     held = kl_weight_of(guide)
     if held is None:
         record_kl_weight(guide, KLWeightChoice(kl_weight=float(weight)))
@@ -257,7 +258,7 @@ def kl_weight_of(guide: Any) -> KLWeightChoice | None:
     >>> kl_weight_of(pyro_bbb.MeanFieldGuide(BayesianLinear(2, 1))) is None
     True
     """
-    guide = getattr(guide, "records_of", guide)  # (a view of a guide, e.g. a PrunedGuide: the guide's records)
+    guide = records_holder(guide)
     try:
         choice = _records.get(guide)
     except TypeError:
