@@ -68,22 +68,25 @@ def _warn_frozen(candidates: list[tuple[str, nn.Module]]) -> None:
     """A frozen (pretrained) layer converted with the rest would be trained, in silence: said, with the fix; also a
     layer frozen in part (a bias-only fine-tune, BitFit, freezes the weights), each of whose parameters becomes a
     trained posterior."""
-    frozen = [(name or "(the layer itself)", [n for n, p in layer.named_parameters() if not p.requires_grad],
-               len(list(layer.parameters()))) for name, layer in candidates]
-    frozen = [f"{name}" if len(names) == total else f"{name} ({', '.join(names)})" for name, names, total in frozen
-              if names]
-    if frozen and frozen[0].startswith("(the layer itself)"):  # (the one layer passed: nothing to exclude)
-        part = frozen[0][len("(the layer itself)"):].strip(" ()")
-        which = f": its {part}" if part else ""
+    frozen = []  # (layer name, its frozen parameters' names, whether all its parameters are frozen)
+    for name, layer in candidates:
+        names = [n for n, p in layer.named_parameters() if not p.requires_grad]
+        if names:
+            frozen.append((name, names, len(names) == len(list(layer.parameters()))))
+    if not frozen:
+        return
+    if frozen[0][0] == "":  # the one layer passed: nothing to exclude
+        which = "" if frozen[0][2] else f": its {', '.join(frozen[0][1])}"
         warn_at_caller(f"bayesianize: the layer passed was frozen (requires_grad=False{which}) and is now Bayesian, "
                        "every parameter trained; to keep it deterministic and frozen, use the layer as it is.")
-    elif frozen:
-        layers = [name.split(" (")[0] for name in frozen]
-        warn_at_caller(
-            f"bayesianize: {frozen} {'was' if len(frozen) == 1 else 'were'} frozen (requires_grad=False; in part: the "
-            f"parameters named) and {'is' if len(frozen) == 1 else 'are'} now Bayesian, every parameter trained with "
-            f"the rest; pass exclude={layers!r} to keep them deterministic and frozen."
-        )
+        return
+    shown = [name if whole else f"{name} ({', '.join(names)})" for name, names, whole in frozen]
+    layers = [name for name, _, _ in frozen]
+    warn_at_caller(
+        f"bayesianize: {shown} {'was' if len(shown) == 1 else 'were'} frozen (requires_grad=False; in part: the "
+        f"parameters named) and {'is' if len(shown) == 1 else 'are'} now Bayesian, every parameter trained with "
+        f"the rest; pass exclude={layers!r} to keep them deterministic and frozen."
+    )
 
 
 #: Methods of a layer's torch class that a subclass may define anew without changing what the layer computes
@@ -160,11 +163,16 @@ def _patterns(selector: Selector, what: str) -> Selector:
     return patterns
 
 
+def _is_plain(pattern: str) -> bool:
+    """Whether ``pattern`` is a plain name, without ``fnmatch``'s wildcards."""
+    return not any(c in pattern for c in "*?[")
+
+
 def _unmatched(patterns, names: list[str]) -> list[str]:
     """The plain names among ``patterns`` that match none of ``names`` (a misspelling); a wildcard pattern
     (``"*norm*"``) may match nothing, as a recipe shared by several architectures does."""
-    return [pattern for pattern in patterns if not any(c in pattern for c in "*?[")
-            and not any(fnmatch.fnmatchcase(name, pattern) for name in names)]
+    return [pattern for pattern in patterns
+            if _is_plain(pattern) and not any(fnmatch.fnmatchcase(name, pattern) for name in names)]
 
 
 def _refuse_lazy(chosen: list[tuple[str, nn.Module]]) -> None:
@@ -261,18 +269,19 @@ def bayesianize(
         The (trained) model.
     prior : Prior, dict or callable, optional
         One prior for every converted layer; a dict from name pattern to prior (first match wins, under any of a
-        shared layer's names; a pattern matching no converted layer is an error; unmatched layers get their twin's
-        default: :data:`~pyro_bbb.priors.DEFAULT_PRIOR`, ``Normal(0, 2)`` for recurrent
+        shared layer's names; a plain name, no wildcard, that names no convertible layer is an error; unmatched
+        layers get their twin's default: :data:`~pyro_bbb.priors.DEFAULT_PRIOR`, ``Normal(0, 2)`` for recurrent
         layers); or
         ``(name, module) -> prior``. ``None``: every twin's default. :class:`pyro_bbb.priors.Moped` centres each
         weight's prior on its trained value.
     include : pattern, list of patterns or predicate, optional
-        Convert only these layers (a container stands for the layers inside it); a pattern that matches no module
-        is an error (a misspelt name). A layer named exactly that cannot
+        Convert only these layers (a container stands for the layers inside it); a plain name (no wildcard) that
+        matches no module is an error (a misspelling). A layer named exactly that cannot
         be converted is an error; the normalisation, dropout or activation modules that a wildcard
         (``"encoder.layer.1.*"``) or a predicate also matches are left deterministic.
     exclude : pattern, list of patterns or predicate, optional
-        Never convert these; a pattern that matches no module is an error.
+        Never convert these; a plain name (no wildcard) that matches no module is an error, a wildcard may match
+        nothing.
     last_layer_only : bool
         Convert only the last convertible layer (in registration order): a Bayesian head on a deterministic body.
     init_from_weights : bool
@@ -333,7 +342,7 @@ def bayesianize(
                              f"{[n for n, _ in named]}.")
         # a matched container (children, no parameters of its own) stands for the layers inside it; a module named
         # exactly that cannot be converted is an error, one that a wildcard or a predicate swept up is passed over
-        named_exactly = set() if callable(include) else {p for p in include if not any(c in p for c in "*?[")}
+        named_exactly = set() if callable(include) else {p for p in include if _is_plain(p)}
         unsupported = [f"{n} ({type(m).__name__})" for n, m in direct
                        if n in named_exactly and (_twin_type(m) is None or inside(n, opaque))
                        and not (list(m.children()) and not list(m.parameters(recurse=False)))]
