@@ -210,16 +210,20 @@ def save(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None, trai
     torch.save(checkpoint, path)
 
 
-def _mismatches(saved: dict[str, torch.Tensor], current: dict[str, torch.Tensor], what: str,
-                owner: str | None = None) -> list[str]:
+def _mismatches(saved: dict[str, Any], current: dict[str, Any], what: str, owner: str | None = None) -> list[str]:
+    """The names in one map and not the other, and those of another shape: tensors, or shapes themselves."""
     owner = owner or what
+
+    def shape(value) -> tuple[int, ...]:
+        return tuple(value.shape if isinstance(value, torch.Tensor) else value)
+
     problems = [f"{what} {name!r} is in the checkpoint but not in the {owner}"
                 for name in saved.keys() - current.keys()]
     problems += [f"{what} {name!r} is missing from the checkpoint" for name in current.keys() - saved.keys()]
     problems += [
-        f"{what} {name!r}: checkpoint shape {tuple(saved[name].shape)}, {owner} shape {tuple(current[name].shape)}"
+        f"{what} {name!r}: checkpoint shape {shape(saved[name])}, {owner} shape {shape(current[name])}"
         for name in saved.keys() & current.keys()
-        if saved[name].shape != current[name].shape
+        if shape(saved[name]) != shape(current[name])
     ]
     return sorted(problems)
 
@@ -399,10 +403,7 @@ def load(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None):
             ) from error
         problems = _mismatches(checkpoint["model_state"], _state(model), "model")
         if "latent_shapes" in checkpoint:  # (files written before it was saved: the parameters' shapes only)
-            def shaped(shapes):
-                return {name: torch.empty(shape, device="meta") for name, shape in shapes.items()}
-            problems += _mismatches(shaped(checkpoint["latent_shapes"]), shaped(_latent_shapes(guide)), "latent site",
-                                    "model")
+            problems += _mismatches(checkpoint["latent_shapes"], _latent_shapes(guide), "latent site", "model")
         problems += _mismatches(checkpoint["guide_state"], _state(guide), "guide")
         saved_params, held = _saved_params_and_frozen(checkpoint["param_store"], store, model)
         problems += _mismatches(saved_params, store, "parameter") if saved_params else []
@@ -450,5 +451,6 @@ def load(path: str | os.PathLike | IO[bytes], model, guide, optimizer=None):
     restore_training_fingerprints(guide, checkpoint.get("training_rows"))  # (nor, without them, of its rows)
     if set_num_data:
         model.num_data = num_data
-        _NUM_DATA_LOADED[model] = num_data
+        if isinstance(model, torch.nn.Module):  # (as _num_data_to_load reads it: a module's)
+            _NUM_DATA_LOADED[model] = num_data
     return guide
