@@ -29,6 +29,7 @@ from pyro.optim.optim import _get_state_dict, _load_state_dict
 from pyro.poutine.messenger import Messenger, _bound_partial
 from pyro.poutine.replay_messenger import ReplayMessenger
 from pyro.poutine.runtime import _PYRO_STACK
+from pyro.poutine.scale_messenger import ScaleMessenger
 from pyro.poutine.trace_messenger import TraceMessenger
 from torch.distributions import transform_to
 from torch.nn.modules.conv import _ConvNd, _ConvTransposeNd
@@ -41,8 +42,8 @@ __all__ = [
     "pyro_module_has_run",
     "is_tracing", "tensor_version", "module_buffer", "foreach_norm", "foreach_copy_", "all_finite",
     "fused_adam_step", "optimizer_has_step_hooks", "recurrent_kernel", "ConvNd", "ConvTransposeNd",
-    "without_trace_shapes", "active_messengers", "replayed_for_gradients", "PyroOptimizerState", "module_hooks",
-    "sampled_attributes", "unwrap_handlers",
+    "without_trace_shapes", "active_messengers", "active_scales", "replayed_for_gradients", "PyroOptimizerState",
+    "module_hooks", "sampled_attributes", "unwrap_handlers",
 ]
 
 #: The releases every access below was checked on.
@@ -700,6 +701,18 @@ def active_messengers(kind: type) -> list:
     True
     """
     return [messenger for messenger in _PYRO_STACK if isinstance(messenger, kind)]
+
+
+def active_scales() -> list:
+    """The ``scale`` of every ``poutine.scale`` active now (a number or a tensor), outermost first.
+
+    Examples
+    --------
+    >>> with pyro.poutine.scale(scale=4.0):
+    ...     active_scales()
+    [4.0]
+    """
+    return [messenger.scale for messenger in active_messengers(ScaleMessenger)]
 
 
 def unwrap_handlers(fn: Callable) -> Callable:

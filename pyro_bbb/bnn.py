@@ -18,7 +18,7 @@ from pyro.poutine.runtime import get_plates
 from ._checks import check_count
 from ._draws import batch_rows, fold_draws, output_batch
 from ._inputs import Inputs, map_inputs, num_rows
-from ._internals import module_buffer, pyro_module_has_run, replayed_for_gradients
+from ._internals import active_scales, module_buffer, pyro_module_has_run, replayed_for_gradients
 from ._plates import DATA_PLATE, active_data_plate_scalers, data_plate_named
 from ._warnings import warn_at_caller
 from .likelihoods import Likelihood
@@ -120,8 +120,9 @@ class BNN(PyroModule):
     know nothing of the training set's size: on a minibatch they weigh its likelihood against the whole KL, and the
     posterior stays on the prior. Give the model ``num_data=N`` and it declares its data plate over the N rows
     (``pyro.plate(data_plate, N, subsample=...)``), so any ELBO scales a batch of B by ``N / B``. A BNN without it,
-    trained by one of Pyro's ELBOs, warns once before the first step. :class:`pyro_bbb.ELBO`'s own ``num_data``
-    (what ``fit`` sets) wins over the model's; prediction is the same either way.
+    trained by one of Pyro's ELBOs, warns once before the first step; one with it, trained under a ``poutine.scale``
+    of ``N / B`` too (Pyro's older minibatch recipe), warns that the batch is scaled twice. :class:`pyro_bbb.ELBO`'s
+    own ``num_data`` (what ``fit`` sets) wins over the model's; prediction is the same either way.
 
     A parameter of ``net`` with ``requires_grad=False`` (a frozen pretrained layer) stays as it is: BNN holds it as
     a buffer of the same name (in the state dict as before), which no Pyro optimizer sees -- as ``pyro.module``
@@ -203,7 +204,7 @@ class BNN(PyroModule):
         self.data_plate = data_plate
         self.output_adapter = output_adapter or net_output
         self.num_data = num_data
-        self._warned_without_num_data = False
+        self._warned_without_num_data = self._warned_scaled_twice = False
 
     def _apply(self, fn, recurse=True):
         """As ``torch.nn.Module._apply`` (``.to()``, ``.double()``, ...), keeping a buffer that several modules hold
@@ -267,7 +268,26 @@ class BNN(PyroModule):
                 "training set its data plate is declared with. Set bnn.num_data to the training set's size (or to "
                 "None to evaluate on another data set)."
             )
+        if not scalers and rows < self.num_data:
+            self._warn_if_scaled_twice(rows)
         return self.num_data
+
+    def _warn_if_scaled_twice(self, rows: int) -> None:
+        """Warns once when one of Pyro's ELBOs trains this model under a ``poutine.scale`` of ``N / B`` (Pyro's older
+        minibatch recipe): the data plate declared with N scales the batch by ``N / B`` itself, so the likelihood
+        would count ``(N / B)^2`` times. (:class:`pyro_bbb.ELBO` says so at the observation site.)"""
+        if self._warned_scaled_twice or not replayed_for_gradients():
+            return
+        scale = math.prod(float(s) for s in map(torch.as_tensor, active_scales()) if s.numel() == 1)
+        once = self.num_data / rows
+        if math.isclose(scale, once, rel_tol=1e-6):
+            self._warned_scaled_twice = True
+            warn_at_caller(
+                f"this BNN is trained under a poutine.scale of N / B = {once:g} (Pyro's older minibatch recipe), and "
+                f"its data plate, declared with num_data={self.num_data}, scales the batch of {rows} rows to N itself: "
+                f"the likelihood counts (N / B)^2 = {once * once:g} times and the posterior comes out too narrow. "
+                "Drop the poutine.scale (or set bnn.num_data = None and keep it).",
+            )
 
     def observation(self, x: Inputs, y: torch.Tensor | None = None):
         """The observation site's distribution for inputs ``x`` and the checked targets: the net run (its weights

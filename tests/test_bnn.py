@@ -462,3 +462,23 @@ def test_numpy_data_in_a_pyro_loop_is_a_clear_error_before_anything_changes(whic
     with pytest.raises(TypeError, match=rf"{which} is a numpy ndarray.*torch.as_tensor\({which}\)"):
         SVI(bnn, guide, pyro_bbb.optim.Adam({"lr": 0.01}), pyro_bbb.ELBO()).step(*args)
     assert all(torch.equal(before[n], pyro.get_param_store()[n].detach()) for n in before)
+
+
+def test_a_bnn_that_knows_n_warns_once_under_pyros_older_minibatch_scale():
+    """Pyro's older recipe scales the model by N / B; a BNN that declares its data plate with N scales the batch by
+    N / B again: the likelihood counted (N / B)^2 times under Pyro's ELBO, without a word. Once, before the first
+    step changes anything; not under another scale (a loss per datum), nor when the batch is all the data."""
+    bnn, guide, x, y = _pyro_elbo_setup(64)
+    scaled = poutine.scale(bnn, scale=64 / 16)
+    svi = SVI(scaled, guide, pyro.optim.Adam({"lr": 0.01}), pyro.infer.Trace_ELBO())
+    with pytest.warns(UserWarning, match=r"poutine.scale of N / B = 4.*\(N / B\)\^2 = 16") as record:
+        svi.step(x, y)
+        svi.step(x, y)
+    assert sum("poutine.scale" in str(w.message) for w in record) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fresh, fresh_guide, _, _ = _pyro_elbo_setup(64)
+        SVI(poutine.scale(fresh, scale=1 / 64), fresh_guide, pyro.optim.Adam({"lr": 0.01}),
+            pyro.infer.Trace_ELBO()).step(x, y)
+        fresh.num_data = 16  # the whole training set: N / B = 1
+        SVI(fresh, fresh_guide, pyro.optim.Adam({"lr": 0.01}), pyro.infer.Trace_ELBO()).step(x, y)
