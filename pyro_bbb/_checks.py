@@ -18,7 +18,7 @@ from numbers import Integral, Real
 from typing import Any
 
 __all__ = [
-    "check_count", "check_positive", "check_nonnegative", "check_finite", "is_set_up", "require_set_up",
+    "is_number", "check_count", "check_positive", "check_nonnegative", "check_finite", "is_set_up", "require_set_up",
     "GuideNotSetUpError",
 ]
 
@@ -33,7 +33,14 @@ class GuideNotSetUpError(ValueError):
     """
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A real number: Python's or numpy's (``np.float32(0.1)``), not ``bool`` nor a tensor.
+
+    Examples
+    --------
+    >>> is_number(0.1), is_number(True), is_number("0.1")
+    (True, False, False)
+    """
     return isinstance(value, Real) and not isinstance(value, bool)
 
 
@@ -65,7 +72,7 @@ def check_positive(name: str, value: Any, optional: bool = False) -> float | Non
     """
     if optional and value is None:
         return None
-    if not _is_number(value) or not math.isfinite(value) or value <= 0:
+    if not is_number(value) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"`{name}` must be a finite number > 0{' or None' if optional else ''}, got {value!r}.")
     return float(value)
 
@@ -80,7 +87,7 @@ def check_nonnegative(name: str, value: Any) -> float:
     ...
     ValueError: `weight` must be a finite number >= 0, got -1.0.
     """
-    if not _is_number(value) or not math.isfinite(value) or value < 0:
+    if not is_number(value) or not math.isfinite(value) or value < 0:
         raise ValueError(f"`{name}` must be a finite number >= 0, got {value!r}.")
     return float(value)
 
@@ -95,7 +102,7 @@ def check_finite(name: str, value: Any) -> float:
     ...
     ValueError: `loc` must be a finite number, got nan.
     """
-    if not _is_number(value) or not math.isfinite(value):
+    if not is_number(value) or not math.isfinite(value):
         raise ValueError(f"`{name}` must be a finite number, got {value!r}.")
     return float(value)
 

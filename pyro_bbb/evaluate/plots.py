@@ -130,6 +130,9 @@ def plot_history(history, path: str | Path | None = None):
     >>> [ax.get_title() for ax in plot_history(h).axes]
     ['loss', 'KL(q || p) per layer (KL weight 1)', 'posterior std / prior std']
     """
+    if not history.records:
+        cause = " (fit was interrupted before its first epoch ended)" if history.interrupted else ""
+        raise ValueError(f"this History has no epoch to plot{cause}: train at least one epoch first.")
     plt = _pyplot()
     epochs = history["epoch"]
     weights = history["kl_weight"]

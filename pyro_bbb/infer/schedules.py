@@ -92,6 +92,9 @@ class Cyclical(Schedule):
 
     def __init__(self, period: int, ratio: float = 0.5):
         self.period = check_count("period", period)
+        if self.period < 2:
+            raise ValueError("`period` must be at least 2 steps: a cycle of one step stays at its start, weight 0 "
+                             "(no KL at all).")
         if not isinstance(ratio, Real) or not 0.0 < ratio <= 1.0:
             raise ValueError(f"`ratio` must lie in (0, 1], got {ratio!r}.")
         self.ratio = float(ratio)

@@ -44,6 +44,7 @@ from ..evaluate.diagnostics import layer_summary
 from ..infer.elbo import ELBO
 from ..infer.guide import has_site_posteriors, normal_site_parts, point_estimate_parts
 from ..infer.outside_training import objective_of_record
+from ..infer.schedules import Constant, LinearWarmup, Schedule
 from ..infer.tempering import KLWeightChoice, kl_weight_of, record_kl_weight
 from ..likelihoods import Bernoulli, Categorical, TargetError
 from ..nn.module import buffers_kept, parts_trained_in_evaluation_mode, training_mode
@@ -231,7 +232,7 @@ def fit(
                "distributed": distributed}
     likelihood = likelihood_of(model)
     _check_early_stopping(early_stopping, validation_data is not None,
-                          None if likelihood is None else isinstance(likelihood, Categorical | Bernoulli))
+                          None if likelihood is None else isinstance(likelihood, Categorical | Bernoulli), kl_weight)
     choice = None
     if selection is not None:
         fallback = _why_selection_cannot_run(batches, distributed, optimizer, selection)
@@ -308,6 +309,13 @@ def fit(
         if lr_given is not None:
             optimizer.set_learning_rate(lr_given)
     remember_training_inputs(guide, _training_inputs(batches))  # (a fit that put the parameters back trained none)
+    if isinstance(kl_weight, LinearWarmup) and 0 < step.schedule_step < kl_weight.warmup_steps and not (
+            history.interrupted or history.stopped_epoch):
+        warn_at_caller(
+            f"fit ended {step.schedule_step} steps into {kl_weight!r}, part-way up its ramp: the posterior is "
+            f"tempered at KL weight {kl_weight(step.schedule_step - 1):.3g}, not {kl_weight.end:g}. Give warmup_steps "
+            "fewer than the fit's steps (epochs times batches per epoch), or train longer."
+        )
     if choice is None:  # a number or a schedule: the weight of the epoch the parameters are from (the last one, or
         # the one early stopping put back); before any step, a number's own
         given = float(kl_weight) if isinstance(kl_weight, int | float) else 1.0
@@ -434,6 +442,19 @@ def _warn_fallback(reason: str, put_back: bool = True) -> None:
                    "1 (the Bayes posterior) on all the data instead; pass kl_weight=1 to say so and silence this.")
 
 
+def _too_few_held_out(num_data: int, held_out: int, selection: SelectKLWeight, stratified: bool) -> str:
+    """Why no validation split of at least two rows (with two left to train on) could be held out: the rows, the
+    share asked for, or (a classifier's split keeps each class's share) classes too small to give a row each."""
+    why = (f"too few rows to hold out a validation split: {num_data} training rows with "
+           f"SelectKLWeight(validation_fraction={selection.validation_fraction:g}"
+           f"{f', folds={selection.folds}' if selection.folds > 1 else ''}) hold out {held_out} row(s) for validation, "
+           "and the choice needs at least 2 (and 2 to train on)")
+    if stratified:
+        why += ("; the split is stratified, each class giving its own share (rounded), so classes of a few rows each "
+                "give none")
+    return why + ": give more rows or a larger validation_fraction"
+
+
 def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeight, epochs: int, batch_size,
                       options: dict, num_samples: int, progress: bool, seed,
                       start: ParameterSnapshot, lr: float) -> KLWeightChoice:
@@ -451,7 +472,8 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
     splits = validation_splits(batches.y, selection.validation_fraction, selection.folds,
                                stratify=classes and one_label_per_row, generator=generator)
     if any(len(held_out) < 2 or len(train_rows) < 2 for train_rows, held_out in splits):
-        reason = f"{batches.num_data} training rows are too few to hold out a validation split"
+        reason = _too_few_held_out(batches.num_data, min(len(held_out) for _, held_out in splits), selection,
+                                   stratified=classes and one_label_per_row)
         _warn_fallback(reason, put_back=False)
         return KLWeightChoice(kl_weight=1.0, chosen_by="fallback", reason=reason)
     live = progress and _live_display()
@@ -669,7 +691,8 @@ def _training_batches(model, data, batch_size, distributed: bool, seed):
     return batches, rank
 
 
-def _check_early_stopping(early_stopping, has_validation_data: bool, classifier: bool | None) -> None:
+def _check_early_stopping(early_stopping, has_validation_data: bool, classifier: bool | None, kl_weight) -> None:
+    """``early_stopping`` checked against the data and the KL weight, before anything trains."""
     if early_stopping is None:
         return
     if not isinstance(early_stopping, EarlyStopping):
@@ -678,6 +701,14 @@ def _check_early_stopping(early_stopping, has_validation_data: bool, classifier:
             f"{type(early_stopping).__name__}."
         )
     early_stopping.check_monitor(has_validation_data, classifier)
+    if isinstance(kl_weight, Schedule) and not isinstance(kl_weight, Constant) and (
+            not early_stopping.monitor.startswith("val_")):
+        raise ValueError(
+            f"EarlyStopping(monitor={early_stopping.monitor!r}) would compare epochs trained at different KL weights "
+            f"under {kl_weight!r}: the training loss rises as the weight does, so it would stop the schedule early "
+            "and put back a posterior of a weight it only passed through. Monitor a held-out metric "
+            "(validation_data=..., monitor='val_log_likelihood'), or train at one KL weight."
+        )
     early_stopping.reset()
 
 

@@ -23,13 +23,14 @@ Examples
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from numbers import Integral
 
 import pyro
 import torch
 
-from .._checks import check_positive
+from .._checks import check_positive, is_number
 from .step import OptimizerSnapshot
 
 __all__ = ["SelectKLWeight", "DEFAULT_CANDIDATES", "validation_split", "validation_splits", "choose_weight",
@@ -90,31 +91,39 @@ class SelectKLWeight:
     final_epochs: float = 1.0
 
     def __post_init__(self):
+        if isinstance(self.candidates, str | bytes) or not isinstance(self.candidates, Iterable):
+            raise ValueError(f"candidates must be a sequence of KL weights in (0, 1] (1 is always added), e.g. "
+                             f"(0.1, 0.01), got {self.candidates!r}.")
         weights = []
         for weight in self.candidates:
-            if not isinstance(weight, int | float) or isinstance(weight, bool) or not 0.0 < weight <= 1.0:
+            if not is_number(weight) or not 0.0 < weight <= 1.0:
                 raise ValueError(f"every candidate KL weight must be a number in (0, 1], got {weight!r}.")
             weights.append(float(weight))
         object.__setattr__(self, "candidates", tuple(sorted(set(weights) | {1.0}, reverse=True)))
-        if not 0.0 < self.validation_fraction < 0.5:
+        if len(self.candidates) == 1:
+            raise ValueError("SelectKLWeight has no candidate but weight 1 (always one of them) to choose from: give "
+                             "weights in (0, 1), e.g. candidates=(0.1, 0.01), or train the Bayes posterior with "
+                             "fit(..., kl_weight=1) and no selection.")
+        if not is_number(self.validation_fraction) or not 0.0 < self.validation_fraction < 0.5:
             raise ValueError(
                 f"validation_fraction must be in (0, 0.5) (a share of the training rows), got "
                 f"{self.validation_fraction!r}."
             )
         check_positive("selection_epochs", self.selection_epochs)
         check_positive("final_epochs", self.final_epochs)
-        if isinstance(self.warm_start, bool) or not isinstance(self.warm_start, int | float) or not (
-                0.0 <= self.warm_start < math.inf):
+        if not is_number(self.warm_start) or not 0.0 <= self.warm_start < math.inf:
             raise ValueError(f"warm_start must be a share of the epochs >= 0 (0: no warm start), got "
                              f"{self.warm_start!r}.")
-        if isinstance(self.min_warm_start_epochs, bool) or not isinstance(self.min_warm_start_epochs, int) or (
+        if isinstance(self.min_warm_start_epochs, bool) or not isinstance(self.min_warm_start_epochs, Integral) or (
                 self.min_warm_start_epochs < 1):
             raise ValueError(f"min_warm_start_epochs must be a whole number >= 1, got {self.min_warm_start_epochs!r}.")
-        if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 1 or (
+        if isinstance(self.folds, bool) or not isinstance(self.folds, Integral) or self.folds < 1 or (
                 self.folds * self.validation_fraction >= 1.0):
             raise ValueError(f"folds must be a whole number >= 1 with folds * validation_fraction < 1 (disjoint "
                              f"held-out splits), got folds={self.folds!r} with validation_fraction="
                              f"{self.validation_fraction!r}.")
+        object.__setattr__(self, "folds", int(self.folds))  # (numpy's integers too)
+        object.__setattr__(self, "min_warm_start_epochs", int(self.min_warm_start_epochs))
 
     def warm_start_epochs(self, epochs: int) -> int:
         """Epochs of the MAP warm start before the path, for a ``fit`` of ``epochs`` (0 without one): the

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .._checks import check_count
+from .._checks import check_count, is_number
 
 __all__ = ["EarlyStopping"]
 
@@ -87,7 +87,7 @@ class EarlyStopping:
             mode = "max" if monitor in MAXIMISED else "min"
         if mode not in ("max", "min"):
             raise ValueError(f"mode must be 'max' or 'min', got {mode!r}.")
-        if not (isinstance(min_delta, int | float) and math.isfinite(min_delta) and min_delta >= 0):
+        if not (is_number(min_delta) and math.isfinite(min_delta) and min_delta >= 0):
             raise ValueError(f"min_delta must be a finite number >= 0, got {min_delta!r}.")
         self.patience, self.monitor, self.mode = patience, monitor, mode
         self.min_delta, self.restore_best = float(min_delta), restore_best

@@ -165,3 +165,15 @@ def test_the_std_ratio_plot_of_a_guide_list_shows_its_normal_part_only():
     points(x, y)
     with pytest.raises(ValueError, match="plot_std_ratio needs a guide with an independent Normal posterior"):
         plots.plot_std_ratio(bnn, points)
+
+
+def test_a_history_without_epochs_is_refused_by_name():
+    """fit interrupted while choosing the KL weight returns an empty History; plotting it failed in an IndexError."""
+    from pyro_bbb.train.history import History
+
+    history = History()
+    history.interrupted = True
+    with pytest.raises(ValueError, match="no epoch to plot.*interrupted"):
+        plots.plot_history(history)
+    with pytest.raises(ValueError, match="no epoch to plot: train"):
+        plots.plot_history(History())

@@ -27,6 +27,7 @@ def test_cyclical_follows_fu_et_al():
         (lambda: LinearWarmup(0), "warmup_steps"),
         (lambda: LinearWarmup(5, start=-0.1), "start"),
         (lambda: Cyclical(0), "period"),
+        (lambda: Cyclical(1), "period"),  # (weight 0 at every step)
         (lambda: Cyclical(10, ratio=0.0), "ratio"),
         (lambda: Cyclical(10, ratio=1.5), "ratio"),
     ],

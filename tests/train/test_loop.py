@@ -1100,3 +1100,19 @@ def test_a_guide_list_whose_normal_part_reaches_no_site_is_said_to_give_no_per_l
         history = fit(model, guide, (x, y), epochs=2, batch_size=16, seed=0)
     assert "kl_by_layer" not in history.keys()
     assert sum("hold no latent site" in str(w.message) for w in caught) == 1
+
+
+def test_a_warm_up_longer_than_training_says_the_posterior_is_tempered():
+    """LinearWarmup(100) over a fit of 12 steps ended at weight 0.11 and was recorded as given, without a word."""
+    from pyro_bbb.infer.schedules import LinearWarmup
+
+    x, y = small_data(64)
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    with pytest.warns(UserWarning, match=r"12 steps into LinearWarmup.*tempered at KL weight 0.11, not 1"):
+        history = pyro_bbb.fit(model, guide, (x, y), epochs=3, batch_size=16, progress=False,
+                               kl_weight=LinearWarmup(100))
+    assert history["kl_weight"][-1] == pytest.approx(0.11)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a ramp the fit finishes: not a word
+        pyro_bbb.fit(model, guide, (x, y), epochs=3, batch_size=16, progress=False, kl_weight=LinearWarmup(12))

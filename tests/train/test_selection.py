@@ -828,3 +828,35 @@ def test_a_gradient_computation_is_a_training_step_that_keeps_fits_record_at_fit
     assert kl_weight_of(guide) is history.kl_weight_choice  # (looked at)
     loss.backward()
     assert kl_weight_of(guide) == KLWeightChoice(kl_weight=1.0)
+
+
+def test_selection_settings_take_numpy_numbers_and_name_a_bad_candidates_argument():
+    """A numpy array of weights (its float32 items) was refused as "not a number"; a lone number failed in a bare
+    "'float' object is not iterable"; weight 1 alone ran a warm start and a path that had nothing to choose."""
+    np = pytest.importorskip("numpy")
+    selection = SelectKLWeight(candidates=np.array([0.1, 0.01], dtype=np.float32), folds=np.int64(2),
+                               min_warm_start_epochs=np.int64(3), validation_fraction=np.float64(0.2))
+    assert selection.candidates == pytest.approx((1.0, 0.1, 0.01)) and type(selection.folds) is int
+    with pytest.raises(ValueError, match=r"candidates must be a sequence of KL weights.*\(0.1, 0.01\), got 0.1"):
+        SelectKLWeight(candidates=0.1)
+    for alone in ([], [1.0], (1,)):
+        with pytest.raises(ValueError, match="no candidate but weight 1.*kl_weight=1"):
+            SelectKLWeight(candidates=alone)
+
+
+@pytest.mark.parametrize("how", ["fraction", "classes"])
+def test_too_few_held_out_rows_name_the_fraction_or_the_classes(how):
+    """Both warned "40 training rows are too few": the cause was the fraction (one row held out), or forty classes
+    of one row each, which a stratified split cannot take a row from."""
+    x = torch.randn(40, 2)
+    if how == "classes":
+        model = pyro_bbb.BNN(BayesianLinear(2, 40), likelihoods.Categorical())
+        data, selection = (x, torch.arange(40)), "auto"
+    else:
+        model, data, selection = regression_model(), (x, x.sum(-1)), SelectKLWeight(validation_fraction=0.02)
+    with pytest.warns(UserWarning, match="did not choose") as record:
+        history = pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), data, epochs=1, kl_weight=selection,
+                               progress=False)
+    reason = history.kl_weight_choice.reason
+    assert f"validation_fraction={0.02 if how == 'fraction' else 0.1:g}" in reason and "hold out" in reason
+    assert ("stratified" in reason) == (how == "classes") and reason.rstrip(".") in str(record[0].message)

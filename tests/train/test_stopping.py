@@ -193,3 +193,30 @@ def test_the_progress_bar_shows_the_best_epoch(capsys):
     pyro_bbb.fit(model, pyro_bbb.MeanFieldGuide(model), (x[:60], y[:60]), epochs=3, validation_data=(x[60:], y[60:]),
                  early_stopping=EarlyStopping(patience=5))
     assert "best=" in capsys.readouterr().err
+
+
+def test_a_training_loss_is_not_watched_across_a_kl_schedule_and_nothing_changes():
+    """Under a warm-up the loss rises with the KL weight: monitor='loss' stopped at epoch 3 and put back epoch 1's
+    parameters, a posterior at weight 0.075, without a word. Refused before anything trains; a held-out metric, or
+    a training loss at one weight, stays allowed."""
+    from pyro_bbb.infer.schedules import Constant, LinearWarmup
+
+    x, y = data()
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    guide(x, y)
+    before = params()
+    for monitor in ("loss", "nll", "kl", "loss_per_datum"):
+        with pytest.raises(ValueError, match=rf"monitor='{monitor}'.*LinearWarmup.*val_log_likelihood"):
+            pyro_bbb.fit(model, guide, (x, y), epochs=4, batch_size=20, progress=False, kl_weight=LinearWarmup(40),
+                         early_stopping=EarlyStopping(2, monitor=monitor))
+    assert_params_equal(params(), before)
+    pyro_bbb.fit(model, guide, (x, y), epochs=2, batch_size=20, progress=False, kl_weight=Constant(0.5),
+                 early_stopping=EarlyStopping(2, monitor="loss"))
+    pyro_bbb.fit(model, guide, (x[:60], y[:60]), epochs=2, batch_size=20, progress=False,
+                 kl_weight=LinearWarmup(6), validation_data=(x[60:], y[60:]), early_stopping=EarlyStopping(2))
+
+
+def test_min_delta_takes_numpy_numbers():
+    np = pytest.importorskip("numpy")
+    assert EarlyStopping(3, min_delta=np.float32(0.25)).min_delta == 0.25
