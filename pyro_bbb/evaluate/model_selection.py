@@ -236,11 +236,19 @@ def _refuse_point_estimates(guide, batches: Batches) -> None:
 def _one_draw(elbo: ELBO, model, guide, batches: Batches) -> tuple[float, float]:
     """``(nll, kl)`` of one draw over all the data: each batch's estimate weighted by its share of it."""
     nll = kl = 0.0
+    seen = 0
     for x, y in batches:
         share = len(y) / batches.num_data
+        seen += len(y)
         elbo.loss(model, guide, x, y)
         nll += share * float(elbo.last_terms["nll"])
         kl += share * float(elbo.last_terms["kl"])
+    if seen != batches.num_data:  # (the shares would not add up to one: the ELL and the KL both off)
+        raise ValueError(
+            f"evidence sums over every training row once per draw, and this DataLoader yielded {seen} of its "
+            f"{batches.num_data} rows (drop_last=True, or a sampler that draws part of them, or some twice). Pass "
+            "DataLoader(dataset, batch_size=..., drop_last=False) over all the training rows, or the tensors (x, y)."
+        )
     return nll, kl
 
 

@@ -120,6 +120,7 @@ class Adam(PyroOptim):
         >>> optimizer
         Adam(lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0)
         """
+        lr = check_nonnegative("lr", lr)  # (as built; torch's optimizer, once built, takes any number: -lr climbs)
         self.defaults["lr"] = lr
         if self.optimizer is not None:
             for group in self.optimizer.param_groups:

@@ -42,7 +42,7 @@ from pyro.distributions.transforms import SoftplusTransform
 from pyro.optim import PyroOptim
 from torch.distributions import transform_to
 
-from .._checks import check_count, check_nonnegative, check_positive
+from .._checks import check_count, check_nonnegative, check_positive, is_number
 from .._internals import tensor_version, unwrap_handlers
 from ..distributions import EmpiricalBayesNormalDistribution
 from ..infer.contract import ObjectiveRun, gradients_summed, take_objective_run
@@ -252,6 +252,13 @@ class IVON(PyroOptim):
                           torch.cat([self.site_state[s]["hess"] for s in sites]))
         return self._flat[1], self._flat[2]
 
+    def _state_like(self, mu: torch.Tensor) -> None:
+        """The concatenated state in the means' dtype and on their device (a state restored from a float32 checkpoint
+        into a float64 model, or across devices, would keep its own)."""
+        sites, momentum, hess = self._flat
+        if (hess.dtype, hess.device) != (mu.dtype, mu.device):
+            self._flat = (sites, momentum.to(mu), hess.to(mu))
+
     def _sync_state(self) -> None:
         """Write the concatenated state back to :attr:`site_state`, site by site."""
         if self._flat is None:
@@ -324,7 +331,9 @@ class IVON(PyroOptim):
             width_grad = grad_u.mul_(own[1])
         prior_loc, delta, moved = self._prior_vectors(sites, locs,
                                                       [s.view(p.shape) for s, p in zip(sigma.split(sizes), locs)])
-        momentum, hess = self._flat_state(sites)
+        self._flat_state(sites)
+        self._state_like(mu)
+        momentum, hess = self._flat[1], self._flat[2]
         if moved:
             # the update keeps the precision h + delta positive for the delta it used, not h itself (a noisy estimate
             # may leave it slightly negative); a prior precision that has fallen since could take h + delta below
@@ -443,7 +452,7 @@ class IVON(PyroOptim):
             )
         weight = kl_weight.weight if isinstance(kl_weight, Constant) else kl_weight
         expected = self.num_data / self.ess
-        if not (isinstance(weight, int | float) and math.isclose(weight, expected, rel_tol=1e-9)):
+        if not (is_number(weight) and math.isclose(weight, expected, rel_tol=1e-6)):  # (a float32 weight too)
             fix = ("drop kl_weight" if expected == 1.0 else f"use kl_weight={expected:g}") + (
                 f", or build IVON(guide, num_data={self.num_data}, ess={self.num_data}/kl_weight) for a constant "
                 "kl_weight" if not callable(weight) else "")
@@ -508,8 +517,7 @@ class IVON(PyroOptim):
         """
         self._sync_state()
         sites = {site: {key: value.clone() for key, value in entry.items()} for site, entry in self.site_state.items()}
-        adam = self.adam.get_state() if self.adam.optimizer is not None else None
-        return {"steps": self.steps, "sites": sites, "adam": adam}
+        return {"steps": self.steps, "sites": sites, "adam": self.adam.get_state()}  # (with moments restored, unused)
 
     def set_state(self, state_dict: dict) -> None:
         """Resume from :meth:`get_state`: each site's curvature and momentum by name (the widths follow from the

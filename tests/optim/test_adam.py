@@ -225,3 +225,15 @@ def test_restored_moments_of_another_shape_are_refused_before_the_step():
     reference.grad = torch.ones(3, 4)
     expected.step()
     torch.testing.assert_close(p.detach(), reference.detach())
+
+
+def test_a_learning_rate_set_later_is_checked_as_the_constructor_checks_it():
+    """set_learning_rate(-0.01) after a step climbed the loss (torch's built optimizer checks nothing)."""
+    optimizer = pyro_bbb.optim.Adam(lr=0.01)
+    p = torch.zeros(2, requires_grad=True)
+    p.grad = torch.ones(2)
+    optimizer([p])
+    for bad in (-0.01, float("nan"), "0.1"):
+        with pytest.raises(ValueError, match="`lr`"):
+            optimizer.set_learning_rate(bad)
+    assert optimizer.optimizer.param_groups[0]["lr"] == 0.01

@@ -501,3 +501,38 @@ def test_module_local_parameters_are_the_guides_sites_and_a_guide_it_does_not_kn
     assert all(torch.equal(a, b) for a, b in zip(global_params, local_params))
     with pytest.raises(ValueError, match="IVON found none of the guide's weight sites"):
         run(True, other_guide=True)
+
+
+def test_a_kl_weight_rounded_to_float32_pairs_with_its_ess():
+    """kl_weight=float(torch.tensor(0.1)) was refused with "use kl_weight=0.1", the weight given, for ess = N / 0.1."""
+    x, y = _regression(40, seed=2)
+    pyro.clear_param_store()
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1, dtype=torch.float64), likelihoods.Gaussian(scale=0.5))
+    guide = MeanFieldGuide(bnn)
+    svi = SVI(bnn, guide, IVON(guide, num_data=40, ess=40 / 0.1),
+              ELBO(num_data=40, kl_weight=float(torch.tensor(0.1))))
+    svi.step(x, y)
+    svi.step(x, y)
+
+
+def test_restored_state_is_returned_before_it_is_used_and_takes_the_models_dtype():
+    """get_state after set_state gave no Adam moments until the next step (a save in between lost them), and a state
+    saved in float32 kept the curvature in float32 in a float64 model."""
+    x, y = _regression(40, seed=2)
+    pyro.clear_param_store()
+    bnn = pyro_bbb.BNN(BayesianLinear(3, 1, dtype=torch.float64), likelihoods.Gaussian(prior_median=0.5))
+    guide = MeanFieldGuide(bnn)
+    optimizer = IVON(guide, num_data=40)
+    svi = SVI(bnn, guide, optimizer, ELBO(num_data=40))
+    for _ in range(3):
+        svi.step(x, y)
+    state = optimizer.get_state()
+    assert state["adam"]  # (the learned noise scale's moments)
+    as_float32 = {**state, "sites": {site: {k: v.float() for k, v in entry.items()}
+                                     for site, entry in state["sites"].items()}}
+    fresh = IVON(guide, num_data=40)
+    fresh.set_state(as_float32)
+    assert fresh.get_state()["adam"].keys() == state["adam"].keys()
+    SVI(bnn, guide, fresh, ELBO(num_data=40)).step(x, y)
+    assert {value.dtype for entry in fresh.get_state()["sites"].values() for value in entry.values()} == {
+        torch.float64}
