@@ -250,13 +250,13 @@ def class_labels(y: Any, rows: int, num_classes: int) -> torch.Tensor:
     """
     y = as_tensor(y, "y")
     if y.dim() == 2 and y.shape[1] == num_classes > 1 and y.shape[0] == rows:
-        if y.dtype == torch.bool or not bool(((y == 0) | (y == 1)).all() and (y.sum(-1) == 1).all()):
+        if not bool(((y == 0) | (y == 1)).all() and (y.sum(-1) == 1).all()):  # (booleans too)
             raise ValueError(
                 f"y has shape {tuple(y.shape)}, one row per input and class, but its rows are not one-hot (a single "
                 "1 in each): class probabilities or soft labels are not targets. Pass the labels (y.argmax(-1)) "
                 "or one-hot rows."
             )
-        return y.argmax(-1)
+        return y.long().argmax(-1)
     y = targets_of_shape(y, (rows,))
     if y.is_floating_point() and not bool((y == y.round()).all()):
         raise ValueError(

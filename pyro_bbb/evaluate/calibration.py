@@ -107,9 +107,10 @@ class TemperatureScaling:
 
 
 def fit_temperature(model: Callable, guide: Callable, validation_data: tuple[torch.Tensor, torch.Tensor], *,
-                    num_samples: int = 64) -> TemperatureScaling:
+                    num_samples: int = 64, data_plate: str | None = None) -> TemperatureScaling:
     """Temperature scaling of ``predict(model, guide, x)`` fitted on ``validation_data``, a split held out of
     training: a clear error when every validation input is one the guide was trained on by :func:`pyro_bbb.fit`.
+    ``data_plate`` names a hand-written model's data plate, as in :func:`pyro_bbb.predict`.
 
     Examples
     --------
@@ -141,7 +142,8 @@ def fit_temperature(model: Callable, guide: Callable, validation_data: tuple[tor
             "learns the fit, not the calibration. Hold a split out of training (e.g. 10-20% of the data, never passed "
             "to fit) and fit the temperature on it."
         )
-    prediction = predict_with_draws(model, guide, x, num_samples=num_samples, caller="fit_temperature")[0]
+    prediction = predict_with_draws(model, guide, x, num_samples=num_samples, data_plate=data_plate,
+                                    caller="fit_temperature")[0]
     if not isinstance(prediction, ClassificationPrediction):
         raise TypeError("temperature scaling is for a classifier (a Categorical or Bernoulli likelihood).")
     return TemperatureScaling().fit(prediction, y)

@@ -154,6 +154,7 @@ def to_inference_data(
     *,
     batch_size: int | None = None,
     container: str = "auto",
+    data_plate: str | None = None,
 ):
     """Export one set of posterior draws, and everything computed from them, to ArviZ.
 
@@ -190,6 +191,9 @@ def to_inference_data(
         Inputs per model call (as in :func:`pyro_bbb.predict`).
     container : {"auto", "InferenceData", "DataTree"}
         What to return (see :data:`CONTAINERS`): by default what the installed ArviZ works with.
+    data_plate : str, optional
+        A hand-written model's data plate (as in :func:`pyro_bbb.predict`): by default the model's ``data_plate``
+        attribute, else ``"data"``.
 
     Returns
     -------
@@ -217,7 +221,7 @@ def to_inference_data(
     if y is not None and len(y) != num_rows(x):  # (before any draw from the caller's random stream)
         raise ValueError(f"x has {num_rows(x)} rows but y has {len(y)}: one target per row.")
     prediction, draws, obs = predict_with_draws(model, guide, x, num_samples * num_chains, batch_size,
-                                                caller="to_inference_data")
+                                                data_plate=data_plate, caller="to_inference_data")
     if sites is None:
         sites = list(draws)
     unknown = [s for s in sites if s not in draws]

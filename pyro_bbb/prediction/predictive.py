@@ -126,7 +126,7 @@ def _nested_plate_dims(site: dict, data_plate: str) -> int:
     return -frame.dim - 1 if any(f.dim > frame.dim for f in others) else 0
 
 
-def _observation_site(model_trace, guide_trace, data_plate: str) -> str:
+def _observation_site(model_trace, guide_trace, data_plate: str, caller: str = "predict") -> str:
     names = [
         name
         for name, site in model_trace.iter_stochastic_nodes()
@@ -135,9 +135,9 @@ def _observation_site(model_trace, guide_trace, data_plate: str) -> str:
     ]
     if len(names) != 1:
         raise ValueError(
-            f"predict needs exactly one observation site inside pyro.plate({data_plate!r}) that the guide does not "
+            f"{caller} needs exactly one observation site inside pyro.plate({data_plate!r}) that the guide does not "
             f"sample; the model has {names or 'none'}. Build the model as pyro_bbb.BNN(net, likelihood), or name "
-            "your data plate with `data_plate=`."
+            f"your data plate: {caller}(..., data_plate='its name')."
         )
     return names[0]
 
@@ -388,7 +388,7 @@ def _predict(model, guide, chunks, num_samples, vectorize, sample_batch_size, da
     placeholder = ObservationPlaceholderMessenger(data_plate, first_tensor(chunks[0]).device)
     plain_pass = cover(placeholder(poutine.replay(model, trace=plain_guide)))
     plain_model = poutine.trace(plain_pass).get_trace(chunks[0])
-    obs = _observation_site(plain_model, plain_guide, data_plate)
+    obs = _observation_site(plain_model, plain_guide, data_plate, caller)
     nested = _nested_plate_dims(plain_model.nodes[obs], data_plate)  # (a row's outputs in plates of their own)
     nesting = max((_site_plate_dims(site) for _, site in plain_model.iter_stochastic_nodes()), default=0)
     # a latent site the model observes itself (poutine.condition on a weight) is data: its value, not the guide's draws

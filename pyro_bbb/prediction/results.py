@@ -248,4 +248,21 @@ def prediction_for(distribution: dist.Distribution, samples: torch.Tensor) -> Pr
             "classification results would read wrongly. Give each label its own row of the data plate, or draw "
             "per-label predictions with Pyro's Predictive."
         )
-    return ClassificationPrediction(distribution, samples)
+    return ClassificationPrediction(*_one_label_per_row(distribution, samples))
+
+
+def _one_label_per_row(distribution: dist.Distribution, samples: torch.Tensor
+                       ) -> tuple[dist.Distribution, torch.Tensor]:
+    """A stacked Categorical or Bernoulli of batch shape ``(S, N, 1, ...)`` (the data plate at ``dim=-2``, one label
+    per row with a trailing dimension of size 1, a common Pyro idiom) as one of batch shape ``(S, N)``, and its
+    samples alike: the metrics read each row's class probabilities off the last dimension."""
+    shape = distribution.batch_shape
+    if len(shape) <= 2 or any(size != 1 for size in shape[2:]) or not isinstance(
+            distribution, dist.Categorical | dist.Bernoulli):
+        return distribution, samples
+    rows = tuple(shape[:2])
+    if isinstance(distribution, dist.Categorical):
+        squeezed = dist.Categorical(logits=distribution.logits.reshape(*rows, distribution.logits.shape[-1]))
+    else:
+        squeezed = dist.Bernoulli(logits=distribution.logits.reshape(rows))
+    return squeezed, samples.reshape(*rows, *samples.shape[len(shape):])

@@ -282,3 +282,24 @@ def test_targets_that_do_not_pair_with_the_rows_are_refused_before_any_draw(fitt
     with pytest.raises(ValueError, match=r"x has 60 rows but y has 59"):
         export.to_inference_data(bnn, guide, x, y[:59], num_samples=5)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_hand_written_models_data_plate_is_named_to_the_export_and_the_error_names_the_argument():
+    """The error told the user to pass data_plate=, which to_inference_data did not take, and said "predict"."""
+    import pyro.distributions as dist
+    from pyro.infer.autoguide import AutoNormal
+
+    pyro.clear_param_store()
+    x, y = torch.randn(20, 2), torch.randn(20)
+
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(torch.zeros(2), 1.0).to_event(1))
+        with pyro.plate("obs", len(x)):
+            pyro.sample("y", dist.Normal(x @ w, 0.3), obs=y)
+
+    guide = AutoNormal(model)
+    guide(x, y)
+    with pytest.raises(ValueError, match=r"^to_inference_data needs.*to_inference_data\(\.\.\., data_plate="):
+        export.to_inference_data(model, guide, x, y, num_samples=4)
+    data = export.to_inference_data(model, guide, x, y, num_samples=4, data_plate="obs")
+    assert data["log_likelihood"]["y"].shape == (1, 4, 20)

@@ -182,10 +182,12 @@ def _labels(kind, values, num_classes):
     return {"long": y, "int32": y.int(), "float": y.float(), "bool": y.bool(),
             "long (N, 1)": y[:, None], "float (N, 1)": y.float()[:, None],
             "one-hot": torch.nn.functional.one_hot(y, num_classes),
-            "one-hot float": torch.nn.functional.one_hot(y, num_classes).float()}[kind]
+            "one-hot float": torch.nn.functional.one_hot(y, num_classes).float(),
+            "one-hot bool": torch.nn.functional.one_hot(y, num_classes).bool()}[kind]
 
 
-@pytest.mark.parametrize("kind", ["long", "int32", "float", "long (N, 1)", "float (N, 1)", "one-hot", "one-hot float"])
+@pytest.mark.parametrize("kind", ["long", "int32", "float", "long (N, 1)", "float (N, 1)", "one-hot", "one-hot float",
+                                  "one-hot bool"])  # (booleans one-hot were refused as "not one-hot")
 def test_a_categorical_prediction_takes_every_label_form_with_hand_computed_values(kind):
     prediction = ClassificationPrediction(dist.Categorical(probs=_THREE_CLASS_DRAWS), torch.zeros(2, 2))
     y = _labels(kind, [0, 2], 3)

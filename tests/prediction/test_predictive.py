@@ -12,6 +12,7 @@ from scipy import optimize, stats
 
 import pyro_bbb
 from pyro_bbb import likelihoods
+from pyro_bbb.evaluate import metrics
 from pyro_bbb.nn import BayesianLinear
 from pyro_bbb.prediction import UntrainedGuideWarning
 from pyro_bbb.prediction.results import ClassificationPrediction, RegressionPrediction
@@ -678,7 +679,8 @@ def test_outputs_in_a_plate_nested_in_the_data_plate_are_scored_per_row():
 
     pyro.clear_param_store()
     one_label = OneLabel()
-    assert pyro_bbb.predict(one_label, pyro_bbb.MeanFieldGuide(one_label), x, num_samples=2).samples.shape == (2, 40, 1)
+    one = pyro_bbb.predict(one_label, pyro_bbb.MeanFieldGuide(one_label), x, num_samples=2)  # one label per row:
+    assert one.samples.shape == (2, 40) and one.probs.shape == (40,)  # (N,), as the metrics read a classifier's
     pyro.clear_param_store()
     outer = _OutputsModel("outer")
     with warnings.catch_warnings(record=True) as caught:  # (refused from the plain pass: no vectorized attempt)
@@ -718,3 +720,41 @@ def test_a_net_whose_rows_depend_on_earlier_rows_is_not_vectorized(mix):
     assert torch.equal(vectorized.mean, loop.mean) and torch.equal(vectorized.samples, loop.samples)
     with pytest.raises(ValueError, match=r"vectorize=True\): the vectorized draws gave other values"):
         pyro_bbb.predict(bnn, guide, x, num_samples=50, vectorize=True)
+
+
+@pytest.mark.parametrize("kind", ["categorical", "bernoulli"])
+def test_a_classifier_whose_data_plate_is_at_dim_minus_2_gets_one_label_per_row(kind):
+    """pyro.plate("data", N, dim=-2) with a trailing dimension of 1 (a common Pyro idiom) gave probs of shape
+    (N, 1, C): accuracy compared an (N, 1) argmax with (N,) labels as an N x N table (0.29 for 0.65), and the
+    Bernoulli's log-likelihood refused both y and y[:, None]. Now (N, C), scored as by hand, with either labels."""
+    from pyro.infer.autoguide import AutoNormal
+
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    x = torch.randn(40, 2)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long() if kind == "categorical" else (x[:, 0] > 0).float()
+    classes = 3 if kind == "categorical" else 1
+
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(torch.zeros(2, classes), 1.0).to_event(2))
+        with pyro.plate("data", len(x), dim=-2):
+            logits = (x @ w)[:, None] if kind == "categorical" else x @ w
+            fn = dist.Categorical(logits=logits) if kind == "categorical" else dist.Bernoulli(logits=logits)
+            pyro.sample("y", fn, obs=None if y is None else y[:, None])
+
+    guide = AutoNormal(model)
+    guide(x, y)
+    pred = pyro_bbb.predict(model, guide, x, num_samples=8)
+    assert pred.samples.shape == (8, 40)
+    if kind == "categorical":
+        assert pred.probs.shape == (40, 3)
+        by_hand = (pred.probs.argmax(-1) == y).float().mean()
+        brier = (pred.probs - torch.nn.functional.one_hot(y, 3)).square().sum(-1).mean()
+        assert metrics.brier_score(pred, y) == pytest.approx(float(brier), rel=1e-6)
+    else:
+        by_hand = ((pred.probs > 0.5).float() == y).float().mean()
+    log_likelihood = torch.logsumexp(pred.distribution.log_prob(y), 0).sub(math.log(8)).mean()
+    for labels in (y, y[:, None]):
+        assert metrics.accuracy(pred, labels) == pytest.approx(float(by_hand))
+        assert metrics.log_likelihood(pred, labels) == pytest.approx(float(log_likelihood), rel=1e-6)
+        metrics.expected_calibration_error(pred, labels)
