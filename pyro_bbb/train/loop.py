@@ -29,6 +29,7 @@ import pyro.poutine as poutine
 import torch
 from pyro.infer.autoguide import AutoGuideList
 from pyro.optim import PyroOptim
+from pyro.optim.lr_scheduler import PyroLRScheduler
 from tqdm.auto import tqdm
 from tqdm.notebook import tqdm_notebook
 
@@ -136,7 +137,9 @@ def fit(
         Passes over the data.
     optimizer : pyro.optim.PyroOptim, optional
         Defaults to :class:`pyro_bbb.optim.Adam` with ``lr`` (the same updates as ``pyro.optim.Adam``, one
-        optimizer call per step).
+        optimizer call per step). A Pyro learning-rate scheduler (``pyro.optim.ExponentialLR``, ...) is stepped
+        once per epoch, as in Pyro's examples (``ReduceLROnPlateau`` on the validation NLL, else the loss per datum):
+        do not step it in a callback too.
     lr : float, optional
         The default Adam's learning rate, 1e-3 (the first epoch's, with ``lr_final``); an ``optimizer`` brings its
         own (giving both is an error).
@@ -486,7 +489,7 @@ def _choose_kl_weight(model, guide, batches, optimizer, selection: SelectKLWeigh
         part = fold["part"]
         step = TrainingStep(model, guide, optimizer, num_data=part.num_data, kl_weight=weight, **options)
         record = _EpochRecorder(model, guide, step.elbo, part.num_data, False, None, num_samples)
-        if _train(step, part, record, phase_epochs, [], False, False).interrupted:
+        if _train(step, part, record, phase_epochs, [], False, False, step_scheduler=False).interrupted:
             raise KeyboardInterrupt
 
     def score() -> torch.Tensor:
@@ -756,9 +759,11 @@ def _callbacks_stop(callbacks, epoch: int, history: History, unclear: set[int]) 
 
 def _train(stepper: TrainingStep, batches, record, epochs: int, callbacks, progress: bool, distributed: bool,
            lr_at: Callable[[int], float] | None = None,
-           early_stopping: EarlyStopping | None = None, choice: KLWeightChoice | None = None) -> History:
+           early_stopping: EarlyStopping | None = None, choice: KLWeightChoice | None = None,
+           step_scheduler: bool = True) -> History:
     """The epochs: steps, one record per epoch, callbacks, early stopping; a bad batch, a NaN or Ctrl-C end it
-    cleanly."""
+    cleanly. A Pyro learning-rate scheduler steps after each epoch (``step_scheduler``; not in the selection's path,
+    which trains at the rate it was given, as under ``lr_final``)."""
     history = History()
     history.kl_weight_choice = choice  # (the selection's, seen by callbacks; a number's is known at the end)
     unclear: set[int] = set()  # (the callbacks whose answer was neither a bool nor None: said once)
@@ -789,6 +794,8 @@ def _train(stepper: TrainingStep, batches, record, epochs: int, callbacks, progr
                     totals = distributed_.all_reduce_sum(totals)
                 if totals["seen"]:
                     history.append(record(epoch, totals, start, interrupted=stop.requested))
+                    if step_scheduler and not stop.requested:
+                        _step_lr_scheduler(stepper.optimizer, history.last)
                     if early_stopping is not None:
                         _note_for_early_stopping(early_stopping, epoch, history, stepper, distributed)
                     postfix = _postfix(history.last)
@@ -818,6 +825,18 @@ def _train(stepper: TrainingStep, batches, record, epochs: int, callbacks, progr
         early_stopping.restore()
         history.best_epoch, history.stopped_epoch = early_stopping.best_epoch, early_stopping.stopped_epoch
     return history
+
+
+def _step_lr_scheduler(optimizer, record: dict[str, Any]) -> None:
+    """A Pyro learning-rate scheduler (``pyro.optim.ExponentialLR``, ...) steps once per epoch, as Pyro's own loops
+    step it; ``ReduceLROnPlateau`` on the epoch's validation NLL, else its loss per datum."""
+    if not isinstance(optimizer, PyroLRScheduler):
+        return
+    constructor = optimizer.pt_scheduler_constructor
+    if isinstance(constructor, type) and issubclass(constructor, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        optimizer.step(-record["val_log_likelihood"] if "val_log_likelihood" in record else record["loss_per_datum"])
+    else:
+        optimizer.step()
 
 
 def _live_display() -> bool:

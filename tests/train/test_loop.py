@@ -1116,3 +1116,23 @@ def test_a_warm_up_longer_than_training_says_the_posterior_is_tempered():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a ramp the fit finishes: not a word
         pyro_bbb.fit(model, guide, (x, y), epochs=3, batch_size=16, progress=False, kl_weight=LinearWarmup(12))
+
+
+@pytest.mark.parametrize("kl_weight", [1.0, "auto"])
+def test_a_pyro_learning_rate_scheduler_steps_once_per_epoch(kl_weight):
+    """fit never stepped a pyro.optim.ExponentialLR (its rate stayed 0.01 over every epoch, without a word), though
+    the lr_final error tells users to give their optimizer its own schedule. ReduceLROnPlateau gets its metric."""
+    x, y = small_data(64)
+    model = regression_model()
+    guide = pyro_bbb.MeanFieldGuide(model)
+    scheduler = pyro.optim.ExponentialLR({"optimizer": torch.optim.Adam, "optim_args": {"lr": 0.01}, "gamma": 0.5})
+    pyro_bbb.fit(model, guide, (x, y), epochs=3, batch_size=16, optimizer=scheduler, kl_weight=kl_weight,
+                 progress=False)
+    rates = [group["lr"] for s in scheduler.optim_objs.values() for group in s.optimizer.param_groups]
+    assert rates and rates == pytest.approx([0.01 * 0.5 ** 3] * len(rates))
+    plateau = pyro.optim.ReduceLROnPlateau({"optimizer": torch.optim.Adam, "optim_args": {"lr": 0.01},
+                                            "patience": 0, "factor": 0.5})
+    fresh = regression_model()
+    pyro_bbb.fit(fresh, pyro_bbb.MeanFieldGuide(fresh), (x[:48], -y[:48]), epochs=3, batch_size=16,
+                 optimizer=plateau, kl_weight=1.0, progress=False, validation_data=(x[48:], y[48:]))
+    assert all(s.last_epoch == 3 for s in plateau.optim_objs.values())  # (stepped with a metric each epoch)
