@@ -156,8 +156,9 @@ class ObjectiveRun:
     on any of the parameters it reached (:func:`gradients_summed` tells for given ones).
     ``take_back`` undoes what the calls behind these gradients recorded as a step (:meth:`refused`): per thing
     recorded (a schedule's step, a guide's trained weight; the key), the value before the oldest of those calls, as
-    ``(order, action)`` -- bounded however many calls a never-zeroed gradient sums.
-    Two runs are the same only when they are one object.
+    ``(order, action)`` -- bounded however many calls a never-zeroed gradient sums. ``model_call`` is the call's
+    ``(model, args, kwargs)``, for an optimizer that must read the model's structure (IVON: which priors depend on
+    other latent sites). Two runs are the same only when they are one object.
 
     Examples
     --------
@@ -170,6 +171,7 @@ class ObjectiveRun:
     scale: float | None = 1.0
     summed: bool = False
     take_back: dict[Any, tuple[int, Callable[[], None]]] = field(default_factory=dict)
+    model_call: tuple | None = None
 
     def adds_onto(self, earlier: list[ObjectiveRun]) -> None:
         """Note that this run's backward added onto the gradients of the ``earlier`` runs (none: nothing noted).

@@ -487,7 +487,7 @@ class ELBO(TraceMeanField_ELBO):
                 reached = {id(p): p for p in (unconstrained_param(site["value"]) for site in sites)}
                 params = list(reached.values())
                 run = ObjectiveRun(self.last_terms["num_data"] or self.last_terms["batch_size"], self.kl_weight,
-                                   scale=self.current_call.scale, take_back=take_back)
+                                   scale=self.current_call.scale, take_back=take_back, model_call=(model, *inputs))
                 if backward_ours:  # its backward has run: onto the gradients kept when it started, if any
                     run.adds_onto(kept.runs_under(params))
                     mark_objective_run(params, run, onto=kept)

@@ -33,17 +33,20 @@ torch.Size([1, 2])
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
 import pyro
 import torch
 from pyro.distributions.transforms import SoftplusTransform
+from pyro.infer.inspect import get_dependencies
 from pyro.optim import PyroOptim
 from torch.distributions import transform_to
 
 from .._checks import check_count, check_nonnegative, check_positive, is_number
 from .._internals import tensor_version, unwrap_handlers
+from .._rng import rng_untouched
 from ..distributions import EmpiricalBayesNormalDistribution
 from ..infer.contract import ObjectiveRun, gradients_summed, take_objective_run
 from ..infer.guide import has_site_posteriors, site_param_names
@@ -163,6 +166,8 @@ class IVON(PyroOptim):
         self._roles: dict[torch.Tensor, tuple[str, str]] = {}
         self._transform = transform_to(guide.scale_constraint)
         self._prior_cache: tuple | None = None  # (key, prior objects, flat (m, delta)) of fixed priors
+        self._model_call: tuple | None = None  # (model, args, kwargs) of the latest objective run
+        self._fixed_checked: set[str] = set()  # the sites whose prototype prior was found fixed (no latent upstream)
         self._flat: tuple | None = None  # (sites, momentum, hess) concatenated, between steps
         self._width_cache: tuple | None = None  # (sites, [(raw scale, version)], sigma, 1 / (N sigma d sigma / d u))
         self._unit: tuple | None = None  # (delta, hess_init + delta) of the last step
@@ -244,6 +249,37 @@ class IVON(PyroOptim):
             self._prior_cache = (key, bases, (prior_loc, delta))  # (the bases held: their ids stay theirs)
         return prior_loc, delta, True
 
+    def _refuse_hierarchical(self, sites: set[str]) -> None:
+        """A clear error, before a step, when the prior of one of ``sites`` that a hand-written model samples (read
+        from the guide's prototype trace, not from a layer) depends on another latent site (``w ~ Normal(0, tau)``,
+        ``tau`` sampled): the prototype's prior holds ``tau``'s first value, not the one being learned. Found once
+        per site with Pyro's ``get_dependencies`` on the objective's latest call (unknown without one: not refused)."""
+        unchecked = sites - self._fixed_checked
+        if not unchecked or self._model_call is None:
+            return
+        unchecked -= current_priors(unwrap_handlers(self.guide.model)).keys()  # (a layer's prior is read as it is now)
+        if not unchecked:
+            return
+        model, args, kwargs = self._model_call
+        try:
+            with rng_untouched(), torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                upstream = get_dependencies(model, args, kwargs)["prior_dependencies"]
+        except Exception:  # (a model Pyro's provenance tracking cannot run: left unchecked)  # noqa: BLE001
+            upstream = {}
+        latent = {name for name, node in self.guide.prototype_trace.iter_stochastic_nodes()
+                  if not node["is_observed"]}
+        for site in sorted(unchecked):
+            others = sorted(name for name in upstream.get(site, {}) if name != site and name in latent)
+            if others:
+                raise ValueError(
+                    f"IVON reads the prior of weight site {site!r} as fixed, but it depends on the latent site(s) "
+                    f"{others} (a hierarchical prior): its precision changes with their draws, and IVON would keep "
+                    "the one of the guide's first call. Use pyro_bbb.optim.Adam for this model, or give the site a "
+                    "fixed prior. Nothing was changed."
+                )
+        self._fixed_checked |= unchecked
+
     def _flat_state(self, sites: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """The momentum and curvature of ``sites``, concatenated (kept so from step to step)."""
         if self._flat is None or self._flat[0] != sites:
@@ -273,9 +309,11 @@ class IVON(PyroOptim):
         params = list(dict.fromkeys(params))
         summed = gradients_summed(params)
         run = take_objective_run(params)
+        self._model_call = getattr(run, "model_call", None)
         try:
             self._check_objective(run, summed)
             self._classify(params)
+            self._refuse_hierarchical({self._roles[p][0] for p in params if self._roles[p][1] != "other"})
         except ValueError:
             for p in params:  # nothing moves, and the next step's gradients do not add to these
                 p.grad = None

@@ -536,3 +536,32 @@ def test_restored_state_is_returned_before_it_is_used_and_takes_the_models_dtype
     SVI(bnn, guide, fresh, ELBO(num_data=40)).step(x, y)
     assert {value.dtype for entry in fresh.get_state()["sites"].values() for value in entry.values()} == {
         torch.float64}
+
+
+def test_a_hierarchical_prior_of_a_hand_written_model_is_refused_before_a_step():
+    """w ~ Normal(0, tau) with tau sampled: IVON kept the prior of the guide's first call (tau's initial value) for
+    every step, and trained w to [-1.11, -0.33] where Adam gives [4.84, -2.26], without a word. Refused, nothing
+    changed; the same model with a fixed prior scale trains."""
+    x, y = _regression(40, seed=2)
+
+    def model(x, y=None, hierarchical=True):
+        tau = pyro.sample("tau", dist.Normal(1.0, 0.1))
+        scale = tau.abs() if hierarchical else torch.tensor(1.0, dtype=torch.float64)
+        w = pyro.sample("w", dist.Normal(torch.zeros(3, dtype=torch.float64), scale).to_event(1))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("obs", dist.Normal(x @ w, 0.5), obs=y)
+
+    for hierarchical in (True, False):
+        pyro.clear_param_store()
+        guide = MeanFieldGuide(model)
+        with torch.no_grad():
+            guide(x, y, hierarchical)
+        before = {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
+        svi = SVI(model, guide, IVON(guide, num_data=40), ELBO(num_data=40))
+        if hierarchical:
+            with pytest.raises(ValueError, match=r"prior of weight site 'w'.*\['tau'\].*Nothing was changed"):
+                svi.step(x, y, hierarchical)
+            assert all(torch.equal(before[k], v) for k, v in pyro.get_param_store().items())
+        else:
+            svi.step(x, y, hierarchical)
+            svi.step(x, y, hierarchical)
