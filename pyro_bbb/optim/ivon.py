@@ -249,13 +249,27 @@ class IVON(PyroOptim):
             self._prior_cache = (key, bases, (prior_loc, delta))  # (the bases held: their ids stay theirs)
         return prior_loc, delta, True
 
-    def _refuse_hierarchical(self, sites: set[str]) -> None:
-        """A clear error, before a step, when the prior of one of ``sites`` that a hand-written model samples (read
-        from the guide's prototype trace, not from a layer) depends on another latent site (``w ~ Normal(0, tau)``,
-        ``tau`` sampled): the prototype's prior holds ``tau``'s first value, not the one being learned. Found once
-        per site with Pyro's ``get_dependencies`` on the objective's latest call (unknown without one: not refused)."""
+    def _refuse_unsupported_sites(self, sites: set[str]) -> None:
+        """A clear error, before a step, for one of ``sites`` that IVON cannot train: a local latent (one per row,
+        inside a plate over the N rows), or a site whose prior a hand-written model samples (read from the guide's
+        prototype trace, not from a layer) depending on another latent site (``w ~ Normal(0, tau)``, ``tau`` sampled):
+        the prototype's prior holds ``tau``'s first value, not the one being learned. The second is found once per
+        site with Pyro's ``get_dependencies`` on the objective's latest call (unknown without one: not refused)."""
         unchecked = sites - self._fixed_checked
-        if not unchecked or self._model_call is None:
+        if not unchecked:
+            return
+        nodes = self.guide.prototype_trace.nodes
+        for site in sorted(unchecked):  # a latent per row: its curvature is one datum's, not N's
+            plates = [f.name for f in nodes[site]["cond_indep_stack"]
+                      if f.vectorized and (f.full_size or f.size) == self.num_data]
+            if plates:
+                raise ValueError(
+                    f"IVON trains global weights, each seen by all N={self.num_data} rows, but {site!r} is a local "
+                    f"latent inside the data plate {plates[0]!r} (one per row): its curvature is one row's, which "
+                    "IVON's width (from N times the curvature) would read wrongly. Use pyro_bbb.optim.Adam for this "
+                    "model. Nothing was changed."
+                )
+        if self._model_call is None:
             return
         unchecked -= current_priors(unwrap_handlers(self.guide.model)).keys()  # (a layer's prior is read as it is now)
         if not unchecked:
@@ -313,7 +327,7 @@ class IVON(PyroOptim):
         try:
             self._check_objective(run, summed)
             self._classify(params)
-            self._refuse_hierarchical({self._roles[p][0] for p in params if self._roles[p][1] != "other"})
+            self._refuse_unsupported_sites({self._roles[p][0] for p in params if self._roles[p][1] != "other"})
         except ValueError:
             for p in params:  # nothing moves, and the next step's gradients do not add to these
                 p.grad = None

@@ -565,3 +565,21 @@ def test_a_hierarchical_prior_of_a_hand_written_model_is_refused_before_a_step()
         else:
             svi.step(x, y, hierarchical)
             svi.step(x, y, hierarchical)
+
+
+def test_a_local_latent_in_the_data_plate_is_refused_by_name():
+    """A latent per row in a subsampled data plate failed in a bare torch expand error inside IVON's step."""
+    x, y = _regression(40, seed=2)
+    pyro.clear_param_store()
+
+    def model(x, y, idx):
+        w = pyro.sample("w", dist.Normal(torch.zeros(3, dtype=torch.float64), 1.0).to_event(1))
+        with pyro.plate("data", 40, subsample=idx):
+            z = pyro.sample("z", dist.Normal(torch.tensor(0.0, dtype=torch.float64), 1.0))
+            pyro.sample("obs", dist.Normal(x @ w + z, 0.5), obs=y)
+
+    idx = torch.arange(10)
+    guide = MeanFieldGuide(model)
+    svi = SVI(model, guide, IVON(guide, num_data=40), ELBO(num_data=40))
+    with pytest.raises(ValueError, match=r"'z' is a local latent inside the data plate 'data'.*optim.Adam"):
+        svi.step(x[idx], y[idx], idx)
