@@ -50,6 +50,8 @@ def map_inputs(fn: Callable[[Any], Any], x: Any) -> Any:
     """
     if isinstance(x, Mapping):
         return {key: fn(value) for key, value in x.items()}
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # a namedtuple takes its fields as arguments
+        return type(x)(*(fn(value) for value in x))
     if isinstance(x, tuple | list):
         return type(x)(fn(value) for value in x)
     return fn(x)

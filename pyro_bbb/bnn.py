@@ -198,6 +198,8 @@ class BNN(PyroModule):
                 "tries the net), or convert the deterministic net again."
             )
         _hold_frozen_parameters_as_buffers(net)
+        if isinstance(likelihood, torch.nn.Module):  # (a likelihood of one's own may hold a frozen parameter too)
+            _hold_frozen_parameters_as_buffers(likelihood)
         to_pyro_module_(net)
         self.net = net
         self.likelihood = likelihood
@@ -302,8 +304,8 @@ class BNN(PyroModule):
         (torch.Size([5]), torch.Size([5]))
         """
         output, lead = self._checked_output(x, y)
-        with output_batch(lead):
-            return self.likelihood.observation(output, y)
+        with output_batch(lead), self._pyro_context:  # (a PyroSample of the likelihood's, e.g. a learned noise
+            return self.likelihood.observation(output, y)  # scale, is sampled as in forward: a guide's draw under replay)
 
     def _checked_output(self, x: Inputs, y: torch.Tensor | None) -> tuple[torch.Tensor, tuple[int, ...]]:
         """The net's output for ``x`` (under the data plate's name), once ``x`` and ``y`` agree on their rows, and

@@ -417,7 +417,8 @@ class Bernoulli(Likelihood):
             return y.float()
         if y.numel() and not bool(((y == 0) | (y == 1)).all()):
             raise ValueError("Bernoulli needs binary targets (0/1 or bool); found other values.")
-        return y if y.is_floating_point() else y.float()
+        # (half-precision 0/1 targets: the log-likelihood in float32 at least, as N / B scales it past float16's range)
+        return y if y.is_floating_point() and torch.finfo(y.dtype).bits >= 32 else y.float()
 
     def prediction(self, distribution, samples):
         return ClassificationPrediction(distribution, samples)
