@@ -304,8 +304,9 @@ class BNN(PyroModule):
         (torch.Size([5]), torch.Size([5]))
         """
         output, lead = self._checked_output(x, y)
-        with output_batch(lead), self._pyro_context:  # (a PyroSample of the likelihood's, e.g. a learned noise
-            return self.likelihood.observation(output, y)  # scale, is sampled as in forward: a guide's draw under replay)
+        # a PyroSample of the likelihood's (a learned noise scale) is sampled as in forward: a guide's draw under replay
+        with output_batch(lead), self._pyro_context:
+            return self.likelihood.observation(output, y)
 
     def _checked_output(self, x: Inputs, y: torch.Tensor | None) -> tuple[torch.Tensor, tuple[int, ...]]:
         """The net's output for ``x`` (under the data plate's name), once ``x`` and ``y`` agree on their rows, and

@@ -16,6 +16,7 @@ Examples
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable
 
@@ -64,17 +65,44 @@ _FAMILIES: dict[type, tuple[tuple[str, ...], Callable]] = {
 
 
 def _family(fn: dist.Distribution) -> tuple[dist.Distribution, int]:
+    """The observation's distribution under its ``.to_event`` wrappers, and how many batch dims they reinterpret."""
     reinterpreted = 0
     while isinstance(fn, dist.Independent):
         reinterpreted += fn.reinterpreted_batch_ndims
         fn = fn.base_dist
-    for cls in _FAMILIES:
-        if isinstance(fn, cls):
-            return fn, reinterpreted
+    return fn, reinterpreted
+
+
+def _parameter_names(base: dist.Distribution) -> tuple[str, ...]:
+    """The parameters that rebuild ``base``: a known family's, else (a likelihood of one's own: Poisson, StudentT,
+    ...) those of its ``arg_constraints`` it was built with, if ``type(base)(**them)`` rebuilds it; a clear error
+    otherwise."""
+    for cls, (names, _) in _FAMILIES.items():
+        if isinstance(base, cls):
+            return names
+    given = tuple(name for name in base.arg_constraints if _given(base, name))
+    for names in (given, tuple(n for n in given if n != "logits"), tuple(n for n in given if n != "probs")):
+        try:  # (probs and logits both known once one was read: the constructor takes one)
+            rebuilt = type(base)(**{name: getattr(base, name) for name in names}, validate_args=False)
+        except (TypeError, ValueError, NotImplementedError):
+            continue
+        if names and (rebuilt.batch_shape, rebuilt.event_shape) == (base.batch_shape, base.event_shape):
+            return names
     raise ValueError(
-        f"predict understands Normal, Categorical and Bernoulli observations, but the model's observation is "
-        f"{type(fn).__name__}. Use a pyro_bbb.likelihoods likelihood, or subclass Likelihood and Prediction."
+        f"predict stacks the model's observation over the weight draws by its parameters, and cannot rebuild a "
+        f"{type(base).__name__} from them ({', '.join(base.arg_constraints) or 'none declared'}): give the "
+        "likelihood a distribution built from its arg_constraints (e.g. dist.Poisson(rate)), or one of "
+        "pyro_bbb.likelihoods."
     )
+
+
+def _given(base: dist.Distribution, name: str) -> bool:
+    """Whether parameter ``name`` of ``base`` holds a tensor it was built with: set on the instance, or a property
+    reading it (LogNormal's loc); not a lazy one it would compute from another (Binomial's logits from probs)."""
+    if name in base.__dict__:
+        return isinstance(base.__dict__[name], torch.Tensor)
+    return isinstance(inspect.getattr_static(type(base), name, None), property) and isinstance(
+        getattr(base, name), torch.Tensor)
 
 
 def _params(fn: dist.Distribution, site: dict, draw_dims: int) -> tuple[type, int, dict[str, torch.Tensor]]:
@@ -83,7 +111,7 @@ def _params(fn: dist.Distribution, site: dict, draw_dims: int) -> tuple[type, in
     Under the sample plate the batch is ``(S, 1, ..., 1, *plates)``; the padding between goes.
     """
     base, reinterpreted = _family(fn)
-    names, _ = next(v for k, v in _FAMILIES.items() if isinstance(base, k))
+    names = _parameter_names(base)
     batch = base.batch_shape
     keep = batch[:draw_dims] + batch[len(batch) - reinterpreted - _site_plate_dims(site) :]
     params = {}
@@ -94,7 +122,8 @@ def _params(fn: dist.Distribution, site: dict, draw_dims: int) -> tuple[type, in
 
 
 def _rebuild(family: type, reinterpreted: int, params: dict[str, torch.Tensor]) -> dist.Distribution:
-    fn = next(v for k, v in _FAMILIES.items() if issubclass(family, k))[1](params)
+    known = next((build for cls, (_, build) in _FAMILIES.items() if issubclass(family, cls)), None)
+    fn = known(params) if known is not None else family(**params)
     return fn.to_event(reinterpreted) if reinterpreted else fn
 
 
