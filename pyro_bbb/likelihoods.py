@@ -156,6 +156,14 @@ class Likelihood(PyroModule):
                             "output per row (a sequence's last position, out[:, -1]), or put the positions into the "
                             "rows (reshape the inputs, or the output and y, to (batch * positions, ...))."
                         )
+                    if (not isinstance(output, Moments) and output.dim() >= 2 and len(fn.batch_shape) >= 2
+                            and tuple(fn.batch_shape[-2:]) == tuple(output.shape[-2:])):
+                        raise ValueError(
+                            f"{type(self).__name__}.distribution gave a batch shape {tuple(fn.batch_shape)}, the "
+                            f"network's output shape {tuple(output.shape)}: its last dimension is each row's, not a "
+                            "datum of its own. Return one member per row: squeeze a single output (output.squeeze(-1))"
+                            ", or score a row's outputs together with .to_event(1)."
+                        )
                     raise ValueError(
                         f"the targets y have shape {tuple(y.shape)} but the network's output {tuple(output.shape)} "
                         f"under {type(self).__name__} needs targets of shape {tuple(expected)}: x and y must have "

@@ -2,6 +2,7 @@ import math
 import warnings
 
 import pyro
+import pyro.distributions as dist
 import pyro.poutine as poutine
 import pytest
 import torch
@@ -215,3 +216,17 @@ def test_bool_targets_of_a_regression_are_named_with_the_fix(likelihood):
     outputs = 2 if isinstance(likelihood, likelihoods.HeteroscedasticGaussian) else 1
     with pytest.raises(ValueError, match=r"real-valued targets, and y is bool.*Bernoulli\(\).*y.float\(\)"):
         likelihood.observation(torch.zeros(4, outputs), torch.tensor([True, False, True, True]))
+
+
+def test_a_likelihood_of_ones_own_that_keeps_the_outputs_dimension_is_told_so():
+    """dist.Normal(output, 0.3) for a (B, 1) output (no squeeze) was told "x and y must have the same number of
+    rows", which they had."""
+
+    class Unsqueezed(likelihoods.Likelihood):
+        real_valued = True
+
+        def distribution(self, output):
+            return dist.Normal(output, 0.3)
+
+    with pytest.raises(ValueError, match=r"batch shape \(20, 1\).*output.squeeze\(-1\)"):
+        Unsqueezed().observation(torch.zeros(20, 1), torch.zeros(20))
