@@ -42,8 +42,8 @@ __all__ = [
     "pyro_module_has_run",
     "is_tracing", "tensor_version", "module_buffer", "foreach_norm", "foreach_copy_", "all_finite",
     "fused_adam_step", "optimizer_has_step_hooks", "recurrent_kernel", "ConvNd", "ConvTransposeNd",
-    "without_trace_shapes", "active_messengers", "active_scales", "replayed_for_gradients", "PyroOptimizerState",
-    "module_hooks", "sampled_attributes", "unwrap_handlers",
+    "without_trace_shapes", "active_messengers", "active_scales", "active_handlers_of", "replayed_for_gradients",
+    "PyroOptimizerState", "module_hooks", "sampled_attributes", "unwrap_handlers",
 ]
 
 #: The releases every access below was checked on.
@@ -701,6 +701,19 @@ def active_messengers(kind: type) -> list:
     True
     """
     return [messenger for messenger in _PYRO_STACK if isinstance(messenger, kind)]
+
+
+def active_handlers_of(effect: str) -> tuple:
+    """The handlers active now (outermost first) that handle Pyro messages of type ``effect`` (a ``_pyro_<effect>``
+    method): what an effectful operation's result depends on.
+
+    Examples
+    --------
+    >>> with pyro.poutine.block():
+    ...     active_handlers_of("sample")
+    ()
+    """
+    return tuple(m for m in _PYRO_STACK if callable(getattr(m, f"_pyro_{effect}", None)))
 
 
 def active_scales() -> list:

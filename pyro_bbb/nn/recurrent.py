@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from .._draws import draws_leading, fold_rows, folded_draws, unfold_rows
-from .._internals import pyro_name, site_name
+from .._internals import active_handlers_of, pyro_name, site_name
 from ..priors import Normal, Prior
 from ._fused_kernel import RecurrentKernel, map_state
 from ._time_loop import recurrence
@@ -197,10 +197,12 @@ class _RecurrentCell(_Recurrent):
         self._declare_from(twin, fan_in, recurrent_prior)
 
     def _cached_maps(self, example_shape: torch.Size):
-        # the same weight tensors (PyroModule caches a site within one model run) -> the same maps and signs
-        weights = (self.weight_ih, self.weight_hh)
+        # the same weight tensors (PyroModule caches a site within one model run) under the same estimators -> the
+        # same maps and signs (a draw replayed under another handler, or none, gets that handler's maps)
+        weights = (self.weight_ih, self.weight_hh, *active_handlers_of("bayesian_affine_map"))
         cached = self.__dict__.get("_maps")
-        fresh = cached is None or cached[1] != example_shape or any(a is not b for a, b in zip(cached[0], weights))
+        fresh = cached is None or cached[1] != example_shape or len(cached[0]) != len(weights) or any(
+            a is not b for a, b in zip(cached[0], weights))
         if fresh:
             cached = self.__dict__["_maps"] = (weights, example_shape, self._map("", example_shape))
         return cached[2]

@@ -619,3 +619,23 @@ def test_reset_parameters_and_flatten_parameters_as_torch_code_calls_them():
     cell = BayesianGRUCell(3, 4, update_bias=None)
     cell.reset_parameters()
     assert cell.initial_values()["bias_ih"][4:8].abs().max() <= 0.5  # (no kept gate: torch's draw)
+
+
+@pytest.mark.parametrize("cell_class", [BayesianGRUCell, BayesianLSTMCell])
+def test_a_cells_maps_are_not_reused_under_another_estimator(cell_class):
+    """The cell kept its maps for the same weight tensors and batch shape: the same guide draw replayed under
+    flipout() reused the plain maps (Flipout silently off: two identical rows gave identical outputs), and under
+    local_reparameterization() skipped its refusal of recurrent weights."""
+    torch.manual_seed(0)
+    cell, x = cell_class(3, 2), torch.ones(2, 3)  # two identical rows
+    guide = pyro_bbb.MeanFieldGuide(cell, init_scale=0.5)
+    trace = poutine.trace(guide).get_trace(x)
+    plain = poutine.replay(cell, trace=trace)(x)
+    plain = plain[0] if isinstance(plain, tuple) else plain
+    torch.testing.assert_close(plain[0], plain[1])
+    with pyro_bbb.flipout():
+        perturbed = poutine.replay(cell, trace=trace)(x)
+    perturbed = perturbed[0] if isinstance(perturbed, tuple) else perturbed
+    assert not torch.allclose(perturbed[0], perturbed[1])  # per-row signs
+    with pyro_bbb.local_reparameterization(), pytest.raises(ValueError, match="not defined for recurrent weights"):
+        poutine.replay(cell, trace=trace)(x)
