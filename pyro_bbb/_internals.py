@@ -32,6 +32,7 @@ from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.scale_messenger import ScaleMessenger
 from pyro.poutine.trace_messenger import TraceMessenger
 from torch.distributions import transform_to
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd, _ConvTransposeNd
 
 __all__ = [
@@ -41,7 +42,7 @@ __all__ = [
     "active_param_trace", "queue_after_backward", "current_backward_id", "unconstrained_param",
     "pyro_module_has_run",
     "is_tracing", "tensor_version", "module_buffer", "foreach_norm", "foreach_copy_", "all_finite",
-    "fused_adam_step", "optimizer_has_step_hooks", "recurrent_kernel", "ConvNd", "ConvTransposeNd",
+    "fused_adam_step", "optimizer_has_step_hooks", "recurrent_kernel", "ConvNd", "ConvTransposeNd", "BatchNormNd",
     "without_trace_shapes", "active_messengers", "active_scales", "active_handlers_of", "replayed_for_gradients",
     "PyroOptimizerState", "module_hooks", "sampled_attributes", "unwrap_handlers",
 ]
@@ -52,6 +53,8 @@ CHECKED_ON = {"torch": "2.13.0", "pyro-ppl": "1.9.2"}
 #: torch's base classes of the (transposed) convolution modules.
 ConvNd = _ConvNd
 ConvTransposeNd = _ConvTransposeNd
+#: torch's base class of the batch norm modules.
+BatchNormNd = _BatchNorm
 
 
 def site_name(prefix: str, name: str) -> str:

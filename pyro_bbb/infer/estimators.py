@@ -33,7 +33,7 @@ from pyro.poutine.messenger import Messenger
 from torch.overrides import TorchFunctionMode
 
 from .._draws import example_draw_shape, known_batch_rows
-from .._internals import active_messengers
+from .._internals import BatchNormNd, active_messengers
 from .._warnings import warn_at_caller
 from ..nn.functional import FlipoutMap, batched_conv, batched_linear, sample_dims
 from ..nn.module import is_layer_prior
@@ -75,11 +75,35 @@ class PosteriorReader(Messenger):
                 self._interceptor = _DrawnWeightLinear(self)
                 self._interceptor.__enter__()
 
+    def __enter__(self):
+        # a batch norm on batch statistics after a perturbed layer couples the rows: refused as it runs (a global
+        # pre-hook, there while the handler is; a batch norm in evaluation mode, or before any Bayesian layer, is exact)
+        self._batch_norm_hook = (torch.nn.modules.module.register_module_forward_pre_hook(self._refuse_batch_norm)
+                                 if self.draws_per_row else None)
+        return super().__enter__()
+
     def __exit__(self, *exc):
         if self._interceptor is not None:
             self._interceptor.__exit__(*exc)
             self._interceptor = None
+        if getattr(self, "_batch_norm_hook", None) is not None:
+            self._batch_norm_hook.remove()
+            self._batch_norm_hook = None
         return super().__exit__(*exc)
+
+    def _refuse_batch_norm(self, module: torch.nn.Module, args: tuple) -> None:
+        """A clear error, before the loss, for a batch norm on the batch's statistics after a layer this estimator
+        perturbed per row in this run: its per-row draws, which give each row's output the right distribution, do
+        not give the batch's statistics, that mix the rows, the distribution one shared weight draw gives (the ELBO
+        changes: 17.5 against 23.0 on a 1-1 net)."""
+        if isinstance(module, BatchNormNd) and (
+                module.training or not module.track_running_stats) and self._used:
+            raise ValueError(
+                f"{self.estimator}: a {type(module).__name__} normalises by the batch's statistics after the Bayesian "
+                f"layer(s) of {sorted(self._used)}, which this estimator perturbs row by row: the statistics mix the "
+                "rows, so the objective is no longer the ELBO of one weight draw. Train with estimator='reparam', "
+                "or put the batch norm in evaluation mode (its running statistics) or before the Bayesian layers."
+            )
 
     def site_of(self, value: torch.Tensor | None) -> str | None:
         """The site whose guide draw ``value`` is (by identity), or ``None``."""
