@@ -44,7 +44,7 @@ __all__ = [
     "is_tracing", "tensor_version", "module_buffer", "foreach_norm", "foreach_copy_", "all_finite",
     "fused_adam_step", "optimizer_has_step_hooks", "recurrent_kernel", "ConvNd", "ConvTransposeNd", "BatchNormNd",
     "without_trace_shapes", "active_messengers", "active_scales", "active_handlers_of", "replayed_for_gradients",
-    "PyroOptimizerState", "module_hooks", "sampled_attributes", "unwrap_handlers",
+    "PyroOptimizerState", "module_hooks", "sampled_attributes", "unwrap_handlers", "wrap_in", "pyro_module_context",
 ]
 
 #: The releases every access below was checked on.
@@ -729,6 +729,33 @@ def active_scales() -> list:
     [4.0]
     """
     return [messenger.scale for messenger in active_messengers(ScaleMessenger)]
+
+
+def pyro_module_context(module: torch.nn.Module):
+    """The context a ``PyroModule`` enters around its own call (its sites cached for one run, its ``PyroSample``
+    attributes sampled rather than drawn from their prior): for a method of the module called from outside.
+
+    Examples
+    --------
+    >>> from pyro.nn import PyroModule
+    >>> module = PyroModule()
+    >>> with pyro_module_context(module):
+    ...     pass
+    """
+    return module._pyro_context
+
+
+def wrap_in(messenger: Messenger, run: Callable, fn: Callable) -> Callable:
+    """``fn`` wrapped as Pyro wraps a function in a handler (``handler(fn)``), run by ``run(messenger, fn, *args,
+    **kwargs)`` instead of Pyro's own context wrapper: :func:`unwrap_handlers` reads it as Pyro's.
+
+    Examples
+    --------
+    >>> wrapped = wrap_in(pyro.poutine.block(), lambda handler, fn, x: fn(x) + 1, abs)
+    >>> wrapped(-2), unwrap_handlers(wrapped) is abs
+    (3, True)
+    """
+    return _bound_partial(partial(run, messenger, fn))
 
 
 def unwrap_handlers(fn: Callable) -> Callable:

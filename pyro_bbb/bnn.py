@@ -18,7 +18,13 @@ from pyro.poutine.runtime import get_plates
 from ._checks import check_count
 from ._draws import batch_rows, fold_draws, output_batch
 from ._inputs import Inputs, map_inputs, num_rows
-from ._internals import active_scales, module_buffer, pyro_module_has_run, replayed_for_gradients
+from ._internals import (
+    active_scales,
+    module_buffer,
+    pyro_module_context,
+    pyro_module_has_run,
+    replayed_for_gradients,
+)
 from ._plates import DATA_PLATE, active_data_plate_scalers, data_plate_named
 from ._warnings import warn_at_caller
 from .likelihoods import Likelihood
@@ -305,7 +311,7 @@ class BNN(PyroModule):
         """
         output, lead = self._checked_output(x, y)
         # a PyroSample of the likelihood's (a learned noise scale) is sampled as in forward: a guide's draw under replay
-        with output_batch(lead), self._pyro_context:
+        with output_batch(lead), pyro_module_context(self):
             return self.likelihood.observation(output, y)
 
     def _checked_output(self, x: Inputs, y: torch.Tensor | None) -> tuple[torch.Tensor, tuple[int, ...]]:

@@ -33,7 +33,7 @@ from pyro.poutine.messenger import Messenger
 from torch.overrides import TorchFunctionMode
 
 from .._draws import example_draw_shape, known_batch_rows
-from .._internals import BatchNormNd, active_messengers
+from .._internals import BatchNormNd, active_messengers, wrap_in
 from .._warnings import warn_at_caller
 from ..nn.functional import FlipoutMap, batched_conv, batched_linear, sample_dims
 from ..nn.module import is_layer_prior
@@ -65,15 +65,16 @@ class PosteriorReader(Messenger):
         self._layer_draws: dict[int, Callable] = {}  # id -> weak ref of each draw a pyro_bbb layer brought this run
         self._rows_per_site: dict[str, int] = {}  # weight site -> rows it drew per row of, the batch's being unknown
         self._interceptor: _DrawnWeightLinear | None = None  # on once a model samples a weight outside our layers
+        self._outside: set[str] = set()  # the weight sites whose draw was read outside its layer's call this run
+        self._model_only = False  # wrapping the model alone (handler(model)): every draw it meets is the model's
 
-    def _pyro_sample(self, msg: dict[str, Any]) -> None:
-        # a model's own sample site for a weight the guide drew, not a pyro_bbb layer's: a PyroSample weight that
-        # reaches torch's F.linear directly, where this estimator then meets it
-        if self.site_of(msg["value"]) is not None:  # (replayed from the guide)
-            self._met.discard(id(msg["value"]))  # a new model run: this draw's one use is still to come
-            if self._interceptor is None and not is_layer_prior(msg["fn"]):
-                self._interceptor = _DrawnWeightLinear(self)
-                self._interceptor.__enter__()
+    def __call__(self, fn: Callable) -> Callable:
+        """``handler(model)``: the model run inside the handler, as a run of its own (the guide runs outside it, so
+        the objective sees no handler around both): its draws told apart as the model's, the checks of a run at its
+        end."""
+        if not callable(fn):
+            return super().__call__(fn)  # (Pyro's error)
+        return wrap_in(self, _run_model_inside, fn)
 
     def __enter__(self):
         # a batch norm on batch statistics after a perturbed layer couples the rows: refused as it runs (a global
@@ -113,6 +114,7 @@ class PosteriorReader(Messenger):
     def start_run(self) -> None:
         """Forget which weight sites the previous model run's layer operations read, and the previous draws."""
         self._used.clear()
+        self._outside.clear()
         self._drawn.clear()
         self._met.clear()
         self._layer_draws.clear()
@@ -152,6 +154,14 @@ class PosteriorReader(Messenger):
         ...
         ValueError: flipout reached no Bayesian layer operation for the weight sites ['fc.weight']: they are used ...
         """
+        both = sorted(self._outside & self._used)
+        if both:
+            raise ValueError(
+                f"{self.estimator}: the weight draws of sites {both} are read outside their layer (a tied weight, "
+                "F.linear(h, layer.weight.T)) as well as used by it; the estimator replaces only the layer's use of "
+                "the draw, so the two uses no longer share one weight (a wrong objective). Use each Bayesian layer's "
+                "weights through the layer alone, or train without the handler (estimator='reparam')."
+            )
         missed = sorted(set(sites) - self._used)
         if missed:
             raise ValueError(
@@ -222,10 +232,22 @@ class PosteriorReader(Messenger):
             "Train with estimator='flipout' (exact here) or 'reparam'."
         )
 
+    def _pyro_weight_read_outside(self, msg: dict[str, Any]) -> None:
+        site = self.site_of(msg["args"][0])
+        if site is not None:
+            self._outside.add(site)
+
     def _pyro_post_sample(self, msg: dict[str, Any]) -> None:
         self._layer_draws.pop(id(msg["value"]), None)  # sampled (or replayed) again: a new run's use is still to come
         posterior = drawn_posterior(msg)
         if posterior is not None:
+            # the model's own sample site for a weight the guide drew (its draw seen at the guide's site, or the
+            # handler wraps the model alone), not a pyro_bbb layer's: a PyroSample weight that reaches torch's F.linear
+            # directly, where this estimator then meets it
+            model_side = self._model_only or self.site_of(msg["value"]) is not None
+            if model_side and self._interceptor is None and not is_layer_prior(msg["fn"]):
+                self._interceptor = _DrawnWeightLinear(self)
+                self._interceptor.__enter__()
             self.remember_posterior(msg["name"], *posterior)
             if len(self._drawn) > 4096:  # a handler kept across many runs outside pyro_bbb.ELBO: forget dead draws
                 self._drawn = {k: v for k, v in self._drawn.items() if v[0]() is not None}
@@ -590,6 +612,20 @@ class _DrawnWeightLinear(TorchFunctionMode):
                 apply = partial(batched_conv, spatial_dims=spatial, transposed=transposed, **settings)
                 return self.reader.affine(input, weight, bias, apply, spatial + 1)
         return func(*args, **kwargs)
+
+
+def _run_model_inside(reader: PosteriorReader, fn: Callable, *args, **kwargs):
+    """A model run inside ``reader`` as ``reader(model)`` wraps it: a new run, every draw the model's, and the checks
+    of :meth:`PosteriorReader.check_reached` on the weights drawn in it at the end."""
+    reader.start_run()
+    reader._model_only = True
+    try:
+        with reader:
+            value = fn(*args, **kwargs)
+    finally:
+        reader._model_only = False
+    reader.check_reached(sorted({site for ref, site in reader._drawn.values() if ref() is not None}))
+    return value
 
 
 def started_estimators() -> list[PosteriorReader]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 from pyro.nn import PyroModule, PyroParam, PyroSample
-from pyro.poutine.runtime import get_plates
+from pyro.poutine.runtime import effectful, get_plates
 
 from .._draws import draws_leading, example_draw_shape, fold_affine_output, folded_draws, unfold_affine_input
 from .._internals import ConvNd, module_buffer, pyro_name, sampled_attributes, site_name, tensor_version
@@ -237,6 +237,16 @@ def _bayesian_sites(model):
                     yield site_name(prefix, name), module, name
 
 
+def _weight_read_outside(value: torch.Tensor) -> None:
+    """Nothing by itself; see :data:`weight_read_outside`."""
+
+
+#: A Bayesian layer's weight draw read outside the layer's own call (a tied weight, ``F.linear(h,
+#: layer.weight.T)``): effectful (type ``"weight_read_outside"``) so that an estimator that replaces the layer's use of
+#: its draw (Flipout, local reparameterization, moments) can refuse a draw used elsewhere too.
+weight_read_outside = effectful(_weight_read_outside, type="weight_read_outside")
+
+
 class BayesianModule(PyroModule):
     """A :class:`~pyro.nn.PyroModule` whose parameters are sample sites drawn from a prior.
 
@@ -255,7 +265,23 @@ class BayesianModule(PyroModule):
     def __init__(self, prior: Prior | None = None):
         super().__init__()
         self._bayesian: dict[str, tuple[int, Prior]] = {}
+        self._own_calls = 0  # (calls of this layer running now: a weight read outside them is said to estimators)
         self.prior = prior
+
+    def __call__(self, *args, **kwargs):
+        d = self.__dict__
+        d["_own_calls"] = d.get("_own_calls", 0) + 1
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            d["_own_calls"] -= 1
+
+    def __getattr__(self, name: str):
+        value = super().__getattr__(name)
+        d = self.__dict__
+        if not d.get("_own_calls") and name in d.get("_bayesian", ()) and isinstance(value, torch.Tensor):
+            weight_read_outside(value)  # (a tied weight, F.linear(h, layer.weight.T): what an estimator must know)
+        return value
 
     @property
     def prior(self) -> Prior:
