@@ -220,7 +220,16 @@ class IVON(PyroOptim):
         for site, loc, sigma in zip(sites, locs, sigmas):
             base = strip_independent(priors.get(site, prototype.nodes[site]["fn"]))
             if site not in priors and _is_learned(base):
-                given = type(unwrap_handlers(self.guide.model)).__name__
+                model = unwrap_handlers(self.guide.model)
+                if isinstance(model, torch.nn.Module):  # the module is the guide's: a prior of the model's own
+                    raise ValueError(
+                        f"IVON reads a learned prior as it is now only from pyro_bbb's layers (priors.LearnedNormal, "
+                        f"EmpiricalBayesNormal), and the prior of weight site {site!r} is learned by the model itself "
+                        "(a PyroSample or pyro.sample whose scale is a parameter): the prior of the guide's first call "
+                        "would be used, not the scale being learned. Use a pyro_bbb layer with a learned prior, or "
+                        "pyro_bbb.optim.Adam for this model. Nothing was changed."
+                    )
+                given = type(model).__name__
                 raise ValueError(
                     f"IVON reads the learned prior of weight site {site!r} as it is now from the model's layers, but "
                     f"the guide's model (a {given}) is not the module that holds them "

@@ -583,3 +583,22 @@ def test_a_local_latent_in_the_data_plate_is_refused_by_name():
     svi = SVI(model, guide, IVON(guide, num_data=40), ELBO(num_data=40))
     with pytest.raises(ValueError, match=r"'z' is a local latent inside the data plate 'data'.*optim.Adam"):
         svi.step(x[idx], y[idx], idx)
+
+
+def test_a_prior_the_model_learns_itself_is_refused_naming_what_ivon_reads():
+    """A PyroSample prior whose scale is a pyro.param, with the guide built on the BNN as advised: the error told the
+    user to build the guide on the network, which they had done."""
+    from pyro.distributions import constraints
+    from pyro.nn import PyroModule, PyroSample
+
+    x, y = _regression(40, seed=2)
+    pyro.clear_param_store()
+    net = PyroModule[torch.nn.Linear](3, 1).double()
+    net.weight = PyroSample(lambda module: dist.Normal(0.0, pyro.param(
+        "prior_scale", torch.tensor(1.0, dtype=torch.float64), constraint=constraints.positive)).expand([1, 3])
+        .to_event(2))
+    bnn = pyro_bbb.BNN(net, likelihoods.Gaussian(scale=0.5))
+    guide = MeanFieldGuide(bnn)
+    svi = SVI(bnn, guide, IVON(guide, num_data=40), ELBO(num_data=40))
+    with pytest.raises(ValueError, match=r"only from pyro_bbb's layers.*'net.weight' is learned by the model itself"):
+        svi.step(x, y)
