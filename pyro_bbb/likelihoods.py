@@ -31,7 +31,7 @@ from ._inputs import as_tensor, targets_like
 from ._plates import DATA_PLATE
 from .distributions import ExpectedNormal
 from .nn.moments import MomentPropagationError, Moments, gaussian_expectation, standardized_expectations
-from .prediction.results import ClassificationPrediction, Prediction, RegressionPrediction
+from .prediction.results import ClassificationPrediction, Prediction, RegressionPrediction, prediction_for
 
 __all__ = ["TargetError", "Likelihood", "Gaussian", "HeteroscedasticGaussian", "Categorical", "Bernoulli"]
 
@@ -104,8 +104,9 @@ class Likelihood(PyroModule):
         return y
 
     def prediction(self, distribution: dist.Distribution, samples: torch.Tensor) -> Prediction:
-        """Summarise ``distribution`` (batch ``(S, batch)``: one member per weight draw) and predictive samples."""
-        raise NotImplementedError
+        """Summarise ``distribution`` (batch ``(S, batch)``: one member per weight draw) and predictive samples: by
+        default the result kind of its family (:func:`~pyro_bbb.prediction.results.prediction_for`)."""
+        return prediction_for(distribution, samples)
 
     def forward(self, output: torch.Tensor, y: torch.Tensor | None = None, data_plate: str = DATA_PLATE,
                 num_data: int | None = None) -> torch.Tensor:

@@ -228,8 +228,9 @@ class ClassificationPrediction(Prediction):
 
 
 def prediction_for(distribution: dist.Distribution, samples: torch.Tensor) -> Prediction:
-    """The result kind for a stacked likelihood: :class:`RegressionPrediction` for a Normal, else
-    :class:`ClassificationPrediction` -- one label per row: a Categorical or Bernoulli reinterpreted over several
+    """The result kind for a stacked likelihood: :class:`RegressionPrediction` for a Normal,
+    :class:`ClassificationPrediction` for a Categorical or Bernoulli, else a plain :class:`Prediction`; a classifier
+    gives one label per row: a Categorical or Bernoulli reinterpreted over several
     labels per row (``.to_event``: tokens, multi-label) is a ``ValueError`` (its scores would read them wrongly).
 
     Examples
@@ -248,6 +249,8 @@ def prediction_for(distribution: dist.Distribution, samples: torch.Tensor) -> Pr
             "classification results would read wrongly. Give each label its own row of the data plate, or draw "
             "per-label predictions with Pyro's Predictive."
         )
+    if not isinstance(base, dist.Categorical | dist.Bernoulli):  # (a Poisson, a StudentT, ...: summarised as itself)
+        return Prediction(distribution, samples)
     return ClassificationPrediction(*_one_label_per_row(distribution, samples))
 
 

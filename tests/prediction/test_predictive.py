@@ -808,3 +808,35 @@ def test_a_distribution_predict_cannot_rebuild_is_named():
     guide(x, torch.rand(10) + 0.5)
     with pytest.raises(ValueError, match="cannot rebuild a TransformedDistribution.*arg_constraints"):
         pyro_bbb.predict(bnn, guide, x, num_samples=3)
+
+
+def test_another_family_is_summarised_as_itself_by_a_model_or_a_likelihood_without_prediction():
+    """A hand-written StudentT model reached ClassificationPrediction (an AttributeError on 'probs'), and a
+    likelihood of one's own without prediction() an empty NotImplementedError: both are a plain Prediction now."""
+    from pyro_bbb.prediction.results import ClassificationPrediction, Prediction
+
+    class StudentT(PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.fc = BayesianLinear(3, 1)
+
+        def forward(self, x, y=None):
+            loc = self.fc(x).squeeze(-1)
+            with pyro.plate("data", len(x)):
+                return pyro.sample("obs", dist.StudentT(4.0, loc, 1.0), obs=y)
+
+    class Poisson(likelihoods.Likelihood):
+        def distribution(self, output):
+            return dist.Poisson(output.squeeze(-1).exp())
+
+    torch.manual_seed(0)
+    x = torch.randn(30, 3)
+    for model, y in ((StudentT(), torch.randn(30)), (pyro_bbb.BNN(BayesianLinear(3, 1), Poisson()),
+                                                     torch.poisson(x[:, 0].exp()))):
+        pyro.clear_param_store()
+        guide = pyro_bbb.MeanFieldGuide(model)
+        guide(x, y)
+        pred = pyro_bbb.predict(model, guide, x, num_samples=5)
+        assert type(pred) is Prediction and not isinstance(pred, ClassificationPrediction)
+        by_hand = torch.logsumexp(pred.distribution.log_prob(y), 0).sub(math.log(5)).mean()
+        assert metrics.log_likelihood(pred, y) == pytest.approx(float(by_hand), rel=1e-6)
