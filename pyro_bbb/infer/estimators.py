@@ -67,6 +67,7 @@ class PosteriorReader(Messenger):
         self._interceptor: _DrawnWeightLinear | None = None  # on once a model samples a weight outside our layers
         self._outside: set[str] = set()  # the weight sites whose draw was read outside its layer's call this run
         self._model_only = False  # wrapping the model alone (handler(model)): every draw it meets is the model's
+        self._perturbed: list = []  # the autograd nodes of this run's per-row perturbed layer outputs
 
     def __call__(self, fn: Callable) -> Callable:
         """``handler(model)``: the model run inside the handler, as a run of its own (the guide runs outside it, so
@@ -77,11 +78,12 @@ class PosteriorReader(Messenger):
         return wrap_in(self, _run_model_inside, fn)
 
     def __enter__(self):
-        # a batch norm on batch statistics after a perturbed layer couples the rows: refused as it runs (a global
-        # pre-hook, there while the handler is; a batch norm in evaluation mode, or before any Bayesian layer, is exact)
+        entered = super().__enter__()
+        # a batch norm on batch statistics of a perturbed layer's output couples the rows: refused as it runs (a
+        # global pre-hook, there while the handler is; in evaluation mode, or on what no such layer feeds, it is exact)
         self._batch_norm_hook = (torch.nn.modules.module.register_module_forward_pre_hook(self._refuse_batch_norm)
                                  if self.draws_per_row else None)
-        return super().__enter__()
+        return entered
 
     def __exit__(self, *exc):
         if self._interceptor is not None:
@@ -93,17 +95,21 @@ class PosteriorReader(Messenger):
         return super().__exit__(*exc)
 
     def _refuse_batch_norm(self, module: torch.nn.Module, args: tuple) -> None:
-        """A clear error, before the loss, for a batch norm on the batch's statistics after a layer this estimator
-        perturbed per row in this run: its per-row draws, which give each row's output the right distribution, do
-        not give the batch's statistics, that mix the rows, the distribution one shared weight draw gives (the ELBO
-        changes: 17.5 against 23.0 on a 1-1 net)."""
-        if isinstance(module, BatchNormNd) and (
-                module.training or not module.track_running_stats) and self._used:
+        """A clear error, before the loss, for a batch norm on the batch's statistics of what a layer this estimator
+        perturbed per row in this run feeds (found in the input's autograd graph): its per-row draws, which give each
+        row's output the right distribution, do not give the batch's statistics, that mix the rows, the distribution
+        one shared weight draw gives (the ELBO changes: 17.5 against 23.0 on a 1-1 net)."""
+        if not (self._perturbed and isinstance(module, BatchNormNd) and (
+                module.training or not module.track_running_stats)):
+            return
+        node = getattr(args[0], "grad_fn", None) if args else None
+        if node is not None and _reaches(node, {id(n) for n in self._perturbed}):
+            torch_class = next(c.__name__ for c in type(module).__mro__ if c.__module__.startswith("torch."))
             raise ValueError(
-                f"{self.estimator}: a {type(module).__name__} normalises by the batch's statistics after the Bayesian "
-                f"layer(s) of {sorted(self._used)}, which this estimator perturbs row by row: the statistics mix the "
-                "rows, so the objective is no longer the ELBO of one weight draw. Train with estimator='reparam', "
-                "or put the batch norm in evaluation mode (its running statistics) or before the Bayesian layers."
+                f"{self.estimator}: a {torch_class} normalises by the batch's statistics the output of a Bayesian "
+                "layer this estimator perturbs row by row: the statistics mix the rows, so the objective is no longer "
+                "the ELBO of one weight draw. Train with estimator='reparam', or put the batch norm in evaluation "
+                "mode (its running statistics)."
             )
 
     def site_of(self, value: torch.Tensor | None) -> str | None:
@@ -115,6 +121,7 @@ class PosteriorReader(Messenger):
         """Forget which weight sites the previous model run's layer operations read, and the previous draws."""
         self._used.clear()
         self._outside.clear()
+        self._perturbed.clear()
         self._drawn.clear()
         self._met.clear()
         self._layer_draws.clear()
@@ -135,8 +142,8 @@ class PosteriorReader(Messenger):
         bias_site = self.site_of(bias)
         examples = example_draw_shape(tuple(input.shape), feature_dims, None) if weight.dim() == feature_dims + 1 \
             else None
-        output = self._estimate(input, weight, bias if bias_site else None, apply, feature_dims, self.site_of(weight),
-                                bias_site, examples)
+        output = self._note_perturbed(self._estimate(input, weight, bias if bias_site else None, apply, feature_dims,
+                                                     self.site_of(weight), bias_site, examples))
         if bias is None or bias_site:
             return output
         return output + bias.reshape(bias.shape + (1,) * (feature_dims - 1))
@@ -245,6 +252,8 @@ class PosteriorReader(Messenger):
             # handler wraps the model alone), not a pyro_bbb layer's: a PyroSample weight that reaches torch's F.linear
             # directly, where this estimator then meets it
             model_side = self._model_only or self.site_of(msg["value"]) is not None
+            if not model_side:  # the guide draws again: a new run (also in Pyro's own loops, which start none)
+                self._perturbed.clear()
             if model_side and self._interceptor is None and not is_layer_prior(msg["fn"]):
                 self._interceptor = _DrawnWeightLinear(self)
                 self._interceptor.__enter__()
@@ -293,9 +302,17 @@ class PosteriorReader(Messenger):
         input, weight, bias = msg["args"]
         kwargs = msg["kwargs"]
         self._check_first_use(weight, kwargs)
-        msg["value"] = self._estimate(input, weight, bias, kwargs["apply"], kwargs["feature_dims"],
-                                      kwargs["weight_site"], kwargs["bias_site"], kwargs.get("examples"))
+        msg["value"] = self._note_perturbed(self._estimate(input, weight, bias, kwargs["apply"],
+                                                           kwargs["feature_dims"], kwargs["weight_site"],
+                                                           kwargs["bias_site"], kwargs.get("examples")))
         msg["done"] = True
+
+    def _note_perturbed(self, output: torch.Tensor) -> torch.Tensor:
+        """Keep the autograd node of a layer output this estimator drew per row (what a batch norm must not take
+        its statistics from), this model run's only; ``output`` as it is."""
+        if self.draws_per_row and output.grad_fn is not None:
+            self._perturbed.append(output.grad_fn)
+        return output
 
     def _estimate(self, input, weight, bias, apply, feature_dims, weight_site, bias_site, examples) -> torch.Tensor:
         """The layer's output under this estimator, from the posteriors of ``weight_site`` and ``bias_site``."""
@@ -612,6 +629,21 @@ class _DrawnWeightLinear(TorchFunctionMode):
                 apply = partial(batched_conv, spatial_dims=spatial, transposed=transposed, **settings)
                 return self.reader.affine(input, weight, bias, apply, spatial + 1)
         return func(*args, **kwargs)
+
+
+def _reaches(node, targets: set[int], limit: int = 100_000) -> bool:
+    """Whether autograd node ``node`` is, or depends on, a node whose id is in ``targets`` (a walk of at most
+    ``limit`` nodes: beyond it, not found)."""
+    seen, stack = set(), [node]
+    while stack and len(seen) < limit:
+        current = stack.pop()
+        if id(current) in targets:
+            return True
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        stack.extend(parent for parent, _ in current.next_functions if parent is not None)
+    return False
 
 
 def _run_model_inside(reader: PosteriorReader, fn: Callable, *args, **kwargs):

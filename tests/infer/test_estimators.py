@@ -1052,12 +1052,29 @@ def test_a_batch_norm_on_batch_statistics_after_a_perturbed_layer_is_refused_bef
         svi.step(x, y)
     assert all(torch.equal(value, before[name]) for name, value in pyro.get_param_store().items())
     for batch_norm_first, evaluation in ((True, False), (False, True)):
-        pyro.clear_param_store()
-        model = model_with(batch_norm_first, evaluation)
-        guide = pyro_bbb.MeanFieldGuide(model)
-        svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), pyro_bbb.ELBO(num_data=16))
-        with getattr(pyro_bbb, estimator)():
-            svi.step(x, y)
+        for objective in (pyro_bbb.ELBO(num_data=16), pyro.infer.TraceMeanField_ELBO()):  # (Pyro's starts no run)
+            pyro.clear_param_store()
+            model = model_with(batch_norm_first, evaluation)
+            guide = pyro_bbb.MeanFieldGuide(model)
+            svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), objective)
+            with getattr(pyro_bbb, estimator)():
+                for _ in range(3):  # (a later step must not see an earlier step's perturbed layers)
+                    svi.step(x, y)
+
+    class Branches(torch.nn.Module):  # a batch norm on a deterministic branch, run after the Bayesian one
+        def __init__(self):
+            super().__init__()
+            self.bayes, self.norm, self.det = BayesianLinear(1, 1), torch.nn.BatchNorm1d(1), torch.nn.Linear(1, 1)
+
+        def forward(self, x):
+            return self.bayes(x) + self.det(self.norm(x))
+
+    pyro.clear_param_store()
+    model = pyro_bbb.BNN(Branches(), likelihoods.Gaussian(scale=0.5))
+    svi = pyro.infer.SVI(model, pyro_bbb.MeanFieldGuide(model), pyro.optim.Adam({"lr": 0.01}),
+                         pyro_bbb.ELBO(num_data=16))
+    with getattr(pyro_bbb, estimator)():
+        svi.step(x, y)
 
 
 @pytest.mark.parametrize("estimator", ["flipout", "local_reparameterization", "moment_propagation"])
