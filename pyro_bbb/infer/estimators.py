@@ -66,6 +66,7 @@ class PosteriorReader(Messenger):
         self._rows_per_site: dict[str, int] = {}  # weight site -> rows it drew per row of, the batch's being unknown
         self._interceptor: _DrawnWeightLinear | None = None  # on once a model samples a weight outside our layers
         self._outside: set[str] = set()  # the weight sites whose draw was read outside its layer's call this run
+        self._warned_outside: set[str] = set()  # (said once per site)
         self._model_only = False  # wrapping the model alone (handler(model)): every draw it meets is the model's
         self._perturbed: list = []  # the autograd nodes of this run's per-row perturbed layer outputs
 
@@ -161,13 +162,16 @@ class PosteriorReader(Messenger):
         ...
         ValueError: flipout reached no Bayesian layer operation for the weight sites ['fc.weight']: they are used ...
         """
-        both = sorted(self._outside & self._used)
+        both = sorted(self._outside & self._used - self._warned_outside)
         if both:
-            raise ValueError(
-                f"{self.estimator}: the weight draws of sites {both} are read outside their layer (a tied weight, "
-                "F.linear(h, layer.weight.T)) as well as used by it; the estimator replaces only the layer's use of "
-                "the draw, so the two uses no longer share one weight (a wrong objective). Use each Bayesian layer's "
-                "weights through the layer alone, or train without the handler (estimator='reparam')."
+            self._warned_outside.update(both)
+            warn_at_caller(
+                f"{self.estimator}: the weight draws of sites {both} are read outside their layer as well as used by "
+                "it. The estimator replaces only the layer's use of the draw: if the other read enters the loss "
+                "together with the layer's output (a tied weight, F.linear(h, layer.weight.T)), the two no longer "
+                "share one weight and the objective is wrong; use each layer's weights through the layer alone, or "
+                "train with estimator='reparam'. A read for logging, or an additive penalty, is harmless (as is "
+                "layer.forward(x) called directly, which reads the weights outside layer(x)): ignore this then."
             )
         missed = sorted(set(sites) - self._used)
         if missed:

@@ -20,7 +20,7 @@ from .functional import bayesian_affine
 
 __all__ = [
     "BayesianModule", "is_layer_prior", "site_owners", "current_priors", "layer_priors", "buffers_kept",
-    "buffer_restorer",
+    "buffer_restorer", "weight_read_outside",
 ]
 
 
@@ -238,12 +238,15 @@ def _bayesian_sites(model):
 
 
 def _weight_read_outside(value: torch.Tensor) -> None:
-    """Nothing by itself; see :data:`weight_read_outside`."""
+    """Does nothing unhandled: the handlers of :data:`weight_read_outside` are what note the read."""
 
 
-#: A Bayesian layer's weight draw read outside the layer's own call (a tied weight, ``F.linear(h,
-#: layer.weight.T)``): effectful (type ``"weight_read_outside"``) so that an estimator that replaces the layer's use of
-#: its draw (Flipout, local reparameterization, moments) can refuse a draw used elsewhere too.
+#: Called by a :class:`BayesianModule` when its weight draw ``value`` is read outside the layer's own call (a tied
+#: weight, ``F.linear(h, layer.weight.T)``; a read for logging): effectful (type ``"weight_read_outside"``), so that
+#: an estimator that replaces the layer's use of its draw (Flipout, local reparameterization, moments) can say that
+#: the draw is used elsewhere too. Without such a handler it does nothing.
+#:
+#: >>> weight_read_outside(torch.zeros(2))   # (nothing handles it here)
 weight_read_outside = effectful(_weight_read_outside, type="weight_read_outside")
 
 
