@@ -38,6 +38,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import pyro
+import pyro.poutine as poutine
 import torch
 from pyro.distributions.transforms import SoftplusTransform
 from pyro.infer.inspect import get_dependencies
@@ -46,6 +47,7 @@ from torch.distributions import transform_to
 
 from .._checks import check_count, check_nonnegative, check_positive, is_number
 from .._internals import tensor_version, unwrap_handlers
+from .._plates import data_plate_of
 from .._rng import rng_untouched
 from ..distributions import EmpiricalBayesNormalDistribution
 from ..infer.contract import ObjectiveRun, gradients_summed, take_objective_run
@@ -268,9 +270,9 @@ class IVON(PyroOptim):
         if not unchecked:
             return
         nodes = self.guide.prototype_trace.nodes
+        data_plate = data_plate_of(unwrap_handlers(self.guide.model))
         for site in sorted(unchecked):  # a latent per row: its curvature is one datum's, not N's
-            plates = [f.name for f in nodes[site]["cond_indep_stack"]
-                      if f.vectorized and (f.full_size or f.size) == self.num_data]
+            plates = [f.name for f in nodes[site]["cond_indep_stack"] if f.name == data_plate]
             if plates:
                 raise ValueError(
                     f"IVON trains global weights, each seen by all N={self.num_data} rows, but {site!r} is a local "
@@ -294,7 +296,7 @@ class IVON(PyroOptim):
                   if not node["is_observed"]}
         for site in sorted(unchecked):
             others = sorted(name for name in upstream.get(site, {}) if name != site and name in latent)
-            if others:
+            if others and self._prior_moves(site, others):  # (provenance also flows through w1.new_zeros(...))
                 raise ValueError(
                     f"IVON reads the prior of weight site {site!r} as fixed, but it depends on the latent site(s) "
                     f"{others} (a hierarchical prior): its precision changes with their draws, and IVON would keep "
@@ -302,6 +304,26 @@ class IVON(PyroOptim):
                     "fixed prior. Nothing was changed."
                 )
         self._fixed_checked |= unchecked
+
+    def _prior_moves(self, site: str, others: list[str]) -> bool:
+        """Whether the prior of ``site`` changes when the latent sites ``others`` it depends on (by provenance) take
+        other values: the model run twice with them conditioned apart; ``True`` when that cannot be run."""
+        model, args, kwargs = self._model_call
+        nodes = self.guide.prototype_trace.nodes
+
+        def prior_parameters(shift: float) -> list:
+            values = {name: nodes[name]["value"].detach() * (1.0 + shift) + shift for name in others}
+            with rng_untouched(), torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                trace = poutine.trace(poutine.condition(model, data=values)).get_trace(*args, **kwargs)
+            base = strip_independent(trace.nodes[site]["fn"])
+            return [getattr(base, name, None) for name in ("loc", "scale")]
+
+        try:
+            return any(not (isinstance(a, torch.Tensor) and torch.equal(a, b))
+                       for a, b in zip(prior_parameters(0.0), prior_parameters(0.5)) if a is not None)
+        except Exception:  # (a model that cannot run so: the provenance found stands)  # noqa: BLE001
+            return True
 
     def _flat_state(self, sites: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """The momentum and curvature of ``sites``, concatenated (kept so from step to step)."""

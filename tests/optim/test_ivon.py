@@ -602,3 +602,24 @@ def test_a_prior_the_model_learns_itself_is_refused_naming_what_ivon_reads():
     svi = SVI(bnn, guide, IVON(guide, num_data=40), ELBO(num_data=40))
     with pytest.raises(ValueError, match=r"only from pyro_bbb's layers.*'net.weight' is learned by the model itself"):
         svi.step(x, y)
+
+
+def test_a_global_plate_of_n_units_and_a_prior_built_from_another_latents_shape_train():
+    """Two false refusals the review found: a global weight plate whose size happened to equal N was taken for the
+    data plate, and a fixed prior built with w1.new_zeros(...) for another site's dtype depended on w1 by Pyro's
+    provenance alone."""
+    x, y = _regression(40, seed=2)
+
+    def model(x, y=None):
+        with pyro.plate("units", 40):  # 40 global weights, N = 40 rows
+            w1 = pyro.sample("w1", dist.Normal(torch.zeros(3, dtype=torch.float64), 1.0).to_event(1))
+        w2 = pyro.sample("w2", dist.Normal(w1.new_zeros(40), 1.0).to_event(1))  # fixed: the shape and dtype only
+        mean = (x @ w1.T) @ w2 / 40
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("obs", dist.Normal(mean, 0.5), obs=y)
+
+    pyro.clear_param_store()
+    guide = MeanFieldGuide(model)
+    svi = SVI(model, guide, IVON(guide, num_data=40), ELBO(num_data=40))
+    svi.step(x, y)
+    svi.step(x, y)
