@@ -69,6 +69,7 @@ class PosteriorReader(Messenger):
         self._warned_outside: set[str] = set()  # (said once per site)
         self._model_only = False  # wrapping the model alone (handler(model)): every draw it meets is the model's
         self._perturbed: list = []  # the autograd nodes of this run's per-row perturbed layer outputs
+        self._batch_norm_hook = None  # (the global pre-hook of _refuse_batch_norm, while the handler is entered)
 
     def __call__(self, fn: Callable) -> Callable:
         """``handler(model)``: the model run inside the handler, as a run of its own (the guide runs outside it, so
@@ -90,7 +91,7 @@ class PosteriorReader(Messenger):
         if self._interceptor is not None:
             self._interceptor.__exit__(*exc)
             self._interceptor = None
-        if getattr(self, "_batch_norm_hook", None) is not None:
+        if self._batch_norm_hook is not None:
             self._batch_norm_hook.remove()
             self._batch_norm_hook = None
         return super().__exit__(*exc)
@@ -152,7 +153,8 @@ class PosteriorReader(Messenger):
     def check_reached(self, sites: Iterable[str]) -> None:
         """A clear error when a weight site the guide drew with a posterior mean and scale reached neither a pyro_bbb
         layer nor torch's linear or convolution functions in the model run (e.g. a weight used elementwise): it would
-        silently stay on plain reparameterization.
+        silently stay on plain reparameterization. A warning, once per site, for a layer's draw also read outside the
+        layer's call (a tied weight).
 
         Examples
         --------

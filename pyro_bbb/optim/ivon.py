@@ -262,7 +262,7 @@ class IVON(PyroOptim):
 
     def _refuse_unsupported_sites(self, sites: set[str]) -> None:
         """A clear error, before a step, for one of ``sites`` that IVON cannot train: a local latent (one per row,
-        inside a plate over the N rows), or a site whose prior a hand-written model samples (read from the guide's
+        inside the model's data plate), or a site whose prior a hand-written model samples (read from the guide's
         prototype trace, not from a layer) depending on another latent site (``w ~ Normal(0, tau)``, ``tau`` sampled):
         the prototype's prior holds ``tau``'s first value, not the one being learned. The second is found once per
         site with Pyro's ``get_dependencies`` on the objective's latest call (unknown without one: not refused)."""
@@ -325,20 +325,16 @@ class IVON(PyroOptim):
         except Exception:  # (a model that cannot run so: the provenance found stands)  # noqa: BLE001
             return True
 
-    def _flat_state(self, sites: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The momentum and curvature of ``sites``, concatenated (kept so from step to step)."""
+    def _flat_state(self, sites: list[str], mu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The momentum and curvature of ``sites``, concatenated (kept so from step to step), in the dtype and on the
+        device of their means ``mu`` (a state restored from a float32 checkpoint into a float64 model keeps its own)."""
         if self._flat is None or self._flat[0] != sites:
             self._sync_state()
             self._flat = (list(sites), torch.cat([self.site_state[s]["momentum"] for s in sites]),
                           torch.cat([self.site_state[s]["hess"] for s in sites]))
+        if (self._flat[2].dtype, self._flat[2].device) != (mu.dtype, mu.device):
+            self._flat = (self._flat[0], self._flat[1].to(mu), self._flat[2].to(mu))
         return self._flat[1], self._flat[2]
-
-    def _state_like(self, mu: torch.Tensor) -> None:
-        """The concatenated state in the means' dtype and on their device (a state restored from a float32 checkpoint
-        into a float64 model, or across devices, would keep its own)."""
-        sites, momentum, hess = self._flat
-        if (hess.dtype, hess.device) != (mu.dtype, mu.device):
-            self._flat = (sites, momentum.to(mu), hess.to(mu))
 
     def _sync_state(self) -> None:
         """Write the concatenated state back to :attr:`site_state`, site by site."""
@@ -414,9 +410,7 @@ class IVON(PyroOptim):
             width_grad = grad_u.mul_(own[1])
         prior_loc, delta, moved = self._prior_vectors(sites, locs,
                                                       [s.view(p.shape) for s, p in zip(sigma.split(sizes), locs)])
-        self._flat_state(sites)
-        self._state_like(mu)
-        momentum, hess = self._flat[1], self._flat[2]
+        momentum, hess = self._flat_state(sites, mu)
         if moved:
             # the update keeps the precision h + delta positive for the delta it used, not h itself (a noisy estimate
             # may leave it slightly negative); a prior precision that has fallen since could take h + delta below

@@ -260,8 +260,7 @@ def _one_label_per_row(distribution: dist.Distribution, samples: torch.Tensor
     per row with a trailing dimension of size 1, a common Pyro idiom) as one of batch shape ``(S, N)``, and its
     samples alike: the metrics read each row's class probabilities off the last dimension."""
     shape = distribution.batch_shape
-    if len(shape) <= 2 or any(size != 1 for size in shape[2:]) or not isinstance(
-            distribution, dist.Categorical | dist.Bernoulli):
+    if len(shape) <= 2 or any(size != 1 for size in shape[2:]):
         return distribution, samples
     rows = tuple(shape[:2])
     if isinstance(distribution, dist.Categorical):
